@@ -1,0 +1,288 @@
+"""Builds the one frozen, validated run config from YAML files and key=value overrides.
+
+Precedence: base.yml < the given YAML (which names `base_config`) < models/<model_name>.yml <
+command line. Every key must exist in base.yml; values must fit the type of its default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from typing import Any
+
+import yaml
+
+CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
+BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
+MODELS_DIR = os.path.join(CONFIG_DIR, "models")
+
+# Accepted spellings of keys, mapped to the canonical key.
+KEY_ALIASES = {"model": "model_name"}
+
+
+class ConfigError(ValueError):
+  """A config key, value or file is not what the program expects."""
+
+
+class Config:
+  """A frozen, attribute-access view of a nested config mapping."""
+
+  def __init__(self, values: dict[str, Any]):
+    object.__setattr__(
+        self,
+        "_values",
+        {k: Config(v) if isinstance(v, dict) else v for k, v in values.items()},
+    )
+
+  def __getattr__(self, name: str) -> Any:
+    try:
+      return self._values[name]
+    except KeyError:
+      raise AttributeError(f"config has no key {name!r}") from None
+
+  def __setattr__(self, name, value):
+    raise AttributeError(f"config is frozen; cannot set {name!r}")
+
+  def __contains__(self, name: str) -> bool:
+    return name in self._values
+
+  def to_dict(self) -> dict[str, Any]:
+    return {k: v.to_dict() if isinstance(v, Config) else v for k, v in self._values.items()}
+
+  def flat(self) -> dict[str, Any]:
+    """Dotted key -> leaf value."""
+    return _flatten(self.to_dict())
+
+  @property
+  def kv_cache_size(self) -> int:
+    """Slots of the sampler's KV cache: the longest prompt plus the longest response."""
+    return self.max_prompt_length + self.max_response_length
+
+  @property
+  def run_dir(self) -> str:
+    return os.path.join(self.base_output_directory, self.run_name)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for key, value in tree.items():
+    dotted = f"{prefix}{key}"
+    if isinstance(value, dict):
+      out.update(_flatten(value, dotted + "."))
+    else:
+      out[dotted] = value
+  return out
+
+
+def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
+  tree: dict[str, Any] = {}
+  for dotted, value in flat.items():
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+
+def resolve_yaml_path(name: str) -> str:
+  """A YAML path as given, or a bare file name found under the configs folder."""
+  if os.path.isfile(name):
+    return name
+  if not os.path.isabs(name):
+    for root, _, files in os.walk(CONFIG_DIR):
+      if os.path.basename(name) in files and os.path.dirname(name) in ("", os.path.basename(root)):
+        return os.path.join(root, os.path.basename(name))
+  raise ConfigError(f"{name}: config file not found (a YAML path, or a file name under {CONFIG_DIR})")
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+  try:
+    with open(path, encoding="utf-8") as f:
+      data = yaml.safe_load(f) or {}
+  except OSError as e:
+    raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from e
+  except yaml.YAMLError as e:
+    raise ConfigError(f"{path}: not valid YAML ({e})") from e
+  if not isinstance(data, dict):
+    raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
+  return data
+
+
+def _load_chain(path: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
+  """[(path, flat values)] from the root base_config down to `path`."""
+  path = os.path.abspath(path)
+  if path in seen:
+    raise ConfigError(f"{path}: base_config cycle through {' -> '.join(seen)}")
+  data = _read_yaml(path)
+  parent = data.pop("base_config", None)
+  chain = []
+  if parent is not None:
+    parent_path = parent if os.path.isabs(parent) else os.path.join(os.path.dirname(path), parent)
+    if not os.path.isfile(parent_path):
+      parent_path = resolve_yaml_path(parent)
+    chain = _load_chain(parent_path, seen + (path,))
+  return chain + [(path, _flatten(data))]
+
+
+def _type_name(value: Any) -> str:
+  return {bool: "bool", int: "int", float: "float", str: "string", list: "list"}.get(type(value), type(value).__name__)
+
+
+def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
+  """The value if it fits the default's type (ints widen to float); else a ConfigError."""
+  if default is None or value is None:
+    return value
+  if isinstance(default, bool):
+    ok = isinstance(value, bool)
+  elif isinstance(default, float):
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    value = float(value) if ok else value
+  elif isinstance(default, int):
+    ok = isinstance(value, int) and not isinstance(value, bool)
+  else:
+    ok = isinstance(value, type(default))
+  if not ok:
+    raise ConfigError(
+        f"{key}={value!r} ({source}): expected {_type_name(default)}, got {_type_name(value)}"
+    )
+  return value
+
+
+def _unknown_key(key: str, known: list[str], source: str) -> ConfigError:
+  close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+  hint = f"; did you mean {close[0]}?" if close else ""
+  return ConfigError(f"{key}: unknown key ({source}){hint}")
+
+
+class _Merger:
+  """Applies layers of flat overrides onto the flat defaults, checking keys and types."""
+
+  def __init__(self, defaults: dict[str, Any]):
+    self.defaults = defaults
+    self.values = dict(defaults)
+    self.set_by: dict[str, str] = {}
+
+  def apply(self, flat: dict[str, Any], source: str) -> None:
+    for key, value in flat.items():
+      key = KEY_ALIASES.get(key, key)
+      if key not in self.defaults:
+        raise _unknown_key(key, list(self.defaults), source)
+      self.values[key] = _check_value(key, value, self.defaults[key], source)
+      self.set_by[key] = source
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+  """key=value strings -> {dotted key: YAML-parsed scalar}."""
+  out = {}
+  for arg in args:
+    key, sep, raw = arg.partition("=")
+    if not sep or not key:
+      raise ConfigError(f"{arg!r}: expected key=value")
+    try:
+      value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError:
+      value = raw
+    out[key.strip()] = value
+  return out
+
+
+def _apply_length_aliases(merger: _Merger) -> None:
+  """Maps MaxText's max_prefill_predict_length / max_target_length onto our length knobs."""
+  v, set_by = merger.values, merger.set_by
+  prefill, target = v["max_prefill_predict_length"], v["max_target_length"]
+  if prefill != -1:
+    if "max_prompt_length" in set_by and v["max_prompt_length"] != prefill:
+      raise ConfigError(
+          f"max_prefill_predict_length={prefill} conflicts with max_prompt_length="
+          f"{v['max_prompt_length']}; set one of them"
+      )
+    v["max_prompt_length"] = prefill
+  if target != -1:
+    response = target - v["max_prompt_length"]
+    if response <= 0:
+      raise ConfigError(
+          f"max_target_length={target} must exceed the prompt length {v['max_prompt_length']}"
+      )
+    if "max_response_length" in set_by and v["max_response_length"] != response:
+      raise ConfigError(
+          f"max_target_length={target} implies max_response_length={response}, which conflicts "
+          f"with max_response_length={v['max_response_length']}; set one of them"
+      )
+    v["max_response_length"] = response
+  v["max_prefill_predict_length"] = v["max_prompt_length"]
+  v["max_target_length"] = v["max_prompt_length"] + v["max_response_length"]
+
+
+def _validate(v: dict[str, Any]) -> None:
+  for key in ("max_prompt_length", "max_response_length", "batch_size", "num_batches",
+              "num_test_batches", "eval_batch_size", "checkpoint_period", "num_epoch"):
+    if v[key] <= 0:
+      raise ConfigError(f"{key}={v[key]}: expected a positive integer")
+  if v["rl.num_generations"] < 2:
+    raise ConfigError(f"rl.num_generations={v['rl.num_generations']}: GRPO needs at least 2 samples per prompt")
+  total = v["max_prompt_length"] + v["max_response_length"]
+  if total > v["max_position_embeddings"]:
+    raise ConfigError(
+        f"max_prompt_length + max_response_length = {total} exceeds the context of "
+        f"{v['model_name']} (max_position_embeddings={v['max_position_embeddings']})"
+    )
+  for key in ("dtype", "weight_dtype"):
+    if v[key] not in ("float32", "bfloat16"):
+      raise ConfigError(f"{key}={v[key]!r}: expected float32 or bfloat16")
+  if v["remat_policy"] not in ("none", "full"):
+    raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
+  if v["decoder_family"] not in ("llama", "qwen3"):
+    raise ConfigError(f"decoder_family={v['decoder_family']!r}: expected llama or qwen3")
+
+
+def known_models() -> list[str]:
+  return sorted(f[:-4] for f in os.listdir(MODELS_DIR) if f.endswith(".yml"))
+
+
+class ResolvedConfig(Config):
+  """The run config plus the keys set away from base.yml's defaults."""
+
+  def __init__(self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]]):
+    super().__init__(values)
+    object.__setattr__(self, "overridden", overridden)
+
+
+def initialize(argv: list[str]) -> ResolvedConfig:
+  """argv as on the command line (argv[0] ignored): [yaml] key=value ... -> frozen config."""
+  args = list(argv[1:])
+  yaml_path = BASE_YAML
+  if args and "=" not in args[0]:
+    yaml_path = resolve_yaml_path(args.pop(0))
+  cli = parse_overrides(args)
+
+  chain = _load_chain(yaml_path)
+  base_path, defaults = chain[0]
+  if os.path.abspath(base_path) != os.path.abspath(BASE_YAML):
+    raise ConfigError(f"{yaml_path}: its base_config chain must start at {BASE_YAML}")
+  merger = _Merger(defaults)
+  for path, flat in chain[1:]:
+    merger.apply(flat, path)
+
+  cli = {KEY_ALIASES.get(k, k): v for k, v in cli.items()}
+  model_name = cli.get("model_name", merger.values["model_name"])
+  model_yaml = os.path.join(MODELS_DIR, f"{model_name}.yml")
+  if not os.path.isfile(model_yaml):
+    raise ConfigError(f"model_name={model_name!r}: unknown model; known models: {', '.join(known_models())}")
+  merger.apply(_flatten(_read_yaml(model_yaml)), model_yaml)
+  merger.apply(cli, "command line")
+
+  _apply_length_aliases(merger)
+  _validate(merger.values)
+  overridden = {
+      k: (merger.values[k], merger.set_by.get(k, "derived"))
+      for k in merger.values
+      if merger.values[k] != defaults[k]
+  }
+  return ResolvedConfig(_unflatten(merger.values), overridden)
+
+
+def write_yaml(config: Config, path: str) -> None:
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  with open(path, "w", encoding="utf-8") as f:
+    yaml.safe_dump(config.to_dict(), f, sort_keys=False)

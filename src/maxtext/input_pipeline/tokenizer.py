@@ -1,0 +1,74 @@
+"""Loads the tokenizer (with its chat template) from tokenizer.json, an HF directory or a GGUF file.
+
+The result is a Hugging Face fast tokenizer, which Tunix's TokenizerAdapter accepts. Its pad token
+always differs from EOS, so completions can keep their EOS token and the policy learns to stop.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tokenizers
+import transformers
+
+from maxtext.checkpoint_conversion import gguf_reader
+
+_GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
+_PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>")
+
+
+def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
+  reader = gguf_reader.open_gguf(path)
+  model = gguf_reader.field(reader, "tokenizer.ggml.model")
+  if model != "gpt2":
+    raise ValueError(f"{path}: GGUF tokenizer model {model!r} is not supported (expected byte-level BPE 'gpt2')")
+  tokens = gguf_reader.field(reader, "tokenizer.ggml.tokens")
+  types = gguf_reader.field(reader, "tokenizer.ggml.token_type")
+  merges = [tuple(m.split(" ", 1)) for m in gguf_reader.field(reader, "tokenizer.ggml.merges")]
+  bpe = tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
+  tok = tokenizers.Tokenizer(bpe)
+  pre = [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
+  if gguf_reader.field(reader, "tokenizer.ggml.pre") == "smollm":
+    pre.insert(0, tokenizers.pre_tokenizers.Digits(individual_digits=True))
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(pre)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  tok.add_special_tokens([t for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL_TOKEN])
+
+  def token(key):
+    idx = gguf_reader.field(reader, f"tokenizer.ggml.{key}_token_id")
+    return None if idx is None else tokens[idx]
+
+  return transformers.PreTrainedTokenizerFast(
+      tokenizer_object=tok,
+      bos_token=token("bos"),
+      eos_token=token("eos"),
+      unk_token=token("unknown"),
+      pad_token=token("padding"),
+      chat_template=gguf_reader.field(reader, "tokenizer.chat_template"),
+  )
+
+
+def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
+  """A tokenizer from a .gguf file, a tokenizer.json file or an HF tokenizer directory."""
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"tokenizer_path={path}: no such file or directory")
+  if path.endswith(".gguf"):
+    tok = _from_gguf(path)
+  elif os.path.isdir(path) or os.path.basename(path) == "tokenizer.json":
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
+      raise FileNotFoundError(f"tokenizer_path={path}: expected tokenizer.json in {folder}")
+    tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+  else:
+    raise ValueError(f"tokenizer_path={path}: expected a .gguf file, tokenizer.json or an HF tokenizer directory")
+  if tok.eos_token is None:
+    raise ValueError(f"tokenizer_path={path}: the tokenizer defines no EOS token")
+  if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
+    vocab = tok.get_vocab()
+    pad = next((p for p in _PAD_CANDIDATES if p in vocab and vocab[p] != tok.eos_token_id), None)
+    if pad is None:
+      raise ValueError(f"tokenizer_path={path}: no pad token distinct from EOS ({tok.eos_token})")
+    tok.pad_token = pad
+  if not tok.chat_template:
+    raise ValueError(f"tokenizer_path={path}: the tokenizer has no chat template")
+  return tok

@@ -1,0 +1,240 @@
+"""MaxText-style decoder for the Llama and Qwen3 families, in flax.nnx.
+
+Parameters carry logical axis names (`out_sharding`) and the config's logical->mesh rules
+(`sharding_rules`), so `nnx.get_partition_spec` yields mesh PartitionSpecs anywhere, Tunix's
+resharding included. The call signature and KV cache follow Tunix's sampler contract:
+`model(input_tokens, positions, cache, attention_mask) -> (logits, new_cache)`, with the cache
+`{'layer_i': {'k', 'v', 'end_index'}}` whose slot i holds the token at buffer index i.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+Cache = dict[str, dict[str, jax.Array]]
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Architecture of one decoder; built from the run config by `from_config`."""
+
+  family: str
+  vocab_size: int
+  emb_dim: int
+  num_layers: int
+  num_query_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_theta: float
+  rope_scaling: tuple[tuple[str, float], ...] | None
+  norm_eps: float
+  use_qk_norm: bool
+  tie_embeddings: bool
+  dtype: Any
+  weight_dtype: Any
+  remat: bool
+  logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
+
+  @classmethod
+  def from_config(cls, cfg) -> "ModelConfig":
+    scaling = cfg.rope_scaling
+    return cls(
+        family=cfg.decoder_family,
+        vocab_size=cfg.vocab_size,
+        emb_dim=cfg.emb_dim,
+        num_layers=cfg.num_decoder_layers,
+        num_query_heads=cfg.num_query_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        mlp_dim=cfg.mlp_dim,
+        rope_theta=cfg.rope_max_timescale,
+        rope_scaling=tuple(sorted(scaling.to_dict().items())) if scaling else None,
+        norm_eps=cfg.normalization_layer_epsilon,
+        use_qk_norm=cfg.use_qk_norm,
+        tie_embeddings=cfg.logits_via_embedding,
+        dtype=jnp.dtype(cfg.dtype),
+        weight_dtype=jnp.dtype(cfg.weight_dtype),
+        remat=cfg.remat_policy == "full",
+        logical_axis_rules=tuple((name, tuple(axes)) for name, axes in cfg.logical_axis_rules),
+    )
+
+
+def _param(cfg: ModelConfig, rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
+  value = init(rngs.params(), shape, cfg.weight_dtype)
+  return nnx.Param(value, out_sharding=axes, sharding_rules=cfg.logical_axis_rules)
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.eps = cfg.norm_eps
+    self.scale = _param(cfg, rngs, nnx.initializers.ones, (dim,), ("norm",))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def rope_inverse_frequencies(cfg: ModelConfig) -> jax.Array:
+  """RoPE inverse frequencies, with Llama-3 wavelength-dependent scaling when configured."""
+  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+  if cfg.rope_scaling is None:
+    return inv_freq
+  s = dict(cfg.rope_scaling)
+  factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+  old_context = s["original_max_position_embeddings"]
+  wavelen = 2 * math.pi / inv_freq
+  smooth = (old_context / wavelen - low) / (high - low)
+  smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  scaled = jnp.where(wavelen > old_context / low, inv_freq / factor, inv_freq)
+  is_medium = (wavelen <= old_context / low) & (wavelen >= old_context / high)
+  return jnp.where(is_medium, smoothed, scaled)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+  """Rotates halves of each head (the Hugging Face layout). x: [B, T, H, D], positions: [B, T]."""
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+  cos = jnp.cos(angles)[:, :, None, :]
+  sin = jnp.sin(angles)[:, :, None, :]
+  x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x.dtype)
+
+
+class Attention(nnx.Module):
+  """Grouped-query attention with optional per-head q/k RMSNorm and a KV cache."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    init = nnx.initializers.lecun_normal()
+    e, hq, hkv, d = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
+    self.q_proj = _param(cfg, rngs, init, (e, hq, d), ("embed", "q_heads", "kv"))
+    self.k_proj = _param(cfg, rngs, init, (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self.v_proj = _param(cfg, rngs, init, (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self.o_proj = _param(cfg, rngs, init, (hq, d, e), ("heads", "kv", "embed"))
+    if cfg.use_qk_norm:
+      self.q_norm = RMSNorm(d, cfg, rngs)
+      self.k_norm = RMSNorm(d, cfg, rngs)
+
+  def __call__(self, x, positions, layer_cache, attention_mask):
+    cfg = self.cfg
+    dt = cfg.dtype
+    q = jnp.einsum("bte,ehd->bthd", x, self.q_proj[...].astype(dt))
+    k = jnp.einsum("bte,ehd->bthd", x, self.k_proj[...].astype(dt))
+    v = jnp.einsum("bte,ehd->bthd", x, self.v_proj[...].astype(dt))
+    if cfg.use_qk_norm:
+      q, k = self.q_norm(q), self.k_norm(k)
+    inv_freq = rope_inverse_frequencies(cfg)
+    q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
+
+    new_cache = None
+    if layer_cache is not None:
+      start = layer_cache["end_index"][0]
+      k = jax.lax.dynamic_update_slice(layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, start, 0, 0))
+      v = jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, start, 0, 0))
+      new_cache = {"k": k, "v": v, "end_index": layer_cache["end_index"] + x.shape[1]}
+
+    b, t, hq, d = q.shape
+    groups = hq // cfg.num_kv_heads
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
+    scores = scores * (d ** -0.5)
+    scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, hq, d)
+    return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt)), new_cache
+
+
+class MLP(nnx.Module):
+  """SwiGLU feed-forward block."""
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    init = nnx.initializers.lecun_normal()
+    self.dtype = cfg.dtype
+    self.gate_proj = _param(cfg, rngs, init, (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self.up_proj = _param(cfg, rngs, init, (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self.down_proj = _param(cfg, rngs, init, (cfg.mlp_dim, cfg.emb_dim), ("mlp", "embed"))
+
+  def __call__(self, x):
+    dt = self.dtype
+    h = jax.nn.silu(x @ self.gate_proj[...].astype(dt)) * (x @ self.up_proj[...].astype(dt))
+    return h @ self.down_proj[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
+    self.mlp = MLP(cfg, rngs)
+
+  def __call__(self, x, positions, layer_cache, attention_mask):
+    h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask)
+    x = x + h
+    return x + self.mlp(self.mlp_norm(x)), new_cache
+
+
+class Decoder(nnx.Module):
+  """Token embedding, decoder layers, final norm and output projection."""
+
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    self.config = cfg
+    self.embed = _param(cfg, rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"))
+    self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.final_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
+    if not cfg.tie_embeddings:
+      self.lm_head = _param(cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"))
+
+  @property
+  def num_embed(self) -> int:
+    return self.config.vocab_size
+
+  def __call__(
+      self,
+      input_tokens: jax.Array,
+      positions: jax.Array,
+      cache: Cache | None,
+      attention_mask: jax.Array,
+  ) -> tuple[jax.Array, Cache | None]:
+    """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
+
+    Returns float32 logits [B, T, V] and the updated cache (None without a cache).
+    """
+    cfg = self.config
+    x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
+    new_cache = None if cache is None else {}
+    for i, layer in enumerate(self.layers):
+      name = f"layer_{i}"
+      layer_cache = None if cache is None else cache[name]
+      if cfg.remat and cache is None:
+        x, updated = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions, None, attention_mask)
+      else:
+        x, updated = layer(x, positions, layer_cache, attention_mask)
+      if new_cache is not None:
+        new_cache[name] = updated
+    x = self.final_norm(x)
+    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
+    logits = jnp.einsum("bte,ev->btv", x, head.astype(cfg.dtype), preferred_element_type=jnp.float32)
+    return logits, new_cache
+
+  def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
+    cfg = self.config
+    shape = (batch_size, cache_size, cfg.num_kv_heads, cfg.head_dim)
+    return {
+        f"layer_{i}": {
+            "k": jnp.zeros(shape, dtype),
+            "v": jnp.zeros(shape, dtype),
+            "end_index": jnp.zeros((batch_size,), jnp.int32),
+        }
+        for i in range(cfg.num_layers)
+    }

@@ -1,0 +1,68 @@
+"""Device meshes for the trainer and the sampler, built from the ici_* parallelism keys."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from maxtext.configs.pyconfig import ConfigError
+
+MESH_AXES = ("data", "fsdp", "tensor")
+# Mesh axes that split the batch of training examples.
+DATA_AXES = ("data", "fsdp")
+
+# Environment variables of the usual cluster launchers; when one is set, jax.distributed starts.
+_COORDINATOR_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
+
+
+def maybe_initialize_distributed() -> None:
+  """Starts multi-host JAX when a coordinator address is in the environment."""
+  if any(os.environ.get(v) for v in _COORDINATOR_VARIABLES):
+    jax.distributed.initialize()
+
+
+def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
+  """(data, fsdp, tensor) sizes for num_devices; one -1 entry fills the remaining devices."""
+  keys = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
+  sizes = [getattr(cfg, k) for k in keys]
+  fills = [i for i, s in enumerate(sizes) if s == -1]
+  if len(fills) > 1:
+    raise ConfigError(f"{', '.join(keys[i] for i in fills)}: at most one parallelism may be -1")
+  fixed = math.prod(s for s in sizes if s != -1)
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ConfigError(f"{dict(zip(keys, sizes))}: parallelism sizes must be positive or -1")
+  if fills:
+    if num_devices % fixed:
+      raise ConfigError(
+          f"{dict(zip(keys, sizes))}: {num_devices} devices are not divisible by the fixed sizes ({fixed})"
+      )
+    sizes[fills[0]] = num_devices // fixed
+  if math.prod(sizes) != num_devices:
+    raise ConfigError(
+        f"{dict(zip(keys, sizes))}: product {math.prod(sizes)} does not match the {num_devices} devices available"
+    )
+  return tuple(sizes)
+
+
+def _mesh(cfg, devices: list) -> Mesh:
+  return Mesh(np.array(devices).reshape(mesh_shape(cfg, len(devices))), MESH_AXES)
+
+
+def create_meshes(cfg) -> tuple[Mesh, Mesh]:
+  """(trainer mesh, sampler mesh); the same mesh unless the device fractions split the devices."""
+  devices = jax.devices()
+  tf, sf = cfg.trainer_devices_fraction, cfg.sampler_devices_fraction
+  if tf == 1.0 and sf == 1.0:
+    mesh = _mesh(cfg, devices)
+    return mesh, mesh
+  n_train, n_sample = int(len(devices) * tf), int(len(devices) * sf)
+  if n_train < 1 or n_sample < 1 or n_train + n_sample > len(devices):
+    raise ConfigError(
+        f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: need at least one device each "
+        f"and no more than the {len(devices)} available (got {n_train} + {n_sample})"
+    )
+  return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train:n_train + n_sample])
