@@ -1,0 +1,41 @@
+"""Prompt templates: a data template JSON rendered role-aware through the tokenizer's chat template."""
+
+from __future__ import annotations
+
+import json
+import os
+
+_DEFAULT_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates", "gsm8k_rl.json")
+_FIELDS = ("SYSTEM_PROMPT", "TEMPLATE")
+
+
+class PromptTemplate:
+  """SYSTEM_PROMPT (formatted with the config's tag tokens) and TEMPLATE (formatted with {question})."""
+
+  def __init__(self, cfg, tokenizer):
+    path = cfg.data_template_path or _DEFAULT_TEMPLATE
+    try:
+      with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    except OSError as e:
+      raise FileNotFoundError(f"data_template_path={path}: cannot read ({e.strerror})") from e
+    except json.JSONDecodeError as e:
+      raise ValueError(f"data_template_path={path}: not valid JSON ({e})") from e
+    missing = [k for k in _FIELDS if k not in data]
+    if missing:
+      raise ValueError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
+    tags = {k: getattr(cfg, k) for k in ("reasoning_start_token", "reasoning_end_token",
+                                         "solution_start_token", "solution_end_token")}
+    self.system_prompt = data["SYSTEM_PROMPT"].format(**tags)
+    self.template = data["TEMPLATE"]
+    self.tokenizer = tokenizer
+
+  def messages(self, question: str) -> list[dict[str, str]]:
+    return [
+        {"role": "system", "content": self.system_prompt},
+        {"role": "user", "content": self.template.format(question=question)},
+    ]
+
+  def render(self, question: str) -> str:
+    """The prompt text up to and including the assistant turn's opening."""
+    return self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)

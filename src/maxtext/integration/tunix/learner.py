@@ -1,0 +1,93 @@
+"""Hands actor, reference and tokenizer to Tunix: RLCluster plus its GRPO learner."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.grpo import grpo_learner
+from tunix.rl.rollout import base_rollout
+from tunix.sft import metrics_logger
+
+from maxtext.integration.tunix import metrics
+from maxtext.integration.tunix.rollout import RolloutEngine
+from maxtext.utils.mesh import DATA_AXES
+
+Role = rl_cluster_lib.Role
+Mode = rl_cluster_lib.Mode
+
+
+def optimizer(cfg) -> optax.GradientTransformation:
+  """AdamW on a warmup-cosine schedule, after global-norm clipping."""
+  warmup = int(cfg.warmup_steps_fraction * cfg.num_batches)
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
+      decay_steps=max(cfg.num_batches, warmup + 1), end_value=0.0,
+  )
+  adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay)
+  if cfg.gradient_clipping_threshold > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
+  return adamw
+
+
+def rollout_configs(cfg, eos_id: int) -> dict:
+  common = dict(
+      max_tokens_to_generate=cfg.max_response_length,
+      max_prompt_length=cfg.max_prompt_length,
+      kv_cache_size=cfg.kv_cache_size,
+      eos_tokens=[eos_id],
+  )
+  train = base_rollout.RolloutConfig(
+      temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
+      top_k=cfg.decode_sampling_top_k, **common,
+  )
+  greedy = base_rollout.RolloutConfig(temperature=0.0, top_p=None, top_k=None, **common)
+  return {Mode.TRAIN: train, Mode.EVAL: greedy}
+
+
+def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh) -> rl_cluster_lib.RLCluster:
+  reference = nnx.clone(actor) if cfg.rl.grpo_beta != 0.0 else None
+  training = rl_cluster_lib.RLTrainingConfig(
+      actor_optimizer=optimizer(cfg),
+      eval_every_n_steps=cfg.num_batches + 1,
+      max_steps=cfg.num_batches,
+      checkpoint_root_directory=os.path.join(cfg.run_dir, "checkpoints"),
+      checkpointing_options=ocp.CheckpointManagerOptions(
+          save_interval_steps=cfg.checkpoint_period, max_to_keep=cfg.max_num_checkpoints_to_keep
+      ),
+      metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+          log_dir=os.path.join(cfg.run_dir, "tensorboard"),
+          run_name=cfg.run_name,
+          backend_kwargs={"custom_backend": metrics.backend_factories(cfg.run_dir)},
+      ),
+      data_sharding_axis=DATA_AXES,
+  )
+  cluster_config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
+      rollout_engine=functools.partial(RolloutEngine, seed=cfg.decode_seed),
+      training_config=training,
+      rollout_config=rollout_configs(cfg, tokenizer.eos_token_id),
+  )
+  return rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config)
+
+
+def grpo_config(cfg) -> grpo_learner.GRPOConfig:
+  rl = cfg.rl
+  return grpo_learner.GRPOConfig(
+      num_generations=rl.num_generations,
+      num_iterations=rl.num_iterations,
+      beta=rl.grpo_beta,
+      epsilon=rl.grpo_epsilon,
+      loss_algo=rl.loss_algo,
+      loss_agg_mode=rl.loss_agg_mode,
+  )
+
+
+def build_learner(cfg, cluster, reward_fns) -> grpo_learner.GRPOLearner:
+  return grpo_learner.GRPOLearner(
+      rl_cluster=cluster, algo_config=grpo_config(cfg), reward_fns=list(reward_fns),
+  )

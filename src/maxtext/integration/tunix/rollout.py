@@ -1,0 +1,67 @@
+"""Our rollout engine for Tunix: its vanilla sampler with two defects of google-tunix 0.1.7 fixed.
+
+1. Fresh randomness: with no seed, Tunix's sampler uses PRNGKey(0) on every call, so the samples
+   of a GRPO group are identical across steps. Each call here folds a call counter into a base
+   seed unless the rollout config carries its own seed.
+2. EOS kept: the sampler cuts completions before their EOS token, so the trained sequence never
+   contains EOS and the policy never learns to stop. A completion that stopped early (shorter than
+   the generation budget) gets its EOS token back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from tunix.rl.rollout import base_rollout, vanilla_rollout
+
+
+def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+  """The model itself when already on mesh, else a copy resharded onto it."""
+  graphdef, state = nnx.split(model)
+  if jax.tree.leaves(state)[0].sharding.mesh == mesh:
+    return model
+  return nnx.merge(graphdef, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+
+
+class RolloutEngine(vanilla_rollout.VanillaRollout):
+  """Tunix's vanilla rollout (KV-cache sampler) with fresh seeds and completions that keep EOS.
+
+  Passed to Tunix as `ClusterConfig.rollout_engine` (a BaseRollout subclass, via functools.partial
+  to bind `seed`).
+  """
+
+  def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
+               rollout_config: base_rollout.RolloutConfig, seed: int):
+    model = _place_on_mesh(rollout_actor, mesh)
+    super().__init__(
+        model,
+        tokenizer,
+        base_rollout.CacheConfig(
+            cache_size=rollout_config.kv_cache_size,
+            num_layers=model.config.num_layers,
+            num_kv_heads=model.config.num_kv_heads,
+            head_dim=model.config.head_dim,
+        ),
+    )
+    self.mesh = mesh
+    self._base_key = jax.random.PRNGKey(seed)
+    self._calls = 0
+
+  def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
+    if rollout_config.seed is None:
+      rollout_config = dataclasses.replace(rollout_config, seed=jax.random.fold_in(self._base_key, self._calls))
+    self._calls += 1
+    with self.mesh:
+      out = super().generate(prompts, rollout_config, **kwargs)
+    eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
+    budget = rollout_config.max_tokens_to_generate
+    out.tokens = [
+        np.append(t, np.asarray(eos, t.dtype)) if len(t) < budget else t for t in out.tokens
+    ]
+    if out.logprobs is not None:
+      raise NotImplementedError("RolloutEngine does not return sampler log-probs")
+    return out
