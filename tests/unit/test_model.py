@@ -1,0 +1,154 @@
+"""Decoder numerics: KV-cache decoding equals a full forward pass; GGUF files load exactly."""
+
+import gguf
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxtext.checkpoint_conversion import gguf_reader, hf_layout, load
+from maxtext.models import builder
+from maxtext.models.decoder import ModelConfig
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+
+def _model(*overrides):
+  cfg = make_config(*overrides)
+  mesh, _ = create_meshes(cfg)
+  return cfg, mesh, load.load_model(cfg, mesh)
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "llama-tiny"])
+def test_prefill_plus_decode_equals_full_forward(model):
+  _, _, m = _model(f"model_name={model}")
+  b, t, prefill, cache_size = 2, 12, 5, 20
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (b, t), 0, 1000)
+  positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+  causal = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+  full, no_cache = m(tokens, positions, None, causal)
+  assert no_cache is None
+
+  cache = m.init_cache(b, cache_size, jnp.float32)
+  mask = jnp.pad(causal[:, :prefill, :prefill], ((0, 0), (0, 0), (0, cache_size - prefill)))
+  logits, cache = m(tokens[:, :prefill], positions[:, :prefill], cache, mask)
+  steps = [logits]
+  for i in range(prefill, t):
+    mask = jnp.broadcast_to(jnp.arange(cache_size) <= i, (b, 1, cache_size))
+    logits, cache = m(tokens[:, i:i + 1], positions[:, i:i + 1], cache, mask)
+    steps.append(logits)
+  assert int(cache["layer_0"]["end_index"][0]) == t
+  np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_left_padding_does_not_change_logits():
+  _, _, m = _model("model_name=llama-tiny")
+  tokens = jnp.array([[5, 6, 7, 8]])
+  pos = jnp.arange(4)[None]
+  ref, _ = m(tokens, pos, None, jnp.tril(jnp.ones((4, 4), bool))[None])
+  padded = jnp.array([[0, 0, 5, 6, 7, 8]])
+  valid = padded != 0
+  mask = jnp.tril(jnp.ones((6, 6), bool))[None] & valid[:, None, :]
+  out, _ = m(padded, jnp.array([[0, 0, 0, 1, 2, 3]]), None, mask)
+  np.testing.assert_allclose(out[:, 2:], ref, atol=1e-5)
+
+
+def test_parameters_carry_logical_axes_resolved_to_the_mesh():
+  _, mesh, m = _model("model_name=qwen3-tiny")
+  specs = nnx.get_partition_spec(nnx.state(m))
+  # embed [vocab, embed] -> (tensor, fsdp) by base.yml's logical_axis_rules
+  assert tuple(specs["embed"].get_value()) == ("tensor", "fsdp")
+  assert tuple(specs["layers"][0]["mlp"]["down_proj"].get_value()) == ("tensor", "fsdp")
+  assert m.embed[...].sharding.mesh == mesh
+
+
+def _llama_cpp_permute(w, n_head):
+  """llama.cpp's convert_hf_to_gguf layout for q/k rows (the reference for our inverse)."""
+  return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_tiny_gguf(path, cfg, hf):
+  w = gguf.GGUFWriter(str(path), "llama")
+  w.add_block_count(cfg.num_decoder_layers)
+  w.add_embedding_length(cfg.emb_dim)
+  w.add_feed_forward_length(cfg.mlp_dim)
+  w.add_head_count(cfg.num_query_heads)
+  w.add_head_count_kv(cfg.num_kv_heads)
+  w.add_vocab_size(cfg.vocab_size)
+  names = {v: k for k, v in gguf_reader._GLOBAL_NAMES.items()}  # pylint: disable=protected-access
+  blocks = {v: k for k, v in gguf_reader._BLOCK_NAMES.items()}  # pylint: disable=protected-access
+  for name, arr in hf.items():
+    if name in names:
+      w.add_tensor(names[name], arr)
+      continue
+    layer, rest = name.split(".")[2], ".".join(name.split(".")[3:-1])
+    if rest == "self_attn.q_proj":
+      arr = _llama_cpp_permute(arr, cfg.num_query_heads)
+    elif rest == "self_attn.k_proj":
+      arr = _llama_cpp_permute(arr, cfg.num_kv_heads)
+    w.add_tensor(f"blk.{layer}.{blocks[rest]}.weight", arr)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+
+
+def _random_hf_llama(cfg, seed=0):
+  rng = np.random.default_rng(seed)
+  e, m, d = cfg.emb_dim, cfg.mlp_dim, cfg.head_dim
+  hf = {"model.embed_tokens.weight": rng.normal(size=(cfg.vocab_size, e)),
+        "model.norm.weight": 1 + 0.1 * rng.normal(size=e),
+        "lm_head.weight": rng.normal(size=(cfg.vocab_size, e)) * 0.1}
+  for i in range(cfg.num_decoder_layers):
+    p = f"model.layers.{i}."
+    hf[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=e)
+    hf[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.normal(size=e)
+    hf[p + "self_attn.q_proj.weight"] = rng.normal(size=(cfg.num_query_heads * d, e)) * 0.1
+    hf[p + "self_attn.k_proj.weight"] = rng.normal(size=(cfg.num_kv_heads * d, e)) * 0.1
+    hf[p + "self_attn.v_proj.weight"] = rng.normal(size=(cfg.num_kv_heads * d, e)) * 0.1
+    hf[p + "self_attn.o_proj.weight"] = rng.normal(size=(e, cfg.num_query_heads * d)) * 0.1
+    hf[p + "mlp.gate_proj.weight"] = rng.normal(size=(m, e)) * 0.1
+    hf[p + "mlp.up_proj.weight"] = rng.normal(size=(m, e)) * 0.1
+    hf[p + "mlp.down_proj.weight"] = rng.normal(size=(e, m)) * 0.1
+  return {k: v.astype(np.float32) for k, v in hf.items()}
+
+
+def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
+  cfg = make_config("model_name=llama-tiny", "vocab_size=256")
+  hf = _random_hf_llama(cfg)
+  path = tmp_path / "tiny.gguf"
+  _write_tiny_gguf(path, cfg, hf)
+  read = gguf_reader.read_hf_state_dict(str(path))
+  assert set(read) == set(hf)
+  for name, arr in hf.items():
+    np.testing.assert_array_equal(read[name], arr, err_msg=name)
+
+  cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}")
+  mesh, _ = create_meshes(cfg)
+  loaded = load.load_model(cfg, mesh)
+  mcfg = ModelConfig.from_config(cfg)
+  expected = builder.from_arrays(mcfg, mesh, hf_layout.hf_to_maxtext(hf, mcfg), "reference")
+  tokens = jnp.array([[1, 2, 3, 4, 5]])
+  mask = jnp.tril(jnp.ones((5, 5), bool))[None]
+  a, _ = loaded(tokens, jnp.arange(5)[None], None, mask)
+  b, _ = expected(tokens, jnp.arange(5)[None], None, mask)
+  np.testing.assert_array_equal(a, b)
+
+
+def test_gguf_architecture_mismatch_names_fields(tmp_path):
+  cfg = make_config("model_name=llama-tiny", "vocab_size=256")
+  path = tmp_path / "tiny.gguf"
+  _write_tiny_gguf(path, cfg, _random_hf_llama(cfg))
+  with pytest.raises(ValueError, match="emb_dim=32 but the file has llama.embedding_length=64"):
+    _model("model_name=llama-tiny", "vocab_size=256", "emb_dim=32", f"load_parameters_path={path}")
+
+
+def test_missing_weights_file_is_a_clear_error():
+  with pytest.raises(FileNotFoundError, match="nope.gguf: GGUF file not found"):
+    _model("model_name=llama-tiny", "load_parameters_path=/tmp/nope.gguf")
+
+
+def test_model_without_default_weights_needs_a_path():
+  with pytest.raises(ValueError, match="load_parameters_path: required for model_name=qwen3-0.6b"):
+    _model("model_name=qwen3-0.6b")

@@ -1,0 +1,111 @@
+"""Config precedence, aliases, type checks and unknown keys."""
+
+import os
+
+import pytest
+import yaml
+
+from maxtext.configs import pyconfig
+from tests.conftest import make_config
+
+
+def test_precedence_base_rl_model_cli():
+  cfg = make_config()
+  assert cfg.run_name == "rl_gsm8k"  # rl.yml over base.yml
+  assert cfg.model_name == "smollm2-135m" and cfg.emb_dim == 576
+  cfg = make_config("model_name=qwen3-0.6b")
+  assert cfg.emb_dim == 1024 and cfg.use_qk_norm and cfg.decoder_family == "qwen3"  # model YAML over base
+  cfg = make_config("model_name=qwen3-0.6b", "emb_dim=512")
+  assert cfg.emb_dim == 512  # command line over model YAML
+
+
+def test_bare_file_name_and_base_yml():
+  assert make_config(yaml="base.yml").run_name == "default_run"
+  assert make_config(yaml=os.path.join(pyconfig.CONFIG_DIR, "post_train", "rl.yml")).run_name == "rl_gsm8k"
+
+
+def test_dotted_keys_reach_nested_sections():
+  cfg = make_config("rl.num_generations=8", "rl.grpo_beta=0")
+  assert cfg.rl.num_generations == 8
+  assert cfg.rl.grpo_beta == 0.0 and isinstance(cfg.rl.grpo_beta, float)  # int widens to float
+
+
+def test_model_alias():
+  assert make_config("model=qwen3-tiny").model_name == "qwen3-tiny"
+
+
+@pytest.mark.parametrize("arg, expected", [
+    ("rl.num_generations=four", "rl.num_generations='four' (command line): expected int, got string"),
+    ("learning_rate=fast", "learning_rate='fast' (command line): expected float, got string"),
+    ("use_qk_norm=1", "use_qk_norm=1 (command line): expected bool, got int"),
+])
+def test_wrong_type_names_key_value_and_type(arg, expected):
+  with pytest.raises(pyconfig.ConfigError) as e:
+    make_config(arg)
+  assert expected in str(e.value)
+
+
+@pytest.mark.parametrize("arg, message", [
+    ("rl.num_generatons=4", "rl.num_generatons: unknown key (command line); did you mean rl.num_generations?"),
+    ("learning_rat=1", "did you mean learning_rate?"),
+    ("rl.grpo_betaa=1", "did you mean rl.grpo_beta?"),
+])
+def test_unknown_key_suggests_closest(arg, message):
+  with pytest.raises(pyconfig.ConfigError, match="unknown key") as e:
+    make_config(arg)
+  assert message in str(e.value)
+
+
+def test_unknown_key_in_yaml_names_file(tmp_path):
+  bad = tmp_path / "my.yml"
+  bad.write_text("base_config: base.yml\nrl:\n  num_generaton: 3\n")
+  # base_config resolves next to the file first, then under the configs folder.
+  with pytest.raises(pyconfig.ConfigError, match=r"rl.num_generaton: unknown key \(.*my.yml\)"):
+    pyconfig.initialize(["x", str(bad)])
+
+
+def test_unknown_model_lists_known_ones():
+  with pytest.raises(pyconfig.ConfigError, match="unknown model; known models: .*qwen3-0.6b.*smollm2-135m"):
+    make_config("model_name=gpt5")
+
+
+def test_length_aliases():
+  cfg = make_config("max_prefill_predict_length=100", "max_target_length=300")
+  assert (cfg.max_prompt_length, cfg.max_response_length) == (100, 200)
+  assert cfg.kv_cache_size == 300
+  cfg = make_config("max_prompt_length=64", "max_response_length=32")
+  assert cfg.max_target_length == 96 and cfg.max_prefill_predict_length == 64
+
+
+def test_conflicting_length_aliases_are_an_error():
+  with pytest.raises(pyconfig.ConfigError, match="conflicts with max_prompt_length"):
+    make_config("max_prefill_predict_length=100", "max_prompt_length=50")
+  with pytest.raises(pyconfig.ConfigError, match="conflicts with max_response_length"):
+    make_config("max_target_length=300", "max_prompt_length=100", "max_response_length=50")
+
+
+def test_lengths_beyond_model_context():
+  with pytest.raises(pyconfig.ConfigError, match="exceeds the context of smollm2-135m"):
+    make_config("max_prompt_length=8000", "max_response_length=500")
+
+
+def test_config_is_frozen_and_round_trips(tmp_path):
+  cfg = make_config("rl.num_generations=3")
+  with pytest.raises(AttributeError):
+    cfg.run_name = "x"
+  path = tmp_path / "config.yml"
+  pyconfig.write_yaml(cfg, str(path))
+  assert yaml.safe_load(path.read_text())["rl"]["num_generations"] == 3
+  assert cfg.overridden["rl.num_generations"] == (3, "command line")
+
+
+def test_every_base_key_has_a_comment():
+  with open(pyconfig.BASE_YAML, encoding="utf-8") as f:
+    lines = f.read().splitlines()
+  keyed = [l for l in lines if ":" in l and not l.lstrip().startswith(("#", "-")) and not l.rstrip().endswith(":")]
+  assert keyed and all("#" in l for l in keyed), [l for l in keyed if "#" not in l]
+
+
+def test_missing_yaml_is_a_clear_error():
+  with pytest.raises(pyconfig.ConfigError, match="nope.yml: config file not found"):
+    pyconfig.initialize(["x", "nope.yml"])

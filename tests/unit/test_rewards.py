@@ -1,0 +1,70 @@
+"""Reward functions on hand-written completions, with hand-computed scores."""
+
+import pytest
+
+from maxtext.trainers.post_train.rl import utils_rl
+from tests.conftest import make_config
+
+CFG = make_config()
+# Defaults: exact format 3.0, partial 0.5 per tag, format penalty -0.5 per tag, exact answer 3.0,
+# whitespace match 1.5, within 10% 0.5, within 20% 0.25, wrong answer -1.0.
+GOOD = "<reasoning>6 times 7</reasoning>\n<answer>42</answer>"
+
+
+@pytest.mark.parametrize("completion, expected", [
+    (GOOD, 3.0),
+    ("  " + GOOD + "\n", 3.0),
+    ("<reasoning>x</reasoning> <answer>42</answer> trailing words", 0.0),
+    ("<answer>42</answer>", 0.0),
+    ("no tags at all", 0.0),
+])
+def test_match_format_exactly(completion, expected):
+  assert utils_rl.match_format_exactly(None, [completion], CFG) == [expected]
+
+
+@pytest.mark.parametrize("completion, expected", [
+    (GOOD, 4 * 0.5),                                     # every tag once
+    ("<answer>42</answer>", 2 * 0.5 + 2 * -0.5),         # reasoning tags missing
+    ("no tags", 4 * -0.5),
+    (GOOD + "<answer>1</answer>", 2 * 0.5 + 2 * -0.5),   # answer tags repeated
+])
+def test_match_format_approximately(completion, expected):
+  assert utils_rl.match_format_approximately(None, [completion], CFG) == [pytest.approx(expected)]
+
+
+@pytest.mark.parametrize("completion, truth, expected", [
+    (GOOD, "42", 3.0),                                            # exact
+    ("<answer> 42 </answer>", "42", 1.5),                         # equal after stripping
+    ("<answer>44</answer>", "42", 0.5),                           # within 10%
+    ("<answer>50</answer>", "42", 0.25),                          # within 20%
+    ("<answer>100</answer>", "42", -1.0),                         # wrong
+    ("<answer>forty-two</answer>", "42", -1.0),                   # no number
+    ("The answer is 42", "42", 0.0),                              # no answer block
+])
+def test_check_answer(completion, truth, expected):
+  assert utils_rl.check_answer(None, [completion], CFG, answer=[truth]) == [expected]
+
+
+@pytest.mark.parametrize("completion, truth, expected", [
+    (GOOD, "42", 3.0),
+    ("<answer>$1,234.00 dollars</answer>", "1234", 3.0),         # currency, comma, unit
+    ("<answer>-5</answer>", "-5", 3.0),                            # negative
+    ("<answer>5</answer>", "-5", -1.0),
+    ("<answer>1</answer> then <answer>7</answer>", "7", 3.0),      # last answer block counts
+    ("<answer>about 3 or 7</answer>", "7", 3.0),                   # last number in the block
+    ("<answer>none</answer>", "7", -1.0),
+    ("7", "7", 0.0),
+])
+def test_check_numbers(completion, truth, expected):
+  assert utils_rl.check_numbers(None, [completion], CFG, answer=[truth]) == [expected]
+
+
+def test_weights_come_from_config():
+  cfg = make_config("reward_exact_answer=10", "penalty_incorrect_answer=-7")
+  assert utils_rl.check_numbers(None, [GOOD, "<answer>1</answer>"], cfg, answer=["42", "42"]) == [10.0, -7.0]
+
+
+def test_bound_reward_keeps_name_and_batch():
+  fn = utils_rl.bind_config(utils_rl.check_numbers, CFG)
+  assert fn.__name__ == "check_numbers"
+  assert fn(prompts=["p", "p"], completions=[GOOD, "x"], answer=["42", "42"], question=["q", "q"]) == [3.0, 0.0]
