@@ -30,6 +30,10 @@ def test_dotted_keys_reach_nested_sections():
   assert cfg.rl.grpo_beta == 0.0 and isinstance(cfg.rl.grpo_beta, float)  # int widens to float
 
 
+def test_exponent_without_dot_is_a_float():
+  assert make_config("learning_rate=1e-6").learning_rate == 1e-6
+
+
 def test_model_alias():
   assert make_config("model=qwen3-tiny").model_name == "qwen3-tiny"
 

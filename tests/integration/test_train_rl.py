@@ -1,0 +1,100 @@
+"""train_rl end to end: qwen3-tiny through Tunix's GRPO learner, and the full default demo (slow)."""
+
+import json
+import os
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+from flax import nnx
+
+from maxtext.checkpoint_conversion import load
+from maxtext.configs import pyconfig
+from maxtext.models.builder import param_name
+from maxtext.trainers.post_train.rl import train_rl
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "rl.num_generations=2",
+        "max_response_length=16", "num_test_batches=1", "eval_batch_size=2", "adam_weight_decay=0",
+        "learning_rate=1e-3", "warmup_steps_fraction=0"]
+
+
+def _read_jsonl(path):
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys):
+  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  run = tmp_path / "tiny"
+
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert set(summary) == {"before", "after"} and summary["after"]["num_examples"] == 2
+  saved = yaml.safe_load((run / "config.yml").read_text())
+  assert saved["model_name"] == "qwen3-tiny" and saved["rl"]["num_generations"] == 2
+
+  rows = _read_jsonl(run / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:
+    for key in ("rewards/mean", "rewards/match_format_exactly", "rewards/match_format_approximately",
+                "rewards/check_answer", "rewards/check_numbers", "kl", "loss", "step_time_s"):
+      assert key in r and np.isfinite(r[key]), key
+  assert (run / "tensorboard").is_dir() and os.listdir(run / "tensorboard")
+  eval_json = json.loads((run / "eval.json").read_text())
+  assert len(eval_json["after"]["examples"]) == 2
+
+  cfg = make_config(*args)
+  initial = {param_name(p): np.asarray(v.get_value())
+             for p, v in nnx.to_flat_state(nnx.state(load.load_model(cfg, create_meshes(cfg)[0])))}
+  restored = ocp.PyTreeCheckpointer().restore(str(run / "checkpoints" / "actor" / "2" / "model_params"))
+  flat = {param_name(p): np.asarray(v["value"] if isinstance(v, dict) else v)
+          for p, v in _flatten(restored)}
+  assert set(flat) == set(initial)
+  changed = [n for n in initial if not np.array_equal(initial[n], flat[n])]
+  assert len(changed) > len(initial) // 2, changed
+
+
+def _flatten(tree, prefix=()):
+  if isinstance(tree, dict) and "value" not in tree:
+    for k, v in tree.items():
+      yield from _flatten(v, prefix + (k,))
+  else:
+    yield prefix, tree
+
+
+def test_config_error_exits_2_and_names_key(capsys):
+  assert train_rl.main(["train_rl", "rl.yml", "rl.max_concurency=64"]) == 2
+  assert "rl.max_concurency: unknown key" in capsys.readouterr().err
+
+
+def test_real_model_answers_paris(smollm2_tokenizer):
+  """The shipped SmolLM2 GGUF and its tokenizer decode correctly through Tunix's sampler."""
+  from maxtext.integration.tunix.rollout import RolloutEngine
+  from tunix.rl.rollout import base_rollout
+
+  cfg = make_config()
+  mesh, _ = create_meshes(cfg)
+  model = load.load_model(cfg, mesh)
+  config = base_rollout.RolloutConfig(max_tokens_to_generate=16, max_prompt_length=64, kv_cache_size=80,
+                                      temperature=0.0, top_p=None, top_k=None,
+                                      eos_tokens=[smollm2_tokenizer.eos_token_id])
+  engine = RolloutEngine(model, smollm2_tokenizer, mesh, config, seed=0)
+  prompt = smollm2_tokenizer.apply_chat_template(
+      [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False)
+  out = engine.generate([prompt], config)
+  assert out.text[0] == "The capital of France is Paris."
+  assert out.tokens[0][-1] == smollm2_tokenizer.eos_token_id
+
+
+@pytest.mark.slow
+def test_default_demo(tmp_path):
+  """`make run`'s job: SmolLM2-135M-Instruct GRPO on GSM8K with before/after evaluation."""
+  assert train_rl.main(["train_rl", "rl.yml", f"base_output_directory={tmp_path}"]) == 0
+  cfg = pyconfig.initialize(["train_rl", "rl.yml"])
+  rows = _read_jsonl(tmp_path / cfg.run_name / "metrics.jsonl")
+  assert [r["step"] for r in rows] == list(range(1, cfg.num_batches + 1))
+  results = json.loads((tmp_path / cfg.run_name / "eval.json").read_text())
+  assert results["before"]["num_examples"] == cfg.num_test_batches * cfg.eval_batch_size
