@@ -48,14 +48,16 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
         ),
     )
     self.mesh = mesh
-    self._base_key = jax.random.PRNGKey(seed)
+    self._seed = seed
     self._calls = 0
 
   def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
-    if rollout_config.seed is None:
-      rollout_config = dataclasses.replace(rollout_config, seed=jax.random.fold_in(self._base_key, self._calls))
-    self._calls += 1
-    with self.mesh:
+    # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
+    with self.mesh, jax.default_device(self.mesh.devices.flat[0]):
+      if rollout_config.seed is None:
+        key = jax.random.fold_in(jax.random.PRNGKey(self._seed), self._calls)
+        rollout_config = dataclasses.replace(rollout_config, seed=key)
+      self._calls += 1
       out = super().generate(prompts, rollout_config, **kwargs)
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
     budget = rollout_config.max_tokens_to_generate
