@@ -1,4 +1,5 @@
-"""Loads the tokenizer (with its chat template) from tokenizer.json, an HF directory or a GGUF file.
+"""Loads the tokenizer (with its chat template) from tokenizer.json, an HF directory, a sentencepiece
+model or a GGUF file.
 
 The result is a Hugging Face fast tokenizer, which Tunix's TokenizerAdapter accepts. Its pad token
 always differs from EOS, so completions can keep their EOS token and the policy learns to stop.
@@ -14,7 +15,7 @@ import transformers
 from maxtext.checkpoint_conversion import gguf_reader
 
 _GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
-_PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>")
+_PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")
 
 
 def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
@@ -48,19 +49,31 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
   )
 
 
+def _from_sentencepiece(path: str) -> transformers.PreTrainedTokenizerBase:
+  """A Llama-style sentencepiece model; the chat template comes from chat_template.jinja or
+  tokenizer_config.json beside it."""
+  return transformers.LlamaTokenizer.from_pretrained(os.path.dirname(path) or ".", vocab_file=path, local_files_only=True)
+
+
 def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
-  """A tokenizer from a .gguf file, a tokenizer.json file or an HF tokenizer directory."""
+  """A tokenizer from a .gguf file, a sentencepiece .model file, a tokenizer.json file or an HF
+  tokenizer directory (tokenizer.json, or tokenizer.model when there is no tokenizer.json)."""
   if not os.path.exists(path):
     raise FileNotFoundError(f"tokenizer_path={path}: no such file or directory")
+  if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+    if os.path.isfile(os.path.join(path, "tokenizer.model")):
+      path = os.path.join(path, "tokenizer.model")
   if path.endswith(".gguf"):
     tok = _from_gguf(path)
+  elif path.endswith(".model"):
+    tok = _from_sentencepiece(path)
   elif os.path.isdir(path) or os.path.basename(path) == "tokenizer.json":
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
-      raise FileNotFoundError(f"tokenizer_path={path}: expected tokenizer.json in {folder}")
+      raise FileNotFoundError(f"tokenizer_path={path}: expected tokenizer.json or tokenizer.model in {folder}")
     tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
   else:
-    raise ValueError(f"tokenizer_path={path}: expected a .gguf file, tokenizer.json or an HF tokenizer directory")
+    raise ValueError(f"tokenizer_path={path}: expected a .gguf file, a sentencepiece .model file, tokenizer.json or an HF tokenizer directory")
   if tok.eos_token is None:
     raise ValueError(f"tokenizer_path={path}: the tokenizer defines no EOS token")
   if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:

@@ -1,0 +1,76 @@
+"""Tokenizer loading: GGUF-embedded, tokenizer.json / HF directory, sentencepiece model."""
+
+import json
+import os
+
+import pytest
+import sentencepiece as spm
+
+from maxtext import assets
+from maxtext.input_pipeline.tokenizer import load_tokenizer
+
+_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+@pytest.fixture(scope="module")
+def sp_dir(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("sp")
+  corpus = folder / "corpus.txt"
+  corpus.write_text("\n".join(f"Natalia sold {i} clips to {i + 3} friends in April and May." for i in range(300)))
+  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=300,
+                                 model_type="bpe", pad_id=0, bos_id=1, eos_id=2, unk_id=3, byte_fallback=True,
+                                 minloglevel=2)
+  os.remove(corpus)
+  os.remove(folder / "tokenizer.vocab")
+  return folder
+
+
+def test_sentencepiece_model_matches_sentencepiece(sp_dir):
+  (sp_dir / "chat_template.jinja").write_text(_TEMPLATE)
+  tok = load_tokenizer(str(sp_dir / "tokenizer.model"))
+  reference = spm.SentencePieceProcessor(model_file=str(sp_dir / "tokenizer.model"))
+  text = "Natalia sold 48 clips to her friends in April, and then she sold half as many clips in May."
+  assert tok(text, add_special_tokens=False).input_ids == reference.encode(text)
+  assert tok.decode(reference.encode(text)) == text
+  assert tok.eos_token == "</s>" and tok.pad_token_id != tok.eos_token_id
+  rendered = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+  assert rendered == "<|user|>hi</s><|assistant|>"
+  assert load_tokenizer(str(sp_dir)).get_vocab() == tok.get_vocab()
+
+
+def test_sentencepiece_without_chat_template_is_an_error(tmp_path, sp_dir):
+  model = tmp_path / "tokenizer.model"
+  model.write_bytes((sp_dir / "tokenizer.model").read_bytes())
+  with pytest.raises(ValueError, match="no chat template"):
+    load_tokenizer(str(model))
+
+
+def test_hf_directory_and_tokenizer_json_agree():
+  folder = assets.qwen3_tokenizer_dir()
+  a = load_tokenizer(folder)
+  b = load_tokenizer(os.path.join(folder, "tokenizer.json"))
+  text = "Janet's ducks lay 16 eggs per day."
+  assert a(text).input_ids == b(text).input_ids
+  assert a.eos_token == "<|im_end|>" and a.pad_token == "<|endoftext|>"
+
+
+def test_gguf_tokenizer_has_chatml_template(smollm2_tokenizer):
+  rendered = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                                   add_generation_prompt=True)
+  assert "<|im_start|>user\nhi<|im_end|>" in rendered and rendered.endswith("<|im_start|>assistant\n")
+  assert smollm2_tokenizer.pad_token_id != smollm2_tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("name, error", [("missing.model", FileNotFoundError), ("vocab.txt", ValueError)])
+def test_bad_tokenizer_paths(tmp_path, name, error):
+  path = tmp_path / name
+  if error is ValueError:
+    path.write_text("x")
+  with pytest.raises(error, match="tokenizer_path="):
+    load_tokenizer(str(path))
+
+
+def test_directory_without_tokenizer_files(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps({}))
+  with pytest.raises(FileNotFoundError, match="tokenizer.json or tokenizer.model"):
+    load_tokenizer(str(tmp_path))
