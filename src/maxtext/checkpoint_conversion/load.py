@@ -1,13 +1,16 @@
-"""Builds the decoder for a run: weights from load_parameters_path, the model's default, or random."""
+"""Builds the decoder for a run from load_parameters_path (GGUF file, HF checkpoint directory or
+Orbax checkpoint), the model's embedded default, or a seeded random init."""
 
 from __future__ import annotations
 
 import logging
+import os
 
+import numpy as np
 from jax.sharding import Mesh
 
 from maxtext import assets
-from maxtext.checkpoint_conversion import gguf_reader, hf_layout
+from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, hf_layout, orbax_checkpoint
 from maxtext.configs.pyconfig import ConfigError
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder, ModelConfig
@@ -36,7 +39,7 @@ def _check_gguf_architecture(path: str, cfg) -> None:
 
 
 def parameters_path(cfg) -> str:
-  """The weights file of the run; empty for a seeded random init."""
+  """The weights of the run; empty for a seeded random init."""
   if cfg.load_parameters_path:
     return cfg.load_parameters_path
   if cfg.model_name in assets.DEFAULT_WEIGHTS:
@@ -46,15 +49,29 @@ def parameters_path(cfg) -> str:
   raise ConfigError(f"load_parameters_path: required for model_name={cfg.model_name} (no embedded default weights)")
 
 
+def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
+  """Our dotted parameter names -> arrays (as stored) from a GGUF file, HF directory or Orbax checkpoint."""
+  mcfg = ModelConfig.from_config(cfg)
+  if path.endswith(".gguf"):
+    _check_gguf_architecture(path, cfg)
+    return hf_layout.hf_to_maxtext(gguf_reader.read_hf_state_dict(path), mcfg)
+  if hf_config.is_hf_checkpoint(path):
+    return hf_layout.hf_to_maxtext(hf_checkpoint.read_state_dict(path), mcfg)
+  if orbax_checkpoint.is_orbax_checkpoint(path):
+    return orbax_checkpoint.restore_arrays(path)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"load_parameters_path={path}: no such file or directory")
+  raise ConfigError(
+      f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
+      "*.safetensors) or an Orbax checkpoint (<step>/model_params)"
+  )
+
+
 def load_model(cfg, mesh: Mesh) -> Decoder:
   mcfg = ModelConfig.from_config(cfg)
   path = parameters_path(cfg)
   if not path:
     log.info("Initialising %s randomly (seed %d)", cfg.model_name, cfg.init_weights_seed)
     return builder.init_random(mcfg, mesh, cfg.init_weights_seed)
-  if not path.endswith(".gguf"):
-    raise ConfigError(f"load_parameters_path={path}: expected a .gguf file")
-  _check_gguf_architecture(path, cfg)
   log.info("Loading weights from %s", path)
-  hf = gguf_reader.read_hf_state_dict(path)
-  return builder.from_arrays(mcfg, mesh, hf_layout.hf_to_maxtext(hf, mcfg), path)
+  return builder.from_arrays(mcfg, mesh, read_arrays(path, cfg), path)

@@ -1,7 +1,7 @@
 """Builds the one frozen, validated run config from YAML files and key=value overrides.
 
 Precedence: base.yml < the given YAML (which names `base_config`) < models/<model_name>.yml <
-command line. Every key must exist in base.yml; values must fit the type of its default.
+command line. Every key must exist in base.yml; values must fit the type of its default (an int widens to float, a string to a one-item list).
 """
 
 from __future__ import annotations
@@ -12,12 +12,17 @@ from typing import Any
 
 import yaml
 
+from maxtext.checkpoint_conversion import hf_config
+
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
 MODELS_DIR = os.path.join(CONFIG_DIR, "models")
 
 # Accepted spellings of keys, mapped to the canonical key.
 KEY_ALIASES = {"model": "model_name"}
+# Keys whose value is a whole mapping (not a section of keys).
+MAPPING_VALUED_KEYS = ("rope_scaling",)
+_ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 class ConfigError(ValueError):
@@ -67,7 +72,7 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
   out = {}
   for key, value in tree.items():
     dotted = f"{prefix}{key}"
-    if isinstance(value, dict):
+    if isinstance(value, dict) and dotted not in MAPPING_VALUED_KEYS:
       out.update(_flatten(value, dotted + "."))
     else:
       out[dotted] = value
@@ -145,6 +150,8 @@ def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
     value = float(value) if ok else value
   elif isinstance(default, int):
     ok = isinstance(value, int) and not isinstance(value, bool)
+  elif isinstance(default, list) and isinstance(value, str):  # one string where a list is expected
+    value, ok = [value], True
   else:
     ok = isinstance(value, type(default))
   if not ok:
@@ -237,8 +244,24 @@ def _validate(v: dict[str, Any]) -> None:
       raise ConfigError(f"{key}={v[key]!r}: expected float32 or bfloat16")
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
+  scaling = v["rope_scaling"]
+  if scaling is not None and (not isinstance(scaling, dict) or sorted(scaling) != sorted(_ROPE_SCALING_FIELDS)):
+    raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")
   if v["decoder_family"] not in ("llama", "qwen3"):
     raise ConfigError(f"decoder_family={v['decoder_family']!r}: expected llama or qwen3")
+
+
+def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:
+  """The run's architecture must be the checkpoint's config.json."""
+  diffs = [
+      f"{key}={values[key]!r} but config.json has {hf_arch[key]!r}"
+      for key in hf_arch
+      if values[key] != hf_arch[key]
+  ]
+  if diffs:
+    raise ConfigError(
+        f"model_name={values['model_name']} does not match load_parameters_path={hf_path}: " + "; ".join(diffs)
+    )
 
 
 def known_models() -> list[str]:
@@ -270,12 +293,21 @@ def initialize(argv: list[str]) -> ResolvedConfig:
     merger.apply(flat, path)
 
   cli = {KEY_ALIASES.get(k, k): v for k, v in cli.items()}
-  model_name = cli.get("model_name", merger.values["model_name"])
-  model_yaml = os.path.join(MODELS_DIR, f"{model_name}.yml")
-  if not os.path.isfile(model_yaml):
-    raise ConfigError(f"model_name={model_name!r}: unknown model; known models: {', '.join(known_models())}")
-  merger.apply(_flatten(_read_yaml(model_yaml)), model_yaml)
+  hf_path = str(cli.get("load_parameters_path", merger.values["load_parameters_path"]) or "")
+  hf_arch = hf_config.architecture(hf_path) if hf_config.is_hf_checkpoint(hf_path) else None
+  if hf_arch is not None and "model_name" not in cli:
+    hf_source = os.path.join(hf_path, "config.json")
+    merger.apply(hf_arch, hf_source)
+    merger.apply({"model_name": os.path.basename(os.path.normpath(hf_path))}, hf_source)
+  else:
+    model_name = cli.get("model_name", merger.values["model_name"])
+    model_yaml = os.path.join(MODELS_DIR, f"{model_name}.yml")
+    if not os.path.isfile(model_yaml):
+      raise ConfigError(f"model_name={model_name!r}: unknown model; known models: {', '.join(known_models())}")
+    merger.apply(_flatten(_read_yaml(model_yaml)), model_yaml)
   merger.apply(cli, "command line")
+  if hf_arch is not None:
+    _check_architecture(merger.values, hf_arch, hf_path)
 
   _apply_length_aliases(merger)
   _validate(merger.values)

@@ -12,7 +12,9 @@ import os
 import tokenizers
 import transformers
 
-from maxtext.checkpoint_conversion import gguf_reader
+from maxtext import assets
+from maxtext.checkpoint_conversion import gguf_reader, hf_config
+from maxtext.configs.pyconfig import ConfigError
 
 _GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")
@@ -84,4 +86,26 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
     tok.pad_token = pad
   if not tok.chat_template:
     raise ValueError(f"tokenizer_path={path}: the tokenizer has no chat template")
+  return tok
+
+
+def tokenizer_path(cfg) -> str:
+  """tokenizer_path, else the HF checkpoint's own tokenizer, else the model's default."""
+  if cfg.tokenizer_path:
+    return cfg.tokenizer_path
+  weights = cfg.load_parameters_path
+  if hf_config.is_hf_checkpoint(weights) and any(
+      os.path.isfile(os.path.join(weights, f)) for f in ("tokenizer.json", "tokenizer.model")):
+    return weights
+  if cfg.model_name in assets.DEFAULT_TOKENIZERS:
+    return assets.DEFAULT_TOKENIZERS[cfg.model_name]()
+  raise ConfigError(f"tokenizer_path: required for model_name={cfg.model_name} (no default tokenizer)")
+
+
+def tokenizer_for(cfg) -> transformers.PreTrainedTokenizerBase:
+  """The run's tokenizer, checked against the model's vocabulary."""
+  path = tokenizer_path(cfg)
+  tok = load_tokenizer(path)
+  if len(tok) > cfg.vocab_size:
+    raise ConfigError(f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={cfg.vocab_size}")
   return tok

@@ -54,3 +54,8 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
     value = jax.device_put(np.asarray(arr).astype(var.dtype), sharding)
     leaves.append((path, var.replace(value)))
   return nnx.merge(graphdef, nnx.from_flat_state(leaves))
+
+
+def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
+  """Dotted parameter name -> host array (gathered from the mesh); the inverse of `from_arrays`."""
+  return {param_name(path): np.asarray(var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}

@@ -20,9 +20,20 @@ _COORDINATOR_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEG
 
 
 def maybe_initialize_distributed() -> None:
-  """Starts multi-host JAX when a coordinator address is in the environment."""
-  if any(os.environ.get(v) for v in _COORDINATOR_VARIABLES):
-    jax.distributed.initialize()
+  """Starts multi-host JAX when a coordinator address is in the environment.
+
+  JAX_COORDINATOR_ADDRESS (host:port) with JAX_NUM_PROCESSES and JAX_PROCESS_ID start it
+  explicitly; otherwise jax.distributed detects the cluster itself (Cloud TPU / GKE via XPK,
+  SLURM, Open MPI).
+  """
+  if not any(os.environ.get(v) for v in _COORDINATOR_VARIABLES):
+    return
+  explicit = {}
+  if os.environ.get("JAX_NUM_PROCESSES"):
+    explicit = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                    process_id=int(os.environ["JAX_PROCESS_ID"]))
+  jax.distributed.initialize(**explicit)
 
 
 def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:

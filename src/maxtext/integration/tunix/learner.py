@@ -35,21 +35,23 @@ def optimizer(cfg) -> optax.GradientTransformation:
 
 
 def rollout_configs(cfg, eos_id: int) -> dict:
+  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0) and greedy eval."""
   common = dict(
       max_tokens_to_generate=cfg.max_response_length,
       max_prompt_length=cfg.max_prompt_length,
       kv_cache_size=cfg.kv_cache_size,
       eos_tokens=[eos_id],
   )
-  train = base_rollout.RolloutConfig(
+  greedy = base_rollout.RolloutConfig(temperature=0.0, top_p=None, top_k=None, **common)
+  train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
       top_k=cfg.decode_sampling_top_k, **common,
   )
-  greedy = base_rollout.RolloutConfig(temperature=0.0, top_p=None, top_k=None, **common)
   return {Mode.TRAIN: train, Mode.EVAL: greedy}
 
 
-def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh) -> rl_cluster_lib.RLCluster:
+def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
+                  sinks: metrics.MetricSinks) -> rl_cluster_lib.RLCluster:
   reference = nnx.clone(actor) if cfg.rl.grpo_beta != 0.0 else None
   training = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=optimizer(cfg),
@@ -62,7 +64,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh)
       metrics_logging_options=metrics_logger.MetricsLoggerOptions(
           log_dir=os.path.join(cfg.run_dir, "tensorboard"),
           run_name=cfg.run_name,
-          backend_kwargs={"custom_backend": metrics.backend_factories(cfg.run_dir)},
+          backend_kwargs={"custom_backend": sinks.factories()},
       ),
       data_sharding_axis=DATA_AXES,
   )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import time
 
+import jax
 import numpy as np
 from metrax.logging import TensorboardBackend
 
@@ -62,32 +64,58 @@ class JsonlBackend:
     self._file.close()
 
 
-class _NullBackend:
+class _Sink:
+  """A backend whose close is idempotent and which ignores scalars once closed."""
+
+  def __init__(self, backend=None):
+    self._backend = backend
 
   def log_scalar(self, event, value, **kwargs):
-    pass
+    if self._backend is not None:
+      self._backend.log_scalar(event, value, **kwargs)
 
   def close(self):
-    pass
+    backend, self._backend = self._backend, None
+    if backend is not None:
+      backend.close()
 
 
-def backend_factories(run_dir: str) -> list:
-  """Factories for Tunix's MetricsLoggerOptions(custom_backend=...).
+class MetricSinks:
+  """The run's metric sinks: TensorBoard events and metrics.jsonl.
 
-  Tunix builds a MetricsLogger more than once per run, and each registers its backends as global
-  JAX monitoring listeners; only the first gets real sinks, so each scalar is written once.
+  Tunix builds a MetricsLogger more than once per run, and each registers the backends it gets as
+  global JAX scalar listeners; only the first request of each kind gets the real sink, so each
+  scalar is written once. `close` flushes the sinks and unregisters every listener handed out
+  (jax's clear_event_listeners leaves scalar listeners in place), so a later run in the same
+  process never writes into this run's closed files.
   """
-  made = []
 
-  def once(make):
-    def factory():
-      if make in made:
-        return _NullBackend()
-      made.append(make)
-      return make()
-    return factory
+  def __init__(self, run_dir: str):
+    self._makers = {
+        "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
+        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl")),
+    }
+    self._real: dict[str, _Sink] = {}
+    self._handed_out: list[_Sink] = []
 
-  return [
-      once(lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1)),
-      once(lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"))),
-  ]
+  def _make(self, kind: str) -> _Sink:
+    sink = _Sink() if kind in self._real else _Sink(self._makers[kind]())
+    self._real.setdefault(kind, sink)
+    self._handed_out.append(sink)
+    return sink
+
+  def __deepcopy__(self, memo):  # Tunix deep-copies its logger options; the sinks stay shared
+    return self
+
+  def factories(self) -> list:
+    """Factories for Tunix's MetricsLoggerOptions(custom_backend=...)."""
+    return [functools.partial(self._make, kind) for kind in self._makers]
+
+  def close(self) -> None:
+    for sink in self._handed_out:
+      sink.close()
+      try:
+        jax.monitoring.unregister_scalar_listener(sink.log_scalar)
+      except AssertionError:  # not registered (Tunix registers on process 0 only)
+        pass
+    self._handed_out.clear()

@@ -1,4 +1,4 @@
-"""Our rollout engine for Tunix: its vanilla sampler with two defects of google-tunix 0.1.7 fixed.
+"""Our rollout engine for Tunix: its vanilla sampler with three defects of google-tunix 0.1.7 fixed.
 
 1. Fresh randomness: with no seed, Tunix's sampler uses PRNGKey(0) on every call, so the samples
    of a GRPO group are identical across steps. Each call here folds a call counter into a base
@@ -6,6 +6,9 @@
 2. EOS kept: the sampler cuts completions before their EOS token, so the trained sequence never
    contains EOS and the policy never learns to stop. A completion that stopped early (shorter than
    the generation budget) gets its EOS token back.
+3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
+   syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
+   goes through host memory, so a trainer/sampler split of 4/4 devices crashed.
 """
 
 from __future__ import annotations
@@ -50,6 +53,10 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     self.mesh = mesh
     self._seed = seed
     self._calls = 0
+
+  def update_params(self, params, filter_types=None) -> None:
+    with jax.transfer_guard("allow"):
+      super().update_params(params, filter_types)
 
   def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.

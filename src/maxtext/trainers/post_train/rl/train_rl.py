@@ -15,9 +15,8 @@ import os
 import sys
 import time
 
-from absl import logging as absl_logging
-
 from maxtext.configs import pyconfig
+from maxtext.utils import cli
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -33,39 +32,35 @@ def run(cfg) -> dict:
 
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import learner as learner_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.post_train.rl import evaluate_rl, utils_rl  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-  from maxtext import assets  # pylint: disable=import-outside-toplevel
 
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
 
-  tokenizer_path = cfg.tokenizer_path or assets.DEFAULT_TOKENIZERS.get(cfg.model_name, lambda: "")()
-  if not tokenizer_path:
-    raise pyconfig.ConfigError(f"tokenizer_path: required for model_name={cfg.model_name} (no default tokenizer)")
-  tokenizer = tokenizer_lib.load_tokenizer(tokenizer_path)
-  if len(tokenizer) > cfg.vocab_size:
-    raise pyconfig.ConfigError(
-        f"tokenizer_path={tokenizer_path}: {len(tokenizer)} tokens exceed the model's vocab_size={cfg.vocab_size}"
-    )
+  tokenizer = tokenizer_lib.tokenizer_for(cfg)
   train_ds = datasets.train_batches(cfg, tokenizer)
   eval_examples = datasets.eval_examples(cfg, tokenizer)
 
   actor = load_model(cfg, trainer_mesh)
   reward_fns = [utils_rl.bind_config(fn, cfg) for fn in utils_rl.DEFAULT_REWARD_FUNCTIONS]
-  with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
-    cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh)
-    learner = learner_lib.build_learner(cfg, cluster, reward_fns)
+  sinks = metrics.MetricSinks(cfg.run_dir)
+  try:
+    with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
+      cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
+      learner = learner_lib.build_learner(cfg, cluster, reward_fns)
 
-  before = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval before")
-  log.info("Before training: %s", _summary(before))
-  start = time.time()
-  learner.train(train_ds)
-  log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
-  after = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval after")
-  log.info("After training: %s", _summary(after))
+    before = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval before")
+    log.info("Before training: %s", _summary(before))
+    start = time.time()
+    learner.train(train_ds)
+    log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
+    after = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval after")
+    log.info("After training: %s", _summary(after))
+  finally:
+    sinks.close()
 
   results = {"before": before, "after": after}
   with open(os.path.join(cfg.run_dir, "eval.json"), "w", encoding="utf-8") as f:
@@ -73,27 +68,17 @@ def run(cfg) -> dict:
   return {k: _summary(v) for k, v in results.items()}
 
 
-def main(argv: list[str]) -> int:
-  try:
-    cfg = pyconfig.initialize(argv)
-  except pyconfig.ConfigError as e:
-    print(f"config error: {e}", file=sys.stderr)
-    return 2
-  logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-  # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
-  absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
+def _job(cfg) -> None:
   os.makedirs(cfg.run_dir, exist_ok=True)
   pyconfig.write_yaml(cfg, os.path.join(cfg.run_dir, "config.yml"))
   print("Config keys that differ from base.yml:", file=sys.stderr)
   for key, (value, source) in sorted(cfg.overridden.items()):
     print(f"  {key} = {value!r}  ({source})", file=sys.stderr)
-  try:
-    summary = run(cfg)
-  except (pyconfig.ConfigError, FileNotFoundError, ValueError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print(json.dumps(summary))
-  return 0
+  print(json.dumps(run(cfg)))
+
+
+def main(argv: list[str]) -> int:
+  return cli.main(argv, _job)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""Reads and writes Hugging Face checkpoint directories (config.json + *.safetensors)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import numpy as np
+from safetensors import numpy as safetensors_np
+from safetensors import safe_open
+
+from maxtext.checkpoint_conversion import hf_config
+
+
+def read_state_dict(path: str) -> dict[str, np.ndarray]:
+  """All tensors of an HF checkpoint directory (single file or sharded with an index), as stored."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.isfile(index):
+    with open(index, encoding="utf-8") as f:
+      files = sorted(set(json.load(f)["weight_map"].values()))
+    files = [os.path.join(path, name) for name in files]
+  else:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+  if not files:
+    raise FileNotFoundError(f"{path}: no *.safetensors weights in the HF checkpoint directory")
+  out = {}
+  for name in files:
+    if not os.path.isfile(name):
+      raise FileNotFoundError(f"{name}: listed in model.safetensors.index.json but missing")
+    with safe_open(name, framework="np") as f:
+      for key in f.keys():
+        out[key] = f.get_tensor(key)
+  return out
+
+
+def write(path: str, state: dict[str, np.ndarray], cfg, tokenizer=None) -> None:
+  """config.json, model.safetensors and (when given) the tokenizer files with their chat template."""
+  os.makedirs(path, exist_ok=True)
+  hf_config.to_hf_config(cfg, tokenizer).save_pretrained(path)
+  safetensors_np.save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+  if tokenizer is not None:
+    tokenizer.save_pretrained(path)

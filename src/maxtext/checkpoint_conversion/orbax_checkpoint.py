@@ -1,0 +1,70 @@
+"""Orbax parameter checkpoints in the layout train_rl writes: `<root>/<step>/model_params`.
+
+train_rl's checkpoints (through Tunix) and `to_maxtext` share this layout, so either loads
+through `load_parameters_path`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from tunix.sft import checkpoint_manager
+
+_ITEM = "model_params"
+
+
+def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
+  """Writes the model's parameters as step `step` under `root`; returns the step folder."""
+  manager = checkpoint_manager.CheckpointManager(root, ocp.CheckpointManagerOptions(max_to_keep=None))
+  manager.save(step, model, force=True)
+  manager.close()
+  return os.path.join(root, str(step))
+
+
+def _steps(root: str) -> list[int]:
+  return sorted(int(d) for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d, _ITEM)))
+
+
+def is_orbax_checkpoint(path: str) -> bool:
+  return os.path.isdir(path) and (
+      os.path.isdir(os.path.join(path, _ITEM)) or bool(_steps(path)) or os.path.isdir(os.path.join(path, "actor"))
+  )
+
+
+def resolve(path: str) -> str:
+  """The model_params folder of a step folder, or of the latest step under a checkpoint root
+  (a run's checkpoints/ folder holds the policy under actor/)."""
+  if os.path.isdir(os.path.join(path, _ITEM)):
+    return os.path.join(path, _ITEM)
+  if os.path.isdir(os.path.join(path, "actor")):
+    return resolve(os.path.join(path, "actor"))
+  steps = _steps(path) if os.path.isdir(path) else []
+  if not steps:
+    raise FileNotFoundError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
+  return os.path.join(path, str(steps[-1]), _ITEM)
+
+
+def _flatten(tree, prefix=()):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _flatten(value, prefix + (str(key),))
+    else:
+      yield prefix + (str(key),), value
+
+
+def restore_arrays(path: str) -> dict[str, np.ndarray]:
+  """Dotted parameter name -> host array, as saved."""
+  folder = resolve(path)
+  checkpointer = ocp.PyTreeCheckpointer()
+  metadata = checkpointer.metadata(folder).item_metadata.tree
+  as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)
+  tree = checkpointer.restore(folder, args=ocp.args.PyTreeRestore(restore_args=as_numpy))
+  out = {}
+  for keys, value in _flatten(tree):
+    keys = keys[:-1] if keys[-1] == "value" else keys  # nnx.Variable leaves are saved as {"value": ...}
+    out[".".join(keys)] = np.asarray(value)
+  return out

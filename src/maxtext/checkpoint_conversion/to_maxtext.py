@@ -1,0 +1,41 @@
+"""Converts weights (HF checkpoint directory, GGUF file, Orbax checkpoint, or the model's default) to
+an Orbax checkpoint.
+
+    python -m maxtext.checkpoint_conversion.to_maxtext rl.yml load_parameters_path=SRC \\
+        base_output_directory=DIR [weight_dtype=bfloat16]
+
+Writes DIR/0/model_params (the layout train_rl's checkpoints use) and DIR/config.yml; pass DIR as
+load_parameters_path to use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from maxtext.configs import pyconfig
+from maxtext.utils import cli
+
+log = logging.getLogger(__name__)
+
+
+def convert(cfg) -> str:
+  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+  mesh_lib.maybe_initialize_distributed()
+  trainer_mesh, _ = mesh_lib.create_meshes(cfg)
+  step_dir = orbax_checkpoint.save_params(cfg.base_output_directory, load_model(cfg, trainer_mesh))
+  pyconfig.write_yaml(cfg, os.path.join(cfg.base_output_directory, "config.yml"))
+  log.info("Wrote %s", step_dir)
+  return step_dir
+
+
+def main(argv: list[str]) -> int:
+  return cli.main(argv, convert)
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

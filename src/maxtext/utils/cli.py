@@ -1,0 +1,32 @@
+"""The shared shape of our command-line programs: config from argv, logs on stderr, exit codes.
+
+Exit 0 on success, 2 on a config or input error (the message names the key or file).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable
+
+from absl import logging as absl_logging
+
+from maxtext.configs import pyconfig
+
+
+def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], None]) -> int:
+  try:
+    cfg = pyconfig.initialize(argv)
+  except pyconfig.ConfigError as e:
+    print(f"config error: {e}", file=sys.stderr)
+    return 2
+  logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
+                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
+  absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
+  try:
+    job(cfg)
+  except (pyconfig.ConfigError, FileNotFoundError, ValueError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0

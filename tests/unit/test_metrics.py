@@ -1,0 +1,30 @@
+"""Metric sinks: one line per step in metrics.jsonl, each scalar written once, nothing after close."""
+
+import json
+
+import jax
+
+from maxtext.integration.tunix import metrics
+
+
+def test_sinks_write_each_step_once_and_unregister_on_close(tmp_path):
+  sinks = metrics.MetricSinks(str(tmp_path))
+  # Tunix builds two MetricsLoggers, each registering the backends it makes as JAX listeners.
+  backends = [make() for _ in range(2) for make in sinks.factories()]
+  for b in backends:
+    jax.monitoring.register_scalar_listener(b.log_scalar)
+  jax.monitoring.record_scalar("actor/train/loss", 0.5, step=1)
+  jax.monitoring.record_scalar("global/train/rewards/mean", 1.0, step=0)  # rollout metrics are 0-based
+  jax.monitoring.record_scalar("actor/train/loss", 0.25, step=2)
+  sinks.close()
+  jax.monitoring.record_scalar("actor/train/loss", 9.0, step=3)  # a later run in the same process
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["loss"]) for r in rows] == [(1, 0.5), (2, 0.25)]
+  assert rows[0]["rewards/mean"] == 1.0 and "step_time_s" in rows[0]
+  assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_parse_event_ignores_foreign_events():
+  assert metrics.parse_event("/jax/compile", 3) is None
+  assert metrics.parse_event("actor/eval/loss", 3) == ("loss", "eval", 3)
+  assert metrics.parse_event("global/train/kl", 0) == ("kl", "train", 1)
