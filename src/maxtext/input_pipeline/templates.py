@@ -26,9 +26,11 @@ class PromptTemplate:
       raise ValueError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
     tags = {k: getattr(cfg, k) for k in ("reasoning_start_token", "reasoning_end_token",
                                          "solution_start_token", "solution_end_token")}
+    self.config = data
     self.system_prompt = data["SYSTEM_PROMPT"].format(**tags)
     self.template = data["TEMPLATE"]
     self.tokenizer = tokenizer
+    self.answer_prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
 
   def messages(self, question: str) -> list[dict[str, str]]:
     return [
@@ -37,5 +39,7 @@ class PromptTemplate:
     ]
 
   def render(self, question: str) -> str:
-    """The prompt text up to and including the assistant turn's opening."""
-    return self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
+    """The prompt text up to and including the assistant turn's opening (and the reasoning start
+    token when reasoning_start_token_in_prompt is set)."""
+    text = self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
+    return text + self.answer_prefix

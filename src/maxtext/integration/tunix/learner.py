@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import Callable
 
 import optax
 import orbax.checkpoint as ocp
@@ -34,20 +35,30 @@ def optimizer(cfg) -> optax.GradientTransformation:
   return adamw
 
 
+# eval_sampling_strategy -> sampling parameters of evaluation.
+EVAL_SAMPLING = {
+    "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
+    "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
+    "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
+}
+
+
 def rollout_configs(cfg, eos_id: int) -> dict:
-  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0) and greedy eval."""
+  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0) and for
+  evaluation (eval_sampling_strategy)."""
   common = dict(
       max_tokens_to_generate=cfg.max_response_length,
       max_prompt_length=cfg.max_prompt_length,
       kv_cache_size=cfg.kv_cache_size,
       eos_tokens=[eos_id],
   )
-  greedy = base_rollout.RolloutConfig(temperature=0.0, top_p=None, top_k=None, **common)
+  greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **common)
   train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
       top_k=cfg.decode_sampling_top_k, **common,
   )
-  return {Mode.TRAIN: train, Mode.EVAL: greedy}
+  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **common)
+  return {Mode.TRAIN: train, Mode.EVAL: evaluation}
 
 
 def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
@@ -89,7 +100,21 @@ def grpo_config(cfg) -> grpo_learner.GRPOConfig:
   )
 
 
-def build_learner(cfg, cluster, reward_fns) -> grpo_learner.GRPOLearner:
-  return grpo_learner.GRPOLearner(
-      rl_cluster=cluster, algo_config=grpo_config(cfg), reward_fns=list(reward_fns),
+class GRPOLearner(grpo_learner.GRPOLearner):
+  """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
+  sampler holds the weights of the last step (used for evaluation every eval_interval steps)."""
+
+  def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._before_step = before_step
+
+  def _run_global_step(self, *args, **kwargs):
+    if self._before_step is not None:
+      self._before_step(self.rl_cluster.actor_trainer.train_steps)
+    return super()._run_global_step(*args, **kwargs)
+
+
+def build_learner(cfg, cluster, reward_fns, before_step=None) -> GRPOLearner:
+  return GRPOLearner(
+      rl_cluster=cluster, algo_config=grpo_config(cfg), reward_fns=list(reward_fns), before_step=before_step,
   )

@@ -21,12 +21,9 @@ from maxtext.utils import cli
 log = logging.getLogger("maxtext.train_rl")
 
 
-def _summary(result: dict) -> dict:
-  return {k: v for k, v in result.items() if k != "examples"}
-
-
 def run(cfg) -> dict:
-  """Trains per cfg; returns {'before': ..., 'after': ...} evaluation summaries."""
+  """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
+  and after training."""
   # Heavy imports after config validation, so config errors come back at once.
   import jax  # pylint: disable=import-outside-toplevel
 
@@ -43,29 +40,42 @@ def run(cfg) -> dict:
   tokenizer = tokenizer_lib.tokenizer_for(cfg)
   train_ds = datasets.train_batches(cfg, tokenizer)
   eval_examples = datasets.eval_examples(cfg, tokenizer)
-
+  reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
-  reward_fns = [utils_rl.bind_config(fn, cfg) for fn in utils_rl.DEFAULT_REWARD_FUNCTIONS]
+
+  results = {"before": None, "during": [], "after": None}
   sinks = metrics.MetricSinks(cfg.run_dir)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
-      learner = learner_lib.build_learner(cfg, cluster, reward_fns)
 
-    before = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval before")
-    log.info("Before training: %s", _summary(before))
+    def evaluate(desc: str) -> dict:
+      generate = lambda prompts: cluster.generate(prompts, mode=learner_lib.Mode.EVAL).text
+      result = evaluate_rl.evaluate(generate, eval_examples, cfg, desc)
+      log.info("%s: %s", desc, evaluate_rl.summary_of(result))
+      return result
+
+    def before_step(steps_done: int) -> None:
+      if cfg.eval_interval and steps_done and steps_done % cfg.eval_interval == 0:
+        results["during"].append({"step": steps_done, **evaluate(f"eval at step {steps_done}")})
+        evaluate_rl.write_results(cfg, results)
+
+    with jax.set_mesh(trainer_mesh):
+      learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
+    results["before"] = evaluate("eval before")
+    evaluate_rl.write_results(cfg, results)
     start = time.time()
     learner.train(train_ds)
     log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
-    after = evaluate_rl.evaluate(cluster, eval_examples, cfg, "eval after")
-    log.info("After training: %s", _summary(after))
+    results["after"] = evaluate("eval after")
+    evaluate_rl.write_results(cfg, results)
   finally:
     sinks.close()
-
-  results = {"before": before, "after": after}
-  with open(os.path.join(cfg.run_dir, "eval.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
-  return {k: _summary(v) for k, v in results.items()}
+  return {
+      "before": evaluate_rl.summary_of(results["before"]),
+      "during": [evaluate_rl.summary_of(r) for r in results["during"]],
+      "after": evaluate_rl.summary_of(results["after"]),
+  }
 
 
 def _job(cfg) -> None:

@@ -13,28 +13,58 @@ What each config weight means:
 - reward_ratio_guess_to_answer_high / _low: check_answer when the numeric answer is within 10% / 20%.
 - penalty_incorrect_answer: an answer block whose content is wrong or holds no number (both checks).
 A completion without an answer block gets 0 from the answer checks: the format rewards judge it.
+check_numbers counts an answer as equal when its last number equals the truth or math_verify finds
+the two equivalent (e.g. 1/2 and 0.5), within math_verify_timeout.
 """
 
 from __future__ import annotations
 
+import atexit
+import importlib.util
+import logging
+import multiprocessing
+import os
 import re
+import time
+from typing import Callable
+
+from maxtext.configs.pyconfig import ConfigError
+
+log = logging.getLogger(__name__)
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_BOXED = "\\boxed{"
 
 
 def _tags(cfg):
   return cfg.reasoning_start_token, cfg.reasoning_end_token, cfg.solution_start_token, cfg.solution_end_token
 
 
+def last_boxed(text: str) -> str | None:
+  """Content of the last \\boxed{...} in text, nested braces included, or None."""
+  start = text.rfind(_BOXED)
+  if start < 0:
+    return None
+  depth, i = 1, start + len(_BOXED)
+  for j in range(i, len(text)):
+    depth += {"{": 1, "}": -1}.get(text[j], 0)
+    if depth == 0:
+      return text[i:j]
+  return None
+
+
 def extract_answer(completion: str, cfg) -> str | None:
-  """Content of the last complete answer block, or None."""
+  """Content of the last complete answer block (the inside of a \\boxed{} in it, if any), or None."""
   _, _, start, end = _tags(cfg)
   found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), completion, flags=re.DOTALL)
-  return found[-1] if found else None
+  if not found:
+    return None
+  boxed = last_boxed(found[-1])
+  return found[-1] if boxed is None else boxed
 
 
 def parse_number(text: str) -> float | None:
-  """The last number in text (commas, currency and units ignored), or None."""
+  """The last number in text (negatives, thousands commas; currency and units ignored), or None."""
   found = _NUMBER.findall(text.replace("$", ""))
   if not found:
     return None
@@ -42,6 +72,75 @@ def parse_number(text: str) -> float | None:
     return float(found[-1].replace(",", ""))
   except ValueError:
     return None
+
+
+def _verify_pair(guess: str, truth: str) -> bool:
+  """math_verify's equivalence of two answers (runs in a worker process)."""
+  from math_verify import parse, verify  # pylint: disable=import-outside-toplevel
+
+  try:
+    return bool(verify(parse(truth), parse(guess)))
+  except Exception:  # pylint: disable=broad-exception-caught  (unparseable answers are simply not equal)
+    return False
+
+
+class MathVerifier:
+  """math_verify in a pool of worker processes with one deadline per batch of checks.
+
+  A check still running at the deadline scores False; the pool is then terminated (a hung sympy
+  call cannot be interrupted otherwise) and restarted on the next batch, so a run never hangs.
+  """
+
+  def __init__(self, check: Callable[[str, str], bool] = _verify_pair):
+    self._check = check
+    self._pool = None
+    self._procs = 0
+
+  def equivalent(self, pairs: list[tuple[str, str]], timeout: float, num_procs: int) -> list[bool]:
+    if not pairs:
+      return []
+    if self._pool is None or self._procs != num_procs:
+      self.close()
+      self._pool = multiprocessing.get_context("spawn").Pool(num_procs)
+      self._procs = num_procs
+    pending = [self._pool.apply_async(self._check, pair) for pair in pairs]
+    deadline = time.monotonic() + timeout
+    out, timed_out = [], 0
+    for result in pending:
+      try:
+        out.append(bool(result.get(max(deadline - time.monotonic(), 0.0))))
+      except multiprocessing.TimeoutError:
+        out.append(False)
+        timed_out += 1
+    if timed_out:
+      log.warning("math_verify: %d of %d checks passed the %.1f s deadline and score as wrong", timed_out,
+                  len(pairs), timeout)
+      self.close()
+    return out
+
+  def close(self):
+    if self._pool is not None:
+      self._pool.terminate()
+      self._pool = None
+
+
+_VERIFIER = MathVerifier()
+atexit.register(_VERIFIER.close)
+
+
+def answers_match(guesses: list[str | None], truths: list, cfg) -> list[bool]:
+  """Whether each extracted answer equals its truth: the same number, or math_verify-equivalent."""
+  matches, unsure = [], []
+  for i, (guess, truth) in enumerate(zip(guesses, truths)):
+    value, true_value = (parse_number(guess) if guess is not None else None), parse_number(str(truth))
+    matches.append(value is not None and value == true_value)
+    if guess is not None and guess.strip() and not matches[-1]:
+      unsure.append(i)
+  verdicts = _VERIFIER.equivalent([(guesses[i], str(truths[i])) for i in unsure], cfg.math_verify_timeout,
+                                  cfg.math_verify_num_procs)
+  for i, ok in zip(unsure, verdicts):
+    matches[i] = ok
+  return matches
 
 
 def match_format_exactly(prompts, completions, tmvp_config, **kwargs) -> list[float]:
@@ -84,26 +183,59 @@ def check_answer(prompts, completions, tmvp_config, answer, **kwargs) -> list[fl
 
 
 def check_numbers(prompts, completions, tmvp_config, answer, **kwargs) -> list[float]:
-  scores = []
-  for c, truth in zip(completions, answer):
-    guess = extract_answer(c, tmvp_config)
-    if guess is None:
-      scores.append(0.0)
-      continue
-    value, true_value = parse_number(guess), parse_number(str(truth))
-    correct = value is not None and true_value is not None and value == true_value
-    scores.append(tmvp_config.reward_exact_answer if correct else tmvp_config.penalty_incorrect_answer)
-  return scores
+  guesses = [extract_answer(c, tmvp_config) for c in completions]
+  correct = answers_match(guesses, list(answer), tmvp_config)
+  return [
+      0.0 if guess is None else tmvp_config.reward_exact_answer if ok else tmvp_config.penalty_incorrect_answer
+      for guess, ok in zip(guesses, correct)
+  ]
 
 
 DEFAULT_REWARD_FUNCTIONS = (match_format_exactly, match_format_approximately, check_answer, check_numbers)
 
 
+class RewardFunctionError(ValueError):
+  """A reward function raised or returned something other than one float per completion."""
+
+
 def bind_config(fn, cfg):
-  """fn with tmvp_config bound, keeping its name (Tunix logs rewards/<name>)."""
+  """fn with tmvp_config bound and its output checked, keeping its name (Tunix logs rewards/<name>).
+
+  With reasoning_start_token_in_prompt the prompt ends with the reasoning start token, so the
+  reward sees the completion with that token in front, as the model wrote it.
+  """
+  prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
 
   def reward(prompts, completions, **kwargs):
-    return fn(prompts, completions, cfg, **kwargs)
+    try:
+      scores = fn(prompts, [prefix + c for c in completions], cfg, **kwargs)
+    except Exception as e:
+      raise RewardFunctionError(f"reward function {fn.__name__} raised {type(e).__name__}: {e}") from e
+    if scores is None or len(scores) != len(completions):
+      got = "None" if scores is None else f"{len(scores)} values"
+      raise RewardFunctionError(f"reward function {fn.__name__} returned {got} for {len(completions)} completions")
+    return [float(x) for x in scores]
 
   reward.__name__ = fn.__name__
   return reward
+
+
+def reward_functions(cfg) -> list:
+  """The run's reward functions, bound to cfg: the user's (reward_functions_path + reward_functions)
+  or the built-in ones."""
+  if not cfg.reward_functions_path:
+    if cfg.reward_functions:
+      raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
+    return [bind_config(fn, cfg) for fn in DEFAULT_REWARD_FUNCTIONS]
+  path = cfg.reward_functions_path
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"reward_functions_path={path}: file not found")
+  if not cfg.reward_functions:
+    raise ConfigError(f"reward_functions: name the functions of {path} to use")
+  spec = importlib.util.spec_from_file_location("user_reward_functions", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  missing = [n for n in cfg.reward_functions if not callable(getattr(module, n, None))]
+  if missing:
+    raise ConfigError(f"reward_functions: {missing} not defined in reward_functions_path={path}")
+  return [bind_config(getattr(module, n), cfg) for n in cfg.reward_functions]
