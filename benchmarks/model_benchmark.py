@@ -170,7 +170,7 @@ def main() -> None:
     print(json.dumps((worker_train if args.worker == "train" else worker_decode)(args)))
     return
 
-  seq, batch = (256, 2) if args.quick else (1024, 8)
+  seq, batch = (1024, 1) if args.quick else (1024, 8)
   iters = 2 if args.quick else 5
   train = [_spawn("train", args, remat=r, batch=batch, seq=seq, iters=iters) for r in ("none", "full")]
   decode = [_spawn("decode", args, batch=b, prompt=64, new_tokens=16 if args.quick else 64) for b in (1, 16, 64)]
