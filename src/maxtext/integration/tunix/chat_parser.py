@@ -1,0 +1,110 @@
+"""The chat parser Tunix's agentic learner uses, driven by our config and the tokenizer's template.
+
+Tunix renders a conversation message by message and concatenates the token pieces, so rendering
+must be prefix-preserving: render(conversation[:k]) must be a prefix of render(conversation[:k+1])
+for the conversations an agent builds (system, user, assistant, tool, assistant, ...). At
+construction the parser checks this on such a conversation with the tokenizer's own chat template.
+When it fails (Qwen3's template drops earlier turns' <think> blocks and adds an empty one to the
+last assistant turn), the parser says so and uses PREFIX_PRESERVING_CHATML: plain ChatML with tool
+results as Qwen's <tool_response> user turns, which renders every message independently.
+
+Message content is coerced to text (Tunix passes dataset fields as numpy scalars or arrays) and an
+empty system message gets the configured system prompt (rl.system_prompt, else the data template's).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jinja2
+import numpy as np
+from tunix.rl.agentic.parser.chat_template_parser import parser as tunix_parser
+
+log = logging.getLogger(__name__)
+
+PREFIX_PRESERVING_CHATML = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# The conversation shape the prefix check renders: every role an agent produces, two assistant turns.
+_PROBE = [
+    {"role": "system", "content": "S"},
+    {"role": "user", "content": "U"},
+    {"role": "assistant", "content": "A1"},
+    {"role": "tool", "content": "T"},
+    {"role": "assistant", "content": "A2"},
+]
+
+
+def as_text(content) -> str:
+  """Message content as a str (numpy scalars and one-element arrays included)."""
+  if isinstance(content, np.ndarray):
+    content = content.reshape(-1)[0] if content.size == 1 else " ".join(str(x) for x in content.reshape(-1))
+  if isinstance(content, bytes):
+    return content.decode("utf-8")
+  return str(content)
+
+
+class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
+  """Renders role-aware messages with the tokenizer's chat template (or the ChatML variant)."""
+
+  def __init__(self, tokenizer, system_prompt: str):
+    self.system_prompt = system_prompt
+    self.template = tokenizer.chat_template
+    self._tokenizer_for_render = tokenizer
+    problem = self._prefix_problem()
+    if problem:
+      log.warning("The tokenizer's chat template is not prefix-preserving (%s); using the prefix-preserving "
+                  "ChatML variant for agentic rollouts", problem)
+      self.template = PREFIX_PRESERVING_CHATML
+      if self._prefix_problem():
+        raise ValueError("no prefix-preserving chat template for this tokenizer")
+    self.prefix_preserving_variant = self.template == PREFIX_PRESERVING_CHATML
+    super().__init__(tokenizer, enable_thinking=False)
+
+  # BaseChatTemplateParser hooks; rendering goes through `render`, not the token table.
+  def _init_tokens(self) -> tunix_parser.TokenConfig:
+    return tunix_parser.TokenConfig()
+
+  def _init_generation_prompt(self) -> str:
+    anchor = _PROBE[:2]
+    return self.render(anchor, add_generation_prompt=True)[len(self.render(anchor)):]
+
+  @property
+  def assistant_token(self) -> str:
+    """What opens an assistant turn; Tunix strips it from assistant messages (the generation prompt
+    already holds it)."""
+    return self.generation_prompt
+
+  def render(self, messages, add_generation_prompt: bool = False) -> str:
+    msgs = [{"role": m["role"], "content": as_text(m["content"])} for m in messages]
+    if msgs and msgs[0]["role"] == "system" and not msgs[0]["content"]:
+      msgs[0]["content"] = self.system_prompt
+    tok = self._tokenizer_for_render
+    if self.template == tok.chat_template:
+      return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
+    env = jinja2.Environment()
+    return env.from_string(self.template).render(messages=msgs, add_generation_prompt=add_generation_prompt)
+
+  def _prefix_problem(self) -> str | None:
+    for k in range(2, len(_PROBE)):
+      before, after = self.render(_PROBE[:k]), self.render(_PROBE[:k + 1])
+      if not after.startswith(before):
+        return f"adding a {_PROBE[k]['role']} turn rewrites the earlier text"
+      if _PROBE[k]["role"] == "assistant":
+        prompt = self.render(_PROBE[:k], add_generation_prompt=True)
+        if not after.startswith(prompt):
+          return "an assistant turn does not start with the generation prompt"
+    return None
+
+  def parse(self, messages, add_generation_prompt: bool = False, is_first_msg: bool = False) -> str:
+    """The text of `messages`; a continuation (is_first_msg=False) is rendered as what it adds to a
+    conversation, so pieces concatenate to the whole."""
+    if is_first_msg:
+      return self.render(messages, add_generation_prompt)
+    anchor = _PROBE[:2]
+    base = self.render(anchor)
+    return self.render(anchor + list(messages), add_generation_prompt)[len(base):]

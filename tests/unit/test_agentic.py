@@ -1,0 +1,95 @@
+"""Agentic GRPO wiring: every rl.* key reaches Tunix's config, the config-driven chat parser, and
+full-length completions kept in trajectories."""
+
+import asyncio
+import logging
+
+import numpy as np
+import pytest
+from tunix.generate import tokenizer_adapter
+from tunix.rl.agentic.agents import model_agent
+from tunix.rl.agentic.environments import task_environment
+from tunix.rl.agentic.trajectory import trajectory_collect_engine
+from tunix.rl.rollout import base_rollout
+
+from maxtext.integration.tunix import agentic
+from maxtext.integration.tunix.chat_parser import ConfigChatParser
+from tests.conftest import make_config
+
+# The conversation shape Tunix's agents build: system (from the agent), user (the task), then
+# assistant and tool turns; user content arrives as a numpy string.
+CONVERSATION = [
+    {"role": "system", "content": ""},
+    {"role": "user", "content": np.str_("What is 12*7?")},
+    {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
+    {"role": "tool", "content": "84"},
+    {"role": "assistant", "content": "<answer>84</answer>"},
+]
+
+
+def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.num_generations=3", "rl.num_iterations=2",
+                    "rl.grpo_beta=0.01", "rl.grpo_epsilon=0.1", "rl.epsilon_high=0.28", "rl.loss_algo=gspo-token",
+                    "rl.loss_agg_mode=token-mean", "rl.system_prompt=Be brief.", "rl.max_concurrency=64",
+                    "rl.off_policy_steps=2", "rl.sampler_is=token", "rl.sampler_is_threshold=3.0",
+                    "rl.filter_zero_variance_groups=true", "max_response_length=96")
+  c = agentic.grpo_config(cfg, smollm2_tokenizer)
+  assert (c.num_generations, c.num_iterations, c.beta, c.epsilon, c.epsilon_high) == (3, 2, 0.01, 0.1, 0.28)
+  assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
+  assert (c.max_concurrency, c.off_policy_steps, c.max_response_length) == (64, 2, 96)
+  assert (c.sampler_is, c.sampler_is_threshold, c.degenerate_group_masking) == ("token", 3.0, True)
+  default = agentic.grpo_config(make_config(), smollm2_tokenizer)
+  assert default.epsilon_high == default.epsilon and default.sampler_is is None
+  assert default.system_prompt.startswith("You are given a problem.")  # the data template's
+
+
+def _pieces(parser, messages):
+  """What Tunix concatenates: the first two messages with is_first_msg, then one message at a time."""
+  text = parser.parse(messages[:2], add_generation_prompt=True, is_first_msg=True)
+  for m in messages[2:]:
+    piece = parser.parse([m], add_generation_prompt=m["role"] == "tool")
+    if m["role"] == "assistant":
+      assert piece.startswith(parser.assistant_token)
+      piece = piece[len(parser.assistant_token):]  # Tunix strips it: the generation prompt holds it
+    text += piece
+  return text
+
+
+def test_chat_parser_pieces_concatenate_to_the_template_render(smollm2_tokenizer):
+  parser = ConfigChatParser(smollm2_tokenizer, "SYS")
+  assert not parser.prefix_preserving_variant
+  whole = smollm2_tokenizer.apply_chat_template(
+      [{"role": m["role"], "content": str(m["content"]) or "SYS"} for m in CONVERSATION], tokenize=False)
+  assert _pieces(parser, CONVERSATION) == whole
+  assert "array(" not in whole and "{'role'" not in whole
+
+
+def test_qwen3_thinking_template_falls_back_to_prefix_preserving_chatml(qwen3_tokenizer, caplog):
+  with caplog.at_level(logging.WARNING):
+    parser = ConfigChatParser(qwen3_tokenizer, "SYS")
+  assert parser.prefix_preserving_variant and "not prefix-preserving" in caplog.text
+  text = _pieces(parser, CONVERSATION)
+  assert text.startswith("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 12*7?<|im_end|>\n")
+  assert "<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n" in text
+  assert text.endswith("<|im_start|>assistant\n<answer>84</answer><|im_end|>\n")
+
+
+def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
+  def model_call(messages, env=None, max_generation_steps=None):
+    return base_rollout.RolloutOutput(text=["<answer>42</answer>"], logits=None,
+                                      tokens=[np.arange(response_len)], left_padded_prompt_tokens=None,
+                                      logprobs=None)
+
+  agent = model_agent.ModelAgent(system_prompt="SYS")
+  env = task_environment.TaskEnvironment({"prompts": "What is 6*7?", "answer": "42"})
+  engine = engine_cls(agent, env, model_call=model_call, max_response_length=budget,
+                      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"))
+  asyncio.run(engine.collect(mode="Trajectory"))
+  return [m["content"] for m in agent.chat_completions if m["role"] == "assistant"]
+
+
+@pytest.mark.parametrize("response_len", [15, 16])  # under the budget, and the whole budget
+def test_full_length_completions_are_kept(smollm2_tokenizer, response_len):
+  assert _collect(agentic.FullLengthKeepingEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
+  tunix = _collect(trajectory_collect_engine.TrajectoryCollectEngine, smollm2_tokenizer, 16, response_len)
+  assert tunix == ([] if response_len == 16 else ["<answer>42</answer>"])  # Tunix drops the full-length one
