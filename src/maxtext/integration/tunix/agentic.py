@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 
 import grain
+import numpy as np
+from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
@@ -82,12 +84,26 @@ class FullLengthKeepingEngine(trajectory_collect_engine.TrajectoryCollectEngine)
 
 
 class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
-  """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine."""
+  """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine and logging
+  the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
+  of the consumed samples (bounded by rl.off_policy_steps)."""
 
   def _build_orchestrator(self) -> rollout_orchestrator.RolloutOrchestrator:
     orchestrator = super()._build_orchestrator()
     orchestrator.engine_cls = FullLengthKeepingEngine
     return orchestrator
+
+  def _data_consumer_batch_generator(self, queue, batch_size):
+    for batch in super()._data_consumer_batch_generator(queue, batch_size):
+      versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
+                  if getattr(ex, "policy_version", None) is not None]
+      if versions:
+        lags = self.policy_version - np.concatenate(versions)
+        self.rl_cluster.buffer_metrics_async(
+            {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
+            mode=rl_cluster_lib.Mode.TRAIN, step=self.rl_cluster.global_steps,
+        )
+      yield batch
 
 
 def build_learner(cfg, cluster, tokenizer, reward_fns) -> AgenticGRPOLearner:

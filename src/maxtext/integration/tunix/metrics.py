@@ -29,38 +29,46 @@ def parse_event(event: str, step: int) -> tuple[str, str, int] | None:
 
 
 class JsonlBackend:
-  """Collects training scalars per step; writes one line per finished step with its wall time."""
+  """Collects training scalars per step; writes one line per step, in step order.
 
-  def __init__(self, path: str):
+  Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
+  held until a step `lag` steps later appears (and the rest at close). step_time_s is the wall
+  time from the first scalar of a step to the first scalar of the next.
+  """
+
+  def __init__(self, path: str, lag: int = 2):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._file = open(path, "a", encoding="utf-8")
-    self._step: int | None = None
-    self._row: dict[str, float] = {}
-    self._last_time = time.time()
+    self._lag = lag
+    self._rows: dict[int, dict[str, float]] = {}
+    self._started: dict[int, float] = {}
+    self._written = 0
 
   def log_scalar(self, event: str, value, **kwargs):
     parsed = parse_event(event, int(kwargs.get("step", 0)))
     if parsed is None or parsed[1] != "train":
       return
     name, _, step = parsed
-    if self._step is not None and step > self._step:
-      self._flush()
-    self._step = max(step, self._step or 0)
+    if step <= self._written:
+      return  # its row is already written
+    self._started.setdefault(step, time.time())
     arr = np.asarray(value, dtype=np.float64)
-    self._row[name] = float(arr.mean()) if arr.size else math.nan
+    self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
+    for s in sorted(self._rows):
+      if s <= max(self._rows) - self._lag:
+        self._write(s)
 
-  def _flush(self):
-    if self._step is None or not self._row:
-      return
-    now = time.time()
-    row = {"step": self._step, **self._row, "step_time_s": now - self._last_time}
-    self._last_time = now
-    self._file.write(json.dumps(row) + "\n")
+  def _write(self, step: int):
+    row = self._rows.pop(step)
+    later = [t for s, t in self._started.items() if s > step]
+    end = min(later) if later else time.time()
+    self._file.write(json.dumps({"step": step, **row, "step_time_s": end - self._started[step]}) + "\n")
     self._file.flush()
-    self._row = {}
+    self._written = step
 
   def close(self):
-    self._flush()
+    for s in sorted(self._rows):
+      self._write(s)
     self._file.close()
 
 
