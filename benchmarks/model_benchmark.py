@@ -72,6 +72,8 @@ def worker_train(args) -> dict:
 
   rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   with jax.set_mesh(mesh):
+    graphdef, state = nnx.split(model)
+    planned = jax.jit(lambda s, t: step(nnx.merge(graphdef, s), t)).lower(state, tokens).compile().memory_analysis()
     jax.block_until_ready(step(model, tokens))  # compile
     start = time.perf_counter()
     for _ in range(args.iters):
@@ -85,6 +87,8 @@ def worker_train(args) -> dict:
       "tokens_per_s": b * t / elapsed, "tflops_per_s": flops / elapsed / 1e12,
       "mfu": flops / elapsed / peak_flops if peak_flops else None,
       "peak_memory_bytes": _peak_memory(), "rss_before_step_bytes": rss_before,
+      # XLA's plan for the step: temporaries (activations kept for the backward pass and scratch).
+      "xla_temp_bytes": int(planned.temp_size_in_bytes) if planned else None,
   }
 
 
@@ -158,6 +162,7 @@ def main() -> None:
   parser.add_argument("--model", default="qwen3-0.6b")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "model_benchmark.json"))
+  parser.add_argument("--skip-decode", action="store_true", help="only the training-step measurements")
   parser.add_argument("--worker", choices=["train", "decode"], help=argparse.SUPPRESS)
   parser.add_argument("--remat", default="none")
   parser.add_argument("--batch", type=int, default=1)
@@ -173,16 +178,19 @@ def main() -> None:
   seq, batch = (1024, 1) if args.quick else (1024, 8)
   iters = 2 if args.quick else 5
   train = [_spawn("train", args, remat=r, batch=batch, seq=seq, iters=iters) for r in ("none", "full")]
-  decode = [_spawn("decode", args, batch=b, prompt=64, new_tokens=16 if args.quick else 64) for b in (1, 16, 64)]
+  decode = [] if args.skip_decode else [
+      _spawn("decode", args, batch=b, prompt=64, new_tokens=16 if args.quick else 64) for b in (1, 16, 64)]
   result = {"model": args.model, "dtype": args.dtype, **_versions(), "train": train, "decode": decode}
 
   print(f"{args.model} {args.dtype} on {result['device']} x{result['num_devices']} "
         f"(jax {result['jax']}, {result['date']})")
-  print(f"{'remat':<6} {'batch x seq':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak memory GiB':>16}")
+  print(f"{'remat':<6} {'batch x seq':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak memory GiB':>16} "
+        f"{'XLA temp GiB':>13}")
   for r in train:
     mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+    temp = f"{r['xla_temp_bytes'] / 2**30:.2f}" if r["xla_temp_bytes"] is not None else "n/a"
     print(f"{r['remat']:<6} {r['batch']:>4} x {r['seq']:<4} {r['tokens_per_s']:>10.1f} {r['tflops_per_s']:>8.3f} "
-          f"{mfu:>6} {r['peak_memory_bytes'] / 2**30:>16.2f}")
+          f"{mfu:>6} {r['peak_memory_bytes'] / 2**30:>16.2f} {temp:>13}")
   print(f"{'decode batch':<12} {'tokens/s':>10} {'ms/step':>8} {'roofline tokens/s':>18} {'of roofline':>11}")
   for r in decode:
     roof = f"{r['roofline_tokens_per_s']:.0f}" if r["roofline_tokens_per_s"] else "n/a"

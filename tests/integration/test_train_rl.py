@@ -129,3 +129,16 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
   trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
   assert sum(not np.array_equal(initial[n], trained[n]) for n in initial) > len(initial) // 2
+
+
+def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
+  """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""
+  template = os.path.join(os.path.dirname(pyconfig.__file__), "templates", "tool_use_rl.json")
+  args = [*TINY, "num_batches=1", "max_prompt_length=1024", "rl.use_agentic_rollout=true",
+          "rl.tools=[calculator, python]", "rl.max_turns=2", f"data_template_path={template}",
+          f"base_output_directory={tmp_path}", "run_name=tools"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  [row] = _read_jsonl(tmp_path / "tools" / "metrics.jsonl")
+  for key in ("tools/call_frequency", "tools/failure_frequency", "turns/mean"):
+    assert key in row and np.isfinite(row[key])
+  assert 1 <= row["turns/mean"] <= 2

@@ -93,3 +93,28 @@ def test_full_length_completions_are_kept(smollm2_tokenizer, response_len):
   assert _collect(agentic.FullLengthKeepingEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
   tunix = _collect(trajectory_collect_engine.TrajectoryCollectEngine, smollm2_tokenizer, 16, response_len)
   assert tunix == ([] if response_len == 16 else ["<answer>42</answer>"])  # Tunix drops the full-length one
+
+
+def _conversation(*tool_results):
+  msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+  for r in tool_results:
+    msgs += [{"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+             {"role": "tool", "content": "Tool returned result: " + r}]
+  return msgs + [{"role": "assistant", "content": "<answer>84</answer>"}]
+
+
+def test_tool_metrics_of_scripted_conversations():
+  """3 conversations: 2 call a tool, 1 of those 2 calls fails."""
+  conversations = [_conversation("84"), _conversation("Error: ZeroDivisionError: division by zero"), _conversation()]
+  m = agentic.conversation_metrics(conversations)
+  assert m["tools/call_frequency"] == pytest.approx(2 / 3)
+  assert m["tools/failure_frequency"] == pytest.approx(1 / 2)
+  assert m["turns/mean"] == pytest.approx((2 + 2 + 1) / 3)
+
+
+def test_rewards_see_every_assistant_turn():
+  joined = agentic.joined_assistant_turns(_conversation("84"))
+  first = next(m for m in joined if m["role"] == "assistant")
+  assert first["content"] == "<tool_call>{}</tool_call>\n<answer>84</answer>"
+  single = _conversation()
+  assert agentic.joined_assistant_turns(single) == single

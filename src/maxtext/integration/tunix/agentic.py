@@ -3,8 +3,11 @@
 The agentic learner runs up to rl.max_concurrency single-prompt rollouts at once, overlaps them with
 training and accepts samples at most rl.off_policy_steps policy versions old. Its prompts are the
 user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
+With rl.tools the agent is Tunix's ToolAgent (tool calls parsed from <tool_call>{json}</tool_call>)
+in a ToolEnvironment of at most rl.max_turns model turns.
 Workarounds for google-tunix 0.1.7 used here:
 - full-length completions are kept (FullLengthKeepingEngine);
+- rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - a chat parser is always given (the learner crashes without one); numpy message content is coerced
   to text by the parser;
 - use_rollout_logps=False: our rollout engine returns no sampler log-probs, so the trainer computes
@@ -19,6 +22,8 @@ import grain
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.agentic import agentic_grpo_learner
+from tunix.rl.agentic.agents import tool_agent
+from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
@@ -93,6 +98,15 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     orchestrator.engine_cls = FullLengthKeepingEngine
     return orchestrator
 
+  def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
+    conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
+    if mode == rl_cluster_lib.Mode.TRAIN:
+      self.rl_cluster.buffer_metrics_async({k: (v, np.mean) for k, v in conversation_metrics(conversations).items()},
+                                           mode=mode, step=expected_step)
+    for item, conversation in zip(trajectories, conversations):
+      item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
+    return super()._process_results(trajectories, mode, expected_step)
+
   def _data_consumer_batch_generator(self, queue, batch_size):
     for batch in super()._data_consumer_batch_generator(queue, batch_size):
       versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
@@ -106,11 +120,45 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       yield batch
 
 
-def build_learner(cfg, cluster, tokenizer, reward_fns) -> AgenticGRPOLearner:
+_TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
+
+
+def conversation_metrics(conversations: list[list[dict]]) -> dict[str, float]:
+  """tools/call_frequency (share of conversations with a tool call), tools/failure_frequency
+  (share of tool calls that failed) and turns/mean (model turns per conversation)."""
+  calls = [[m for m in c if m["role"] == "tool"] for c in conversations]
+  n_calls = sum(len(c) for c in calls)
+  failed = sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c)
+  return {
+      "tools/call_frequency": sum(bool(c) for c in calls) / max(len(conversations), 1),
+      "tools/failure_frequency": failed / n_calls if n_calls else 0.0,
+      "turns/mean": float(np.mean([sum(m["role"] == "assistant" for m in c) for c in conversations] or [0])),
+  }
+
+
+def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
+  """The conversation with its first assistant message holding every assistant turn's text, which
+  is what Tunix hands the reward functions as the completion."""
+  turns = [str(m["content"]) for m in conversation if m["role"] == "assistant"]
+  if len(turns) < 2:
+    return conversation
+  first = next(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+  out = list(conversation)
+  out[first] = {**out[first], "content": "\n".join(turns)}
+  return out
+
+
+def build_learner(cfg, cluster, tokenizer, reward_fns, tool_map=None) -> AgenticGRPOLearner:
   algo = grpo_config(cfg, tokenizer)
+  kwargs = {}
+  if tool_map:
+    kwargs = dict(agent_class=tool_agent.ToolAgent, agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen"},
+                  env_class=tool_environment.ToolEnvironment,
+                  env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
   return AgenticGRPOLearner(
       rl_cluster=cluster,
       algo_config=algo,
       reward_fns=list(reward_fns),
       chat_parser=ConfigChatParser(tokenizer, algo.system_prompt),
+      **kwargs,
   )

@@ -30,7 +30,7 @@ def run(cfg) -> dict:
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
-  from maxtext.trainers.post_train.rl import evaluate_rl, utils_rl  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   mesh_lib.maybe_initialize_distributed()
@@ -62,7 +62,7 @@ def run(cfg) -> dict:
 
     with jax.set_mesh(trainer_mesh):
       if cfg.rl.use_agentic_rollout:
-        learner = agentic.build_learner(cfg, cluster, tokenizer, reward_fns)
+        learner = agentic.build_learner(cfg, cluster, tokenizer, reward_fns, tools.tool_map(cfg))
         train_ds = agentic.user_turn_batches(train_ds)
       else:
         learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)

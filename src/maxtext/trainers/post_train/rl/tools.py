@@ -1,0 +1,142 @@
+"""Tools for agentic rollouts (rl.tools): `calculator` and `python`, as Tunix tools.
+
+Every failure (bad arguments, an exception, a timeout, a crash, too much output) comes back as the
+tool's error text, which the agent puts in the tool turn; nothing raises into the rollout.
+- calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
+  tree, never with eval.
+- python: the code runs in a fresh interpreter (`python -I`) in an empty temporary folder, with a
+  wall-time limit, CPU-time and address-space limits, no file larger than 1 MB, sockets disabled
+  in the interpreter, and its stdout/stderr cut to rl.tool_output_max_chars (head and tail kept).
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from tunix.rl.agentic.tools import base_tool
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_MAX_EXPONENT = 1000
+# Runs before the user's code: no sockets.
+_PREAMBLE = (
+    "import socket\n"
+    "def _no_network(*a, **k):\n"
+    "  raise OSError('network access is disabled in this sandbox')\n"
+    "socket.socket = socket.create_connection = socket.getaddrinfo = _no_network\n"
+    "del socket, _no_network\n"
+)
+
+
+def evaluate_arithmetic(expression: str) -> float | int:
+  """The value of an arithmetic expression; ValueError for anything else."""
+
+  def walk(node):
+    if isinstance(node, ast.Expression):
+      return walk(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+      return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+      left, right = walk(node.left), walk(node.right)
+      if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
+        raise ValueError(f"exponent {right} is too large")
+      return _BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+      return _UNARY[type(node.op)](walk(node.operand))
+    raise ValueError(f"unsupported syntax {type(node).__name__}")
+
+  try:
+    tree = ast.parse(expression.replace(",", "").replace("^", "**"), mode="eval")
+  except SyntaxError as e:
+    raise ValueError(f"not an arithmetic expression: {expression!r}") from e
+  return walk(tree)
+
+
+def _schema(name: str, description: str, param: str, param_description: str) -> dict[str, Any]:
+  return {"type": "function", "function": {
+      "name": name, "description": description,
+      "parameters": {"type": "object", "properties": {param: {"type": "string", "description": param_description}},
+                     "required": [param]}}}
+
+
+class CalculatorTool(base_tool.BaseTool):
+  """Evaluates an arithmetic expression such as (48 / 2) * 3 + 1."""
+
+  def get_json_schema(self) -> dict[str, Any]:
+    return _schema(self.name, self.description, "expression", "arithmetic expression, e.g. (48 / 2) * 3")
+
+  def apply(self, expression: str = "", **kwargs) -> base_tool.ToolOutput:
+    if kwargs:
+      return base_tool.ToolOutput(name=self.name, error=f"unexpected arguments {sorted(kwargs)}; expected expression")
+    try:
+      value = evaluate_arithmetic(str(expression))
+    except (ValueError, ArithmeticError, TypeError) as e:
+      return base_tool.ToolOutput(name=self.name, error=f"{type(e).__name__}: {e}")
+    if isinstance(value, float) and value.is_integer():
+      value = int(value)
+    return base_tool.ToolOutput(name=self.name, output=str(value))
+
+
+def _limits(cpu_s: int, memory_mb: int):
+  def apply():
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
+    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+  return apply
+
+
+def run_python(code: str, timeout_s: float, cpu_s: int, memory_mb: int, max_output_chars: int) -> tuple[str, str | None]:
+  """(output, error) of running code in the sandbox described in the module docstring."""
+  with tempfile.TemporaryDirectory(prefix="tool_python_") as folder:
+    try:
+      proc = subprocess.run([sys.executable, "-I", "-c", _PREAMBLE + code], cwd=folder, capture_output=True,
+                            text=True, timeout=timeout_s, env={"PATH": os.defpath, "HOME": folder},
+                            preexec_fn=_limits(cpu_s, memory_mb), check=False)
+    except subprocess.TimeoutExpired:
+      return "", f"timed out after {timeout_s:g} s"
+  output = proc.stdout + proc.stderr
+  if len(output) > max_output_chars:  # keep the head and the tail (where errors are)
+    half = max_output_chars // 2
+    output = f"{output[:half]}\n[output truncated: {len(output)} characters]\n{output[-half:]}"
+  if proc.returncode != 0:
+    reason = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+    return "", f"{reason}\n{output}".rstrip()
+  return output, None
+
+
+def python_tool(cfg) -> type[base_tool.BaseTool]:
+  """A python tool class with the run's limits (Tunix instantiates tool classes itself)."""
+  rl = cfg.rl
+
+  class PythonTool(base_tool.BaseTool):
+    """Runs Python code and returns what it prints."""
+
+    def get_json_schema(self) -> dict[str, Any]:
+      return _schema(self.name, self.description, "code", "Python source; print the result")
+
+    def apply(self, code: str = "", **kwargs) -> base_tool.ToolOutput:
+      if kwargs:
+        return base_tool.ToolOutput(name=self.name, error=f"unexpected arguments {sorted(kwargs)}; expected code")
+      output, error = run_python(str(code), rl.tool_timeout_s, int(rl.tool_timeout_s) + 1, rl.tool_memory_mb,
+                                 rl.tool_output_max_chars)
+      return base_tool.ToolOutput(name=self.name, output=output, error=error)
+
+  return PythonTool
+
+
+def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
+  """rl.tools -> {name: tool class}; unknown names are a config error."""
+  available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
+  unknown = [t for t in cfg.rl.tools if t not in available]
+  if unknown:
+    from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
+    raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
+  return {name: available[name]() for name in cfg.rl.tools}

@@ -1,0 +1,66 @@
+"""Agentic tools: arithmetic by hand, and every python-tool failure mode as an error, never a raise."""
+
+import pytest
+
+from maxtext.trainers.post_train.rl import tools
+from tests.conftest import make_config
+
+CFG = make_config("rl.tools=[calculator, python]", "rl.tool_timeout_s=2", "rl.tool_output_max_chars=100")
+
+
+@pytest.mark.parametrize("expression, value", [
+    ("48 / 2 + 24", "48"), ("(3 + 4) * 5", "35"), ("-2 ** 3", "-8"), ("7 // 2", "3"), ("1,234 + 1", "1235"),
+    ("2^10", "1024"), ("0.5 * 3", "1.5"),
+])
+def test_calculator(expression, value):
+  calc = tools.CalculatorTool("calculator", "calc")
+  out = calc.apply(expression=expression)
+  assert out.error is None and out.output == value
+
+
+@pytest.mark.parametrize("expression, error", [
+    ("__import__('os').system('ls')", "unsupported syntax"), ("1 / 0", "ZeroDivisionError"),
+    ("2 ** 100000", "exponent"), ("1 +", "not an arithmetic expression"),
+])
+def test_calculator_errors(expression, error):
+  out = tools.CalculatorTool("calculator", "calc").apply(expression=expression)
+  assert out.output is None and error in out.error
+
+
+def test_calculator_wrong_arguments():
+  assert "unexpected arguments ['x']" in tools.CalculatorTool("calculator", "c").apply(x="1").error
+
+
+@pytest.fixture(scope="module")
+def python():
+  cls = tools.tool_map(CFG)["python"]
+  return cls("python", "run python")
+
+
+@pytest.mark.parametrize("code, output, error", [
+    ("print(6 * 7)", "42\n", None),
+    ("import os; print(os.listdir('.'))", "[]\n", None),                      # an empty folder
+    ("raise ValueError('bad')", "", "ValueError: bad"),                        # a raise
+    ("while True: pass", "", "timed out after 2 s"),                          # a hang
+    ("x = bytearray(2 << 30)", "", "MemoryError"),                             # memory limit
+    ("import socket; socket.create_connection(('1.1.1.1', 80))", "", "network access is disabled"),
+    ("import os; os.kill(os.getpid(), 9)", "", "killed by signal 9"),          # a crash
+])
+def test_python_tool(python, code, output, error):
+  out = python.apply(code=code)
+  assert out.output == output or (not out.output and output == "")
+  if error is None:
+    assert out.error is None
+  else:
+    assert error in out.error
+
+
+def test_python_output_is_truncated(python):
+  out = python.apply(code="print('x' * 10_000)")
+  assert out.error is None and out.output.startswith("x" * 50) and "[output truncated: 10001 characters]" in out.output
+  assert len(out.output) < 150
+
+
+def test_unknown_tool_is_a_config_error():
+  with pytest.raises(ValueError, match=r"rl.tools: unknown tool\(s\) \['browser'\]"):
+    tools.tool_map(make_config("rl.tools=[browser]"))
