@@ -28,7 +28,8 @@ def test_calculator_errors(expression, error):
 
 
 def test_calculator_wrong_arguments():
-  assert "unexpected arguments ['x']" in tools.CalculatorTool("calculator", "c").apply(x="1").error
+  assert "got arguments ['x']; expected expression" in tools.CalculatorTool("calculator", "c").apply(x="1").error
+  assert "got arguments []" in tools.CalculatorTool("calculator", "c").apply().error
 
 
 @pytest.fixture(scope="module")

@@ -60,29 +60,41 @@ def evaluate_arithmetic(expression: str) -> float | int:
   return walk(tree)
 
 
-def _schema(name: str, description: str, param: str, param_description: str) -> dict[str, Any]:
-  return {"type": "function", "function": {
-      "name": name, "description": description,
-      "parameters": {"type": "object", "properties": {param: {"type": "string", "description": param_description}},
-                     "required": [param]}}}
+class _OneArgumentTool(base_tool.BaseTool):
+  """A tool taking one string argument named PARAM; other arguments are an error, not a raise."""
 
-
-class CalculatorTool(base_tool.BaseTool):
-  """Evaluates an arithmetic expression such as (48 / 2) * 3 + 1."""
+  PARAM = ""
+  PARAM_DESCRIPTION = ""
 
   def get_json_schema(self) -> dict[str, Any]:
-    return _schema(self.name, self.description, "expression", "arithmetic expression, e.g. (48 / 2) * 3")
+    return {"type": "function", "function": {
+        "name": self.name, "description": self.description,
+        "parameters": {"type": "object", "required": [self.PARAM],
+                       "properties": {self.PARAM: {"type": "string", "description": self.PARAM_DESCRIPTION}}}}}
 
-  def apply(self, expression: str = "", **kwargs) -> base_tool.ToolOutput:
-    if kwargs:
-      return base_tool.ToolOutput(name=self.name, error=f"unexpected arguments {sorted(kwargs)}; expected expression")
+  def apply(self, **kwargs) -> base_tool.ToolOutput:
+    if set(kwargs) != {self.PARAM}:
+      return base_tool.ToolOutput(name=self.name, error=f"got arguments {sorted(kwargs)}; expected {self.PARAM}")
+    return self.run(str(kwargs[self.PARAM]))
+
+  def run(self, value: str) -> base_tool.ToolOutput:
+    raise NotImplementedError
+
+
+class CalculatorTool(_OneArgumentTool):
+  """Evaluates an arithmetic expression such as (48 / 2) * 3 + 1."""
+
+  PARAM = "expression"
+  PARAM_DESCRIPTION = "arithmetic expression, e.g. (48 / 2) * 3"
+
+  def run(self, value: str) -> base_tool.ToolOutput:
     try:
-      value = evaluate_arithmetic(str(expression))
+      result = evaluate_arithmetic(value)
     except (ValueError, ArithmeticError, TypeError) as e:
       return base_tool.ToolOutput(name=self.name, error=f"{type(e).__name__}: {e}")
-    if isinstance(value, float) and value.is_integer():
-      value = int(value)
-    return base_tool.ToolOutput(name=self.name, output=str(value))
+    if isinstance(result, float) and result.is_integer():
+      result = int(result)
+    return base_tool.ToolOutput(name=self.name, output=str(result))
 
 
 def _limits(cpu_s: int, memory_mb: int):
@@ -116,16 +128,14 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
   """A python tool class with the run's limits (Tunix instantiates tool classes itself)."""
   rl = cfg.rl
 
-  class PythonTool(base_tool.BaseTool):
+  class PythonTool(_OneArgumentTool):
     """Runs Python code and returns what it prints."""
 
-    def get_json_schema(self) -> dict[str, Any]:
-      return _schema(self.name, self.description, "code", "Python source; print the result")
+    PARAM = "code"
+    PARAM_DESCRIPTION = "Python source; print the result"
 
-    def apply(self, code: str = "", **kwargs) -> base_tool.ToolOutput:
-      if kwargs:
-        return base_tool.ToolOutput(name=self.name, error=f"unexpected arguments {sorted(kwargs)}; expected code")
-      output, error = run_python(str(code), rl.tool_timeout_s, int(rl.tool_timeout_s) + 1, rl.tool_memory_mb,
+    def run(self, value: str) -> base_tool.ToolOutput:
+      output, error = run_python(value, rl.tool_timeout_s, int(rl.tool_timeout_s) + 1, rl.tool_memory_mb,
                                  rl.tool_output_max_chars)
       return base_tool.ToolOutput(name=self.name, output=output, error=error)
 
