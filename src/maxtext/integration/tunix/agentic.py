@@ -8,6 +8,9 @@ in a ToolEnvironment of at most rl.max_turns model turns.
 Workarounds for google-tunix 0.1.7 used here:
 - full-length completions are kept (FullLengthKeepingEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
+- on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
+  with) is refreshed before each batch is scored; Tunix refreshes it only in weight syncs, which a
+  shared mesh never runs, so every PPO ratio was taken against the initial weights;
 - a chat parser is always given (the learner crashes without one); numpy message content is coerced
   to text by the parser;
 - use_rollout_logps=False: our rollout engine returns no sampler log-probs, so the trainer computes
@@ -20,6 +23,8 @@ import logging
 
 import grain
 import numpy as np
+from flax import nnx
+from tunix.rl import utils as rl_utils
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.agents import tool_agent
@@ -99,6 +104,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     return orchestrator
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
+    if not self.should_sync_weights:  # shared mesh: the samples came from the live weights
+      self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(  # pylint: disable=protected-access
+          nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
     conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
       self.rl_cluster.buffer_metrics_async({k: (v, np.mean) for k, v in conversation_metrics(conversations).items()},
