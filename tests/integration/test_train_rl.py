@@ -125,6 +125,9 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   for r in rows:
     assert r["generation/completions/mean_length"] == 16  # the random model never stops: full budget
     assert r["rewards/variety"] > 0 and np.isfinite(r["loss"])
+  # On the shared mesh the PPO ratio is taken against the weights that sampled (one iteration: the
+  # current ones), not the initial weights (log ratio ~0.1 at step 2 without the anchor refresh).
+  assert rows[1]["log_ratio/abs_mean"] < 1e-5
   cfg = make_config(*args)
   initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
   trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
