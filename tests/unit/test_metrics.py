@@ -28,3 +28,15 @@ def test_parse_event_ignores_foreign_events():
   assert metrics.parse_event("/jax/compile", 3) is None
   assert metrics.parse_event("actor/eval/loss", 3) == ("loss", "eval", 3)
   assert metrics.parse_event("global/train/kl", 0) == ("kl", "train", 1)
+
+
+def test_killed_run_keeps_pending_rows_and_resume_cuts_later_ones(tmp_path):
+  path = tmp_path / "metrics.jsonl"
+  backend = metrics.JsonlBackend(str(path))  # never closed: the process is killed
+  for step in (1, 2, 3):
+    backend.log_scalar("actor/train/loss", float(step), step=step)
+  assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]  # 2 and 3 are held
+  assert set(metrics.logged_steps(str(path))) == {1, 2}  # step 3 began after the last pending save
+  assert metrics.truncate_after(str(path), 1) == 1  # resuming from step 1: row 2 goes
+  assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [1.0]
+  assert not (tmp_path / "metrics.jsonl.pending").exists()

@@ -7,6 +7,7 @@ through `load_parameters_path`.
 from __future__ import annotations
 
 import os
+import time
 
 import jax
 import numpy as np
@@ -27,6 +28,23 @@ def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
 
 def _steps(root: str) -> list[int]:
   return sorted(int(d) for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d, _ITEM)))
+
+
+def steps(root: str) -> list[int]:
+  """The complete steps under a checkpoint root, oldest first (a save cut short leaves only a
+  temporary folder, which is not a step)."""
+  return _steps(root) if os.path.isdir(root) else []
+
+
+def set_aside(root: str, after: int, folder: str) -> list[int]:
+  """Moves the steps newer than `after` from root into folder (kept, not deleted), so a restore of
+  the latest step finds `after`."""
+  moved = [s for s in steps(root) if s > after]
+  if moved:
+    os.makedirs(folder, exist_ok=True)
+  for s in moved:
+    os.replace(os.path.join(root, str(s)), os.path.join(folder, f"{s}_{int(time.time())}"))
+  return moved
 
 
 def is_orbax_checkpoint(path: str) -> bool:

@@ -32,13 +32,16 @@ class JsonlBackend:
   """Collects training scalars per step; writes one line per step, in step order.
 
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
-  held until a step `lag` steps later appears (and the rest at close). step_time_s is the wall
-  time from the first scalar of a step to the first scalar of the next.
+  held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
+  `<path>.pending` whenever a step begins, so a killed run loses none of them: `truncate_after`
+  merges them back on resume. step_time_s is the wall time from the first scalar of a step to the
+  first scalar of the next.
   """
 
   def __init__(self, path: str, lag: int = 2):
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._file = open(path, "a", encoding="utf-8")
+    self._pending = path + ".pending"
     self._lag = lag
     self._rows: dict[int, dict[str, float]] = {}
     self._started: dict[int, float] = {}
@@ -51,25 +54,61 @@ class JsonlBackend:
     name, _, step = parsed
     if step <= self._written:
       return  # its row is already written
-    self._started.setdefault(step, time.time())
+    if step not in self._rows:
+      self._started[step] = time.time()
+      self._save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
     for s in sorted(self._rows):
       if s <= max(self._rows) - self._lag:
         self._write(s)
 
-  def _write(self, step: int):
-    row = self._rows.pop(step)
+  def _row(self, step: int) -> dict:
     later = [t for s, t in self._started.items() if s > step]
     end = min(later) if later else time.time()
-    self._file.write(json.dumps({"step": step, **row, "step_time_s": end - self._started[step]}) + "\n")
+    return {"step": step, **self._rows.get(step, {}), "step_time_s": end - self._started[step]}
+
+  def _save_pending(self):
+    tmp = self._pending + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump([self._row(s) for s in sorted(self._rows)], f)
+    os.replace(tmp, self._pending)
+
+  def _write(self, step: int):
+    self._file.write(json.dumps(self._row(step)) + "\n")
     self._file.flush()
+    del self._rows[step]
     self._written = step
 
   def close(self):
     for s in sorted(self._rows):
       self._write(s)
     self._file.close()
+    if os.path.exists(self._pending):
+      os.remove(self._pending)
+
+
+def logged_steps(path: str) -> dict[int, dict]:
+  """Rows of a (possibly killed) run's metrics.jsonl, with the rows it still held when it died."""
+  rows = {}
+  if os.path.isfile(path + ".pending"):
+    with open(path + ".pending", encoding="utf-8") as f:
+      rows.update({r["step"]: r for r in json.load(f)})
+  if os.path.isfile(path):
+    with open(path, encoding="utf-8") as f:
+      rows.update({r["step"]: r for r in map(json.loads, filter(str.strip, f))})
+  return rows
+
+
+def truncate_after(path: str, step: int) -> int:
+  """Makes metrics.jsonl hold exactly the logged steps up to `step` (the checkpoint a rerun resumes
+  from), pending rows merged in; returns how many later rows were dropped (the rerun logs them)."""
+  rows = logged_steps(path)
+  if os.path.isfile(path + ".pending"):
+    os.remove(path + ".pending")
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(rows[s]) + "\n" for s in sorted(rows) if s <= step)
+  return sum(s > step for s in rows)
 
 
 class _Sink:

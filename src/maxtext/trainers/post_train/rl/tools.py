@@ -14,7 +14,6 @@ from __future__ import annotations
 import ast
 import operator
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -97,21 +96,25 @@ class CalculatorTool(_OneArgumentTool):
     return base_tool.ToolOutput(name=self.name, output=str(result))
 
 
-def _limits(cpu_s: int, memory_mb: int):
-  def apply():
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-  return apply
+def _limits(cpu_s: int, memory_mb: int) -> str:
+  """Code that sets the resource limits first thing in the child (no Python runs between fork and
+  exec in the parent, which is multithreaded)."""
+  return (
+      "import resource\n"
+      f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))\n"
+      f"resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
+      "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
+      "del resource\n"
+  )
 
 
 def run_python(code: str, timeout_s: float, cpu_s: int, memory_mb: int, max_output_chars: int) -> tuple[str, str | None]:
   """(output, error) of running code in the sandbox described in the module docstring."""
   with tempfile.TemporaryDirectory(prefix="tool_python_") as folder:
     try:
-      proc = subprocess.run([sys.executable, "-I", "-c", _PREAMBLE + code], cwd=folder, capture_output=True,
-                            text=True, timeout=timeout_s, env={"PATH": os.defpath, "HOME": folder},
-                            preexec_fn=_limits(cpu_s, memory_mb), check=False)
+      proc = subprocess.run([sys.executable, "-I", "-c", _limits(cpu_s, memory_mb) + _PREAMBLE + code], cwd=folder,
+                            capture_output=True, text=True, timeout=timeout_s,
+                            env={"PATH": os.defpath, "HOME": folder}, check=False)
     except subprocess.TimeoutExpired:
       return "", f"timed out after {timeout_s:g} s"
   output = proc.stdout + proc.stderr

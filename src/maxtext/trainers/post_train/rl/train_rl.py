@@ -21,12 +21,33 @@ from maxtext.utils import cli
 log = logging.getLogger("maxtext.train_rl")
 
 
+def _prepare_resume(cfg, orbax_checkpoint, metrics) -> int:
+  """Rerunning a run folder resumes from its latest complete checkpoint whose steps all reached
+  metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step). Newer
+  checkpoints are moved to checkpoints/set_aside/; Tunix restores the model, optimizer and step and
+  fast-forwards the data; metrics.jsonl is cut back to the resumed step. Returns that step."""
+  root = os.path.join(cfg.run_dir, "checkpoints", "actor")
+  saved = orbax_checkpoint.steps(root)
+  if not saved:
+    return 0
+  metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
+  logged = metrics.logged_steps(metrics_path)
+  complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+  step = complete[-1] if complete else 0
+  moved = orbax_checkpoint.set_aside(root, step, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
+  dropped = metrics.truncate_after(metrics_path, step)
+  log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
+           "dropped)", step, moved, dropped)
+  return step
+
+
 def run(cfg) -> dict:
   """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
   and after training."""
   # Heavy imports after config validation, so config errors come back at once.
   import jax  # pylint: disable=import-outside-toplevel
 
+  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
@@ -42,6 +63,8 @@ def run(cfg) -> dict:
   eval_examples = datasets.eval_examples(cfg, tokenizer)
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
+
+  _prepare_resume(cfg, orbax_checkpoint, metrics)
 
   results = {"before": None, "during": [], "after": None}
   sinks = metrics.MetricSinks(cfg.run_dir)
