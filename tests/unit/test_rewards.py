@@ -91,7 +91,7 @@ def test_math_verify_deadline_scores_zero_and_never_hangs():
 
   hanging = utils_rl.MathVerifier(check=_hangs)
   start = time.monotonic()
-  assert hanging.equivalent([("1", "1"), ("2", "2")], timeout=3.0, num_procs=1) == [False, False]
+  assert hanging.equivalent([("1", "1"), ("2", "2")], timeout=3.0, num_procs=1) == [None, None]
   assert time.monotonic() - start < 30  # the worker pool starts, then the 3 s deadline
   hanging.close()
   real = utils_rl.MathVerifier()
@@ -126,3 +126,8 @@ def test_reasoning_start_token_in_prompt_is_read_back():
   cfg = make_config("reasoning_start_token_in_prompt=true")
   fn = utils_rl.bind_config(utils_rl.match_format_exactly, cfg)
   assert fn(["p"], ["6 times 7</reasoning><answer>42</answer>"]) == [3.0]
+
+
+def test_math_verify_timeout_scores_zero(monkeypatch):
+  monkeypatch.setattr(utils_rl._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))  # pylint: disable=protected-access
+  assert utils_rl.check_numbers(None, ["<answer>x^2</answer>", GOOD], CFG, answer=["4", "42"]) == [0.0, 3.0]

@@ -32,7 +32,7 @@ def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
   for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
     value, true_value = (utils_rl.parse_number(guess) if guess else None), utils_rl.parse_number(truth)
     near = value is not None and bool(true_value) and 0.9 <= value / true_value <= 1.1
-    out.append({"answer": guess, "correct": ok, "partially_correct": ok or near, "formatted": fmt > 0})
+    out.append({"answer": guess, "correct": bool(ok), "partially_correct": bool(ok) or near, "formatted": fmt > 0})
   return out
 
 

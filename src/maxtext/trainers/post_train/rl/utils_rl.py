@@ -14,7 +14,7 @@ What each config weight means:
 - penalty_incorrect_answer: an answer block whose content is wrong or holds no number (both checks).
 A completion without an answer block gets 0 from the answer checks: the format rewards judge it.
 check_numbers counts an answer as equal when its last number equals the truth or math_verify finds
-the two equivalent (e.g. 1/2 and 0.5), within math_verify_timeout.
+the two equivalent (e.g. 1/2 and 0.5); a check that outlives math_verify_timeout scores 0.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def _verify_pair(guess: str, truth: str) -> bool:
 class MathVerifier:
   """math_verify in a pool of worker processes with one deadline per batch of checks.
 
-  A check still running at the deadline scores False; the pool is then terminated (a hung sympy
+  A check still running at the deadline gives None (the sample scores 0); the pool is then terminated (a hung sympy
   call cannot be interrupted otherwise) and restarted on the next batch, so a run never hangs.
   """
 
@@ -96,7 +96,8 @@ class MathVerifier:
     self._pool = None
     self._procs = 0
 
-  def equivalent(self, pairs: list[tuple[str, str]], timeout: float, num_procs: int) -> list[bool]:
+  def equivalent(self, pairs: list[tuple[str, str]], timeout: float, num_procs: int) -> list[bool | None]:
+    """True / False per pair; None for a check cut off by the deadline."""
     if not pairs:
       return []
     if self._pool is None or self._procs != num_procs:
@@ -110,10 +111,10 @@ class MathVerifier:
       try:
         out.append(bool(result.get(max(deadline - time.monotonic(), 0.0))))
       except multiprocessing.TimeoutError:
-        out.append(False)
+        out.append(None)
         timed_out += 1
     if timed_out:
-      log.warning("math_verify: %d of %d checks passed the %.1f s deadline and score as wrong", timed_out,
+      log.warning("math_verify: %d of %d checks passed the %.1f s deadline and score 0", timed_out,
                   len(pairs), timeout)
       self.close()
     return out
@@ -128,8 +129,9 @@ _VERIFIER = MathVerifier()
 atexit.register(_VERIFIER.close)
 
 
-def answers_match(guesses: list[str | None], truths: list, cfg) -> list[bool]:
-  """Whether each extracted answer equals its truth: the same number, or math_verify-equivalent."""
+def answers_match(guesses: list[str | None], truths: list, cfg) -> list[bool | None]:
+  """Whether each extracted answer equals its truth: the same number, or math_verify-equivalent;
+  None when math_verify ran out of time."""
   matches, unsure = [], []
   for i, (guess, truth) in enumerate(zip(guesses, truths)):
     value, true_value = (parse_number(guess) if guess is not None else None), parse_number(str(truth))
@@ -186,7 +188,8 @@ def check_numbers(prompts, completions, tmvp_config, answer, **kwargs) -> list[f
   guesses = [extract_answer(c, tmvp_config) for c in completions]
   correct = answers_match(guesses, list(answer), tmvp_config)
   return [
-      0.0 if guess is None else tmvp_config.reward_exact_answer if ok else tmvp_config.penalty_incorrect_answer
+      0.0 if guess is None or ok is None  # no answer block, or math_verify out of time
+      else tmvp_config.reward_exact_answer if ok else tmvp_config.penalty_incorrect_answer
       for guess, ok in zip(guesses, correct)
   ]
 
