@@ -113,3 +113,16 @@ def test_every_base_key_has_a_comment():
 def test_missing_yaml_is_a_clear_error():
   with pytest.raises(pyconfig.ConfigError, match="nope.yml: config file not found"):
     pyconfig.initialize(["x", "nope.yml"])
+
+
+def test_help_lists_every_key_with_its_comment(capsys):
+  from maxtext.trainers.post_train.rl import train_rl
+
+  assert train_rl.main(["train_rl", "--help"]) == 0
+  out = capsys.readouterr().out
+  assert out.startswith("usage: python -m maxtext.trainers.post_train.rl.train_rl")
+  keys = [k for k, _, _ in pyconfig.reference()]
+  defaults = pyconfig.initialize(["x", "base.yml"]).flat()
+  assert set(keys) == set(defaults)
+  assert all(comment for _, _, comment in pyconfig.reference())
+  assert "  rl.max_concurrency = 16\n      Agentic: rollouts in flight at once." in out

@@ -277,6 +277,25 @@ def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path
     )
 
 
+def reference() -> list[tuple[str, str, str]]:
+  """(dotted key, default as written, comment) for every key of base.yml, in file order."""
+  out, section = [], ""
+  with open(BASE_YAML, encoding="utf-8") as f:
+    for line in f:
+      body, _, comment = line.rstrip("\n").partition("  # ")
+      if not body.strip() or body.lstrip().startswith(("#", "-")):
+        continue
+      key, _, value = body.strip().partition(":")
+      nested = body.startswith(" ")
+      if not nested and not value.strip() and not comment:
+        section = key + "."
+        continue
+      out.append(((section if nested else "") + key, value.strip(), comment.strip()))
+      if not nested:
+        section = ""
+  return out
+
+
 def known_models() -> list[str]:
   return sorted(f[:-4] for f in os.listdir(MODELS_DIR) if f.endswith(".yml"))
 

@@ -14,7 +14,19 @@ from absl import logging as absl_logging
 from maxtext.configs import pyconfig
 
 
+def print_help(program: str) -> None:
+  print(f"usage: python -m {program} [config.yml] [key=value ...]\n\n"
+        "Keys (dotted keys reach nested sections; defaults from configs/base.yml):")
+  for key, default, comment in pyconfig.reference():
+    print(f"  {key} = {default or '(see base.yml)'}\n      {comment}")
+  print(f"\nModels: {', '.join(pyconfig.known_models())}")
+
+
 def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], None]) -> int:
+  if any(a in ("-h", "--help") for a in argv[1:]):
+    spec = getattr(sys.modules[job.__module__], "__spec__", None)
+    print_help(spec.name if spec else job.__module__)
+    return 0
   try:
     cfg = pyconfig.initialize(argv)
   except pyconfig.ConfigError as e:
