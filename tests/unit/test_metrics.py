@@ -40,3 +40,17 @@ def test_killed_run_keeps_pending_rows_and_resume_cuts_later_ones(tmp_path):
   assert metrics.truncate_after(str(path), 1) == 1  # resuming from step 1: row 2 goes
   assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [1.0]
   assert not (tmp_path / "metrics.jsonl.pending").exists()
+
+
+def test_step_time_is_the_time_between_step_ends(tmp_path):
+  import time
+
+  backend = metrics.JsonlBackend(str(tmp_path / "m.jsonl"))
+  backend.restart_clock()
+  time.sleep(0.3)
+  backend.log_scalar("actor/train/loss", 1.0, step=1)  # a step's scalars arrive when it ends
+  time.sleep(0.1)
+  backend.log_scalar("actor/train/loss", 1.0, step=2)
+  backend.close()
+  times = [json.loads(line)["step_time_s"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+  assert 0.3 <= times[0] < 0.6 and 0.1 <= times[1] < 0.3

@@ -34,8 +34,9 @@ class JsonlBackend:
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
   held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
   `<path>.pending` whenever a step begins, so a killed run loses none of them: `truncate_after`
-  merges them back on resume. step_time_s is the wall time from the first scalar of a step to the
-  first scalar of the next.
+  merges them back on resume. A step's scalars arrive when it ends, so step_time_s is the wall
+  time from the first scalar of the previous step (for the first step: from `restart_clock`, called
+  when training starts) to the first scalar of this one.
   """
 
   def __init__(self, path: str, lag: int = 2):
@@ -46,6 +47,10 @@ class JsonlBackend:
     self._rows: dict[int, dict[str, float]] = {}
     self._started: dict[int, float] = {}
     self._written = 0
+    self._origin = time.time()
+
+  def restart_clock(self):
+    self._origin = time.time()
 
   def log_scalar(self, event: str, value, **kwargs):
     parsed = parse_event(event, int(kwargs.get("step", 0)))
@@ -64,9 +69,9 @@ class JsonlBackend:
         self._write(s)
 
   def _row(self, step: int) -> dict:
-    later = [t for s, t in self._started.items() if s > step]
-    end = min(later) if later else time.time()
-    return {"step": step, **self._rows.get(step, {}), "step_time_s": end - self._started[step]}
+    earlier = [t for s, t in self._started.items() if s < step]
+    begin = max(earlier) if earlier else self._origin
+    return {"step": step, **self._rows.get(step, {}), "step_time_s": self._started[step] - begin}
 
   def _save_pending(self):
     tmp = self._pending + ".tmp"
@@ -150,6 +155,12 @@ class MetricSinks:
     self._real.setdefault(kind, sink)
     self._handed_out.append(sink)
     return sink
+
+  def restart_clock(self) -> None:
+    """Marks the start of training (the first step's step_time_s counts from here)."""
+    jsonl = self._real.get("jsonl")
+    if jsonl is not None and jsonl._backend is not None:  # pylint: disable=protected-access
+      jsonl._backend.restart_clock()  # pylint: disable=protected-access
 
   def __deepcopy__(self, memo):  # Tunix deep-copies its logger options; the sinks stay shared
     return self

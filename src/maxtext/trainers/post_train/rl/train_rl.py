@@ -92,6 +92,7 @@ def run(cfg) -> dict:
     results["before"] = evaluate("eval before")
     evaluate_rl.write_results(cfg, results)
     start = time.time()
+    sinks.restart_clock()
     learner.train(train_ds)
     log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
     results["after"] = evaluate("eval after")
