@@ -142,10 +142,12 @@ class MetricSinks:
   process never writes into this run's closed files.
   """
 
-  def __init__(self, run_dir: str):
+  def __init__(self, run_dir: str, lag: int = 2):
+    """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
+    off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2)."""
     self._makers = {
         "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
-        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl")),
+        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []

@@ -67,7 +67,7 @@ def run(cfg) -> dict:
   _prepare_resume(cfg, orbax_checkpoint, metrics)
 
   results = {"before": None, "during": [], "after": None}
-  sinks = metrics.MetricSinks(cfg.run_dir)
+  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
