@@ -26,14 +26,12 @@ def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
   return os.path.join(root, str(step))
 
 
-def _steps(root: str) -> list[int]:
-  return sorted(int(d) for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d, _ITEM)))
-
-
 def steps(root: str) -> list[int]:
   """The complete steps under a checkpoint root, oldest first (a save cut short leaves only a
   temporary folder, which is not a step)."""
-  return _steps(root) if os.path.isdir(root) else []
+  if not os.path.isdir(root):
+    return []
+  return sorted(int(d) for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d, _ITEM)))
 
 
 def set_aside(root: str, after: int, folder: str) -> list[int]:
@@ -49,7 +47,7 @@ def set_aside(root: str, after: int, folder: str) -> list[int]:
 
 def is_orbax_checkpoint(path: str) -> bool:
   return os.path.isdir(path) and (
-      os.path.isdir(os.path.join(path, _ITEM)) or bool(_steps(path)) or os.path.isdir(os.path.join(path, "actor"))
+      os.path.isdir(os.path.join(path, _ITEM)) or bool(steps(path)) or os.path.isdir(os.path.join(path, "actor"))
   )
 
 
@@ -60,10 +58,10 @@ def resolve(path: str) -> str:
     return os.path.join(path, _ITEM)
   if os.path.isdir(os.path.join(path, "actor")):
     return resolve(os.path.join(path, "actor"))
-  steps = _steps(path) if os.path.isdir(path) else []
-  if not steps:
+  saved = steps(path)
+  if not saved:
     raise FileNotFoundError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
-  return os.path.join(path, str(steps[-1]), _ITEM)
+  return os.path.join(path, str(saved[-1]), _ITEM)
 
 
 def _flatten(tree, prefix=()):

@@ -20,7 +20,7 @@ from maxtext.utils import cli
 log = logging.getLogger(__name__)
 
 
-def convert(cfg) -> str:
+def convert(cfg) -> None:
   from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
@@ -30,7 +30,6 @@ def convert(cfg) -> str:
   step_dir = orbax_checkpoint.save_params(cfg.base_output_directory, load_model(cfg, trainer_mesh))
   pyconfig.write_yaml(cfg, os.path.join(cfg.base_output_directory, "config.yml"))
   log.info("Wrote %s", step_dir)
-  return step_dir
 
 
 def main(argv: list[str]) -> int:

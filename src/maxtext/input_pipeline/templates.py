@@ -9,6 +9,12 @@ _DEFAULT_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "co
 _FIELDS = ("SYSTEM_PROMPT", "TEMPLATE")
 
 
+def answer_prefix(cfg) -> str:
+  """What the prompt ends with and the model's completion therefore lacks: the reasoning start
+  token when reasoning_start_token_in_prompt is set."""
+  return cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
+
+
 class PromptTemplate:
   """SYSTEM_PROMPT (formatted with the config's tag tokens) and TEMPLATE (formatted with {question})."""
 
@@ -30,7 +36,7 @@ class PromptTemplate:
     self.system_prompt = data["SYSTEM_PROMPT"].format(**tags)
     self.template = data["TEMPLATE"]
     self.tokenizer = tokenizer
-    self.answer_prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
+    self.answer_prefix = answer_prefix(cfg)
 
   def user_content(self, question: str) -> str:
     return self.template.format(question=question)

@@ -1,10 +1,14 @@
 """The shared shape of our command-line programs: config from argv, logs on stderr, exit codes.
 
-Exit 0 on success, 2 on a config or input error (the message names the key or file).
+A job may return records; they are printed as JSON lines on stdout, which holds nothing else
+(whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
+or input error (the message names the key or file).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import sys
 from typing import Callable
@@ -22,7 +26,7 @@ def print_help(program: str) -> None:
   print(f"\nModels: {', '.join(pyconfig.known_models())}")
 
 
-def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], None]) -> int:
+def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | None]) -> int:
   if any(a in ("-h", "--help") for a in argv[1:]):
     spec = getattr(sys.modules[job.__module__], "__spec__", None)
     print_help(spec.name if spec else job.__module__)
@@ -37,8 +41,11 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], None]) -> int
   # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
   absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
   try:
-    job(cfg)
+    with contextlib.redirect_stdout(sys.stderr):
+      records = job(cfg)
   except (pyconfig.ConfigError, FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  for record in records or []:
+    print(json.dumps(record, ensure_ascii=False))
   return 0

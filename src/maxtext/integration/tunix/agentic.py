@@ -33,6 +33,7 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
 from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.integration.tunix import learner
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,8 @@ def grpo_config(cfg, tokenizer) -> agentic_grpo_learner.GRPOConfig:
   """The agentic learner's algorithm config, every rl.* key mapped."""
   rl = cfg.rl
   config = agentic_grpo_learner.GRPOConfig(
-      num_generations=rl.num_generations,
-      num_iterations=rl.num_iterations,
-      beta=rl.grpo_beta,
-      epsilon=rl.grpo_epsilon,
+      **learner.grpo_algorithm_kwargs(cfg),
       epsilon_high=None if rl.epsilon_high < 0 else rl.epsilon_high,
-      loss_algo=rl.loss_algo,
-      loss_agg_mode=rl.loss_agg_mode,
       system_prompt=system_prompt(cfg, tokenizer),
       max_concurrency=rl.max_concurrency,
       off_policy_steps=rl.off_policy_steps,

@@ -88,9 +88,10 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   return rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config)
 
 
-def grpo_config(cfg) -> grpo_learner.GRPOConfig:
+def grpo_algorithm_kwargs(cfg) -> dict:
+  """The rl.* keys both GRPO learners (standard and agentic) take, under Tunix's names."""
   rl = cfg.rl
-  return grpo_learner.GRPOConfig(
+  return dict(
       num_generations=rl.num_generations,
       num_iterations=rl.num_iterations,
       beta=rl.grpo_beta,
@@ -98,6 +99,10 @@ def grpo_config(cfg) -> grpo_learner.GRPOConfig:
       loss_algo=rl.loss_algo,
       loss_agg_mode=rl.loss_agg_mode,
   )
+
+
+def grpo_config(cfg) -> grpo_learner.GRPOConfig:
+  return grpo_learner.GRPOConfig(**grpo_algorithm_kwargs(cfg))
 
 
 class GRPOLearner(grpo_learner.GRPOLearner):

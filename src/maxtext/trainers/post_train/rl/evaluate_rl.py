@@ -10,7 +10,6 @@ judged) or pass_at_1 (the mean over passes).
 from __future__ import annotations
 
 import collections
-import contextlib
 import json
 import os
 import sys
@@ -18,13 +17,13 @@ from typing import Callable
 
 import tqdm
 
+from maxtext.input_pipeline import templates
 from maxtext.trainers.post_train.rl import utils_rl
 from maxtext.utils import cli
 
 def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
   """Per-completion verdicts: the extracted answer, correct, within 10%, exact format."""
-  prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
-  completions = [prefix + c for c in completions]
+  completions = [templates.answer_prefix(cfg) + c for c in completions]
   guesses = [utils_rl.extract_answer(c, cfg) for c in completions]
   correct = utils_rl.answers_match(guesses, truths, cfg)
   formatted = utils_rl.match_format_exactly(None, completions, cfg)
@@ -92,35 +91,22 @@ def write_results(cfg, results: dict) -> None:
     json.dump(results, f, indent=1)
 
 
-def evaluate_checkpoint(cfg) -> dict:
-  """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json."""
-  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+def evaluate_checkpoint(cfg) -> list[dict]:
+  """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
+  returns the summary (the command's stdout line)."""
+  from maxtext.inference.decode import load_sampler  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix.rollout import RolloutEngine  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
-  mesh_lib.maybe_initialize_distributed()
-  _, mesh = mesh_lib.create_meshes(cfg)
-  tokenizer = tokenizer_for(cfg)
+  generate, tokenizer = load_sampler(cfg, learner.Mode.EVAL)
   examples = datasets.eval_examples(cfg, tokenizer)
-  config = learner.rollout_configs(cfg, tokenizer.eos_token_id)[learner.Mode.EVAL]
-  engine = RolloutEngine(load_model(cfg, mesh), tokenizer, mesh, config, seed=cfg.decode_seed)
-  result = evaluate(lambda prompts: engine.generate(prompts, config).text, examples, cfg, "eval")
+  result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")
   write_results(cfg, {"checkpoint": result})
-  return summary_of(result)
-
-
-def _job(cfg) -> None:
-  stdout = sys.stdout
-  with contextlib.redirect_stdout(sys.stderr):
-    summary = evaluate_checkpoint(cfg)
-  print(json.dumps(summary), file=stdout)
+  return [summary_of(result)]
 
 
 def main(argv: list[str]) -> int:
-  return cli.main(argv, _job)
+  return cli.main(argv, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

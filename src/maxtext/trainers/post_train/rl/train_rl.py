@@ -9,7 +9,6 @@ config.yml, metrics.jsonl, tensorboard/, checkpoints/ and eval.json.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -21,11 +20,14 @@ from maxtext.utils import cli
 log = logging.getLogger("maxtext.train_rl")
 
 
-def _prepare_resume(cfg, orbax_checkpoint, metrics) -> int:
+def _prepare_resume(cfg) -> int:
   """Rerunning a run folder resumes from its latest complete checkpoint whose steps all reached
   metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step). Newer
   checkpoints are moved to checkpoints/set_aside/; Tunix restores the model, optimizer and step and
   fast-forwards the data; metrics.jsonl is cut back to the resumed step. Returns that step."""
+  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import metrics  # pylint: disable=import-outside-toplevel
+
   root = os.path.join(cfg.run_dir, "checkpoints", "actor")
   saved = orbax_checkpoint.steps(root)
   if not saved:
@@ -47,7 +49,6 @@ def run(cfg) -> dict:
   # Heavy imports after config validation, so config errors come back at once.
   import jax  # pylint: disable=import-outside-toplevel
 
-  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
@@ -64,7 +65,7 @@ def run(cfg) -> dict:
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
 
-  _prepare_resume(cfg, orbax_checkpoint, metrics)
+  _prepare_resume(cfg)
 
   results = {"before": None, "during": [], "after": None}
   sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2)
@@ -106,13 +107,13 @@ def run(cfg) -> dict:
   }
 
 
-def _job(cfg) -> None:
+def _job(cfg) -> list[dict]:
   os.makedirs(cfg.run_dir, exist_ok=True)
   pyconfig.write_yaml(cfg, os.path.join(cfg.run_dir, "config.yml"))
   print("Config keys that differ from base.yml:", file=sys.stderr)
   for key, (value, source) in sorted(cfg.overridden.items()):
     print(f"  {key} = {value!r}  ({source})", file=sys.stderr)
-  print(json.dumps(run(cfg)))
+  return [run(cfg)]
 
 
 def main(argv: list[str]) -> int:

@@ -29,6 +29,7 @@ import time
 from typing import Callable
 
 from maxtext.configs.pyconfig import ConfigError
+from maxtext.input_pipeline import templates
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def bind_config(fn, cfg):
   With reasoning_start_token_in_prompt the prompt ends with the reasoning start token, so the
   reward sees the completion with that token in front, as the model wrote it.
   """
-  prefix = cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
+  prefix = templates.answer_prefix(cfg)
 
   def reward(prompts, completions, **kwargs):
     try:
