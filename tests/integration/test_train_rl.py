@@ -2,6 +2,7 @@
 
 import json
 import os
+import signal
 
 import numpy as np
 import pytest
@@ -132,6 +133,35 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
   trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
   assert sum(not np.array_equal(initial[n], trained[n]) for n in initial) > len(initial) // 2
+
+
+def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monkeypatch):
+  """Tunix logs a model-call exception and waits forever for the group; the run must raise it."""
+  from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix.rollout import RolloutEngine  # pylint: disable=import-outside-toplevel
+
+  calls = []
+  real_generate = RolloutEngine.generate
+
+  def failing_generate(self, prompts, rollout_config, **kwargs):
+    calls.append(len(prompts))
+    if len(calls) > 3:  # the evaluation before training and a few rollouts succeed
+      raise ValueError("injected sampler failure")
+    return real_generate(self, prompts, rollout_config, **kwargs)
+
+  monkeypatch.setattr(RolloutEngine, "generate", failing_generate)
+  def hung(*_):
+    raise TimeoutError("the run hung after a failed rollout")
+  previous = signal.signal(signal.SIGALRM, hung)
+  signal.alarm(300)
+  try:
+    with pytest.raises(agentic.RolloutError, match="injected sampler failure"):
+      train_rl.main(["train_rl", "rl.yml", *TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=2",
+                     f"base_output_directory={tmp_path}", "run_name=failing"])
+  finally:
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+  assert (tmp_path / "failing" / "eval.json").is_file()  # what was saved before the failure stays
 
 
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):

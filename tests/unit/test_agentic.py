@@ -33,12 +33,12 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
                     "rl.loss_agg_mode=token-mean", "rl.system_prompt=Be brief.", "rl.max_concurrency=64",
                     "rl.off_policy_steps=2", "rl.sampler_is=token", "rl.sampler_is_threshold=3.0",
                     "rl.filter_zero_variance_groups=true", "max_response_length=96")
-  c = agentic.grpo_config(cfg, smollm2_tokenizer)
+  c = agentic.grpo_config(cfg, agentic.system_prompt(cfg, smollm2_tokenizer))
   assert (c.num_generations, c.num_iterations, c.beta, c.epsilon, c.epsilon_high) == (3, 2, 0.01, 0.1, 0.28)
   assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
   assert (c.max_concurrency, c.off_policy_steps, c.max_response_length) == (64, 2, 96)
   assert (c.sampler_is, c.sampler_is_threshold, c.degenerate_group_masking) == ("token", 3.0, True)
-  default = agentic.grpo_config(make_config(), smollm2_tokenizer)
+  default = agentic.grpo_config(make_config(), agentic.system_prompt(make_config(), smollm2_tokenizer))
   assert default.epsilon_high == default.epsilon and default.sampler_is is None
   assert default.system_prompt.startswith("You are given a problem.")  # the data template's
 
@@ -118,3 +118,42 @@ def test_rewards_see_every_assistant_turn():
   assert first["content"] == "<tool_call>{}</tool_call>\n<answer>84</answer>"
   single = _conversation()
   assert agentic.joined_assistant_turns(single) == single
+
+
+def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokenizer):
+  """max_prompt_length filters on the prompt the sampler really gets: system prompt plus the tools'
+  descriptions, the user turn and the generation prompt."""
+  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.agents import tool_agent  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
+  parser = agentic.chat_parser(cfg, smollm2_tokenizer)
+  tool_map = tools.tool_map(cfg)
+  sent = []
+
+  def model_call(messages, env=None, max_generation_steps=None):
+    sent.append(parser.parse(messages, add_generation_prompt=True, is_first_msg=True))  # as Tunix's _model_call
+    return base_rollout.RolloutOutput(text=["<answer>1</answer>"], logits=None, tokens=[np.arange(4)],
+                                      left_padded_prompt_tokens=None, logprobs=None)
+
+  task = {"prompts": np.str_("Solve: What is 6*7?"), "question": "What is 6*7?", "answer": "42"}
+  env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
+  # Tunix's ToolAgent takes the raw question as the user turn, not the templated user content.
+  agent = tool_agent.ToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
+  asyncio.run(agentic.FullLengthKeepingEngine(agent, env, model_call=model_call, max_response_length=16,
+                                              tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+                                              chat_parser=parser).collect(mode="Trajectory"))
+  assert "Solve:" not in sent.pop()
+  agent = agentic.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
+  env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
+  engine = agentic.FullLengthKeepingEngine(agent, env, model_call=model_call, max_response_length=16,
+                                           tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+                                           chat_parser=parser)
+  asyncio.run(engine.collect(mode="Trajectory"))
+  expected = agentic.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
+  assert sent == [expected]
+  assert expected.startswith("<|im_start|>system\nSYS") and "calculator" in expected
+  plain = agentic.first_prompt_renderer(make_config("rl.system_prompt=SYS"), parser)("What is 6*7?")
+  assert plain == parser.parse([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
+                               add_generation_prompt=True, is_first_msg=True)

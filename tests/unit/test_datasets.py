@@ -158,6 +158,9 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
                                 128, "t")
   assert [e["answer"] for e in examples] == ["1"]
   assert "1 dropped for exceeding max_prompt_length=128" in caplog.text
+  shortest = len(smollm2_tokenizer.encode(examples[0]["prompts"], add_special_tokens=False))
+  with pytest.raises(ValueError, match=f"t: every prompt exceeds max_prompt_length=8 \\(the shortest has {shortest} "):
+    datasets.fitting(examples, smollm2_tokenizer, 8, "t")
 
 
 def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):

@@ -1,4 +1,4 @@
-"""Our rollout engine fixes two google-tunix 0.1.7 sampler defects; each test fails on the vanilla one."""
+"""Our rollout engine fixes google-tunix 0.1.7 sampler defects; each test fails on the vanilla one."""
 
 import dataclasses
 
@@ -61,3 +61,17 @@ def test_completion_at_budget_gets_no_extra_token(setup):
   out = engine.generate(PROMPTS, never)
   assert [len(t) for t in out.tokens] == [8, 8]
   assert all(t.dtype == np.int32 for t in out.tokens)
+
+
+def test_later_turn_prompt_longer_than_max_prompt_length_uses_the_cache_room(setup, qwen3_tokenizer):
+  """A second-turn prompt of 20 tokens with 4 to generate fits the 24-token cache; the vanilla sampler
+  pads it to 32 and overflows."""
+  engine, vanilla, config = setup
+  prompt = qwen3_tokenizer.decode(list(range(1000, 1020)))
+  assert len(engine._sampler.tokenize(prompt)) == 20  # pylint: disable=protected-access
+  turn2 = dataclasses.replace(config, max_tokens_to_generate=4)
+  with pytest.raises(ValueError, match="cache size 24"):
+    vanilla.generate([prompt], turn2)  # the defect
+  assert 1 <= len(engine.generate([prompt], turn2).tokens[0]) <= 5  # up to 4 tokens and an EOS
+  with pytest.raises(ValueError, match=r"prompt of 20 tokens plus 8 tokens to generate exceeds the KV cache of 24"):
+    engine.generate([prompt], config)

@@ -191,21 +191,26 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
 
 
 def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) -> list[dict]:
-  """The examples whose prompt fits max_prompt_length tokens (a grain filter); logs how many were dropped."""
-  fits = lambda ex: len(tokenizer.encode(ex["prompts"], add_special_tokens=False)) <= max_prompt_length
-  kept = list(grain.MapDataset.source(examples).filter(fits))
+  """The examples whose prompt fits max_prompt_length tokens; logs how many were dropped."""
+  lengths = [len(tokenizer.encode(ex["prompts"], add_special_tokens=False)) for ex in examples]
+  kept = [ex for ex, n in zip(examples, lengths) if n <= max_prompt_length]
   log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(kept),
            len(examples) - len(kept), max_prompt_length)
   if not kept:
-    raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}")
+    raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length} (the shortest has "
+                     f"{min(lengths, default=0)} tokens)")
   return kept
 
 
-def train_batches(cfg, tokenizer) -> grain.MapDataset:
-  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most."""
+def train_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
+  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most.
+  render: user turn -> the prompt the sampler really gets first, when something other than the data
+  template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
   rows = load_rows(cfg, cfg.dataset_name, cfg.train_split, training=True)
-  examples = fitting(to_examples(cfg, tokenizer, cfg.dataset_name, rows), tokenizer, cfg.max_prompt_length,
-                     f"{cfg.dataset_name}/{cfg.train_split}")
+  examples = to_examples(cfg, tokenizer, cfg.dataset_name, rows)
+  if render is not None:
+    examples = [{**ex, "prompts": render(ex["user_content"])} for ex in examples]
+  examples = fitting(examples, tokenizer, cfg.max_prompt_length, f"{cfg.dataset_name}/{cfg.train_split}")
   ds = grain.MapDataset.source(examples).repeat(cfg.num_epoch).shuffle(seed=cfg.data_shuffle_seed)
   ds = ds.batch(cfg.batch_size, drop_remainder=True)
   return ds[: cfg.num_batches]

@@ -11,15 +11,21 @@ Workarounds for google-tunix 0.1.7 used here:
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
   with) is refreshed before each batch is scored; Tunix refreshes it only in weight syncs, which a
   shared mesh never runs, so every PPO ratio was taken against the initial weights;
+- with tools, the user turn is the example's templated user content (ToolAgent reads only a
+  `question` field, the raw question, and drops the data template's user turn): UserTurnToolAgent;
 - a chat parser is always given (the learner crashes without one); numpy message content is coerced
   to text by the parser;
 - use_rollout_logps=False: our rollout engine returns no sampler log-probs, so the trainer computes
-  the old policy's log-probs itself.
+  the old policy's log-probs itself;
+- a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
+  group it never completes, so the error is raised in the training loop instead, and the producer's
+  queues are closed whenever training ends (else its threads block process exit).
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import grain
 import numpy as np
@@ -27,7 +33,7 @@ from flax import nnx
 from tunix.rl import utils as rl_utils
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.agentic import agentic_grpo_learner
-from tunix.rl.agentic.agents import tool_agent
+from tunix.rl.agentic.agents import model_agent, tool_agent
 from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
@@ -43,13 +49,17 @@ def system_prompt(cfg, tokenizer) -> str:
   return cfg.rl.system_prompt or PromptTemplate(cfg, tokenizer).system_prompt
 
 
-def grpo_config(cfg, tokenizer) -> agentic_grpo_learner.GRPOConfig:
+def chat_parser(cfg, tokenizer) -> ConfigChatParser:
+  return ConfigChatParser(tokenizer, system_prompt(cfg, tokenizer))
+
+
+def grpo_config(cfg, system: str) -> agentic_grpo_learner.GRPOConfig:
   """The agentic learner's algorithm config, every rl.* key mapped."""
   rl = cfg.rl
   config = agentic_grpo_learner.GRPOConfig(
       **learner.grpo_algorithm_kwargs(cfg),
       epsilon_high=None if rl.epsilon_high < 0 else rl.epsilon_high,
-      system_prompt=system_prompt(cfg, tokenizer),
+      system_prompt=system,
       max_concurrency=rl.max_concurrency,
       off_policy_steps=rl.off_policy_steps,
       max_response_length=cfg.max_response_length,
@@ -89,10 +99,43 @@ class FullLengthKeepingEngine(trajectory_collect_engine.TrajectoryCollectEngine)
     return super()._check_and_set_context_limit_reached()
 
 
+class RolloutError(RuntimeError):
+  """A rollout (model call) of the agentic producer failed."""
+
+
 class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine and logging
   the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
-  of the consumed samples (bounded by rl.off_policy_steps)."""
+  of the consumed samples (bounded by rl.off_policy_steps). A failed rollout raises RolloutError
+  from train()."""
+
+  _prompt_queue = None
+  _train_queue = None
+  _rollout_error: Exception | None = None
+
+  def train(self, *args, **kwargs):
+    try:
+      super().train(*args, **kwargs)
+    finally:
+      self._close_queues()
+
+  def _close_queues(self) -> None:
+    for q in (self._prompt_queue, self._train_queue):
+      if q is not None:
+        q.put(None)
+
+  def _model_call(self, *args, **kwargs):
+    try:
+      return super()._model_call(*args, **kwargs)
+    except Exception as e:
+      if self._rollout_error is None:
+        self._rollout_error = e
+      self._close_queues()
+      raise
+
+  def _put_prompts_to_queue(self, prompt_queue, batch):
+    self._prompt_queue = prompt_queue
+    super()._put_prompts_to_queue(prompt_queue, batch)
 
   def _build_orchestrator(self) -> rollout_orchestrator.RolloutOrchestrator:
     orchestrator = super()._build_orchestrator()
@@ -112,6 +155,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     return super()._process_results(trajectories, mode, expected_step)
 
   def _data_consumer_batch_generator(self, queue, batch_size):
+    self._train_queue = queue
     for batch in super()._data_consumer_batch_generator(queue, batch_size):
       versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
                   if getattr(ex, "policy_version", None) is not None]
@@ -122,6 +166,8 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
             mode=rl_cluster_lib.Mode.TRAIN, step=self.rl_cluster.global_steps,
         )
       yield batch
+    if self._rollout_error is not None:
+      raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
 
 
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
@@ -152,17 +198,42 @@ def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
   return out
 
 
-def build_learner(cfg, cluster, tokenizer, reward_fns, tool_map=None) -> AgenticGRPOLearner:
-  algo = grpo_config(cfg, tokenizer)
-  kwargs = {}
-  if tool_map:
-    kwargs = dict(agent_class=tool_agent.ToolAgent, agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen"},
-                  env_class=tool_environment.ToolEnvironment,
-                  env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
+class UserTurnToolAgent(tool_agent.ToolAgent):
+  """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
+  renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field."""
+
+  def _observation_to_messages(self, observation, reward, done, info):
+    if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:
+      self._messages.append({"role": "user", "content": observation["prompts"]})
+      return
+    super()._observation_to_messages(observation, reward, done, info)
+
+
+def _agent_kwargs(cfg, tool_map) -> dict:
+  """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with tools."""
+  if not tool_map:
+    return {}
+  return dict(agent_class=UserTurnToolAgent, agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen"},
+              env_class=tool_environment.ToolEnvironment,
+              env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
+
+
+def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
+  """user turn -> the first prompt the agent sends to the sampler (system prompt with the tools'
+  descriptions, user turn, generation prompt), which max_prompt_length must bound."""
+  kwargs = _agent_kwargs(cfg, tool_map)
+  agent = kwargs.get("agent_class", model_agent.ModelAgent)(system_prompt=parser.system_prompt,
+                                                            **kwargs.get("agent_kwargs", {}))
+  system = agent.chat_completions[0]
+  return lambda user: parser.parse([system, {"role": "user", "content": user}], add_generation_prompt=True,
+                                   is_first_msg=True)
+
+
+def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None) -> AgenticGRPOLearner:
   return AgenticGRPOLearner(
       rl_cluster=cluster,
-      algo_config=algo,
+      algo_config=grpo_config(cfg, parser.system_prompt),
       reward_fns=list(reward_fns),
-      chat_parser=ConfigChatParser(tokenizer, algo.system_prompt),
-      **kwargs,
+      chat_parser=parser,
+      **_agent_kwargs(cfg, tool_map),
   )

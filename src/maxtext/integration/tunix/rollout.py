@@ -9,6 +9,10 @@
 3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
    syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
    goes through host memory, so a trainer/sampler split of 4/4 devices crashed.
+4. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
+   next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
+   the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
+   that does not fit raises an error that says by how much.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
         key = jax.random.fold_in(jax.random.PRNGKey(self._seed), self._calls)
         rollout_config = dataclasses.replace(rollout_config, seed=key)
       self._calls += 1
+      rollout_config = self._fitted(prompts, rollout_config)
       out = super().generate(prompts, rollout_config, **kwargs)
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
     budget = rollout_config.max_tokens_to_generate
@@ -74,3 +79,16 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
+
+  def _fitted(self, prompts: list[str], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
+    """config with max_prompt_length raised to what the KV cache leaves when a prompt is longer."""
+    longest = max(len(self._sampler.tokenize(p)) for p in prompts)
+    if longest <= config.max_prompt_length:
+      return config
+    room = config.kv_cache_size - config.max_tokens_to_generate
+    if longest > room:
+      raise ValueError(
+          f"a prompt of {longest} tokens plus {config.max_tokens_to_generate} tokens to generate exceeds the KV "
+          f"cache of {config.kv_cache_size} tokens (max_prompt_length + max_response_length); raise "
+          "max_prompt_length or max_response_length")
+    return dataclasses.replace(config, max_prompt_length=room)

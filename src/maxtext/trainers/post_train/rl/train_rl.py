@@ -60,7 +60,12 @@ def run(cfg) -> dict:
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
 
   tokenizer = tokenizer_lib.tokenizer_for(cfg)
-  train_ds = datasets.train_batches(cfg, tokenizer)
+  if cfg.rl.use_agentic_rollout:
+    tool_map = tools.tool_map(cfg)
+    parser = agentic.chat_parser(cfg, tokenizer)
+    train_ds = datasets.train_batches(cfg, tokenizer, agentic.first_prompt_renderer(cfg, parser, tool_map))
+  else:
+    train_ds = datasets.train_batches(cfg, tokenizer)
   eval_examples = datasets.eval_examples(cfg, tokenizer)
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
@@ -86,7 +91,7 @@ def run(cfg) -> dict:
 
     with jax.set_mesh(trainer_mesh):
       if cfg.rl.use_agentic_rollout:
-        learner = agentic.build_learner(cfg, cluster, tokenizer, reward_fns, tools.tool_map(cfg))
+        learner = agentic.build_learner(cfg, cluster, reward_fns, parser, tool_map)
         train_ds = agentic.user_turn_batches(train_ds)
       else:
         learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
