@@ -1,16 +1,21 @@
 """train_rl end to end: qwen3-tiny through Tunix's GRPO learner, and the full default demo (slow)."""
 
+import glob
 import json
 import os
 import signal
 
 import numpy as np
 import pytest
+import torch
+import transformers
 import yaml
 from flax import nnx
+from PIL import Image
 
 from maxtext.checkpoint_conversion import load, orbax_checkpoint
 from maxtext.configs import pyconfig
+from maxtext.inference import decode
 from maxtext.models import builder
 from maxtext.models.builder import param_name
 from maxtext.trainers.post_train.rl import train_rl
@@ -27,8 +32,11 @@ def _read_jsonl(path):
     return [json.loads(line) for line in f]
 
 
-def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys):
-  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny", "eval_interval=1"]
+def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monkeypatch):
+  """Also: report.md with its plots, export_hf=true, and every row sent to an (offline) W&B run."""
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny", "eval_interval=1", "export_hf=true",
+          "wandb_project=maxtext-tests"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   run = tmp_path / "tiny"
 
@@ -56,6 +64,31 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys):
   assert set(flat) == set(initial)
   changed = [n for n in initial if not np.array_equal(initial[n], flat[n])]
   assert len(changed) > len(initial) // 2, changed
+
+  report = (run / "report.md").read_text()
+  for png in ("reward", "accuracy", "kl", "loss", "response_length", "step_time"):
+    assert f"](plots/{png}.png)" in report
+    with Image.open(run / "plots" / f"{png}.png") as image:
+      assert image.format == "PNG" and image.size == (640, 360)
+  assert "| during | 1 |" in report and "| after | 2 |" in report
+
+  [wandb_log] = glob.glob(str(run / "wandb" / "offline-run-*" / "*.wandb"))
+  logged = open(wandb_log, "rb").read()
+  assert all(key.encode() in logged for key in ("rewards/mean", "kl", "step_time_s"))
+
+  # The HF export is the trained policy: transformers' greedy decode equals ours of the checkpoint.
+  tok = transformers.AutoTokenizer.from_pretrained(run / "hf")
+  hf_model = transformers.AutoModelForCausalLM.from_pretrained(run / "hf")
+  capsys.readouterr()
+  assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", f"load_parameters_path={run / 'checkpoints'}",
+                      "prompt=What is 2+3?", "max_response_length=8", "decode_sampling_temperature=0"]) == 0
+  ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
+                                return_tensors="pt", return_dict=True)["input_ids"]
+  with torch.no_grad():
+    ref = hf_model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tok.eos_token_id,
+                            pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+  assert ours["token_ids"] == ref
 
 
 def test_config_error_exits_2_and_names_key(capsys):

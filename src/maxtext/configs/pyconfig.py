@@ -9,6 +9,7 @@ one-item list).
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import os
 from typing import Any
 
@@ -262,6 +263,8 @@ def _validate(v: dict[str, Any]) -> None:
     raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")
   if v["decoder_family"] not in ("llama", "qwen3"):
     raise ConfigError(f"decoder_family={v['decoder_family']!r}: expected llama or qwen3")
+  if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
+    raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
 
 
 def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+from typing import Callable
 
 import jax
 import numpy as np
@@ -39,8 +40,10 @@ class JsonlBackend:
   when training starts) to the first scalar of this one.
   """
 
-  def __init__(self, path: str, lag: int = 2):
+  def __init__(self, path: str, lag: int = 2, on_row: Callable[[dict], None] | None = None):
+    """on_row: also called with each row as it is written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    self._on_row = on_row
     self._file = open(path, "a", encoding="utf-8")
     self._pending = path + ".pending"
     self._lag = lag
@@ -80,8 +83,11 @@ class JsonlBackend:
     os.replace(tmp, self._pending)
 
   def _write(self, step: int):
-    self._file.write(json.dumps(self._row(step)) + "\n")
+    row = self._row(step)
+    self._file.write(json.dumps(row) + "\n")
     self._file.flush()
+    if self._on_row is not None:
+      self._on_row(row)
     del self._rows[step]
     self._written = step
 
@@ -132,8 +138,25 @@ class _Sink:
       backend.close()
 
 
+class WandbRun:
+  """A Weights & Biases run (wandb_project) that gets each metrics.jsonl row as it is written, so its
+  steps arrive in order (late agentic scalars included)."""
+
+  def __init__(self, project: str, run_dir: str, config: dict | None = None):
+    import wandb  # pylint: disable=import-outside-toplevel
+
+    self._run = wandb.init(project=project, name=os.path.basename(os.path.normpath(run_dir)), dir=run_dir,
+                           config=config, anonymous="allow")
+
+  def log(self, row: dict) -> None:
+    self._run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
+
+  def close(self) -> None:
+    self._run.finish()
+
+
 class MetricSinks:
-  """The run's metric sinks: TensorBoard events and metrics.jsonl.
+  """The run's metric sinks: TensorBoard events and metrics.jsonl (and its rows to a WandbRun).
 
   Tunix builds a MetricsLogger more than once per run, and each registers the backends it gets as
   global JAX scalar listeners; only the first request of each kind gets the real sink, so each
@@ -142,12 +165,14 @@ class MetricSinks:
   process never writes into this run's closed files.
   """
 
-  def __init__(self, run_dir: str, lag: int = 2):
+  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None):
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
     off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2)."""
+    self._wandb = wandb
+    on_row = wandb.log if wandb is not None else None
     self._makers = {
         "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
-        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag),
+        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []
@@ -179,3 +204,6 @@ class MetricSinks:
       except AssertionError:  # not registered (Tunix registers on process 0 only)
         pass
     self._handed_out.clear()
+    wandb, self._wandb = self._wandb, None
+    if wandb is not None:
+      wandb.close()

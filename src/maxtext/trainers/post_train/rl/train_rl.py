@@ -4,7 +4,8 @@
 
 Reads the config, builds the meshes, the decoder with its weights and the tokenizer, hands them to
 Tunix's GRPO learner, evaluates before and after training, and writes the run folder:
-config.yml, metrics.jsonl, tensorboard/, checkpoints/ and eval.json.
+config.yml, metrics.jsonl, tensorboard/, checkpoints/, eval.json, report.md with plots/ and, with
+export_hf=true, the trained policy as an HF checkpoint.
 """
 
 from __future__ import annotations
@@ -43,12 +44,24 @@ def _prepare_resume(cfg) -> int:
   return step
 
 
+def _write_report(run_dir: str) -> None:
+  """report.md and its plots; a failure is logged, never allowed to fail the run."""
+  from maxtext.trainers.post_train.rl import report  # pylint: disable=import-outside-toplevel
+
+  try:
+    log.info("Wrote %s", report.write(run_dir)["report"])
+  except Exception as e:  # pylint: disable=broad-except
+    log.warning("report.md not written (rebuild it with python -m maxtext.trainers.post_train.rl.report %s): %r",
+                run_dir, e)
+
+
 def run(cfg) -> dict:
   """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
   and after training."""
   # Heavy imports after config validation, so config errors come back at once.
   import jax  # pylint: disable=import-outside-toplevel
 
+  from maxtext.checkpoint_conversion import to_huggingface  # pylint: disable=import-outside-toplevel
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
@@ -73,7 +86,10 @@ def run(cfg) -> dict:
   _prepare_resume(cfg)
 
   results = {"before": None, "during": [], "after": None}
-  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2)
+  wandb = None
+  if cfg.wandb_project and jax.process_index() == 0:
+    wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
+  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2, wandb=wandb)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
@@ -103,8 +119,13 @@ def run(cfg) -> dict:
     log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
     results["after"] = evaluate("eval after")
     evaluate_rl.write_results(cfg, results)
+    if cfg.export_hf:
+      to_huggingface.export(cluster.actor_trainer.model, cfg, tokenizer,
+                            cfg.hf_output_path or os.path.join(cfg.run_dir, "hf"))
   finally:
     sinks.close()
+    if jax.process_index() == 0:
+      _write_report(cfg.run_dir)
   return {
       "before": evaluate_rl.summary_of(results["before"]),
       "during": [evaluate_rl.summary_of(r) for r in results["during"]],
