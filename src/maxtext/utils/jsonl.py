@@ -1,0 +1,18 @@
+"""JSON Lines files: one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+
+
+def read(path: str) -> list[dict]:
+  """The objects of a .jsonl file (blank lines skipped); a bad line is a ValueError naming file and line."""
+  rows = []
+  with open(path, encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+  return rows
