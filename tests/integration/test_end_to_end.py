@@ -9,9 +9,23 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.mark.parametrize("script", ["resume_after_kill.sh"])
-def test_end_to_end_script(script):
+@pytest.mark.parametrize("script, args", [
+    ("resume_after_kill.sh", []),
+    ("standard_grpo_smoke.sh", []),
+    ("agentic_grpo_smoke.sh", []),
+    ("hf_export_round_trip.sh", ["model_name=qwen3-tiny"]),
+])
+def test_end_to_end_script(script, args):
   env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")
-  proc = subprocess.run(["bash", os.path.join(ROOT, "end_to_end", script)], env=env, capture_output=True,
+  proc = subprocess.run(["bash", os.path.join(ROOT, "end_to_end", script), *args], env=env, capture_output=True,
                         text=True, timeout=900, check=False)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  assert proc.stdout.rstrip().endswith(": OK")
+
+
+@pytest.mark.slow
+def test_hf_export_round_trip_of_the_embedded_model():
+  env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+  proc = subprocess.run(["bash", os.path.join(ROOT, "end_to_end", "hf_export_round_trip.sh")], env=env,
+                        capture_output=True, text=True, timeout=1800, check=False)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

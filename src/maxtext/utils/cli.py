@@ -26,6 +26,15 @@ def print_help(program: str) -> None:
   print(f"\nModels: {', '.join(pyconfig.known_models())}")
 
 
+def reference_markdown() -> str:
+  """The config reference as the Markdown table README.md holds (`python -m maxtext.utils.cli` prints it)."""
+  rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+  for key, default, comment in pyconfig.reference():
+    cell = f"`{default}`" if default else "(see base.yml)"
+    rows.append(f"| `{key}` | {cell.replace('|', '&#124;')} | {comment.replace('|', '&#124;')} |")
+  return "\n".join(rows) + "\n"
+
+
 def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | None]) -> int:
   if any(a in ("-h", "--help") for a in argv[1:]):
     spec = getattr(sys.modules[job.__module__], "__spec__", None)
@@ -49,3 +58,7 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
   for record in records or []:
     print(json.dumps(record, ensure_ascii=False))
   return 0
+
+
+if __name__ == "__main__":
+  print(reference_markdown(), end="")
