@@ -2,7 +2,8 @@
 
 A job may return records; they are printed as JSON lines on stdout, which holds nothing else
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
-or input error (the message names the key or file).
+or input error (the message names the key or file), 128 + N when signal N stopped a run, 1 when a
+non-finite value did.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable
 from absl import logging as absl_logging
 
 from maxtext.configs import pyconfig
+from maxtext.utils import shutdown
 
 
 def print_help(program: str) -> None:
@@ -55,6 +57,9 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
   except (pyconfig.ConfigError, FileNotFoundError, ValueError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except shutdown.RunStopped as e:
+    print(f"stopped: {e}", file=sys.stderr)
+    return e.exit_code
   for record in records or []:
     print(json.dumps(record, ensure_ascii=False))
   return 0

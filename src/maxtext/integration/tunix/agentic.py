@@ -112,6 +112,12 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   _prompt_queue = None
   _train_queue = None
   _rollout_error: Exception | None = None
+  _checked_step = -1
+
+  def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
+    """before_step(steps_done) runs between global steps (it may raise to stop training)."""
+    super().__init__(*args, **kwargs)
+    self._before_step = before_step
 
   def train(self, *args, **kwargs):
     try:
@@ -157,6 +163,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
     for batch in super()._data_consumer_batch_generator(queue, batch_size):
+      if self._before_step is not None and self.rl_cluster.actor_trainer.train_steps != self._checked_step:
+        self._checked_step = self.rl_cluster.actor_trainer.train_steps
+        self._before_step(self._checked_step)
       versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
                   if getattr(ex, "policy_version", None) is not None]
       if versions:
@@ -229,8 +238,10 @@ def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Calla
                                    is_first_msg=True)
 
 
-def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None) -> AgenticGRPOLearner:
+def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None,
+                  before_step: Callable[[int], None] | None = None) -> AgenticGRPOLearner:
   return AgenticGRPOLearner(
+      before_step=before_step,
       rl_cluster=cluster,
       algo_config=grpo_config(cfg, parser.system_prompt),
       reward_fns=list(reward_fns),

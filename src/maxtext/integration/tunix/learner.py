@@ -85,7 +85,24 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
       training_config=training,
       rollout_config=rollout_configs(cfg, tokenizer.eos_token_id),
   )
-  return rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config)
+  cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
+                                     cluster_config=cluster_config)
+  # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
+  cluster.actor_trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
+  cluster.rollout.step_source = lambda: cluster.global_steps
+  return cluster
+
+
+def save_checkpoint(cluster: rl_cluster_lib.RLCluster) -> int:
+  """Saves the actor (model and optimizer) between global steps unless its step is saved already,
+  with the global step Tunix restores the data position from (a rerun resumes there); returns the
+  step."""
+  trainer = cluster.actor_trainer
+  step = trainer.train_steps
+  if (trainer.checkpoint_manager.latest_step() or 0) < step:
+    trainer.checkpoint_manager.save(step, trainer.model, trainer.optimizer, force=True,
+                                    custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value})
+  return step
 
 
 def grpo_algorithm_kwargs(cfg) -> dict:

@@ -51,6 +51,7 @@ class JsonlBackend:
     self._started: dict[int, float] = {}
     self._written = 0
     self._origin = time.time()
+    self.nonfinite: tuple[str, int] | None = None  # the first (metric, step) of a NaN or infinite loss, KL or reward
 
   def restart_clock(self):
     self._origin = time.time()
@@ -67,6 +68,8 @@ class JsonlBackend:
       self._save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
+    if self.nonfinite is None and _watched(name) and arr.size and not np.isfinite(arr).all():
+      self.nonfinite = (name, step)
     for s in sorted(self._rows):
       if s <= max(self._rows) - self._lag:
         self._write(s)
@@ -91,12 +94,20 @@ class JsonlBackend:
     del self._rows[step]
     self._written = step
 
-  def close(self):
+  def close(self, last_step: int | None = None):
+    """Writes the held rows (those up to last_step when given: later ones belong to steps that were
+    not trained) and closes the file."""
     for s in sorted(self._rows):
-      self._write(s)
+      if last_step is None or s <= last_step:
+        self._write(s)
     self._file.close()
     if os.path.exists(self._pending):
       os.remove(self._pending)
+
+
+def _watched(name: str) -> bool:
+  """Metrics whose NaN or infinity stops a run: the loss, the KL and the rewards."""
+  return name in ("loss", "kl") or name.startswith("rewards/")
 
 
 def logged_steps(path: str) -> dict[int, dict]:
@@ -127,6 +138,7 @@ class _Sink:
 
   def __init__(self, backend=None):
     self._backend = backend
+    self.last_step: int | None = None  # set when training stopped early: later rows are dropped
 
   def log_scalar(self, event, value, **kwargs):
     if self._backend is not None:
@@ -134,7 +146,9 @@ class _Sink:
 
   def close(self):
     backend, self._backend = self._backend, None
-    if backend is not None:
+    if isinstance(backend, JsonlBackend):
+      backend.close(self.last_step)
+    elif backend is not None:
       backend.close()
 
 
@@ -183,6 +197,12 @@ class MetricSinks:
     self._handed_out.append(sink)
     return sink
 
+  def nonfinite(self) -> tuple[str, int] | None:
+    """The first (metric, step) at which the loss, the KL or a reward was NaN or infinite."""
+    jsonl = self._real.get("jsonl")
+    backend = jsonl._backend if jsonl is not None else None  # pylint: disable=protected-access
+    return backend.nonfinite if backend is not None else None
+
   def restart_clock(self) -> None:
     """Marks the start of training (the first step's step_time_s counts from here)."""
     jsonl = self._real.get("jsonl")
@@ -195,6 +215,12 @@ class MetricSinks:
   def factories(self) -> list:
     """Factories for Tunix's MetricsLoggerOptions(custom_backend=...)."""
     return [functools.partial(self._make, kind) for kind in self._makers]
+
+  def stopped_after(self, step: int) -> None:
+    """Training stopped early after `step`: rows of later steps (whose rollouts ran but were never
+    trained on) are dropped when the sinks close (Tunix closes them too)."""
+    for sink in self._handed_out:
+      sink.last_step = step
 
   def close(self) -> None:
     for sink in self._handed_out:

@@ -1,8 +1,9 @@
 """Our rollout engine for Tunix: its vanilla sampler with three defects of google-tunix 0.1.7 fixed.
 
 1. Fresh randomness: with no seed, Tunix's sampler uses PRNGKey(0) on every call, so the samples
-   of a GRPO group are identical across steps. Each call here folds a call counter into a base
-   seed unless the rollout config carries its own seed.
+   of a GRPO group are identical across steps. Each call here folds the training step
+   (`step_source`) and a call counter within that step into a base seed unless the rollout config
+   carries its own seed, so a resumed run draws what an uninterrupted one would.
 2. EOS kept: the sampler cuts completions before their EOS token, so the trained sequence never
    contains EOS and the policy never learns to stop. A completion that stopped early (shorter than
    the generation budget) gets its EOS token back.
@@ -18,6 +19,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import numpy as np
@@ -56,7 +58,9 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     )
     self.mesh = mesh
     self._seed = seed
-    self._calls = 0
+    self.step_source: Callable[[], int] = lambda: 0  # the training step (RLCluster's global step)
+    self._step = 0
+    self._calls = 0  # calls drawing from the base seed within self._step
 
   def update_params(self, params, filter_types=None) -> None:
     with jax.transfer_guard("allow"):
@@ -65,10 +69,8 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
   def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
     with self.mesh, jax.default_device(self.mesh.devices.flat[0]):
-      if rollout_config.seed is None:
-        key = jax.random.fold_in(jax.random.PRNGKey(self._seed), self._calls)
-        rollout_config = dataclasses.replace(rollout_config, seed=key)
-      self._calls += 1
+      if rollout_config.seed is None and rollout_config.temperature:  # greedy decoding draws nothing
+        rollout_config = dataclasses.replace(rollout_config, seed=self._next_key())
       rollout_config = self._fitted(prompts, rollout_config)
       out = super().generate(prompts, rollout_config, **kwargs)
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
@@ -79,6 +81,13 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
+
+  def _next_key(self) -> jax.Array:
+    step = self.step_source()
+    if step != self._step:
+      self._step, self._calls = step, 0
+    self._calls += 1
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self._seed), step), self._calls - 1)
 
   def _fitted(self, prompts: list[str], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
     """config with max_prompt_length raised to what the KV cache leaves when a prompt is longer."""

@@ -10,13 +10,14 @@ export_hf=true, the trained policy as an HF checkpoint.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
 import time
 
 from maxtext.configs import pyconfig
-from maxtext.utils import cli
+from maxtext.utils import cli, shutdown
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -44,6 +45,19 @@ def _prepare_resume(cfg) -> int:
   return step
 
 
+def _previous_results(cfg, resumed: int) -> dict:
+  """The evaluations a resumed run keeps from eval.json: before training and during it up to the
+  resumed step (a fresh run starts empty and evaluates before training)."""
+  path = os.path.join(cfg.run_dir, "eval.json")
+  empty = {"before": None, "during": [], "after": None}
+  if not resumed or not os.path.isfile(path):
+    return empty
+  with open(path, encoding="utf-8") as f:
+    previous = json.load(f)
+  return {**empty, "before": previous.get("before"),
+          "during": [d for d in previous.get("during") or [] if d["step"] <= resumed]}
+
+
 def _write_report(run_dir: str) -> None:
   """report.md and its plots; a failure is logged, never allowed to fail the run."""
   from maxtext.trainers.post_train.rl import report  # pylint: disable=import-outside-toplevel
@@ -61,7 +75,7 @@ def run(cfg) -> dict:
   # Heavy imports after config validation, so config errors come back at once.
   import jax  # pylint: disable=import-outside-toplevel
 
-  from maxtext.checkpoint_conversion import to_huggingface  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface  # pylint: disable=import-outside-toplevel
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
@@ -83,9 +97,9 @@ def run(cfg) -> dict:
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
 
-  _prepare_resume(cfg)
+  resumed = _prepare_resume(cfg)
 
-  results = {"before": None, "during": [], "after": None}
+  results = _previous_results(cfg, resumed)
   wandb = None
   if cfg.wandb_project and jax.process_index() == 0:
     wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
@@ -100,22 +114,45 @@ def run(cfg) -> dict:
       log.info("%s: %s", desc, evaluate_rl.summary_of(result))
       return result
 
+    stop = shutdown.GracefulStop()
+
+    def guard(steps_done: int) -> None:
+      """Between steps: stop on a non-finite loss, KL or reward, or on a signal."""
+      bad = sinks.nonfinite()
+      if bad:
+        name, step = bad
+        cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
+        root = os.path.join(cfg.run_dir, "checkpoints", "actor")
+        orbax_checkpoint.set_aside(root, step - 1, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
+        raise shutdown.NonFiniteError(name, step, max(orbax_checkpoint.steps(root), default=0))
+      if stop.signum is not None:
+        raise shutdown.Interrupted(stop.signum, steps_done)
+
     def before_step(steps_done: int) -> None:
+      guard(steps_done)
       if cfg.eval_interval and steps_done and steps_done % cfg.eval_interval == 0:
         results["during"].append({"step": steps_done, **evaluate(f"eval at step {steps_done}")})
         evaluate_rl.write_results(cfg, results)
 
     with jax.set_mesh(trainer_mesh):
       if cfg.rl.use_agentic_rollout:
-        learner = agentic.build_learner(cfg, cluster, reward_fns, parser, tool_map)
+        learner = agentic.build_learner(cfg, cluster, reward_fns, parser, tool_map, before_step=guard)
         train_ds = agentic.user_turn_batches(train_ds)
       else:
         learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
-    results["before"] = evaluate("eval before")
-    evaluate_rl.write_results(cfg, results)
+    if results["before"] is None:
+      results["before"] = evaluate("eval before")
+      evaluate_rl.write_results(cfg, results)
     start = time.time()
     sinks.restart_clock()
-    learner.train(train_ds)
+    with stop:
+      try:
+        learner.train(train_ds)
+      except shutdown.Interrupted as e:
+        sinks.stopped_after(e.step)
+        cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+        raise
+    guard(cluster.actor_trainer.train_steps)  # a non-finite value at the last step: no later step boundary saw it
     log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
     results["after"] = evaluate("eval after")
     evaluate_rl.write_results(cfg, results)

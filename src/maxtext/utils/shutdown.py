@@ -1,0 +1,67 @@
+"""Stopping a run on purpose: SIGINT / SIGTERM, and non-finite training values.
+
+The first SIGINT or SIGTERM asks the run to stop at the next step boundary (the finished steps are
+checkpointed and their metrics flushed); a second one abandons the current step at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class RunStopped(Exception):
+  """The run stopped before its last step; `exit_code` is what the command exits with."""
+
+  exit_code = 1
+
+
+class Interrupted(RunStopped):
+  """A signal stopped the run after `step` finished steps."""
+
+  def __init__(self, signum: int, step: int):
+    self.signum, self.step, self.exit_code = signum, step, 128 + signum
+    super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint of step {step} "
+                     "is saved: rerun the same command to resume")
+
+
+class NonFiniteError(RunStopped):
+  """A training value (loss, KL or a reward) was NaN or infinite at `step`."""
+
+  def __init__(self, name: str, step: int, kept: int):
+    self.step = step
+    super().__init__(f"{name} is not finite at step {step}; stopped, the last good checkpoint (step {kept}) is "
+                     "kept and later ones are moved to checkpoints/set_aside/")
+
+
+class GracefulStop:
+  """Context manager that turns the first SIGINT/SIGTERM into a stop request (`signum`) and a second
+  into KeyboardInterrupt. Install it after the learner is built: Tunix's trajectory logger installs
+  handlers that kill the process without a checkpoint, and these replace them."""
+
+  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+  def __init__(self):
+    self.signum: int | None = None
+    self._previous = {}
+
+  def _handle(self, signum, frame):
+    del frame
+    if self.signum is not None:
+      raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
+    self.signum = signum
+    log.warning("%s received: stopping after the current step (send it again to abandon the step)",
+                signal.Signals(signum).name)
+
+  def __enter__(self) -> "GracefulStop":
+    if threading.current_thread() is threading.main_thread():
+      self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for s, handler in self._previous.items():
+      signal.signal(s, handler)
+    self._previous = {}

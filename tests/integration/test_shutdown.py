@@ -1,0 +1,88 @@
+"""Stopping on purpose: SIGTERM finishes the current step, checkpoints, flushes metrics and exits; a
+rerun resumes and draws what an uninterrupted run draws; a NaN reward stops the run and keeps the
+last good checkpoint."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from maxtext.checkpoint_conversion import orbax_checkpoint
+from maxtext.trainers.post_train.rl import train_rl
+
+TINY = ["rl.yml", "model_name=qwen3-tiny", "batch_size=2", "rl.num_generations=2", "max_response_length=16",
+        "num_test_batches=1", "eval_batch_size=2", "checkpoint_period=100", "learning_rate=1e-3",
+        "warmup_steps_fraction=0"]
+
+
+def _rows(run):
+  with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]
+
+
+def _start(args):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  return subprocess.Popen([sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", *args], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _terminate_after_first_step(proc, run):
+  """SIGTERM once the first training step's scalars arrived; returns (exit code, stderr, seconds to exit)."""
+  deadline = time.time() + 300
+  while not os.path.exists(os.path.join(run, "metrics.jsonl.pending")):
+    assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGTERM)
+  sent = time.time()
+  _, err = proc.communicate(timeout=180)
+  return proc.returncode, err, time.time() - sent
+
+
+@pytest.mark.parametrize("agentic", [False, True])
+def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_path, agentic):
+  steps = 4
+  extra = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1", "rl.max_concurrency=8"] if agentic else []
+  args = [*TINY, f"num_batches={steps}", *extra, f"base_output_directory={tmp_path}"]
+  run = str(tmp_path / "stopped")
+  code, err, took = _terminate_after_first_step(_start([*args, "run_name=stopped"]), run)
+  assert code == 128 + signal.SIGTERM, err[-3000:]
+  assert "stopped: stopped by SIGTERM after step" in err and took < 120
+  stopped_at = int(err.split("stopped by SIGTERM after step ")[1].split(";")[0])
+  assert 1 <= stopped_at < steps
+  assert orbax_checkpoint.steps(os.path.join(run, "checkpoints", "actor"))[-1] == stopped_at
+  assert [r["step"] for r in _rows(run)] == list(range(1, stopped_at + 1))
+  assert os.path.isfile(os.path.join(run, "report.md"))
+
+  assert train_rl.main(["train_rl", *args, "run_name=stopped"]) == 0  # the same command resumes
+  resumed = _rows(run)
+  assert [r["step"] for r in resumed] == list(range(1, steps + 1))
+  evals = json.load(open(os.path.join(run, "eval.json"), encoding="utf-8"))
+  assert evals["before"] and evals["after"]  # before training: from the first launch
+  if not agentic:  # synchronous sampling is reproducible: the rerun draws what one run would have
+    assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
+    straight = _rows(str(tmp_path / "straight"))
+    for a, b in zip(resumed, straight):
+      assert {k: v for k, v in a.items() if k != "step_time_s"} == {k: v for k, v in b.items() if k != "step_time_s"}
+
+
+def test_nan_reward_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text("calls = 0\n"
+                     "def flaky(prompts, completions, tmvp_config, **kwargs):\n"
+                     "  global calls\n"
+                     "  calls += 1\n"
+                     "  return [float('nan') if calls == 2 else 1.0 for _ in completions]\n")
+  args = [*TINY, "num_batches=4", "checkpoint_period=1", f"reward_functions_path={rewards}",
+          "reward_functions=[flaky]", f"base_output_directory={tmp_path}", "run_name=nan"]
+  assert train_rl.main(["train_rl", *args]) == 1
+  err = capsys.readouterr().err
+  assert "is not finite at step 2; stopped, the last good checkpoint (step 1) is kept" in err
+  run = tmp_path / "nan"
+  assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [1]
+  assert [name.split("_")[0] for name in os.listdir(run / "checkpoints" / "set_aside")] == ["2"]
+  rows = _rows(str(run))
+  assert [r["step"] for r in rows] == [1, 2] and rows[0]["rewards/flaky"] == 1.0
