@@ -11,7 +11,7 @@ trap 'rm -rf "$OUT"' EXIT
 STEPS=3
 OFF_POLICY=1
 "$PY" -m maxtext.trainers.post_train.rl.train_rl rl.yml model_name=qwen3-tiny num_batches=$STEPS batch_size=2 \
-  rl.num_generations=2 max_prompt_length=512 max_response_length=24 num_test_batches=1 eval_batch_size=2 \
+  rl.num_generations=2 max_prompt_length=512 max_response_length=16 num_test_batches=1 eval_batch_size=2 \
   rl.use_agentic_rollout=true rl.off_policy_steps=$OFF_POLICY rl.max_concurrency=8 "rl.tools=[calculator]" \
   rl.max_turns=2 base_output_directory="$OUT" run_name=agentic "$@" >"$OUT/stdout" 2>"$OUT/log" \
   || { tail -50 "$OUT/log"; exit 1; }

@@ -39,7 +39,7 @@ def _run(tmp_path, combos, timeout):
 
 
 def test_split_mesh_off_policy_runs_finish_within_the_staleness_bound(tmp_path):
-  _run(tmp_path, [[0, 1], [2, 64]], timeout=600)
+  _run(tmp_path, [[2, 64]], timeout=600)  # the deadlock-prone case; the slow matrix has all nine
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 @pytest.mark.parametrize("script, args", [
     ("resume_after_kill.sh", []),
-    ("standard_grpo_smoke.sh", []),
+    pytest.param("standard_grpo_smoke.sh", [], marks=pytest.mark.slow),  # test_train_rl covers the same run
     ("agentic_grpo_smoke.sh", []),
     ("hf_export_round_trip.sh", ["model_name=qwen3-tiny"]),
 ])

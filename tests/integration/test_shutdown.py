@@ -44,7 +44,7 @@ def _terminate_after_first_step(proc, run):
 
 @pytest.mark.parametrize("agentic", [False, True])
 def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_path, agentic):
-  steps = 4
+  steps = 3
   extra = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1", "rl.max_concurrency=8"] if agentic else []
   args = [*TINY, f"num_batches={steps}", *extra, f"base_output_directory={tmp_path}"]
   run = str(tmp_path / "stopped")

@@ -197,6 +197,7 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
   assert (tmp_path / "failing" / "eval.json").is_file()  # what was saved before the failure stays
 
 
+@pytest.mark.slow  # end_to_end/agentic_grpo_smoke.sh runs the calculator tool in the fast suite
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
   """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""
   template = os.path.join(os.path.dirname(pyconfig.__file__), "templates", "tool_use_rl.json")
