@@ -2,6 +2,7 @@
 
 import pytest
 
+from maxtext.configs import pyconfig
 from maxtext.trainers.post_train.rl import tools
 from tests.conftest import make_config
 
@@ -65,3 +66,24 @@ def test_python_output_is_truncated(python):
 def test_unknown_tool_is_a_config_error():
   with pytest.raises(ValueError, match=r"rl.tools: unknown tool\(s\) \['browser'\]"):
     tools.tool_map(make_config("rl.tools=[browser]"))
+
+
+def test_user_tools_from_tools_path(tmp_path):
+  path = tmp_path / "my_tools.py"
+  path.write_text("from tunix.rl.agentic.tools import base_tool\n"
+                  "class Echo(base_tool.BaseTool):\n"
+                  "  def get_json_schema(self):\n"
+                  "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
+                  "  def apply(self, **kwargs):\n"
+                  "    return base_tool.ToolOutput(name=self.name, output=str(kwargs))\n"
+                  "TOOLS = {'echo': Echo}\n")
+  found = tools.tool_map(make_config("rl.tools=[calculator, echo]", f"rl.tools_path={path}"))
+  assert sorted(found) == ["calculator", "echo"] and found["echo"].__name__ == "Echo"
+  with pytest.raises(pyconfig.ConfigError, match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
+                     r"\['calculator', 'echo', 'python'\]"):
+    tools.tool_map(make_config("rl.tools=[nope]", f"rl.tools_path={path}"))
+  (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
+  with pytest.raises(pyconfig.ConfigError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
+    tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
+  with pytest.raises(FileNotFoundError, match="missing.py: file not found"):
+    tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}"))

@@ -12,6 +12,7 @@ tool's error text, which the agent puts in the tool turn; nothing raises into th
 from __future__ import annotations
 
 import ast
+import importlib.util
 import operator
 import os
 import subprocess
@@ -145,9 +146,28 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
   return PythonTool
 
 
+def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
+  """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
+  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
+
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"rl.tools_path={path}: file not found")
+  spec = importlib.util.spec_from_file_location("user_tools", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  found = getattr(module, "TOOLS", None)
+  if not isinstance(found, dict) or not all(
+      isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()):
+    raise ConfigError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")
+  return found
+
+
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
-  """rl.tools -> {name: tool class}; unknown names are a config error."""
+  """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
+  config error."""
   available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
+  if cfg.rl.tools_path:
+    available.update({name: (lambda c=c: c) for name, c in user_tools(cfg.rl.tools_path).items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:
     from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
