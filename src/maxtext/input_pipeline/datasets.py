@@ -17,7 +17,6 @@ dropped and counted, never truncated.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import re
@@ -27,7 +26,7 @@ import grain
 import numpy as np
 
 from maxtext import assets
-from maxtext.utils import jsonl
+from maxtext.utils import jsonl, user_code
 from maxtext.input_pipeline.templates import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -143,11 +142,7 @@ def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
 
 
 def _load_processor(path: str) -> Callable:
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"dataset_processor_path={path}: file not found")
-  spec = importlib.util.spec_from_file_location("user_dataset_processor", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
+  module = user_code.load_file(path, "dataset_processor_path")
   if not callable(getattr(module, "process_data", None)):
     raise ValueError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
                      "template_config, tmvp_config, x)")

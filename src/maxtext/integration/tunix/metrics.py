@@ -52,6 +52,7 @@ class JsonlBackend:
     self._written = 0
     self._origin = time.time()
     self.nonfinite: tuple[str, int] | None = None  # the first (metric, step) of a NaN or infinite loss, KL or reward
+    self.last_step: int | None = None  # set when training stopped early: later rows are dropped at close
 
   def restart_clock(self):
     self._origin = time.time()
@@ -94,11 +95,11 @@ class JsonlBackend:
     del self._rows[step]
     self._written = step
 
-  def close(self, last_step: int | None = None):
-    """Writes the held rows (those up to last_step when given: later ones belong to steps that were
+  def close(self):
+    """Writes the held rows (those up to last_step when set: later ones belong to steps that were
     not trained) and closes the file."""
     for s in sorted(self._rows):
-      if last_step is None or s <= last_step:
+      if self.last_step is None or s <= self.last_step:
         self._write(s)
     self._file.close()
     if os.path.exists(self._pending):
@@ -138,7 +139,6 @@ class _Sink:
 
   def __init__(self, backend=None):
     self._backend = backend
-    self.last_step: int | None = None  # set when training stopped early: later rows are dropped
 
   def log_scalar(self, event, value, **kwargs):
     if self._backend is not None:
@@ -146,9 +146,7 @@ class _Sink:
 
   def close(self):
     backend, self._backend = self._backend, None
-    if isinstance(backend, JsonlBackend):
-      backend.close(self.last_step)
-    elif backend is not None:
+    if backend is not None:
       backend.close()
 
 
@@ -197,17 +195,21 @@ class MetricSinks:
     self._handed_out.append(sink)
     return sink
 
+  def _jsonl(self) -> JsonlBackend | None:
+    """The open metrics.jsonl backend (None before Tunix asked for it and after close)."""
+    sink = self._real.get("jsonl")
+    return sink._backend if sink is not None else None  # pylint: disable=protected-access
+
   def nonfinite(self) -> tuple[str, int] | None:
     """The first (metric, step) at which the loss, the KL or a reward was NaN or infinite."""
-    jsonl = self._real.get("jsonl")
-    backend = jsonl._backend if jsonl is not None else None  # pylint: disable=protected-access
-    return backend.nonfinite if backend is not None else None
+    jsonl = self._jsonl()
+    return jsonl.nonfinite if jsonl is not None else None
 
   def restart_clock(self) -> None:
     """Marks the start of training (the first step's step_time_s counts from here)."""
-    jsonl = self._real.get("jsonl")
-    if jsonl is not None and jsonl._backend is not None:  # pylint: disable=protected-access
-      jsonl._backend.restart_clock()  # pylint: disable=protected-access
+    jsonl = self._jsonl()
+    if jsonl is not None:
+      jsonl.restart_clock()
 
   def __deepcopy__(self, memo):  # Tunix deep-copies its logger options; the sinks stay shared
     return self
@@ -219,8 +221,9 @@ class MetricSinks:
   def stopped_after(self, step: int) -> None:
     """Training stopped early after `step`: rows of later steps (whose rollouts ran but were never
     trained on) are dropped when the sinks close (Tunix closes them too)."""
-    for sink in self._handed_out:
-      sink.last_step = step
+    jsonl = self._jsonl()
+    if jsonl is not None:
+      jsonl.last_step = step
 
   def close(self) -> None:
     for sink in self._handed_out:

@@ -12,7 +12,6 @@ tool's error text, which the agent puts in the tool turn; nothing raises into th
 from __future__ import annotations
 
 import ast
-import importlib.util
 import operator
 import os
 import subprocess
@@ -21,6 +20,8 @@ import tempfile
 from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
+
+from maxtext.utils import user_code
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
@@ -150,12 +151,7 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
   from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
 
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"rl.tools_path={path}: file not found")
-  spec = importlib.util.spec_from_file_location("user_tools", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  found = getattr(module, "TOOLS", None)
+  found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
   if not isinstance(found, dict) or not all(
       isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()):
     raise ConfigError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")

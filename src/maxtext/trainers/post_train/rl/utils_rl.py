@@ -20,16 +20,15 @@ the two equivalent (e.g. 1/2 and 0.5); a check that outlives math_verify_timeout
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import logging
 import multiprocessing
-import os
 import re
 import time
 from typing import Callable
 
 from maxtext.configs.pyconfig import ConfigError
 from maxtext.input_pipeline import templates
+from maxtext.utils import user_code
 
 log = logging.getLogger(__name__)
 
@@ -232,13 +231,9 @@ def reward_functions(cfg) -> list:
       raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
     return [bind_config(fn, cfg) for fn in DEFAULT_REWARD_FUNCTIONS]
   path = cfg.reward_functions_path
-  if not os.path.isfile(path):
-    raise FileNotFoundError(f"reward_functions_path={path}: file not found")
+  module = user_code.load_file(path, "reward_functions_path")
   if not cfg.reward_functions:
     raise ConfigError(f"reward_functions: name the functions of {path} to use")
-  spec = importlib.util.spec_from_file_location("user_reward_functions", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
   missing = [n for n in cfg.reward_functions if not callable(getattr(module, n, None))]
   if missing:
     raise ConfigError(f"reward_functions: {missing} not defined in reward_functions_path={path}")
