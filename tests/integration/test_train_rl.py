@@ -171,10 +171,10 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
 def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monkeypatch):
   """Tunix logs a model-call exception and waits forever for the group; the run must raise it."""
   from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix.rollout import RolloutEngine  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix.rollout import BatchedRolloutEngine  # pylint: disable=import-outside-toplevel
 
   calls = []
-  real_generate = RolloutEngine.generate
+  real_generate = BatchedRolloutEngine.generate
 
   def failing_generate(self, prompts, rollout_config, **kwargs):
     calls.append(len(prompts))
@@ -182,7 +182,7 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
       raise ValueError("injected sampler failure")
     return real_generate(self, prompts, rollout_config, **kwargs)
 
-  monkeypatch.setattr(RolloutEngine, "generate", failing_generate)
+  monkeypatch.setattr(BatchedRolloutEngine, "generate", failing_generate)
   def hung(*_):
     raise TimeoutError("the run hung after a failed rollout")
   previous = signal.signal(signal.SIGALRM, hung)

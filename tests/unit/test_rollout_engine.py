@@ -7,7 +7,7 @@ import pytest
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.checkpoint_conversion import load
-from maxtext.integration.tunix.rollout import RolloutEngine
+from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -75,3 +75,46 @@ def test_later_turn_prompt_longer_than_max_prompt_length_uses_the_cache_room(set
   assert 1 <= len(engine.generate([prompt], turn2).tokens[0]) <= 5  # up to 4 tokens and an EOS
   with pytest.raises(ValueError, match=r"prompt of 20 tokens plus 8 tokens to generate exceeds the KV cache of 24"):
     engine.generate([prompt], config)
+
+
+@pytest.fixture(scope="module")
+def batched(setup, qwen3_tokenizer):
+  engine, _, config = setup
+  return BatchedRolloutEngine(engine.model(), qwen3_tokenizer, engine.mesh, config, seed=0, max_batch_size=4)
+
+
+def test_batched_engine_greedy_output_matches_tunix_sampler(setup, batched):
+  """Same prompts, greedy: our continuous batcher and Tunix's sampler agree token for token, and the
+  prompt comes back left-padded to max_prompt_length as the learners expect."""
+  engine, _, config = setup
+  greedy = dataclasses.replace(config, temperature=0.0, top_p=None)
+  prompts = [PROMPTS[0], "<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n<|im_start|>assistant\n"]
+  theirs = engine.generate(prompts, greedy)
+  ours = batched.generate(prompts, dataclasses.replace(greedy, return_logprobs=True))
+  assert _tokens(ours) == _tokens(theirs) and ours.text == theirs.text
+  assert ours.left_padded_prompt_tokens.shape == (2, 16)
+  np.testing.assert_array_equal(ours.left_padded_prompt_tokens, theirs.left_padded_prompt_tokens)
+  assert [len(lp) for lp in ours.logprobs] == [len(t) for t in ours.tokens]
+
+
+def test_batched_engine_samples_fresh_reproducible_tokens_with_logprobs(setup, batched):
+  _, _, config = setup
+  first, second = batched.generate(PROMPTS, config), batched.generate(PROMPTS, config)
+  assert _tokens(first) != _tokens(second) and first.logprobs is None
+  seeded = dataclasses.replace(config, seed=123, return_logprobs=True)
+  a, b = batched.generate(PROMPTS, seeded), batched.generate(PROMPTS, seeded)
+  assert _tokens(a) == _tokens(b) and _tokens(a)[0] != _tokens(a)[1]  # one key per prompt of a call
+  assert all(np.all(lp < 0) for lp in a.logprobs)
+  assert [v.tolist() for v in batched.last_versions()] == [[0] * len(t) for t in a.tokens]
+
+
+def test_batched_engine_keeps_eos_and_refuses_what_does_not_fit(setup, batched, qwen3_tokenizer):
+  _, vanilla, config = setup
+  greedy = dataclasses.replace(config, temperature=0.0, top_p=None)
+  first_token = int(vanilla.generate(PROMPTS[:1], greedy).tokens[0][0])
+  stop_now = dataclasses.replace(greedy, eos_tokens=[first_token])
+  out = batched.generate(PROMPTS[:1], stop_now)
+  assert _tokens(out) == [[first_token]] and out.text == [""]
+  prompt = qwen3_tokenizer.decode(list(range(1000, 1020)))
+  with pytest.raises(ValueError, match=r"prompt of 20 tokens plus 8 tokens to generate exceeds the KV cache of 24"):
+    batched.generate([prompt], config)

@@ -247,13 +247,16 @@ def _validate(v: dict[str, Any]) -> None:
       raise ConfigError(f"{key}={v[key]!r}: expected float32 or bfloat16")
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
-  choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1")}
+  choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1"),
+             "rollout_engine": ("batched", "vanilla", "vllm")}
   for key, allowed in choices.items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
-  for key in ("num_eval_passes", "math_verify_num_procs"):
+  if v["rollout_engine"] == "vllm" and importlib.util.find_spec("vllm") is None:
+    raise ConfigError("rollout_engine='vllm': the vllm package is not installed; use batched or vanilla")
+  for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
     if v[key] < 1:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
   if v["eval_interval"] < 0 or v["math_verify_timeout"] <= 0:

@@ -4,7 +4,9 @@ Parameters carry logical axis names (`out_sharding`) and the config's logical->m
 (`sharding_rules`), so `nnx.get_partition_spec` yields mesh PartitionSpecs anywhere, Tunix's
 resharding included. The call signature and KV cache follow Tunix's sampler contract:
 `model(input_tokens, positions, cache, attention_mask) -> (logits, new_cache)`, with the cache
-`{'layer_i': {'k', 'v', 'end_index'}}` whose slot i holds the token at buffer index i.
+`{'layer_i': {'k', 'v', 'end_index'}}` whose slot i holds the token at buffer index i; each row
+writes from its own end_index, so rows of one batch may be at different positions (continuous
+batching).
 """
 
 from __future__ import annotations
@@ -110,6 +112,11 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return out.astype(x.dtype)
 
 
+def _write_rows(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+  """buffer [B, S, H, D] with row b's new [T, H, D] written from its own index start[b]."""
+  return jax.vmap(lambda buf, n, i: jax.lax.dynamic_update_slice(buf, n, (i, 0, 0)))(buffer, new, start)
+
+
 class Attention(nnx.Module):
   """Grouped-query attention with optional per-head q/k RMSNorm and a KV cache."""
 
@@ -138,10 +145,10 @@ class Attention(nnx.Module):
 
     new_cache = None
     if layer_cache is not None:
-      start = layer_cache["end_index"][0]
-      k = jax.lax.dynamic_update_slice(layer_cache["k"], k.astype(layer_cache["k"].dtype), (0, start, 0, 0))
-      v = jax.lax.dynamic_update_slice(layer_cache["v"], v.astype(layer_cache["v"].dtype), (0, start, 0, 0))
-      new_cache = {"k": k, "v": v, "end_index": layer_cache["end_index"] + x.shape[1]}
+      start = layer_cache["end_index"]
+      k = _write_rows(layer_cache["k"], k.astype(layer_cache["k"].dtype), start)
+      v = _write_rows(layer_cache["v"], v.astype(layer_cache["v"].dtype), start)
+      new_cache = {"k": k, "v": v, "end_index": start + x.shape[1]}
 
     b, t, hq, d = q.shape
     groups = hq // cfg.num_kv_heads

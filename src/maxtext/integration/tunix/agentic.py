@@ -106,8 +106,9 @@ class RolloutError(RuntimeError):
 class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine and logging
   the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
-  of the consumed samples (bounded by rl.off_policy_steps). A failed rollout raises RolloutError
-  from train()."""
+  of the consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's
+  version is that of its oldest token), and trainer/idle_fraction, the share of each step the
+  trainer waited for samples. A failed rollout raises RolloutError from train()."""
 
   _prompt_queue = None
   _train_queue = None
@@ -130,14 +131,25 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       if q is not None:
         q.put(None)
 
-  def _model_call(self, *args, **kwargs):
+  def _model_call(self, chat_lists, env=None, max_generation_steps=None):
     try:
-      return super()._model_call(*args, **kwargs)
+      out = super()._model_call(chat_lists, env, max_generation_steps)
     except Exception as e:
       if self._rollout_error is None:
         self._rollout_error = e
       self._close_queues()
       raise
+    versions = getattr(self.rl_cluster.rollout, "last_versions", lambda: None)()
+    if env is not None and versions and len(versions[0]):
+      # The sample's version is that of its oldest token over all turns (Tunix tags the latest call).
+      env.task["policy_version"] = env.task[_OLDEST_VERSION] = min(
+          int(versions[0].min()), env.task.get(_OLDEST_VERSION, int(versions[0].min())))
+    return out
+
+  def _current_version(self) -> int:
+    """The version lags are measured from: the engine's weights version when it tags tokens, else
+    Tunix's policy version."""
+    return getattr(self.rl_cluster.rollout, "version", self.policy_version)
 
   def _put_prompts_to_queue(self, prompt_queue, batch):
     self._prompt_queue = prompt_queue
@@ -162,23 +174,36 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
-    for batch in super()._data_consumer_batch_generator(queue, batch_size):
-      if self._before_step is not None and self.rl_cluster.actor_trainer.train_steps != self._checked_step:
+    batches = super()._data_consumer_batch_generator(queue, batch_size)
+    idle = learner.IdleClock(self.rl_cluster)
+    while True:
+      idle.wait_starts()
+      batch = next(batches, None)
+      if batch is None:
+        break
+      new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
+      if new_step:
+        idle.step_starts()
+      idle.wait_ends()
+      if new_step:
         self._checked_step = self.rl_cluster.actor_trainer.train_steps
-        self._before_step(self._checked_step)
+        if self._before_step is not None:
+          self._before_step(self._checked_step)
       versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
                   if getattr(ex, "policy_version", None) is not None]
       if versions:
-        lags = self.policy_version - np.concatenate(versions)
+        lags = self._current_version() - np.concatenate(versions)
         self.rl_cluster.buffer_metrics_async(
             {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
             mode=rl_cluster_lib.Mode.TRAIN, step=self.rl_cluster.global_steps,
         )
       yield batch
+    idle.step_starts()
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
 
 
+_OLDEST_VERSION = "oldest_token_policy_version"
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
 
 

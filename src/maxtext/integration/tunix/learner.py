@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from typing import Callable
 
+import numpy as np
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -15,7 +17,7 @@ from tunix.rl.rollout import base_rollout
 from tunix.sft import metrics_logger
 
 from maxtext.integration.tunix import metrics
-from maxtext.integration.tunix.rollout import RolloutEngine
+from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine
 from maxtext.utils.mesh import DATA_AXES
 
 Role = rl_cluster_lib.Role
@@ -43,6 +45,16 @@ EVAL_SAMPLING = {
 }
 
 
+def rollout_engine(cfg):
+  """ClusterConfig.rollout_engine for cfg.rollout_engine: our engines bound to their settings, or
+  Tunix's vLLM engine by name."""
+  if cfg.rollout_engine == "batched":
+    return functools.partial(BatchedRolloutEngine, seed=cfg.decode_seed, max_batch_size=cfg.rollout_max_batch_size)
+  if cfg.rollout_engine == "vanilla":
+    return functools.partial(RolloutEngine, seed=cfg.decode_seed)
+  return "vllm"
+
+
 def rollout_configs(cfg, eos_id: int) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0) and for
   evaluation (eval_sampling_strategy)."""
@@ -52,6 +64,8 @@ def rollout_configs(cfg, eos_id: int) -> dict:
       kv_cache_size=cfg.kv_cache_size,
       eos_tokens=[eos_id],
   )
+  if cfg.rollout_engine == "vllm":
+    common["rollout_vllm_model_version"] = cfg.load_parameters_path
   greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **common)
   train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
@@ -81,7 +95,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   )
   cluster_config = rl_cluster_lib.ClusterConfig(
       role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
-      rollout_engine=functools.partial(RolloutEngine, seed=cfg.decode_seed),
+      rollout_engine=rollout_engine(cfg),
       training_config=training,
       rollout_config=rollout_configs(cfg, tokenizer.eos_token_id),
   )
@@ -89,7 +103,8 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
                                      cluster_config=cluster_config)
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   cluster.actor_trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
-  cluster.rollout.step_source = lambda: cluster.global_steps
+  if hasattr(cluster.rollout, "keys"):
+    cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster
 
 
@@ -122,18 +137,56 @@ def grpo_config(cfg) -> grpo_learner.GRPOConfig:
   return grpo_learner.GRPOConfig(**grpo_algorithm_kwargs(cfg))
 
 
+class IdleClock:
+  """trainer/idle_fraction: the share of a global step's wall time the trainer spent waiting for
+  samples (rollouts, rewards and reference scoring). A step's window opens with the wait for its
+  first batch; step_starts() closes the previous window and logs it at that window's step."""
+
+  def __init__(self, cluster: rl_cluster_lib.RLCluster):
+    self._cluster = cluster
+    self._window: tuple[float, int] | None = None  # (start time, global step)
+    self._waited = 0.0
+    self._wait_start = 0.0
+
+  def wait_starts(self) -> None:
+    self._wait_start = time.perf_counter()
+
+  def wait_ends(self) -> None:
+    self._waited += time.perf_counter() - self._wait_start
+
+  def step_starts(self) -> None:
+    if self._window is not None:
+      start, step = self._window
+      fraction = min(self._waited / max(self._wait_start - start, 1e-9), 1.0)
+      self._cluster.buffer_metrics_async({"trainer/idle_fraction": (fraction, np.mean)}, mode=Mode.TRAIN, step=step)
+    self._window, self._waited = (self._wait_start, self._cluster.global_steps), 0.0
+
+
 class GRPOLearner(grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
-  sampler holds the weights of the last step (used for evaluation every eval_interval steps)."""
+  sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
+  logs trainer/idle_fraction: the share of the step spent generating and scoring samples."""
 
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
     super().__init__(*args, **kwargs)
     self._before_step = before_step
+    self._sampling_s = 0.0
+
+  def _generate_and_compute_advantage(self, *args, **kwargs):
+    start = time.perf_counter()
+    try:
+      return super()._generate_and_compute_advantage(*args, **kwargs)
+    finally:
+      self._sampling_s += time.perf_counter() - start
 
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
       self._before_step(self.rl_cluster.actor_trainer.train_steps)
-    return super()._run_global_step(*args, **kwargs)
+    start, self._sampling_s = time.perf_counter(), 0.0
+    out = super()._run_global_step(*args, **kwargs)
+    fraction = min(self._sampling_s / max(time.perf_counter() - start, 1e-9), 1.0)
+    self.rl_cluster.buffer_metrics({"trainer/idle_fraction": (fraction, np.mean)}, mode=Mode.TRAIN)
+    return out
 
 
 def build_learner(cfg, cluster, reward_fns, before_step=None) -> GRPOLearner:

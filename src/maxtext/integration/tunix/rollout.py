@@ -14,18 +14,29 @@
    next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
    the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
    that does not fit raises an error that says by how much.
+
+`BatchedRolloutEngine` (rollout_engine: batched) serves the same contract from our continuous
+batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
+conversation turn with a single prompt from up to rl.max_concurrency threads, and these calls are
+merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
+and records the weights version of every token.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Callable
 
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
+from tunix.generate import tokenizer_adapter
+from tunix.rl import common, reshard
 from tunix.rl.rollout import base_rollout, vanilla_rollout
+
+from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 
 
 def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
@@ -34,6 +45,28 @@ def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
   if jax.tree.leaves(state)[0].sharding.mesh == mesh:
     return model
   return nnx.merge(graphdef, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+
+
+class StepKeys:
+  """Sampling keys: fold_in(fold_in(seed, training step), call within that step), so a resumed run
+  draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's global
+  step)."""
+
+  def __init__(self, seed: int):
+    self._seed = seed
+    self.step_source: Callable[[], int] = lambda: 0
+    self._step = 0
+    self._calls = 0
+    self._lock = threading.Lock()
+
+  def next(self) -> jax.Array:
+    with self._lock:
+      step = self.step_source()
+      if step != self._step:
+        self._step, self._calls = step, 0
+      self._calls += 1
+      call = self._calls - 1
+    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self._seed), step), call)
 
 
 class RolloutEngine(vanilla_rollout.VanillaRollout):
@@ -57,10 +90,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
         ),
     )
     self.mesh = mesh
-    self._seed = seed
-    self.step_source: Callable[[], int] = lambda: 0  # the training step (RLCluster's global step)
-    self._step = 0
-    self._calls = 0  # calls drawing from the base seed within self._step
+    self.keys = StepKeys(seed)
 
   def update_params(self, params, filter_types=None) -> None:
     with jax.transfer_guard("allow"):
@@ -70,7 +100,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
     with self.mesh, jax.default_device(self.mesh.devices.flat[0]):
       if rollout_config.seed is None and rollout_config.temperature:  # greedy decoding draws nothing
-        rollout_config = dataclasses.replace(rollout_config, seed=self._next_key())
+        rollout_config = dataclasses.replace(rollout_config, seed=self.keys.next())
       rollout_config = self._fitted(prompts, rollout_config)
       out = super().generate(prompts, rollout_config, **kwargs)
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
@@ -81,13 +111,6 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
-
-  def _next_key(self) -> jax.Array:
-    step = self.step_source()
-    if step != self._step:
-      self._step, self._calls = step, 0
-    self._calls += 1
-    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self._seed), step), self._calls - 1)
 
   def _fitted(self, prompts: list[str], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
     """config with max_prompt_length raised to what the KV cache leaves when a prompt is longer."""
@@ -101,3 +124,93 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
           f"cache of {config.kv_cache_size} tokens (max_prompt_length + max_response_length); raise "
           "max_prompt_length or max_response_length")
     return dataclasses.replace(config, max_prompt_length=room)
+
+
+class BatchedRolloutEngine(base_rollout.BaseRollout):
+  """Tunix rollout engine on a ContinuousBatcher with rollout_max_batch_size slots (see the module
+  docstring). Passed as ClusterConfig.rollout_engine via functools.partial binding seed and
+  max_batch_size."""
+
+  def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
+               rollout_config: base_rollout.RolloutConfig, seed: int, max_batch_size: int):
+    self._model = _place_on_mesh(rollout_actor, mesh)
+    self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+    self.mesh = mesh
+    self.keys = StepKeys(seed)
+    self.batcher = ContinuousBatcher(self._model, rollout_config.kv_cache_size, max_batch_size,
+                                     version=lambda: self.keys.step_source())
+    self._last_versions = threading.local()
+
+  @property
+  def version(self) -> int:
+    """Weights version (the training step whose weights) of the next sampled token."""
+    return self.keys.step_source()
+
+  def last_versions(self) -> list[np.ndarray] | None:
+    """Per prompt, the weights version of each token of this thread's last generate call."""
+    return getattr(self._last_versions, "value", None)
+
+  def _tokenize(self, prompt: str) -> np.ndarray:
+    ids = self._tokenizer.encode(prompt)
+    bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
+    return np.asarray(self._tokenizer.dedup_bos_ids(bos + ids), np.int32)
+
+  def generate(self, prompts: list[str] | str, rollout_config: base_rollout.RolloutConfig, **kwargs):
+    if isinstance(prompts, str):  # the agentic learner passes its one rendered conversation as a str
+      prompts = [prompts]
+    ids = [self._tokenize(p) for p in prompts]
+    budget = rollout_config.max_tokens_to_generate
+    longest = max(len(i) for i in ids)
+    if longest + budget > self.batcher.cache_size:
+      raise ValueError(
+          f"a prompt of {longest} tokens plus {budget} tokens to generate exceeds the KV cache of "
+          f"{self.batcher.cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length "
+          "or max_response_length")
+    key = rollout_config.seed
+    if key is None and rollout_config.temperature:
+      key = self.keys.next()
+    elif isinstance(key, int):
+      key = jax.random.PRNGKey(key)
+    params = SamplingParams(
+        max_new_tokens=budget, temperature=float(rollout_config.temperature or 0.0),
+        top_p=1.0 if rollout_config.top_p is None else float(rollout_config.top_p), top_k=rollout_config.top_k,
+        eos_ids=tuple(rollout_config.eos_tokens or [self.eos_id()]),
+    )
+    futures = [self.batcher.submit(p, params, None if key is None else jax.random.fold_in(key, i))
+               for i, p in enumerate(ids)]
+    done = [f.result() for f in futures]
+    self._last_versions.value = [c.versions for c in done]
+    width = max(rollout_config.max_prompt_length, longest)
+    padded = np.full((len(ids), width), self.pad_id(), np.int32)
+    for row, p in zip(padded, ids):
+      row[width - len(p):] = p
+    return base_rollout.RolloutOutput(
+        text=[self._tokenizer.decode((c.tokens[:-1] if c.stopped else c.tokens).tolist()) for c in done],
+        logits=None,
+        tokens=[c.tokens for c in done],
+        left_padded_prompt_tokens=padded,
+        logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
+    )
+
+  def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
+    graphdef, state = nnx.split(self._model)
+    return common.compute_per_token_logps(graphdef, state,
+                                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                                          pad_id=self.pad_id(), eos_id=self.eos_id(), stop_gradient=True,
+                                          return_logits=False)
+
+  def update_params(self, params, filter_types=None) -> None:
+    """New weights from the next decode step on (in-flight requests continue with them). On a shared
+    trainer/sampler mesh Tunix updates the model itself, which the batcher reads between steps."""
+    with jax.transfer_guard("allow"):
+      current = nnx.state(self._model, filter_types) if filter_types is not None else nnx.state(self._model)
+      nnx.update(self._model, reshard.reshard_pytree(params, current))
+
+  def pad_id(self) -> int:
+    return self._tokenizer.pad_id()
+
+  def eos_id(self) -> int:
+    return self._tokenizer.eos_id()
+
+  def model(self) -> nnx.Module:
+    return self._model

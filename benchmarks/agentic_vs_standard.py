@@ -1,0 +1,127 @@
+"""Agentic GRPO against standard GRPO on the same work, per rollout engine.
+
+    python benchmarks/agentic_vs_standard.py [--quick] [--steps N] [key=value ...]
+
+Every configuration trains the same prompts (same data order and seed), samples, steps and
+sampling parameters through train_rl, each in its own process: standard GRPO and agentic GRPO with
+rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched. Per configuration it reports
+the training wall time (train_rl's "Trained N steps in X s", model loading and evaluation excluded),
+rollout tokens/s (completion tokens generated for training / that wall time), the mean
+trainer/idle_fraction, the final mean reward (rewards/sum of the last step) and the wall-time ratio
+to standard GRPO with the same engine and to standard GRPO with the vanilla engine. Prints a table
+and writes benchmarks/results/agentic_vs_standard.json.
+
+--quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run uses the default
+demo model (SmolLM2-135M-Instruct on GSM8K). Extra key=value arguments reach every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json")
+
+CONFIGS = [  # (name, extra arguments)
+    ("standard", []),
+    ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
+    ("agentic off_policy=1", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]),
+]
+ENGINES = ("vanilla", "batched")
+
+
+def _common(args) -> list[str]:
+  work = [f"num_batches={args.steps}", "num_test_batches=1", "eval_batch_size=2", "checkpoint_period=1000",
+          f"rl.max_concurrency={args.batch_size * args.generations}", "decode_seed=0", "data_shuffle_seed=0"]
+  work += [f"batch_size={args.batch_size}", f"rl.num_generations={args.generations}"]
+  if args.quick:
+    work += ["model_name=qwen3-tiny", "max_response_length=32", "learning_rate=1e-3", "warmup_steps_fraction=0"]
+  return work + args.overrides
+
+
+def _run_one(name: str, engine: str, common: list[str], out_dir: str) -> dict:
+  run_name = re.sub(r"[^a-z0-9]+", "_", f"{name}_{engine}")
+  cmd = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *common,
+         f"rollout_engine={engine}", f"base_output_directory={out_dir}", f"run_name={run_name}",
+         *dict(CONFIGS)[name]]
+  started = time.time()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{name} / {engine} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  trained = re.search(r"Trained (\d+) steps in ([\d.]+) s", proc.stderr)
+  with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  wall = float(trained.group(2))
+  per_sample = [r.get("completions/mean_length", r.get("generation/completions/mean_length")) for r in rows]
+  samples = _arg(common, "batch_size") * _arg(common, "rl.num_generations")
+  idle = [r["trainer/idle_fraction"] for r in rows if "trainer/idle_fraction" in r]
+  return {
+      "config": name, "engine": engine, "steps": int(trained.group(1)), "wall_s": wall,
+      "process_s": time.time() - started,
+      "rollout_tokens_per_s": sum(per_sample) * samples / wall,
+      "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
+      "final_mean_reward": rows[-1]["rewards/sum"],
+  }
+
+
+def _arg(common: list[str], key: str) -> int:
+  return int([a.split("=", 1)[1] for a in common if a.startswith(key + "=")][-1])
+
+
+def _versions() -> dict:
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  return {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")}
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--quick", action="store_true", help="tiny random model (minutes on 2 CPU cores)")
+  parser.add_argument("--steps", type=int, default=None, help="training steps (default 6, --quick 4)")
+  parser.add_argument("--batch-size", type=int, default=4)
+  parser.add_argument("--generations", type=int, default=4)
+  parser.add_argument("overrides", nargs="*", help="key=value arguments for every run")
+  args = parser.parse_args()
+  args.steps = args.steps or (4 if args.quick else 6)
+  common = _common(args)
+  results = []
+  with tempfile.TemporaryDirectory() as out_dir:
+    for name, _ in CONFIGS:
+      for engine in ENGINES:
+        results.append(_run_one(name, engine, common, out_dir))
+        print(f"  done: {name} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
+  base = {r["engine"]: r["wall_s"] for r in results if r["config"] == "standard"}
+  for r in results:
+    r["ratio_to_standard_same_engine"] = r["wall_s"] / base[r["engine"]]
+    r["ratio_to_standard_vanilla"] = r["wall_s"] / base["vanilla"]
+
+  import jax  # pylint: disable=import-outside-toplevel
+  report = {
+      "date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+      "cpu_count": os.cpu_count(), "python": platform.python_version(), "versions": _versions(),
+      "arguments": common, "results": results,
+  }
+  os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
+  with open(RESULTS, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+  print("| configuration | engine | wall s | rollout tok/s | trainer idle | final reward | / standard (same engine) "
+        "| / standard vanilla |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  for r in results:
+    idle = "n/a" if r["trainer_idle_fraction"] is None else f"{r['trainer_idle_fraction']:.2f}"
+    print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['rollout_tokens_per_s']:.1f} | {idle} | "
+          f"{r['final_mean_reward']:.3f} | {r['ratio_to_standard_same_engine']:.2f} | "
+          f"{r['ratio_to_standard_vanilla']:.2f} |")
+  print(f"wrote {RESULTS}")
+
+
+if __name__ == "__main__":
+  main()

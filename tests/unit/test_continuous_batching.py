@@ -1,0 +1,146 @@
+"""The continuous batcher against a cache-free reference decode of the same model."""
+
+import functools
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxtext.checkpoint_conversion import load
+from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+RNG = np.random.default_rng(0)
+PROMPTS = [RNG.integers(1, 1000, size=n).tolist() for n in (3, 9, 17, 5, 12, 7)]
+
+
+@pytest.fixture(scope="module")
+def model():
+  cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024")  # a small vocabulary keeps the reference quick
+  return load.load_model(cfg, create_meshes(cfg)[0])
+
+
+_WIDTH = 64
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(model):
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def forward(tokens):  # [_WIDTH], causal: padding after the sequence does not reach it
+    logits, _ = nnx.merge(graphdef, state)(tokens[None], jnp.arange(_WIDTH)[None], None,
+                                            jnp.tril(jnp.ones((1, _WIDTH, _WIDTH), bool)))
+    return logits[0]
+  return forward
+
+
+def _logits(model, tokens):
+  """Full-sequence forward without a KV cache: [T, V] float32."""
+  padded = np.zeros(_WIDTH, np.int32)
+  padded[:len(tokens)] = tokens
+  return np.asarray(_forward(model)(padded))[:len(tokens)]
+
+
+def _greedy(model, prompt, n):
+  tokens = list(prompt)
+  for _ in range(n):
+    tokens.append(int(np.argmax(_logits(model, tokens)[-1])))
+  return tokens[len(prompt):]
+
+
+def test_greedy_completions_match_the_reference_with_more_requests_than_slots(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4)
+  budgets = [8, 5, 12, 3, 10, 6]
+  futures = [batcher.submit(p, SamplingParams(n, temperature=0.0)) for p, n in zip(PROMPTS, budgets)]
+  for prompt, n, future in zip(PROMPTS, budgets, futures):
+    done = future.result(timeout=120)
+    assert done.tokens.tolist() == _greedy(model, prompt, n) and not done.stopped
+  # Six requests of 44 tokens in all through four slots: finished requests free slots for waiting ones.
+  assert batcher.decode_steps < sum(budgets) - len(budgets)
+  batcher.close()
+
+
+def test_sampled_tokens_and_logprobs_follow_the_scaled_distribution(model):
+  """Each token lies in the reference top-k and its log-prob is log_softmax(logits / T) there."""
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4)
+  params = SamplingParams(6, temperature=0.7, top_k=5)
+  done = batcher.submit(PROMPTS[1], params, jax.random.PRNGKey(1)).result(timeout=120)
+  tokens = PROMPTS[1] + done.tokens.tolist()
+  logits = _logits(model, tokens)[len(PROMPTS[1]) - 1:-1]  # the distributions the tokens were drawn from
+  for row, token, logp in zip(logits, done.tokens, done.logprobs):
+    assert token in np.argsort(row)[-5:]
+    np.testing.assert_allclose(logp, jax.nn.log_softmax(row / 0.7)[token], atol=1e-4)
+  batcher.close()
+
+
+def test_a_request_draws_the_same_tokens_alone_or_in_a_crowd(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4)
+  params = SamplingParams(10, temperature=1.0)
+  key = jax.random.PRNGKey(3)
+  alone = batcher.submit(PROMPTS[0], params, key).result(timeout=120)
+  crowd = [batcher.submit(p, params, jax.random.PRNGKey(10 + i)) for i, p in enumerate(PROMPTS)]
+  again = batcher.submit(PROMPTS[0], params, key).result(timeout=120)
+  assert again.tokens.tolist() == alone.tokens.tolist()
+  others = [f.result(timeout=120).tokens.tolist() for f in crowd]
+  assert len({tuple(t) for t in others}) > 1  # different keys, different samples
+  batcher.close()
+
+
+def test_eos_ends_a_request_and_is_kept(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=2)
+  first = _greedy(model, PROMPTS[0], 3)
+  done = batcher.submit(PROMPTS[0], SamplingParams(8, temperature=0.0, eos_ids=(first[2],))).result(timeout=120)
+  assert done.tokens.tolist() == first and done.stopped
+  batcher.close()
+
+
+def test_concurrent_callers_share_decode_steps(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=8)
+  results = [None] * 16
+
+  def call(i):
+    results[i] = batcher.submit(PROMPTS[i % 6], SamplingParams(8, temperature=0.0)).result(timeout=300)
+
+  threads = [threading.Thread(target=call, args=(i,)) for i in range(16)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert [r.tokens.tolist() for r in results[:6]] == [_greedy(model, p, 8) for p in PROMPTS]
+  assert all(r.tokens.tolist() == results[i % 6].tokens.tolist() for i, r in enumerate(results))
+  assert batcher.decode_steps <= 16 * 7 // 2  # sixteen 8-token requests decoded at least two at a time
+  batcher.close()
+
+
+def test_new_weights_apply_between_decode_steps_and_tag_tokens(model):
+  """A trainer's update reaches a request in flight from the next decode step on."""
+  _, state = nnx.split(model)
+  zeroed = jax.tree.map(jnp.zeros_like, state)  # a different policy: all-zero logits, argmax token 0
+  calls = {"n": 0}
+
+  def weights():
+    calls["n"] += 1
+    return state if calls["n"] <= 3 else zeroed
+
+  batcher = ContinuousBatcher(model, 64, 2, weights=weights, version=lambda: 0 if calls["n"] <= 3 else 1)
+  done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
+  # Step 1 prefills and decodes (two tokens), steps 2 and 3 one token each, then the new weights.
+  assert done.versions.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+  assert done.tokens[:4].tolist() == _greedy(model, PROMPTS[2], 4) and set(done.tokens[4:].tolist()) == {0}
+  batcher.close()
+
+
+def test_requests_that_do_not_fit_are_refused(model):
+  batcher = ContinuousBatcher(model, cache_size=24, max_batch_size=2)
+  with pytest.raises(ValueError, match="a prompt of 17 tokens plus 8 tokens to generate exceeds the KV cache of 24"):
+    batcher.submit(PROMPTS[2], SamplingParams(8))
+  with pytest.raises(ValueError, match="empty prompt"):
+    batcher.submit([], SamplingParams(8))
+  batcher.close()
+  with pytest.raises(RuntimeError, match="closed"):
+    batcher.submit(PROMPTS[0], SamplingParams(2))
