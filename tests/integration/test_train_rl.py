@@ -52,6 +52,7 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
     for key in ("rewards/mean", "rewards/match_format_exactly", "rewards/match_format_approximately",
                 "rewards/check_answer", "rewards/check_numbers", "kl", "loss", "step_time_s"):
       assert key in r and np.isfinite(r[key]), key
+    assert 0 < r["trainer/idle_fraction"] < 1  # sampling and scoring take part of each step, never all
   assert (run / "tensorboard").is_dir() and os.listdir(run / "tensorboard")
   eval_json = json.loads((run / "eval.json").read_text())
   assert len(eval_json["after"]["examples"]) == 2
@@ -159,6 +160,7 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   for r in rows:
     assert r["generation/completions/mean_length"] == 16  # the random model never stops: full budget
     assert r["rewards/variety"] > 0 and np.isfinite(r["loss"])
+  assert 0 < rows[0]["trainer/idle_fraction"] <= 1  # the trainer waits for the first samples
   # On the shared mesh the PPO ratio is taken against the weights that sampled (one iteration: the
   # current ones), not the initial weights (log ratio ~0.1 at step 2 without the anchor refresh).
   assert rows[1]["log_ratio/abs_mean"] < 1e-5

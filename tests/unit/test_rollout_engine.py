@@ -2,8 +2,11 @@
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
+from tunix.rl import common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.checkpoint_conversion import load
@@ -118,3 +121,22 @@ def test_batched_engine_keeps_eos_and_refuses_what_does_not_fit(setup, batched, 
   prompt = qwen3_tokenizer.decode(list(range(1000, 1020)))
   with pytest.raises(ValueError, match=r"prompt of 20 tokens plus 8 tokens to generate exceeds the KV cache of 24"):
     batched.generate([prompt], config)
+
+
+def test_batched_engine_logprobs_agree_with_the_trainers_at_step_0(setup, batched):
+  """The sampler's per-token log-probs equal what Tunix's trainer computes for the same tokens with
+  the same weights (common.compute_per_token_logps at the rollout temperature): max |diff| < 1e-4."""
+  _, _, config = setup
+  sampled = dataclasses.replace(config, temperature=0.8, top_k=20, seed=7, return_logprobs=True)
+  out = batched.generate(PROMPTS, sampled)
+  width = max(len(t) for t in out.tokens)
+  completions = np.full((len(out.tokens), width), batched.pad_id(), np.int32)
+  for row, t in zip(completions, out.tokens):
+    row[:len(t)] = t
+  graphdef, state = nnx.split(batched.model())
+  trainer = np.asarray(common.compute_per_token_logps(
+      graphdef, state, prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+      completion_tokens=jnp.asarray(completions), pad_id=batched.pad_id(), eos_id=batched.eos_id(),
+      temperature=0.8))
+  for i, lp in enumerate(out.logprobs):
+    np.testing.assert_allclose(lp, trainer[i, :len(lp)], atol=1e-4)
