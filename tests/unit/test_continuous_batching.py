@@ -144,3 +144,14 @@ def test_requests_that_do_not_fit_are_refused(model):
   batcher.close()
   with pytest.raises(RuntimeError, match="closed"):
     batcher.submit(PROMPTS[0], SamplingParams(2))
+
+
+def test_a_failing_step_fails_every_waiting_request_instead_of_hanging(model):
+  def weights():
+    raise RuntimeError("weights unavailable")
+
+  batcher = ContinuousBatcher(model, 64, 2, weights=weights)
+  futures = [batcher.submit(p, SamplingParams(4, temperature=0.0)) for p in PROMPTS[:3]]
+  for future in futures:
+    with pytest.raises(RuntimeError, match="weights unavailable"):
+      future.result(timeout=60)

@@ -143,14 +143,18 @@ class ContinuousBatcher:
     """weights() returns the model's current nnx.State (default: nnx.state(model)), version() the
     number to tag tokens sampled with them; both are read between decode steps."""
     self._graphdef, self._state = nnx.split(model)
+    # The cache lives where the weights do (replicated over their mesh).
+    placement = jax.sharding.NamedSharding(jax.tree.leaves(self._state)[0].sharding.mesh, jax.sharding.PartitionSpec())
     self._weights = weights or (lambda: nnx.state(model))
     self._version_source = version
     self._vocab = model.config.vocab_size
     self.cache_size = cache_size
     self.max_batch_size = max_batch_size
-    self._cache = model.init_cache(max_batch_size, cache_size, cache_dtype or model.config.dtype)
+    self._cache = jax.device_put(model.init_cache(max_batch_size, cache_size, cache_dtype or model.config.dtype),
+                                 placement)
     self._slots: list[_Request | None] = [None] * max_batch_size
     self._waiting: collections.deque[_Request] = collections.deque()
+    self._admitting: list[_Request] = []  # taken from _waiting, not yet in a slot
     self._wake = threading.Condition()
     self.version = version()
     self._closed = False
@@ -206,6 +210,7 @@ class ContinuousBatcher:
         self._state, self.version = self._weights(), self._version_source()
         if admitted:
           self._prefill(admitted)
+          self._admitting = []
         if any(self._slots):
           self._step()
     except BaseException as e:  # pylint: disable=broad-except
@@ -219,12 +224,13 @@ class ContinuousBatcher:
     taken = []
     while free and self._waiting:
       taken.append((free.pop(0), self._waiting.popleft()))
+    self._admitting = [r for _, r in taken]
     return taken
 
   def _fail_all(self, error: BaseException) -> None:
     with self._wake:
       self._closed = True
-      requests = [r for r in self._slots if r is not None] + list(self._waiting)
+      requests = [r for r in self._slots if r is not None] + self._admitting + list(self._waiting)
       self._slots = [None] * self.max_batch_size
       self._waiting.clear()
     for r in requests:
