@@ -152,7 +152,8 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   rewards = tmp_path / "rewards.py"
   rewards.write_text("def variety(prompts, completions, tmvp_config, **kwargs):\n"
                      "  return [len(set(c)) / 10 for c in completions]\n")
-  args = [*TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=4", f"reward_functions_path={rewards}",
+  args = [*TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=4", "rollout_engine=batched",
+          f"reward_functions_path={rewards}",
           "reward_functions=[variety]", f"base_output_directory={tmp_path}", "run_name=agentic"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _read_jsonl(tmp_path / "agentic" / "metrics.jsonl")
@@ -192,6 +193,7 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
   try:
     with pytest.raises(agentic.RolloutError, match="injected sampler failure"):
       train_rl.main(["train_rl", "rl.yml", *TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=2",
+                     "rollout_engine=batched",
                      f"base_output_directory={tmp_path}", "run_name=failing"])
   finally:
     signal.alarm(0)
