@@ -182,9 +182,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       if batch is None:
         break
       new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
-      if new_step:
-        idle.step_starts()
-      idle.wait_ends()
+      idle.wait_ends(new_step)
       if new_step:
         self._checked_step = self.rl_cluster.actor_trainer.train_steps
         if self._before_step is not None:

@@ -140,7 +140,8 @@ def grpo_config(cfg) -> grpo_learner.GRPOConfig:
 class IdleClock:
   """trainer/idle_fraction: the share of a global step's wall time the trainer spent waiting for
   samples (rollouts, rewards and reference scoring). A step's window opens with the wait for its
-  first batch; step_starts() closes the previous window and logs it at that window's step."""
+  first batch (wait_ends(new_step=True)); step_starts() closes the previous window and logs it at
+  that window's step."""
 
   def __init__(self, cluster: rl_cluster_lib.RLCluster):
     self._cluster = cluster
@@ -151,7 +152,10 @@ class IdleClock:
   def wait_starts(self) -> None:
     self._wait_start = time.perf_counter()
 
-  def wait_ends(self) -> None:
+  def wait_ends(self, new_step: bool = False) -> None:
+    """The wait since wait_starts() is over; new_step: it was for the first batch of a new step."""
+    if new_step:
+      self.step_starts()
     self._waited += time.perf_counter() - self._wait_start
 
   def step_starts(self) -> None:

@@ -47,6 +47,15 @@ def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
   return nnx.merge(graphdef, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
 
 
+def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
+  """A prompt plus the tokens to generate must fit the KV cache, else an error that names both."""
+  if prompt_tokens + budget > cache_size:
+    raise ValueError(
+        f"a prompt of {prompt_tokens} tokens plus {budget} tokens to generate exceeds the KV cache of "
+        f"{cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length or "
+        "max_response_length")
+
+
 class StepKeys:
   """Sampling keys: fold_in(fold_in(seed, training step), call within that step), so a resumed run
   draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's global
@@ -117,13 +126,8 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     longest = max(len(self._sampler.tokenize(p)) for p in prompts)
     if longest <= config.max_prompt_length:
       return config
-    room = config.kv_cache_size - config.max_tokens_to_generate
-    if longest > room:
-      raise ValueError(
-          f"a prompt of {longest} tokens plus {config.max_tokens_to_generate} tokens to generate exceeds the KV "
-          f"cache of {config.kv_cache_size} tokens (max_prompt_length + max_response_length); raise "
-          "max_prompt_length or max_response_length")
-    return dataclasses.replace(config, max_prompt_length=room)
+    _check_fits(longest, config.max_tokens_to_generate, config.kv_cache_size)
+    return dataclasses.replace(config, max_prompt_length=config.kv_cache_size - config.max_tokens_to_generate)
 
 
 class BatchedRolloutEngine(base_rollout.BaseRollout):
@@ -161,11 +165,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     ids = [self._tokenize(p) for p in prompts]
     budget = rollout_config.max_tokens_to_generate
     longest = max(len(i) for i in ids)
-    if longest + budget > self.batcher.cache_size:
-      raise ValueError(
-          f"a prompt of {longest} tokens plus {budget} tokens to generate exceeds the KV cache of "
-          f"{self.batcher.cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length "
-          "or max_response_length")
+    _check_fits(longest, budget, self.batcher.cache_size)
     key = rollout_config.seed
     if key is None and rollout_config.temperature:
       key = self.keys.next()
