@@ -44,23 +44,24 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
 
 
 def _pieces(parser, messages):
-  """What Tunix concatenates: the first two messages with is_first_msg, then one message at a time."""
+  """What the trainer trains on: the first prompt, each model turn as sampled (its text and the EOS
+  token), and the environment's replies (the template's text after an EOS token, then the parser's
+  piece, which ends with the generation prompt)."""
   text = parser.parse(messages[:2], add_generation_prompt=True, is_first_msg=True)
   for m in messages[2:]:
-    piece = parser.parse([m], add_generation_prompt=m["role"] == "tool")
     if m["role"] == "assistant":
-      assert piece.startswith(parser.assistant_token)
-      piece = piece[len(parser.assistant_token):]  # Tunix strips it: the generation prompt holds it
-    text += piece
+      text += m["content"] + "<|im_end|>"
+    else:
+      text += parser.turn_end_suffix + parser.parse([m], add_generation_prompt=True)
   return text
 
 
 def test_chat_parser_pieces_concatenate_to_the_template_render(smollm2_tokenizer):
   parser = ConfigChatParser(smollm2_tokenizer, "SYS")
-  assert not parser.prefix_preserving_variant
+  assert not parser.prefix_preserving_variant and parser.turn_end_suffix == "\n"
   whole = smollm2_tokenizer.apply_chat_template(
       [{"role": m["role"], "content": str(m["content"]) or "SYS"} for m in CONVERSATION], tokenize=False)
-  assert _pieces(parser, CONVERSATION) == whole
+  assert _pieces(parser, CONVERSATION) + "\n" == whole  # the template's newline after the last turn
   assert "array(" not in whole and "{'role'" not in whole
 
 
@@ -71,7 +72,8 @@ def test_qwen3_thinking_template_falls_back_to_prefix_preserving_chatml(qwen3_to
   text = _pieces(parser, CONVERSATION)
   assert text.startswith("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 12*7?<|im_end|>\n")
   assert "<|im_start|>user\n<tool_response>\n84\n</tool_response><|im_end|>\n" in text
-  assert text.endswith("<|im_start|>assistant\n<answer>84</answer><|im_end|>\n")
+  assert "<|im_end|>\n<|im_start|>user\n<tool_response>" in text  # the newline after a turn's EOS
+  assert text.endswith("<|im_start|>assistant\n<answer>84</answer><|im_end|>")
 
 
 def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
@@ -90,7 +92,7 @@ def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
 
 @pytest.mark.parametrize("response_len", [15, 16])  # under the budget, and the whole budget
 def test_full_length_completions_are_kept(smollm2_tokenizer, response_len):
-  assert _collect(agentic.FullLengthKeepingEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
+  assert _collect(agentic.TrajectoryEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
   tunix = _collect(trajectory_collect_engine.TrajectoryCollectEngine, smollm2_tokenizer, 16, response_len)
   assert tunix == ([] if response_len == 16 else ["<answer>42</answer>"])  # Tunix drops the full-length one
 
@@ -141,13 +143,13 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
   # Tunix's ToolAgent takes the raw question as the user turn, not the templated user content.
   agent = tool_agent.ToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
-  asyncio.run(agentic.FullLengthKeepingEngine(agent, env, model_call=model_call, max_response_length=16,
+  asyncio.run(agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
                                               tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
                                               chat_parser=parser).collect(mode="Trajectory"))
   assert "Solve:" not in sent.pop()
   agent = agentic.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
-  engine = agentic.FullLengthKeepingEngine(agent, env, model_call=model_call, max_response_length=16,
+  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
                                            tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
                                            chat_parser=parser)
   asyncio.run(engine.collect(mode="Trajectory"))
@@ -157,3 +159,42 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   plain = agentic.first_prompt_renderer(make_config("rl.system_prompt=SYS"), parser)("What is 6*7?")
   assert plain == parser.parse([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
                                add_generation_prompt=True, is_first_msg=True)
+
+
+def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
+  """Token in, token out: a tool call sampled as an unusual token sequence (one token per character)
+  is continued exactly as sampled, and the trained stream is the template's rendering of the
+  conversation; re-rendering the text and re-tokenizing it (Tunix's way) gives other tokens."""
+  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+
+  encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
+  call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
+  turns = [[t for ch in call for t in encode(ch)], encode("<answer>84</answer>")]
+  eos = smollm2_tokenizer.eos_token_id
+  parser = ConfigChatParser(smollm2_tokenizer, "SYS")
+  seen = []
+
+  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
+    text = parser.parse(messages, add_generation_prompt=True, is_first_msg=True)
+    seen.append((prompt_ids, text))
+    tokens = np.asarray(turns[len(seen) - 1] + [eos])
+    padded = np.asarray([[0, 0] + encode(text)])  # as an engine returns it: left-padded
+    return base_rollout.RolloutOutput(text=[smollm2_tokenizer.decode(tokens[:-1])], logits=None, tokens=[tokens],
+                                      left_padded_prompt_tokens=padded, logprobs=None)
+
+  tool_map = {"calculator": tools.CalculatorTool}
+  agent = agentic.UserTurnToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
+  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+                                    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
+  asyncio.run(engine.collect(mode="Trajectory"))
+  assert [ids is None for ids, _ in seen] == [True, False]
+  stream, turn2 = engine.token_stream(), seen[1][0]
+  assert stream[:len(turn2)].tolist() == turn2.tolist()
+  assert stream[len(turn2):].tolist() == turns[1] + [eos]
+  assert any(m["role"] == "tool" and "84" in str(m["content"]) for m in agent.chat_completions)
+  whole = parser.render(agent.chat_completions)
+  assert smollm2_tokenizer.decode(stream.tolist()) + "\n" == whole
+  assert "SYS\n\nYou are provided with function signatures" in whole
+  assert encode(seen[1][1]) != turn2.tolist()

@@ -140,3 +140,15 @@ def test_batched_engine_logprobs_agree_with_the_trainers_at_step_0(setup, batche
       temperature=0.8))
   for i, lp in enumerate(out.logprobs):
     np.testing.assert_allclose(lp, trainer[i, :len(lp)], atol=1e-4)
+
+
+def test_token_id_prompts_sample_like_their_text(setup, batched, qwen3_tokenizer):
+  """Both engines take a prompt as token ids (a conversation's exact token stream) and continue it
+  as they would its text."""
+  engine, _, config = setup
+  greedy = dataclasses.replace(config, temperature=0.0, top_p=None)
+  ids = np.asarray(qwen3_tokenizer.encode(PROMPTS[0], add_special_tokens=False), np.int32)
+  for e in (engine, batched):
+    text, tokens = e.generate(PROMPTS[:1], greedy), e.generate([ids], greedy)
+    assert _tokens(tokens) == _tokens(text) and tokens.text == text.text
+    np.testing.assert_array_equal(tokens.left_padded_prompt_tokens, text.left_padded_prompt_tokens)

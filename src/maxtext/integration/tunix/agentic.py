@@ -6,7 +6,8 @@ user turn only (the agent adds the system turn and our ConfigChatParser renders 
 With rl.tools the agent is Tunix's ToolAgent (tool calls parsed from <tool_call>{json}</tool_call>)
 in a ToolEnvironment of at most rl.max_turns model turns.
 Workarounds for google-tunix 0.1.7 used here:
-- full-length completions are kept (FullLengthKeepingEngine);
+- full-length completions are kept, and later turns are sampled from the conversation's exact token
+  stream (TrajectoryEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
   with) is refreshed before each batch is scored; Tunix refreshes it only in weight syncs, which a
@@ -77,20 +78,54 @@ def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
   return batches.map(lambda b: {**b, "prompts": b["user_content"]})
 
 
-class FullLengthKeepingEngine(trajectory_collect_engine.TrajectoryCollectEngine):
-  """Records a response that uses the rest of the response budget before ending the episode.
+class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
+  """Tunix's trajectory collection with two fixes.
 
-  Tunix checks the budget right after the model call and ends the episode before the agent
-  records the response, so every completion that used the whole budget was trained as empty (and
-  a short completion plus its EOS can reach the budget too). Here the check right after the model
-  call is skipped; the next step's check ends the episode with the response recorded.
+  Full-length responses kept: Tunix checks the response budget right after the model call and ends
+  the episode before the agent records the response, so every completion that used the whole
+  budget was trained as empty (a short completion plus its EOS can reach the budget too). Here the
+  check right after the model call is skipped; the next step's check ends the episode with the
+  response recorded.
+
+  Token in, token out: the trainer trains on the first prompt's tokens followed by each turn's
+  sampled tokens and the environment's tokens, but Tunix samples every later turn from the
+  conversation re-rendered as text and re-tokenized, which differs wherever sampled tokens
+  re-tokenize differently. Here every later turn is sampled from that exact token stream
+  (`prompt_ids`, passed to the learner's model call). The environment's tokens start with what the
+  template writes after a turn's EOS token ("\n" in ChatML; Tunix left it out), so the stream is
+  the template's rendering of the conversation.
   """
 
   _checks_this_step = 0
 
   async def _one_step(self) -> bool:
     self._checks_this_step = 0
-    return await super()._one_step()
+    if self.agent.trajectory.steps:
+      self.model_call_kwargs = {**self.model_call_kwargs, "prompt_ids": self.token_stream()}
+    done = await super()._one_step()
+    self._prepend_turn_end()
+    return done
+
+  def _prepend_turn_end(self) -> None:
+    step = self.agent.get_current_step()
+    suffix = getattr(self.chat_parser, "turn_end_suffix", "")
+    if step is None or getattr(step, "env_tokens", None) is None or not suffix:
+      return
+    tokens = self.tokenizer.encode(suffix, add_special_tokens=False)
+    step.env_tokens = np.concatenate([np.asarray(tokens, step.env_tokens.dtype), step.env_tokens])
+    step.env_masks = np.concatenate([np.zeros(len(tokens), step.env_masks.dtype), step.env_masks])
+    self._response_token_count += len(tokens)
+
+  def token_stream(self) -> np.ndarray:
+    """The conversation's tokens so far: the prompt the sampler saw (left padding stripped), then
+    each turn's sampled tokens and the environment's tokens."""
+    trajectory = self.agent.trajectory
+    prompt = np.asarray(trajectory.prompt_tokens, np.int32)
+    pieces = [prompt[np.argmax(prompt != self.tokenizer.pad_id()):]]
+    for step in trajectory.steps:
+      pieces += [np.asarray(t, np.int32) for t in (getattr(step, "assistant_tokens", None),
+                                                   getattr(step, "env_tokens", None)) if t is not None]
+    return np.concatenate(pieces)
 
   def _check_and_set_context_limit_reached(self) -> bool:
     self._checks_this_step += 1
@@ -104,7 +139,7 @@ class RolloutError(RuntimeError):
 
 
 class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
-  """Tunix's agentic GRPO learner collecting trajectories with FullLengthKeepingEngine and logging
+  """Tunix's agentic GRPO learner collecting trajectories with TrajectoryEngine and logging
   the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
   of the consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's
   version is that of its oldest token), and trainer/idle_fraction, the share of each step the
@@ -131,9 +166,17 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       if q is not None:
         q.put(None)
 
-  def _model_call(self, chat_lists, env=None, max_generation_steps=None):
+  def _model_call(self, chat_lists, env=None, max_generation_steps=None, prompt_ids=None):
+    """One model turn of a conversation; a later turn continues the conversation's token stream
+    `prompt_ids` (TrajectoryEngine) instead of re-rendering `chat_lists`."""
     try:
-      out = super()._model_call(chat_lists, env, max_generation_steps)
+      if prompt_ids is None:
+        out = super()._model_call(chat_lists, env, max_generation_steps)
+      else:
+        if env is not None:
+          env.task["policy_version"] = self.policy_version
+        out = self.rl_cluster.generate(prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN,
+                                       max_generation_steps=max_generation_steps)
     except Exception as e:
       if self._rollout_error is None:
         self._rollout_error = e
@@ -157,7 +200,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 
   def _build_orchestrator(self) -> rollout_orchestrator.RolloutOrchestrator:
     orchestrator = super()._build_orchestrator()
-    orchestrator.engine_cls = FullLengthKeepingEngine
+    orchestrator.engine_cls = TrajectoryEngine
     return orchestrator
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
@@ -232,7 +275,13 @@ def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
 
 class UserTurnToolAgent(tool_agent.ToolAgent):
   """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
-  renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field."""
+  renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
+  descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word)."""
+
+  def _init_messages(self, system_prompt: str) -> None:
+    if system_prompt and self.tools_prompt:
+      system_prompt = system_prompt.rstrip() + "\n\n"
+    super()._init_messages(system_prompt)
 
   def _observation_to_messages(self, observation, reward, done, info):
     if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:

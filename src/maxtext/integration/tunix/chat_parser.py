@@ -89,6 +89,15 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     env = jinja2.Environment()
     return env.from_string(self.template).render(messages=msgs, add_generation_prompt=add_generation_prompt)
 
+  @property
+  def turn_end_suffix(self) -> str:
+    """What the template writes after a model turn's end (EOS) token before the next message
+    ("\n" in ChatML); a sampled turn stops at the EOS token."""
+    eos = self._tokenizer_for_render.eos_token or ""
+    turn = self.render(_PROBE[:3])
+    end = turn.find(eos, turn.rindex(_PROBE[2]["content"])) if eos else -1
+    return turn[end + len(eos):] if end >= 0 else ""
+
   def _prefix_problem(self) -> str | None:
     for k in range(2, len(_PROBE)):
       before, after = self.render(_PROBE[:k]), self.render(_PROBE[:k + 1])

@@ -10,7 +10,9 @@
 3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
    syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
    goes through host memory, so a trainer/sampler split of 4/4 devices crashed.
-4. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
+4. Token prompts: a prompt may be given as token ids instead of text (the agentic learner continues
+   a conversation's exact token stream that way); Tunix's sampler takes only text.
+5. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
    next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
    the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
    that does not fit raises an error that says by how much.
@@ -32,7 +34,7 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from tunix.generate import tokenizer_adapter
+from tunix.generate import sampler, tokenizer_adapter
 from tunix.rl import common, reshard
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
@@ -78,6 +80,18 @@ class StepKeys:
     return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self._seed), step), call)
 
 
+Prompt = str | np.ndarray  # text, or token ids used as they are
+
+
+class _TokenPromptSampler(sampler.Sampler):
+  """Tunix's sampler that also takes prompts as token ids."""
+
+  def tokenize(self, input_string: Prompt) -> np.ndarray:
+    if isinstance(input_string, str):
+      return super().tokenize(input_string)
+    return np.asarray(input_string, np.int32)
+
+
 class RolloutEngine(vanilla_rollout.VanillaRollout):
   """Tunix's vanilla rollout (KV-cache sampler) with fresh seeds and completions that keep EOS.
 
@@ -88,16 +102,13 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
   def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
                rollout_config: base_rollout.RolloutConfig, seed: int):
     model = _place_on_mesh(rollout_actor, mesh)
-    super().__init__(
-        model,
-        tokenizer,
-        base_rollout.CacheConfig(
-            cache_size=rollout_config.kv_cache_size,
-            num_layers=model.config.num_layers,
-            num_kv_heads=model.config.num_kv_heads,
-            head_dim=model.config.head_dim,
-        ),
-    )
+    # VanillaRollout's constructor only builds its sampler; ours also takes token prompts.
+    self._sampler = _TokenPromptSampler(model, tokenizer, sampler.CacheConfig(
+        cache_size=rollout_config.kv_cache_size,
+        num_layers=model.config.num_layers,
+        num_kv_heads=model.config.num_kv_heads,
+        head_dim=model.config.head_dim,
+    ))
     self.mesh = mesh
     self.keys = StepKeys(seed)
 
@@ -105,7 +116,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     with jax.transfer_guard("allow"):
       super().update_params(params, filter_types)
 
-  def generate(self, prompts: list[str], rollout_config: base_rollout.RolloutConfig, **kwargs):
+  def generate(self, prompts: list[Prompt], rollout_config: base_rollout.RolloutConfig, **kwargs):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
     with self.mesh, jax.default_device(self.mesh.devices.flat[0]):
       if rollout_config.seed is None and rollout_config.temperature:  # greedy decoding draws nothing
@@ -121,7 +132,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
 
-  def _fitted(self, prompts: list[str], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
+  def _fitted(self, prompts: list[Prompt], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
     """config with max_prompt_length raised to what the KV cache leaves when a prompt is longer."""
     longest = max(len(self._sampler.tokenize(p)) for p in prompts)
     if longest <= config.max_prompt_length:
@@ -154,12 +165,14 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     """Per prompt, the weights version of each token of this thread's last generate call."""
     return getattr(self._last_versions, "value", None)
 
-  def _tokenize(self, prompt: str) -> np.ndarray:
+  def _tokenize(self, prompt: Prompt) -> np.ndarray:
+    if not isinstance(prompt, str):
+      return np.asarray(prompt, np.int32)
     ids = self._tokenizer.encode(prompt)
     bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
     return np.asarray(self._tokenizer.dedup_bos_ids(bos + ids), np.int32)
 
-  def generate(self, prompts: list[str] | str, rollout_config: base_rollout.RolloutConfig, **kwargs):
+  def generate(self, prompts: list[Prompt] | str, rollout_config: base_rollout.RolloutConfig, **kwargs):
     if isinstance(prompts, str):  # the agentic learner passes its one rendered conversation as a str
       prompts = [prompts]
     ids = [self._tokenize(p) for p in prompts]
