@@ -135,3 +135,9 @@ def test_readme_holds_the_generated_config_reference():
   block = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
   assert block == cli.reference_markdown(), "regenerate README's reference with python -m maxtext.utils.cli"
   assert "| `rl.max_concurrency` | `16` | Agentic: rollouts in flight at once. |" in block
+
+
+def test_train_micro_batch_size_divides_batch_size():
+  assert make_config("batch_size=4", "train_micro_batch_size=2").train_micro_batch_size == 2
+  with pytest.raises(pyconfig.ConfigError, match="train_micro_batch_size=3: expected 0 .* divisor of batch_size=4"):
+    make_config("batch_size=4", "train_micro_batch_size=3")

@@ -1,5 +1,7 @@
 """Agentic tools: arithmetic by hand, and every python-tool failure mode as an error, never a raise."""
 
+import time
+
 import pytest
 
 from maxtext.configs import pyconfig
@@ -87,3 +89,31 @@ def test_user_tools_from_tools_path(tmp_path):
     tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
   with pytest.raises(FileNotFoundError, match="missing.py: file not found"):
     tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}"))
+
+
+def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
+  """rl.tools_path tools run under rl.tool_timeout_s; Tunix's tool manager runs them as the
+  environment does."""
+  from tunix.rl.agentic.tools import tool_manager  # pylint: disable=import-outside-toplevel
+
+  path = tmp_path / "slow_tools.py"
+  path.write_text("import time\n"
+                  "from tunix.rl.agentic.tools import base_tool\n"
+                  "class Nap(base_tool.BaseTool):\n"
+                  "  '''Sleeps for `s` seconds, or raises when s is negative.'''\n"
+                  "  def get_json_schema(self):\n"
+                  "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
+                  "  def apply(self, s):\n"
+                  "    if s < 0:\n"
+                  "      raise RuntimeError('negative nap')\n"
+                  "    time.sleep(s)\n"
+                  "    return base_tool.ToolOutput(name=self.name, output=f'slept {s}')\n"
+                  "TOOLS = {'nap': Nap}\n")
+  manager = tool_manager.ToolManager(tools.tool_map(make_config("rl.tools=[nap]", f"rl.tools_path={path}",
+                                                                "rl.tool_timeout_s=0.5")))
+  assert manager.get_tools()[0].description.startswith("Sleeps for")
+  assert manager.run("nap", s=0.01).output == "slept 0.01"
+  start = time.perf_counter()
+  hung = manager.run("nap", s=30)
+  assert time.perf_counter() - start < 5 and hung.error == "no result within rl.tool_timeout_s=0.5 s"
+  assert manager.run("nap", s=-1).error == "RuntimeError: negative nap"

@@ -259,6 +259,10 @@ def _validate(v: dict[str, Any]) -> None:
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
     if v[key] < 1:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
+  micro = v["train_micro_batch_size"]
+  if micro < 0 or (micro and v["batch_size"] % micro):
+    raise ConfigError(f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of "
+                      f"batch_size={v['batch_size']}")
   if v["eval_interval"] < 0 or v["math_verify_timeout"] <= 0:
     raise ConfigError("eval_interval must be >= 0 and math_verify_timeout > 0")
   scaling = v["rope_scaling"]

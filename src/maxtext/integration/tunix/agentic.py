@@ -209,8 +209,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
           nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
     conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
-      self.rl_cluster.buffer_metrics_async({k: (v, np.mean) for k, v in conversation_metrics(conversations).items()},
-                                           mode=mode, step=expected_step)
+      self.rl_cluster.buffer_metrics_async(conversation_metrics(conversations), mode=mode, step=expected_step)
     for item, conversation in zip(trajectories, conversations):
       item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
     return super()._process_results(trajectories, mode, expected_step)
@@ -248,16 +247,21 @@ _OLDEST_VERSION = "oldest_token_policy_version"
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
 
 
-def conversation_metrics(conversations: list[list[dict]]) -> dict[str, float]:
-  """tools/call_frequency (share of conversations with a tool call), tools/failure_frequency
-  (share of tool calls that failed) and turns/mean (model turns per conversation)."""
+def conversation_metrics(conversations: list[list[dict]]) -> dict[str, tuple[float, Callable]]:
+  """Metric -> (value, how a step's values combine) for a group of conversations: tools/calls and
+  tools/failed_calls (counts, summed), tools/call_frequency (share of conversations with a tool
+  call), tools/failure_frequency (share of tool calls that failed) and turns/mean (model turns per
+  conversation), the last three averaged over a step's groups."""
   calls = [[m for m in c if m["role"] == "tool"] for c in conversations]
   n_calls = sum(len(c) for c in calls)
   failed = sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c)
   return {
-      "tools/call_frequency": sum(bool(c) for c in calls) / max(len(conversations), 1),
-      "tools/failure_frequency": failed / n_calls if n_calls else 0.0,
-      "turns/mean": float(np.mean([sum(m["role"] == "assistant" for m in c) for c in conversations] or [0])),
+      "tools/calls": (float(n_calls), np.sum),
+      "tools/failed_calls": (float(failed), np.sum),
+      "tools/call_frequency": (sum(bool(c) for c in calls) / max(len(conversations), 1), np.mean),
+      "tools/failure_frequency": (failed / n_calls if n_calls else 0.0, np.mean),
+      "turns/mean": (float(np.mean([sum(m["role"] == "assistant" for m in c) for c in conversations] or [0])),
+                     np.mean),
   }
 
 

@@ -92,6 +92,8 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
           backend_kwargs={"custom_backend": sinks.factories()},
       ),
       data_sharding_axis=DATA_AXES,
+      mini_batch_size=cfg.batch_size,
+      train_micro_batch_size=cfg.train_micro_batch_size or None,
   )
   cluster_config = rl_cluster_lib.ClusterConfig(
       role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},

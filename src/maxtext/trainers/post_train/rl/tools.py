@@ -7,6 +7,8 @@ tool's error text, which the agent puts in the tool turn; nothing raises into th
 - python: the code runs in a fresh interpreter (`python -I`) in an empty temporary folder, with a
   wall-time limit, CPU-time and address-space limits, no file larger than 1 MB, sockets disabled
   in the interpreter, and its stdout/stderr cut to rl.tool_output_max_chars (head and tail kept).
+- your tools (rl.tools_path) get the same wall-time limit: a call without a result after
+  rl.tool_timeout_s comes back as an error (its thread is left to finish on its own).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
@@ -147,6 +150,28 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
   return PythonTool
 
 
+def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_tool.BaseTool]:
+  """cls whose calls come back as an error when they take longer than timeout_s seconds."""
+
+  def apply(self, **kwargs) -> base_tool.ToolOutput:
+    result = []
+
+    def call():
+      try:
+        result.append(cls.apply(self, **kwargs))
+      except Exception as e:  # pylint: disable=broad-except
+        result.append(base_tool.ToolOutput(name=self.name, error=f"{type(e).__name__}: {e}"))
+
+    worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if not result:
+      return base_tool.ToolOutput(name=self.name, error=f"no result within rl.tool_timeout_s={timeout_s:g} s")
+    return result[0]
+
+  return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
+
+
 def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
   from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
@@ -163,7 +188,8 @@ def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   config error."""
   available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
   if cfg.rl.tools_path:
-    available.update({name: (lambda c=c: c) for name, c in user_tools(cfg.rl.tools_path).items()})
+    available.update({name: (lambda c=c: with_deadline(c, cfg.rl.tool_timeout_s))
+                      for name, c in user_tools(cfg.rl.tools_path).items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:
     from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
