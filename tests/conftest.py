@@ -1,6 +1,11 @@
 """Shared fixtures: configs built the way users build them, and the shipped tokenizers."""
 
 import functools
+import os
+
+# Compiled programs are shared across the suite's runs, as jax_cache_dir shares them across train_rl runs
+# (JAX reads this before its first compilation).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/jax_cache"))
 
 import pytest
 

@@ -201,6 +201,19 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
   assert (tmp_path / "failing" / "eval.json").is_file()  # what was saved before the failure stays
 
 
+@pytest.mark.slow
+def test_agentic_at_max_concurrency_256(tmp_path):
+  """Load: 16 prompts x 4 samples per step with off_policy_steps=3 puts up to 256 conversations in
+  flight on the batched engine; gradient accumulation keeps the trainer's memory bounded."""
+  args = [*TINY, "num_batches=3", "batch_size=16", "rl.num_generations=4", "train_micro_batch_size=2",
+          "rl.use_agentic_rollout=true", "rl.max_concurrency=256", "rl.off_policy_steps=3", "rollout_engine=batched",
+          f"base_output_directory={tmp_path}", "run_name=load"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  rows = _read_jsonl(tmp_path / "load" / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert all(np.isfinite(r["loss"]) and r["staleness/max"] <= 3 for r in rows)
+
+
 @pytest.mark.slow  # end_to_end/agentic_grpo_smoke.sh runs the calculator tool in the fast suite
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
   """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""

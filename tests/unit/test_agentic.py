@@ -108,7 +108,7 @@ def _conversation(*tool_results):
 def test_tool_metrics_of_scripted_conversations():
   """3 conversations: 2 call a tool, 1 of those 2 calls fails."""
   conversations = [_conversation("84"), _conversation("Error: ZeroDivisionError: division by zero"), _conversation()]
-  m = {k: v for k, (v, _) in agentic.conversation_metrics(conversations).items()}
+  m = agentic.conversation_metrics(agentic.conversation_counts(conversations))
   assert (m["tools/calls"], m["tools/failed_calls"]) == (2, 1)
   assert m["tools/call_frequency"] == pytest.approx(2 / 3)
   assert m["tools/failure_frequency"] == pytest.approx(1 / 2)

@@ -74,3 +74,12 @@ def test_directory_without_tokenizer_files(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps({}))
   with pytest.raises(FileNotFoundError, match="tokenizer.json or tokenizer.model"):
     load_tokenizer(str(tmp_path))
+
+
+def test_tokenizer_larger_than_the_embedding_is_a_config_error():
+  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
+  from tests.conftest import make_config  # pylint: disable=import-outside-toplevel
+
+  with pytest.raises(ConfigError, match=r"tokenizer_path=.*: 151669 tokens exceed the model's vocab_size=1000"):
+    tokenizer_for(make_config("model_name=qwen3-tiny", "vocab_size=1000"))

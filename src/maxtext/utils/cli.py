@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sys
 from typing import Callable
 
@@ -51,6 +52,9 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
                       format="%(asctime)s %(levelname)s %(name)s: %(message)s")
   # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
   absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
+  if cfg.jax_cache_dir:
+    import jax  # pylint: disable=import-outside-toplevel
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
   try:
     with contextlib.redirect_stdout(sys.stderr):
       records = job(cfg)

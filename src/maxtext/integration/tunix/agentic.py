@@ -25,7 +25,9 @@ Workarounds for google-tunix 0.1.7 used here:
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 from typing import Callable
 
 import grain
@@ -154,6 +156,8 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     """before_step(steps_done) runs between global steps (it may raise to stop training)."""
     super().__init__(*args, **kwargs)
     self._before_step = before_step
+    self._conversation_lock = threading.Lock()
+    self._conversation_totals: dict[int, collections.Counter] = {}
 
   def train(self, *args, **kwargs):
     try:
@@ -209,10 +213,20 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
           nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
     conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
-      self.rl_cluster.buffer_metrics_async(conversation_metrics(conversations), mode=mode, step=expected_step)
+      self._log_conversations(conversations, expected_step)
     for item, conversation in zip(trajectories, conversations):
       item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
     return super()._process_results(trajectories, mode, expected_step)
+
+  def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
+    """Logs the step's tool and turn metrics from running totals: Tunix logs a step's metrics in
+    several parts when groups of different steps finish interleaved, and a later part replaces an
+    earlier one, so each part carries the totals so far (the last value of a part is kept)."""
+    with self._conversation_lock:
+      totals = self._conversation_totals.setdefault(step, collections.Counter())
+      totals.update(conversation_counts(conversations))
+      self.rl_cluster.buffer_metrics_async({k: (v, _last) for k, v in conversation_metrics(totals).items()},
+                                           mode=rl_cluster_lib.Mode.TRAIN, step=step)
 
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
@@ -244,24 +258,35 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
+
+
+def _last(values):
+  return values[-1]
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
 
 
-def conversation_metrics(conversations: list[list[dict]]) -> dict[str, tuple[float, Callable]]:
-  """Metric -> (value, how a step's values combine) for a group of conversations: tools/calls and
-  tools/failed_calls (counts, summed), tools/call_frequency (share of conversations with a tool
-  call), tools/failure_frequency (share of tool calls that failed) and turns/mean (model turns per
-  conversation), the last three averaged over a step's groups."""
+def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:
+  """Conversations, those with a tool call, tool calls, failed tool calls and model turns."""
   calls = [[m for m in c if m["role"] == "tool"] for c in conversations]
-  n_calls = sum(len(c) for c in calls)
-  failed = sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c)
+  return collections.Counter(
+      conversations=len(conversations),
+      with_calls=sum(bool(c) for c in calls),
+      calls=sum(len(c) for c in calls),
+      failed=sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c),
+      turns=sum(m["role"] == "assistant" for c in conversations for m in c),
+  )
+
+
+def conversation_metrics(counts: collections.Counter) -> dict[str, float]:
+  """tools/calls and tools/failed_calls (counts), tools/call_frequency (share of conversations with
+  a tool call), tools/failure_frequency (share of tool calls that failed) and turns/mean (model
+  turns per conversation)."""
   return {
-      "tools/calls": (float(n_calls), np.sum),
-      "tools/failed_calls": (float(failed), np.sum),
-      "tools/call_frequency": (sum(bool(c) for c in calls) / max(len(conversations), 1), np.mean),
-      "tools/failure_frequency": (failed / n_calls if n_calls else 0.0, np.mean),
-      "turns/mean": (float(np.mean([sum(m["role"] == "assistant" for m in c) for c in conversations] or [0])),
-                     np.mean),
+      "tools/calls": float(counts["calls"]),
+      "tools/failed_calls": float(counts["failed"]),
+      "tools/call_frequency": counts["with_calls"] / max(counts["conversations"], 1),
+      "tools/failure_frequency": counts["failed"] / counts["calls"] if counts["calls"] else 0.0,
+      "turns/mean": counts["turns"] / max(counts["conversations"], 1),
   }
 
 
