@@ -3,7 +3,7 @@
     python benchmarks/agentic_vs_standard.py [--quick] [--steps N] [key=value ...]
 
 Every configuration trains the same prompts (same data order and seed), samples, steps and
-sampling parameters through train_rl, each in its own process: standard GRPO and agentic GRPO with
+sampling parameters through train_rl, each in its own process with no compilation cache: standard GRPO and agentic GRPO with
 rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched. Per configuration it reports
 the training wall time (train_rl's "Trained N steps in X s", model loading and evaluation excluded),
 rollout tokens/s (completion tokens generated for training / that wall time), the mean
@@ -41,7 +41,8 @@ ENGINES = ("vanilla", "batched")
 
 def _common(args) -> list[str]:
   work = [f"num_batches={args.steps}", "num_test_batches=1", "eval_batch_size=2", "checkpoint_period=1000",
-          f"rl.max_concurrency={args.batch_size * args.generations}", "decode_seed=0", "data_shuffle_seed=0"]
+          f"rl.max_concurrency={args.batch_size * args.generations}", "decode_seed=0", "data_shuffle_seed=0",
+          "jax_cache_dir="]  # every run compiles for itself
   work += [f"batch_size={args.batch_size}", f"rl.num_generations={args.generations}"]
   if args.quick:
     work += ["model_name=qwen3-tiny", "max_response_length=32", "learning_rate=1e-3", "warmup_steps_fraction=0"]

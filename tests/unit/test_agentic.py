@@ -194,6 +194,10 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   stream, turn2 = engine.token_stream(), seen[1][0]
   assert stream[:len(turn2)].tolist() == turn2.tolist()
   assert stream[len(turn2):].tolist() == turns[1] + [eos]
+  [first, second] = agent.trajectory.steps  # the loss sees the model's tokens only, not the tool's
+  assert second.assistant_masks.tolist() == [1] * (len(turns[1]) + 1)
+  assert first.assistant_masks.tolist() == [1] * (len(turns[0]) + 1)
+  assert len(first.env_masks) > 5 and not first.env_masks.any()
   assert any(m["role"] == "tool" and "84" in str(m["content"]) for m in agent.chat_completions)
   whole = parser.render(agent.chat_completions)
   assert smollm2_tokenizer.decode(stream.tolist()) + "\n" == whole

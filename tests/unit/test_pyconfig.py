@@ -141,3 +141,10 @@ def test_train_micro_batch_size_divides_batch_size():
   assert make_config("batch_size=4", "train_micro_batch_size=2").train_micro_batch_size == 2
   with pytest.raises(pyconfig.ConfigError, match="train_micro_batch_size=3: expected 0 .* divisor of batch_size=4"):
     make_config("batch_size=4", "train_micro_batch_size=3")
+
+
+def test_unreadable_yaml_names_the_file(tmp_path):
+  bad = tmp_path / "bad.yml"
+  bad.write_text("rl: [unclosed\n")
+  with pytest.raises(pyconfig.ConfigError, match=r"bad.yml: not valid YAML"):
+    make_config(yaml=str(bad))
