@@ -81,6 +81,9 @@ def test_agentic_without_staleness_reproduces_standard_grpo_loss(tmp_path, monke
     assert a["loss"] == pytest.approx(s["loss"], rel=1e-5)  # measured: 2e-7 relative at step 2
     assert a["kl"] == pytest.approx(s["kl"], rel=1e-5, abs=1e-7)
     assert a["grad_norm"] == pytest.approx(s["grad_norm"], rel=1e-5)
+  # On the shared mesh the PPO ratio is taken against the weights that sampled (one iteration: the
+  # current ones), not the initial weights (log ratio ~0.1 at step 2 without the anchor refresh).
+  assert agentic[1]["log_ratio/abs_mean"] < 1e-5
 
 
 FLAKY_TOOL = '''

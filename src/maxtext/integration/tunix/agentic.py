@@ -16,8 +16,10 @@ Workarounds for google-tunix 0.1.7 used here:
   `question` field, the raw question, and drops the data template's user turn): UserTurnToolAgent;
 - a chat parser is always given (the learner crashes without one); numpy message content is coerced
   to text by the parser;
-- use_rollout_logps=False: our rollout engine returns no sampler log-probs, so the trainer computes
-  the old policy's log-probs itself;
+- with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
+  behaviour policy of an off-policy sample, whatever weights the trainer holds now), and Tunix logs
+  the per-step sampler/trainer agreement (sampler_trainer/logp_diff_mean, ..._max, prob_diff_*,
+  probs_pearson_corr); the vanilla engine returns no log-probs, so there the trainer computes them;
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
@@ -69,7 +71,7 @@ def grpo_config(cfg, system: str) -> agentic_grpo_learner.GRPOConfig:
       sampler_is=rl.sampler_is or None,
       sampler_is_threshold=rl.sampler_is_threshold,
       degenerate_group_masking=rl.filter_zero_variance_groups,
-      use_rollout_logps=False,
+      use_rollout_logps=cfg.rollout_engine == "batched",
   )
   log.info("Agentic GRPO algorithm config: %s", config)
   return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -56,8 +57,8 @@ def rollout_engine(cfg):
 
 
 def rollout_configs(cfg, eos_id: int) -> dict:
-  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0) and for
-  evaluation (eval_sampling_strategy)."""
+  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
+  log-probs for agentic runs on the batched engine) and for evaluation (eval_sampling_strategy)."""
   common = dict(
       max_tokens_to_generate=cfg.max_response_length,
       max_prompt_length=cfg.max_prompt_length,
@@ -72,6 +73,8 @@ def rollout_configs(cfg, eos_id: int) -> dict:
       top_k=cfg.decode_sampling_top_k, **common,
   )
   evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **common)
+  if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
+    train, evaluation = (dataclasses.replace(c, return_logprobs=True) for c in (train, evaluation))
   return {Mode.TRAIN: train, Mode.EVAL: evaluation}
 
 
