@@ -12,8 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 @pytest.mark.parametrize("script, args", [
     ("resume_after_kill.sh", []),
     pytest.param("standard_grpo_smoke.sh", [], marks=pytest.mark.slow),  # test_train_rl covers the same run
-    ("agentic_grpo_smoke.sh", []),
-    ("hf_export_round_trip.sh", ["model_name=qwen3-tiny"]),
+    # test_scripted_policy and test_train_rl cover the agentic tool run; test_checkpoint_conversion
+    # the round trip
+    pytest.param("agentic_grpo_smoke.sh", [], marks=pytest.mark.slow),
+    pytest.param("hf_export_round_trip.sh", ["model_name=qwen3-tiny"], marks=pytest.mark.slow),
 ])
 def test_end_to_end_script(script, args):
   env = dict(os.environ, PYTHON=sys.executable, JAX_PLATFORMS="cpu")

@@ -135,6 +135,7 @@ def test_flaky_tool_under_high_concurrency(tmp_path, monkeypatch):
   assert sum(r["tools/failed_calls"] for r in rows) == sum(o != "ok" for o in outcomes) > 0
 
 
+@pytest.mark.slow  # keeps the fast suite in budget; test_pyconfig checks the setting
 def test_gradient_accumulation_trains_like_the_whole_batch(tmp_path, monkeypatch):
   """train_micro_batch_size=1 (one prompt's group per micro-batch, gradients accumulated) gives the
   whole batch's loss, gradient norm and parameters."""
