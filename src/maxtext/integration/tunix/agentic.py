@@ -260,11 +260,12 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
+_TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
 
 
 def _last(values):
+  """A metric reduction: the last value logged."""
   return values[-1]
-_TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
 
 
 def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:
