@@ -160,13 +160,15 @@ def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_
       try:
         result.append(cls.apply(self, **kwargs))
       except Exception as e:  # pylint: disable=broad-except
-        result.append(base_tool.ToolOutput(name=self.name, error=f"{type(e).__name__}: {e}"))
+        result.append(e)
 
     worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if not result:
       return base_tool.ToolOutput(name=self.name, error=f"no result within rl.tool_timeout_s={timeout_s:g} s")
+    if isinstance(result[0], Exception):
+      raise result[0]  # in the caller's thread, where Tunix's tool manager turns it into the error text
     return result[0]
 
   return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
