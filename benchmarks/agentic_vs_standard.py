@@ -6,8 +6,9 @@ Every configuration trains the same prompts (same data order and seed), samples,
 sampling parameters through train_rl, each in its own process with no compilation cache: standard GRPO and agentic GRPO with
 rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched. Per configuration it reports
 the training wall time (train_rl's "Trained N steps in X s", model loading and evaluation excluded),
-rollout tokens/s (completion tokens generated for training / that wall time), the mean
-trainer/idle_fraction, the final mean reward (rewards/sum of the last step) and the wall-time ratio
+rollout tokens/s (completion tokens generated for training / that wall time), the median step time
+after the first step (which carries most of the compiling), the mean trainer/idle_fraction, the mean
+share of prompt tokens read from a reused KV prefix (batched engine), the final mean reward (rewards/sum of the last step) and the wall-time ratio
 to standard GRPO with the same engine and to standard GRPO with the vanilla engine. Prints a table
 and writes benchmarks/results/agentic_vs_standard.json.
 
@@ -65,13 +66,21 @@ def _run_one(name: str, engine: str, common: list[str], out_dir: str) -> dict:
   per_sample = [r.get("completions/mean_length", r.get("generation/completions/mean_length")) for r in rows]
   samples = _arg(common, "batch_size") * _arg(common, "rl.num_generations")
   idle = [r["trainer/idle_fraction"] for r in rows if "trainer/idle_fraction" in r]
+  reuse = [r["rollout/prefix_reuse_fraction"] for r in rows if "rollout/prefix_reuse_fraction" in r]
+  later = sorted(r["step_time_s"] for r in rows[1:])
   return {
       "config": name, "engine": engine, "steps": int(trained.group(1)), "wall_s": wall,
       "process_s": time.time() - started,
       "rollout_tokens_per_s": sum(per_sample) * samples / wall,
       "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
+      "later_step_s": later[len(later) // 2] if later else None,
+      "prefix_reuse_fraction": sum(reuse) / len(reuse) if reuse else None,
       "final_mean_reward": rows[-1]["rewards/sum"],
   }
+
+
+def _fmt(value, spec: str = ".2f") -> str:
+  return "n/a" if value is None else format(value, spec)
 
 
 def _arg(common: list[str], key: str) -> int:
@@ -113,14 +122,14 @@ def main() -> None:
   os.makedirs(os.path.dirname(RESULTS), exist_ok=True)
   with open(RESULTS, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
-  print("| configuration | engine | wall s | rollout tok/s | trainer idle | final reward | / standard (same engine) "
-        "| / standard vanilla |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  print("| configuration | engine | wall s | later steps s/step | rollout tok/s | trainer idle | prefix reuse "
+        "| final reward | / standard (same engine) | / standard vanilla |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   for r in results:
-    idle = "n/a" if r["trainer_idle_fraction"] is None else f"{r['trainer_idle_fraction']:.2f}"
-    print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['rollout_tokens_per_s']:.1f} | {idle} | "
-          f"{r['final_mean_reward']:.3f} | {r['ratio_to_standard_same_engine']:.2f} | "
-          f"{r['ratio_to_standard_vanilla']:.2f} |")
+    print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {_fmt(r['later_step_s'], '.1f')} | "
+          f"{r['rollout_tokens_per_s']:.1f} | {_fmt(r['trainer_idle_fraction'])} | "
+          f"{_fmt(r['prefix_reuse_fraction'])} | {r['final_mean_reward']:.3f} | "
+          f"{r['ratio_to_standard_same_engine']:.2f} | {r['ratio_to_standard_vanilla']:.2f} |")
   print(f"wrote {RESULTS}")
 
 

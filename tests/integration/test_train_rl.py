@@ -164,6 +164,10 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   assert 0 < rows[0]["trainer/idle_fraction"] <= 1  # the trainer waits for the first samples
   for r in rows:  # the sampler's log-probs (the old policy's) agree with the trainer's recomputation
     assert r["sampler_trainer/logp_diff_mean"] < 1e-4 and r["sampler_trainer/logp_diff_max"] < 1e-3
+  # Conversations share the chat template's system prompt and a group its question: prompt tokens are
+  # read from reused KV prefixes, but never all of them.
+  reuse = [r["rollout/prefix_reuse_fraction"] for r in rows]
+  assert all(0.3 < x < 1 for x in reuse)
   cfg = make_config(*args)
   initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
   trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))

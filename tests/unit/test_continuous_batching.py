@@ -54,7 +54,7 @@ def _greedy(model, prompt, n):
 
 
 def test_greedy_completions_match_the_reference_with_more_requests_than_slots(model):
-  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4)
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, prefill_chunk=16)  # 17 tokens: two chunks
   budgets = [8, 5, 12, 3, 10, 6]
   futures = [batcher.submit(p, SamplingParams(n, temperature=0.0)) for p, n in zip(PROMPTS, budgets)]
   for prompt, n, future in zip(PROMPTS, budgets, futures):
@@ -132,6 +132,54 @@ def test_new_weights_apply_between_decode_steps_and_tag_tokens(model):
   # Step 1 prefills and decodes (two tokens), steps 2 and 3 one token each, then the new weights.
   assert done.versions.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
   assert done.tokens[:4].tolist() == _greedy(model, PROMPTS[2], 4) and set(done.tokens[4:].tolist()) == {0}
+  batcher.close()
+
+
+def test_a_later_turn_prefills_only_what_follows_the_held_conversation(model):
+  """Turn 2 (turn 1's prompt and completion plus a tool's tokens) reuses turn 1's keys and values and
+  gives the reference's tokens and log-probs."""
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=2, prefill_chunk=16)
+  params = SamplingParams(6, temperature=0.8)
+  turn1 = batcher.submit(PROMPTS[2], params, jax.random.PRNGKey(5)).result(timeout=120)
+  second = PROMPTS[2] + turn1.tokens.tolist() + [11, 12, 13]
+  turn2 = batcher.submit(second, params, jax.random.PRNGKey(6)).result(timeout=120)
+  # Held: the 17 prompt tokens and 5 of 6 completion tokens (the last was never fed back).
+  assert batcher.reused_tokens == 17 + 5 and batcher.prompt_tokens == 17 + len(second)
+  logits = _logits(model, second + turn2.tokens.tolist())[len(second) - 1:-1]
+  for row, token, logp in zip(logits, turn2.tokens, turn2.logprobs):
+    np.testing.assert_allclose(logp, jax.nn.log_softmax(row / 0.8)[token], atol=1e-4)
+  fresh = ContinuousBatcher(model, cache_size=64, max_batch_size=2)
+  again = fresh.submit(second, params, jax.random.PRNGKey(6)).result(timeout=120)
+  assert again.tokens.tolist() == turn2.tokens.tolist() and fresh.reused_tokens == 0
+  batcher.close()
+  fresh.close()
+
+
+def test_prompts_sharing_a_system_prompt_reuse_it_until_the_weights_change(model):
+  system = PROMPTS[4]  # 12 tokens
+  version = {"v": 0}
+  batcher = ContinuousBatcher(model, 64, 2, version=lambda: version["v"])
+  first = batcher.submit(system + [7, 8], SamplingParams(3, temperature=0.0)).result(timeout=120)
+  second = batcher.submit(system + [9], SamplingParams(3, temperature=0.0)).result(timeout=120)
+  assert batcher.reused_tokens == 12
+  assert second.tokens.tolist() == _greedy(model, system + [9], 3)
+  version["v"] = 1
+  batcher.submit(system + [10], SamplingParams(3, temperature=0.0)).result(timeout=120)
+  assert batcher.reused_tokens == 12  # held keys and values of version 0 are not used under version 1
+  assert first.versions.tolist() == [0, 0, 0]
+  batcher.close()
+
+
+def test_a_group_submitted_together_reads_its_prompt_once(model):
+  batcher = ContinuousBatcher(model, 64, 8)
+  params = SamplingParams(5, temperature=1.0)
+  keys = [jax.random.PRNGKey(i) for i in range(4)]
+  group = [f.result(timeout=120) for f in batcher.submit_many([PROMPTS[1]] * 4, params, keys)]
+  assert batcher.reused_tokens == 3 * 8  # three copies of the first sample's 9-token prompt less its last token
+  for key, done in zip(keys, group):  # the same draws as a request alone in a fresh batcher
+    alone = ContinuousBatcher(model, 64, 8)
+    assert alone.submit(PROMPTS[1], params, key).result(timeout=120).tokens.tolist() == done.tokens.tolist()
+    alone.close()
   batcher.close()
 
 

@@ -4,14 +4,19 @@ A `ContinuousBatcher` owns `max_batch_size` slots of one KV cache and a schedule
 `submit` a tokenized prompt with its own sampling parameters and PRNG key from any thread and get a
 Future. Between decode steps the scheduler reads the current weights and their version (callables,
 so a trainer's updates apply from the next step on), prefills waiting requests into free slots
-(several in one prefill call), and releases finished requests at once.
-Each request's draws depend only on its own key and token index, so a completion does not depend on
-which other requests shared its batch. A completion keeps its EOS token and carries, per token, the
-log-probability under the temperature-scaled distribution (what a GRPO trainer recomputes) and the
-weights version that produced it.
+(several in one call, in chunks of at most `prefill_chunk` tokens), and releases finished requests
+at once. Each request's draws depend only on its own key and token index, so a completion does not
+depend on which other requests shared its batch. A completion keeps its EOS token and carries, per
+token, the log-probability under the temperature-scaled distribution (what a GRPO trainer
+recomputes) and the weights version that produced it.
 
-Prompts are prefilled from scratch: a later turn of a conversation re-reads the whole conversation
-(no KV-prefix reuse across requests).
+KV-prefix reuse: a finished request's slot keeps its keys and values (prompt and completion) until
+the slot is needed again or the weights change. A new request goes to the free slot whose held
+tokens share the longest prefix with its prompt and prefills only the rest: a later turn of a
+conversation re-reads only the tool output, and conversations that share a system prompt read it
+once per slot. Requests admitted together copy a common prefix from the first of them, so a GRPO
+group's samples read their prompt once. Held prefixes are dropped when the weights version
+changes, so reused keys and values always come from the current weights.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class _Request:
   params: SamplingParams
   key: np.ndarray  # uint32[2]
   future: concurrent.futures.Future
+  version: int = 0  # weights version at admission; its keys and values are reusable only under it
   tokens: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
   versions: list = dataclasses.field(default_factory=list)
@@ -71,6 +77,22 @@ def _bucket(n: int, cap: int, base: int = 2, minimum: int = 1) -> int:
   while size < max(n, minimum):
     size *= base
   return min(size, cap)
+
+
+def _key_data(key) -> np.ndarray:
+  """A PRNG key (typed or raw; None for greedy requests) as uint32[2]."""
+  if key is None:
+    return np.zeros(2, np.uint32)
+  if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    key = jax.random.key_data(key)
+  return np.asarray(key, np.uint32)
+
+
+def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
+  """Length of the longest common prefix of two token arrays."""
+  n = min(len(a), len(b))
+  differ = np.flatnonzero(a[:n] != b[:n])
+  return int(differ[0]) if len(differ) else n
 
 
 def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | None):
@@ -96,25 +118,30 @@ def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | Non
   return tokens, jnp.where(greedy, 0.0, chosen)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
-def _admit(graphdef, state, cache, tokens, lengths, slots, keys, sampling, top_k, top_width):
-  """Prefills right-padded prompts tokens [n, P] (true lengths [n]) into cache rows `slots` and
-  samples each one's first token."""
+@functools.partial(jax.jit, static_argnums=(0, 10), donate_argnums=(2,))
+def _extend(graphdef, state, cache, slots, tokens, starts, counts, keys, sampling, top_k, top_width):
+  """Writes right-padded tokens [n, C] (the first counts[n] of each row real) into cache rows `slots`
+  from positions starts[n] on, and samples each row's next token after its last real one."""
   model = nnx.merge(graphdef, state)
-  n, width = tokens.shape
-  size = cache["layer_0"]["k"].shape[1]
-  rows = model.init_cache(n, size, cache["layer_0"]["k"].dtype)
-  positions = jnp.broadcast_to(jnp.arange(width), (n, width))
-  mask = jnp.broadcast_to(jnp.arange(size)[None, :] <= jnp.arange(width)[:, None], (n, width, size))
+  width = tokens.shape[1]
+  rows = jax.tree.map(lambda x: x[slots], cache)
+  for layer in rows.values():
+    layer["end_index"] = starts
+  size = rows["layer_0"]["k"].shape[1]
+  positions = starts[:, None] + jnp.arange(width)[None, :]
+  mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
   logits, rows = model(tokens, positions, rows, mask)
-  last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-  new = {
-      name: {"k": layer["k"].at[slots].set(rows[name]["k"]), "v": layer["v"].at[slots].set(rows[name]["v"]),
-             "end_index": layer["end_index"].at[slots].set(lengths)}
-      for name, layer in cache.items()
-  }
-  first, logp = _sample(last, keys, jnp.zeros_like(lengths), sampling[:, 0], sampling[:, 1], top_k, top_width)
-  return first, logp, new
+  for layer in rows.values():
+    layer["end_index"] = starts + counts
+  last = jnp.take_along_axis(logits, (counts - 1)[:, None, None], axis=1)[:, 0]
+  first, logp = _sample(last, keys, jnp.zeros_like(counts), sampling[:, 0], sampling[:, 1], top_k, top_width)
+  return first, logp, jax.tree.map(lambda full, part: full.at[slots].set(part), cache, rows)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _copy_rows(cache, sources, targets):
+  """Cache rows `targets` become copies of rows `sources`."""
+  return jax.tree.map(lambda x: x.at[targets].set(x[sources]), cache)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
@@ -139,9 +166,10 @@ class ContinuousBatcher:
 
   def __init__(self, model: nnx.Module, cache_size: int, max_batch_size: int, *,
                weights: Callable[[], nnx.State] | None = None, version: Callable[[], int] = lambda: 0,
-               cache_dtype=None):
+               cache_dtype=None, prefill_chunk: int = 256):
     """weights() returns the model's current nnx.State (default: nnx.state(model)), version() the
-    number to tag tokens sampled with them; both are read between decode steps."""
+    number to tag tokens sampled with them; both are read between decode steps. cache_size: the
+    most tokens (prompt + completion) of one request."""
     self._graphdef, self._state = nnx.split(model)
     # The cache lives where the weights do (replicated over their mesh).
     placement = jax.sharding.NamedSharding(jax.tree.leaves(self._state)[0].sharding.mesh, jax.sharding.PartitionSpec())
@@ -150,9 +178,16 @@ class ContinuousBatcher:
     self._vocab = model.config.vocab_size
     self.cache_size = cache_size
     self.max_batch_size = max_batch_size
-    self._cache = jax.device_put(model.init_cache(max_batch_size, cache_size, cache_dtype or model.config.dtype),
-                                 placement)
+    if prefill_chunk < 1:
+      raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+    self.prefill_chunk = prefill_chunk
+    # Room for a padded last chunk past a request's end, so a chunk is never written clamped.
+    self._cache = jax.device_put(
+        model.init_cache(max_batch_size, cache_size + self.prefill_chunk, cache_dtype or model.config.dtype),
+        placement)
     self._slots: list[_Request | None] = [None] * max_batch_size
+    self._held: list[np.ndarray] = [np.zeros(0, np.int32)] * max_batch_size  # tokens whose KV a free slot holds
+    self._released = [0] * max_batch_size  # when each slot was last freed (least recently freed is reused first)
     self._waiting: collections.deque[_Request] = collections.deque()
     self._admitting: list[_Request] = []  # taken from _waiting, not yet in a slot
     self._wake = threading.Condition()
@@ -160,11 +195,31 @@ class ContinuousBatcher:
     self._closed = False
     self._thread: threading.Thread | None = None
     self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
+    self.prompt_tokens = 0  # prompt tokens admitted so far
+    self.reused_tokens = 0  # of those, read from a held KV prefix instead of prefilled
 
   # ------------------------------------------------------------------ callers' side
   def submit(self, prompt, params: SamplingParams, key: jax.Array | None = None) -> concurrent.futures.Future:
     """Queues one prompt (token ids); the Future resolves to a Completion. key: the request's PRNG
     key (not needed for greedy decoding)."""
+    return self.submit_many([prompt], params, [key])[0]
+
+  def submit_many(self, prompts, params: SamplingParams, keys=None) -> list[concurrent.futures.Future]:
+    """Queues several prompts at once (they are admitted together while slots are free, so prompts
+    with a common prefix, such as a GRPO group's, read it once); keys: one per prompt or None."""
+    requests = [_Request(self._checked(p, params), params, _key_data(k), concurrent.futures.Future())
+                for p, k in zip(prompts, keys or [None] * len(prompts))]
+    with self._wake:
+      if self._closed:
+        raise RuntimeError("the batcher is closed")
+      if self._thread is None:
+        self._thread = threading.Thread(target=self._run, name="continuous-batcher", daemon=True)
+        self._thread.start()
+      self._waiting.extend(requests)
+      self._wake.notify()
+    return [r.future for r in requests]
+
+  def _checked(self, prompt, params: SamplingParams) -> np.ndarray:
     prompt = np.asarray(prompt, np.int32)
     if len(prompt) == 0:
       raise ValueError("cannot generate from an empty prompt")
@@ -173,21 +228,7 @@ class ContinuousBatcher:
                        f"the KV cache of {self.cache_size} tokens")
     if params.top_k is not None and params.top_k < 1:
       raise ValueError(f"top_k must be None or >= 1, got {params.top_k}")
-    if key is None:
-      key = np.zeros(2, np.uint32)
-    elif jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-      key = jax.random.key_data(key)
-    key = np.asarray(key, np.uint32)
-    request = _Request(prompt, params, key, concurrent.futures.Future())
-    with self._wake:
-      if self._closed:
-        raise RuntimeError("the batcher is closed")
-      if self._thread is None:
-        self._thread = threading.Thread(target=self._run, name="continuous-batcher", daemon=True)
-        self._thread.start()
-      self._waiting.append(request)
-      self._wake.notify()
-    return request.future
+    return prompt
 
   def close(self) -> None:
     """Stops the scheduler; unfinished requests fail."""
@@ -206,8 +247,11 @@ class ContinuousBatcher:
             self._wake.wait()
           if self._closed:
             break
+          self._state, version = self._weights(), self._version_source()
+          if version != self.version:  # held keys and values came from older weights
+            self._held = [np.zeros(0, np.int32)] * self.max_batch_size
+          self.version = version
           admitted = self._take_waiting()
-        self._state, self.version = self._weights(), self._version_source()
         if admitted:
           self._prefill(admitted)
           self._admitting = []
@@ -219,12 +263,29 @@ class ContinuousBatcher:
       return
     self._fail_all(RuntimeError("the batcher was closed"))
 
-  def _take_waiting(self) -> list[tuple[int, _Request]]:
+  def _take_waiting(self) -> list[tuple[int, _Request, int, int | None]]:
+    """(slot, request, reused prefix length, slot to copy that prefix from or None) for waiting
+    requests, in arrival order, while slots are free. A request reuses the longest prefix of its
+    prompt held by a free slot (it then goes to that slot) or prefilled in this round for an earlier
+    request (copied from that one's slot, so a GRPO group's prompt is read once); at least one prompt
+    token is always prefilled, for the first token's logits. Otherwise it goes to the least recently
+    freed slot."""
     free = [i for i, r in enumerate(self._slots) if r is None]
     taken = []
     while free and self._waiting:
-      taken.append((free.pop(0), self._waiting.popleft()))
-    self._admitting = [r for _, r in taken]
+      r = self._waiting.popleft()
+      r.version = self.version
+      room = len(r.prompt) - 1
+      held = [min(_shared_prefix(self._held[i], r.prompt), room) for i in free]
+      best = max(range(len(free)), key=lambda j: (held[j], -self._released[free[j]]))
+      leaders = [(min(_shared_prefix(q.prompt, r.prompt), room), slot) for slot, q, _, source in taken if source is None]
+      shared, source = max(leaders, default=(0, None))
+      if shared > held[best]:
+        slot = free.pop(min(range(len(free)), key=lambda j: self._released[free[j]]))
+        taken.append((slot, r, shared, source))
+      else:
+        taken.append((free.pop(best), r, held[best], None))
+    self._admitting = [r for _, r, _, _ in taken]
     return taken
 
   def _fail_all(self, error: BaseException) -> None:
@@ -251,29 +312,50 @@ class ContinuousBatcher:
     top_k = np.array([min(p.top_k or self._vocab, self._vocab) for p in params], np.int32)
     return sampling, top_k, width
 
-  def _prefill(self, admitted: list[tuple[int, _Request]]) -> None:
-    # One call per prompt-width bucket keeps padding waste and compiled shapes bounded.
-    by_width: dict[int, list[tuple[int, _Request]]] = collections.defaultdict(list)
-    for slot, r in admitted:
-      by_width[_bucket(len(r.prompt), self.cache_size, minimum=16)].append((slot, r))
-    for width, group in sorted(by_width.items()):
-      n = _bucket(len(group), self.max_batch_size, base=4)
-      group = group + [group[-1]] * (n - len(group))  # repeats rewrite the same slot with the same rows
+  def _prefill(self, admitted: list[tuple[int, _Request, int, int | None]]) -> None:
+    """Prefills requests whose reused prefix is held in their own slot, copies the shared prefixes
+    of the others from those slots, then prefills the others."""
+    for _, r, reused, _ in admitted:
+      self.prompt_tokens += len(r.prompt)
+      self.reused_tokens += reused
+    self._feed([(slot, r, reused) for slot, r, reused, source in admitted if source is None])
+    copies = [(source, slot, r, reused) for slot, r, reused, source in admitted if source is not None]
+    if copies:
+      n = _bucket(len(copies), self.max_batch_size, base=4)
+      pairs = np.array([[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)),
+                       np.int32)
+      self._cache = _copy_rows(self._cache, pairs[:, 0], pairs[:, 1])
+      self._feed([(slot, r, reused) for _, slot, r, reused in copies])
+
+  def _feed(self, pending: list[tuple[int, _Request, int]]) -> None:
+    """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens, all rows
+    together in chunks (width: a power of 4 from 16 up to prefill_chunk, so few shapes compile), then
+    records each request's first token."""
+    while pending:
+      width = _bucket(max(len(r.prompt) - done for _, r, done in pending), self.prefill_chunk, base=4, minimum=16)
+      n = _bucket(len(pending), self.max_batch_size, base=4)
+      group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
       tokens = np.zeros((n, width), np.int32)
-      for i, (_, r) in enumerate(group):
-        tokens[i, :len(r.prompt)] = r.prompt
-      lengths = np.array([len(r.prompt) for _, r in group], np.int32)
-      slots = np.array([s for s, _ in group], np.int32)
-      sampling, top_k, top_width = self._sampling_arrays([r for _, r in group])
-      keys = np.stack([r.key for _, r in group])
-      first, logp, self._cache = _admit(self._graphdef, self._state, self._cache, tokens, lengths, slots, keys,
-                                        sampling, top_k, top_width)
+      counts = np.zeros(n, np.int32)
+      for i, (_, r, done) in enumerate(group):
+        part = r.prompt[done:done + width]
+        tokens[i, :len(part)] = part
+        counts[i] = len(part)
+      starts = np.array([done for _, _, done in group], np.int32)
+      slots = np.array([slot for slot, _, _ in group], np.int32)
+      sampling, top_k, top_width = self._sampling_arrays([r for _, r, _ in group])
+      keys = np.stack([r.key for _, r, _ in group])
+      first, logp, self._cache = _extend(self._graphdef, self._state, self._cache, slots, tokens, starts, counts, keys,
+                                         sampling, top_k, top_width)
       first, logp = np.asarray(first), np.asarray(logp)
-      for i, (slot, r) in enumerate(group):
-        if self._slots[slot] is r:
-          continue  # a padding repeat
-        self._slots[slot] = r
-        self._record(slot, r, int(first[i]), float(logp[i]))
+      still = []
+      for i, (slot, r, done) in enumerate(pending):
+        if done + counts[i] < len(r.prompt):
+          still.append((slot, r, done + int(counts[i])))
+        else:
+          self._slots[slot] = r
+          self._record(slot, r, int(first[i]), float(logp[i]))
+      pending = still
 
   def _step(self) -> None:
     busy = max(i for i, r in enumerate(self._slots) if r is not None) + 1
@@ -299,5 +381,9 @@ class ContinuousBatcher:
     stopped = token in r.params.eos_ids
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._slots[slot] = None
+      self._released[slot] = self.decode_steps
+      # The cache holds the prompt and every token but the last (never fed back).
+      self._held[slot] = (np.concatenate([r.prompt, np.array(r.tokens[:-1], np.int32)]) if r.version == self.version
+                          else np.zeros(0, np.int32))
       r.future.set_result(Completion(np.array(r.tokens, np.int32), np.array(r.logprobs, np.float32),
                                      np.array(r.versions, np.int32), stopped))

@@ -221,13 +221,14 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     return super()._process_results(trajectories, mode, expected_step)
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
-    """Logs the step's tool and turn metrics from running totals: Tunix logs a step's metrics in
+    """Logs the step's tool and turn metrics from running totals, and learner.rollout_metrics: Tunix logs a step's metrics in
     several parts when groups of different steps finish interleaved, and a later part replaces an
     earlier one, so each part carries the totals so far (the last value of a part is kept)."""
     with self._conversation_lock:
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update(conversation_counts(conversations))
-      self.rl_cluster.buffer_metrics_async({k: (v, _last) for k, v in conversation_metrics(totals).items()},
+      self.rl_cluster.buffer_metrics_async({**{k: (v, learner.last) for k, v in conversation_metrics(totals).items()},
+                                            **learner.rollout_metrics(self.rl_cluster)},
                                            mode=rl_cluster_lib.Mode.TRAIN, step=step)
 
   def _data_consumer_batch_generator(self, queue, batch_size):
@@ -261,11 +262,6 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 
 _OLDEST_VERSION = "oldest_token_policy_version"
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
-
-
-def _last(values):
-  """A metric reduction: the last value logged."""
-  return values[-1]
 
 
 def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:

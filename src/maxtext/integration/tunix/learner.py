@@ -142,6 +142,17 @@ def grpo_config(cfg) -> grpo_learner.GRPOConfig:
   return grpo_learner.GRPOConfig(**grpo_algorithm_kwargs(cfg))
 
 
+def last(values):
+  """A metric reduction: the last value logged."""
+  return values[-1]
+
+
+def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
+  """rollout/prefix_reuse_fraction (over the run so far) for engines that reuse KV prefixes."""
+  reuse = getattr(cluster.rollout, "prefix_reuse", lambda: None)()
+  return {} if reuse is None else {"rollout/prefix_reuse_fraction": (reuse, last)}
+
+
 class IdleClock:
   """trainer/idle_fraction: the share of a global step's wall time the trainer spent waiting for
   samples (rollouts, rewards and reference scoring). A step's window opens with the wait for its
@@ -174,7 +185,8 @@ class IdleClock:
 class GRPOLearner(grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
-  logs trainer/idle_fraction: the share of the step spent generating and scoring samples."""
+  logs trainer/idle_fraction (the share of the step spent generating and scoring samples) and
+  rollout_metrics."""
 
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
     super().__init__(*args, **kwargs)
@@ -194,7 +206,8 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     start, self._sampling_s = time.perf_counter(), 0.0
     out = super()._run_global_step(*args, **kwargs)
     fraction = min(self._sampling_s / max(time.perf_counter() - start, 1e-9), 1.0)
-    self.rl_cluster.buffer_metrics({"trainer/idle_fraction": (fraction, np.mean)}, mode=Mode.TRAIN)
+    self.rl_cluster.buffer_metrics({"trainer/idle_fraction": (fraction, np.mean), **rollout_metrics(self.rl_cluster)},
+                                   mode=Mode.TRAIN)
     return out
 
 

@@ -21,7 +21,8 @@
 batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
 conversation turn with a single prompt from up to rl.max_concurrency threads, and these calls are
 merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
-and records the weights version of every token.
+and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a
+conversation's earlier turns, a shared system prompt, a GRPO group's prompt).
 """
 
 from __future__ import annotations
@@ -161,6 +162,12 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     """Weights version (the training step whose weights) of the next sampled token."""
     return self.keys.step_source()
 
+  def prefix_reuse(self) -> float | None:
+    """The share of prompt tokens so far read from a reused KV prefix instead of prefilled (None
+    before the first prompt)."""
+    prompt = self.batcher.prompt_tokens
+    return self.batcher.reused_tokens / prompt if prompt else None
+
   def last_versions(self) -> list[np.ndarray] | None:
     """Per prompt, the weights version of each token of this thread's last generate call."""
     return getattr(self._last_versions, "value", None)
@@ -189,8 +196,8 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
         top_p=1.0 if rollout_config.top_p is None else float(rollout_config.top_p), top_k=rollout_config.top_k,
         eos_ids=tuple(rollout_config.eos_tokens or [self.eos_id()]),
     )
-    futures = [self.batcher.submit(p, params, None if key is None else jax.random.fold_in(key, i))
-               for i, p in enumerate(ids)]
+    futures = self.batcher.submit_many(ids, params, [None if key is None else jax.random.fold_in(key, i)
+                                                     for i in range(len(ids))])
     done = [f.result() for f in futures]
     self._last_versions.value = [c.versions for c in done]
     width = max(rollout_config.max_prompt_length, longest)
