@@ -187,7 +187,6 @@ class ContinuousBatcher:
         placement)
     self._slots: list[_Request | None] = [None] * max_batch_size
     self._held: list[np.ndarray] = [np.zeros(0, np.int32)] * max_batch_size  # tokens whose KV a free slot holds
-    self._released = [0] * max_batch_size  # when each slot was last freed (least recently freed is reused first)
     self._waiting: collections.deque[_Request] = collections.deque()
     self._admitting: list[_Request] = []  # taken from _waiting, not yet in a slot
     self._wake = threading.Condition()
@@ -268,8 +267,8 @@ class ContinuousBatcher:
     requests, in arrival order, while slots are free. A request reuses the longest prefix of its
     prompt held by a free slot (it then goes to that slot) or prefilled in this round for an earlier
     request (copied from that one's slot, so a GRPO group's prompt is read once); at least one prompt
-    token is always prefilled, for the first token's logits. Otherwise it goes to the least recently
-    freed slot."""
+    token is always prefilled, for the first token's logits. Among equals the lowest slot wins, so
+    busy slots stay low and a decode step covers few idle rows."""
     free = [i for i, r in enumerate(self._slots) if r is None]
     taken = []
     while free and self._waiting:
@@ -277,12 +276,11 @@ class ContinuousBatcher:
       r.version = self.version
       room = len(r.prompt) - 1
       held = [min(_shared_prefix(self._held[i], r.prompt), room) for i in free]
-      best = max(range(len(free)), key=lambda j: (held[j], -self._released[free[j]]))
+      best = max(range(len(free)), key=lambda j: (held[j], -free[j]))
       leaders = [(min(_shared_prefix(q.prompt, r.prompt), room), slot) for slot, q, _, source in taken if source is None]
       shared, source = max(leaders, default=(0, None))
       if shared > held[best]:
-        slot = free.pop(min(range(len(free)), key=lambda j: self._released[free[j]]))
-        taken.append((slot, r, shared, source))
+        taken.append((free.pop(0), r, shared, source))
       else:
         taken.append((free.pop(best), r, held[best], None))
     self._admitting = [r for _, r, _, _ in taken]
@@ -381,7 +379,6 @@ class ContinuousBatcher:
     stopped = token in r.params.eos_ids
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._slots[slot] = None
-      self._released[slot] = self.decode_steps
       # The cache holds the prompt and every token but the last (never fed back).
       self._held[slot] = (np.concatenate([r.prompt, np.array(r.tokens[:-1], np.int32)]) if r.version == self.version
                           else np.zeros(0, np.int32))
