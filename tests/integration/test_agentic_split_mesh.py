@@ -13,10 +13,10 @@ import pytest
 _RUNS = textwrap.dedent("""
     import json, sys
     from maxtext.trainers.post_train.rl import train_rl
-    out, combos = sys.argv[1], json.loads(sys.argv[2])
+    out, combos, steps = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
     for off_policy, concurrency in combos:
       run = f"o{off_policy}_c{concurrency}"
-      args = ["train_rl", "rl.yml", "model_name=qwen3-tiny", "num_batches=4", "batch_size=2",
+      args = ["train_rl", "rl.yml", "model_name=qwen3-tiny", f"num_batches={steps}", "batch_size=2",
               "rl.num_generations=2", "max_response_length=8", "num_test_batches=1", "eval_batch_size=2",
               "rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy}",
               f"rl.max_concurrency={concurrency}", "trainer_devices_fraction=0.5",
@@ -25,23 +25,23 @@ _RUNS = textwrap.dedent("""
 """)
 
 
-def _run(tmp_path, combos, timeout):
+def _run(tmp_path, combos, steps, timeout):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", _RUNS, str(tmp_path), json.dumps(combos)], env=env,
+  proc = subprocess.run([sys.executable, "-c", _RUNS, str(tmp_path), json.dumps(combos), str(steps)], env=env,
                         capture_output=True, text=True, timeout=timeout, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   for off_policy, concurrency in combos:
     with open(tmp_path / f"o{off_policy}_c{concurrency}" / "metrics.jsonl", encoding="utf-8") as f:
       rows = [json.loads(line) for line in f]
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert max(r["staleness/max"] for r in rows) <= off_policy
     assert all(0 <= r["staleness/mean"] <= r["staleness/max"] for r in rows)
 
 
 def test_split_mesh_off_policy_runs_finish_within_the_staleness_bound(tmp_path):
-  _run(tmp_path, [[2, 64]], timeout=600)  # the deadlock-prone case; the slow matrix has all nine
+  _run(tmp_path, [[2, 64]], steps=3, timeout=600)  # the deadlock-prone case; the slow matrix has all nine
 
 
 @pytest.mark.slow
 def test_split_mesh_off_policy_matrix(tmp_path):
-  _run(tmp_path, [[o, c] for o in (0, 1, 2) for c in (1, 8, 64)], timeout=1800)
+  _run(tmp_path, [[o, c] for o in (0, 1, 2) for c in (1, 8, 64)], steps=4, timeout=1800)
