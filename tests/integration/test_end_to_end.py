@@ -1,4 +1,4 @@
-"""The fast end_to_end/ scripts, run as CI runs them."""
+"""The end_to_end/ scripts (all slow: faster tests cover what they check)."""
 
 import os
 import subprocess
@@ -10,7 +10,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 @pytest.mark.parametrize("script, args", [
-    ("resume_after_kill.sh", []),
+    # test_shutdown covers a rerun resuming from a checkpoint, test_metrics the rows of a killed run
+    pytest.param("resume_after_kill.sh", [], marks=pytest.mark.slow),
     pytest.param("standard_grpo_smoke.sh", [], marks=pytest.mark.slow),  # test_train_rl covers the same run
     # test_scripted_policy and test_train_rl cover the agentic tool run; test_checkpoint_conversion
     # the round trip
