@@ -277,7 +277,8 @@ class ContinuousBatcher:
       room = len(r.prompt) - 1
       held = [min(_shared_prefix(self._held[i], r.prompt), room) for i in free]
       best = max(range(len(free)), key=lambda j: (held[j], -free[j]))
-      leaders = [(min(_shared_prefix(q.prompt, r.prompt), room), slot) for slot, q, _, source in taken if source is None]
+      leaders = [(min(_shared_prefix(q.prompt, r.prompt), room), slot)
+                 for slot, q, _, source in taken if source is None]
       shared, source = max(leaders, default=(0, None))
       if shared > held[best]:
         taken.append((free.pop(0), r, shared, source))

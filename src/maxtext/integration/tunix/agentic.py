@@ -221,9 +221,10 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     return super()._process_results(trajectories, mode, expected_step)
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
-    """Logs the step's tool and turn metrics from running totals, and learner.rollout_metrics: Tunix logs a step's metrics in
-    several parts when groups of different steps finish interleaved, and a later part replaces an
-    earlier one, so each part carries the totals so far (the last value of a part is kept)."""
+    """Logs the step's tool and turn metrics from running totals, and learner.rollout_metrics: Tunix
+    logs a step's metrics in several parts when groups of different steps finish interleaved, and a
+    later part replaces an earlier one, so each part carries the totals so far (the last value of a
+    part is kept)."""
     with self._conversation_lock:
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update(conversation_counts(conversations))
