@@ -65,6 +65,27 @@ def test_greedy_completions_match_the_reference_with_more_requests_than_slots(mo
   batcher.close()
 
 
+def test_a_last_chunk_that_would_pass_the_cache_end_starts_earlier(model):
+  # 17 prompt tokens in 16-token chunks and a 24-token cache: the second chunk covers tokens 8..23.
+  batcher = ContinuousBatcher(model, cache_size=24, max_batch_size=2, prefill_chunk=16)
+  done = batcher.submit(PROMPTS[2], SamplingParams(7, temperature=0.0)).result(timeout=120)
+  assert done.tokens.tolist() == _greedy(model, PROMPTS[2], 7)
+  batcher.close()
+
+
+def test_cache_rows_grow_with_demand_and_shrink_when_few_are_busy(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=8)
+  assert batcher.rows == 1
+  long = batcher.submit(PROMPTS[0], SamplingParams(20, temperature=0.0))  # in slot 0
+  short = batcher.submit_many(PROMPTS[1:5], SamplingParams(2, temperature=0.0))  # 5 busy: 8 rows
+  assert long.result(timeout=120).tokens.tolist() == _greedy(model, PROMPTS[0], 20)
+  for prompt, future in zip(PROMPTS[1:5], short):
+    assert future.result(timeout=120).tokens.tolist() == _greedy(model, prompt, 2)
+  # Once the short requests are done, the one busy slot shrinks the cache to 2 rows (4 x 1 <= 4).
+  assert batcher.rows == 2
+  batcher.close()
+
+
 def test_sampled_tokens_and_logprobs_follow_the_scaled_distribution(model):
   """Each token lies in the reference top-k and its log-prob is log_softmax(logits / T) there."""
   batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4)
@@ -118,16 +139,19 @@ def test_concurrent_callers_share_decode_steps(model):
 
 
 def test_new_weights_apply_between_decode_steps_and_tag_tokens(model):
-  """A trainer's update reaches a request in flight from the next decode step on."""
-  _, state = nnx.split(model)
-  zeroed = jax.tree.map(jnp.zeros_like, state)  # a different policy: all-zero logits, argmax token 0
+  """A trainer's in-place update of the model reaches a request in flight from the next decode step
+  on."""
+  policy = nnx.clone(model)
+  zeroed = jax.tree.map(jnp.zeros_like, nnx.state(policy))  # all-zero logits: argmax token 0
   calls = {"n": 0}
 
-  def weights():
+  def version():  # read once per scheduler round; the trainer updates the weights before round 4
     calls["n"] += 1
-    return state if calls["n"] <= 3 else zeroed
+    if calls["n"] == 5:
+      nnx.update(policy, zeroed)
+    return 0 if calls["n"] <= 4 else 1
 
-  batcher = ContinuousBatcher(model, 64, 2, weights=weights, version=lambda: 0 if calls["n"] <= 3 else 1)
+  batcher = ContinuousBatcher(policy, 64, 2, version=version)
   done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
   # Step 1 prefills and decodes (two tokens), steps 2 and 3 one token each, then the new weights.
   assert done.versions.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
@@ -195,11 +219,18 @@ def test_requests_that_do_not_fit_are_refused(model):
 
 
 def test_a_failing_step_fails_every_waiting_request_instead_of_hanging(model):
-  def weights():
-    raise RuntimeError("weights unavailable")
+  calls = []
 
-  batcher = ContinuousBatcher(model, 64, 2, weights=weights)
-  futures = [batcher.submit(p, SamplingParams(4, temperature=0.0)) for p in PROMPTS[:3]]
+  def version():  # fine when the batcher is built, then failing in its scheduler
+    calls.append(1)
+    if len(calls) > 1:
+      raise RuntimeError("weights unavailable")
+    return 0
+
+  batcher = ContinuousBatcher(model, 64, 2, version=version)
+  futures = batcher.submit_many(PROMPTS[:3], SamplingParams(4, temperature=0.0))
   for future in futures:
     with pytest.raises(RuntimeError, match="weights unavailable"):
       future.result(timeout=60)
+  with pytest.raises(RuntimeError, match="the batcher failed: weights unavailable"):
+    batcher.submit(PROMPTS[0], SamplingParams(4, temperature=0.0))

@@ -2,9 +2,10 @@
 
 A `ContinuousBatcher` owns `max_batch_size` slots of one KV cache and a scheduler thread. Callers
 `submit` a tokenized prompt with its own sampling parameters and PRNG key from any thread and get a
-Future. Between decode steps the scheduler reads the current weights and their version (callables,
-so a trainer's updates apply from the next step on), prefills waiting requests into free slots
-(several in one call, in chunks of at most `prefill_chunk` tokens), and releases finished requests
+Future. Each decode step runs with the model's weights as they are then (a trainer that updates the
+model in place reaches requests in flight from the next step on) and tags its tokens with the
+weights version read before it. Between decode steps the scheduler prefills waiting requests into
+free slots (several in one call, in chunks of at most `prefill_chunk` tokens), and releases finished requests
 at once. Each request's draws depend only on its own key and token index, so a completion does not
 depend on which other requests shared its batch. A completion keeps its EOS token and carries, per
 token, the log-probability under the temperature-scaled distribution (what a GRPO trainer
@@ -71,12 +72,21 @@ class _Request:
   versions: list = dataclasses.field(default_factory=list)
 
 
-def _bucket(n: int, cap: int, base: int = 2, minimum: int = 1) -> int:
-  """The smallest power of base >= max(n, minimum), at most cap (bounds the compiled shapes)."""
+def _bucket(n: int, cap: int) -> int:
+  """The smallest power of two >= n, at most cap (bounds the compiled shapes)."""
   size = 1
-  while size < max(n, minimum):
-    size *= base
+  while size < n:
+    size *= 2
   return min(size, cap)
+
+
+def _chunk_width(remaining: int, cap: int) -> int:
+  """Prefill chunk width: the largest of 16, 64, 256, ... (at most cap) that the longest remaining
+  prompt part fills, so few shapes compile and little padding is computed; 16 for shorter parts."""
+  width = min(16, cap)
+  while width * 4 <= min(remaining, cap):
+    width *= 4
+  return width
 
 
 def _key_data(key) -> np.ndarray:
@@ -93,6 +103,21 @@ def _shared_prefix(a: np.ndarray, b: np.ndarray) -> int:
   n = min(len(a), len(b))
   differ = np.flatnonzero(a[:n] != b[:n])
   return int(differ[0]) if len(differ) else n
+
+
+class _StaticGraph:
+  """A GraphDef as a jit static argument, hashed once (hashing a model's GraphDef takes
+  milliseconds, a noticeable share of a small decode step)."""
+
+  def __init__(self, graphdef):
+    self.graphdef = graphdef
+    self._hash = hash(graphdef)
+
+  def __hash__(self):
+    return self._hash
+
+  def __eq__(self, other):
+    return isinstance(other, _StaticGraph) and (self.graphdef is other.graphdef or self.graphdef == other.graphdef)
 
 
 def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | None):
@@ -119,10 +144,10 @@ def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | Non
 
 
 @functools.partial(jax.jit, static_argnums=(0, 10), donate_argnums=(2,))
-def _extend(graphdef, state, cache, slots, tokens, starts, counts, keys, sampling, top_k, top_width):
+def _extend(graph, state, cache, slots, tokens, starts, counts, keys, sampling, top_k, top_width):
   """Writes right-padded tokens [n, C] (the first counts[n] of each row real) into cache rows `slots`
   from positions starts[n] on, and samples each row's next token after its last real one."""
-  model = nnx.merge(graphdef, state)
+  model = nnx.merge(graph.graphdef, state)
   width = tokens.shape[1]
   rows = jax.tree.map(lambda x: x[slots], cache)
   for layer in rows.values():
@@ -144,36 +169,43 @@ def _copy_rows(cache, sources, targets):
   return jax.tree.map(lambda x: x.at[targets].set(x[sources]), cache)
 
 
+@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
+def _resize(cache, rows: int):
+  """The cache with `rows` rows: its first rows kept, any new ones empty."""
+  def fit(x):
+    if x.shape[0] >= rows:
+      return x[:rows]
+    return jnp.concatenate([x, jnp.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)])
+  return jax.tree.map(fit, cache)
+
+
 @functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
-def _decode(graphdef, state, cache, tokens, steps, keys, sampling, top_k, active, top_width):
-  """One decode step for the first R slots (R = len(tokens); busy slots sit low): feeds tokens [R] at
-  each slot's own position; idle slots (active False) keep their position."""
-  model = nnx.merge(graphdef, state)
-  rows = tokens.shape[0]
-  head = jax.tree.map(lambda x: x[:rows], cache)
-  end = head["layer_0"]["end_index"]
-  size = head["layer_0"]["k"].shape[1]
+def _decode(graph, state, cache, tokens, steps, keys, sampling, top_k, active, top_width):
+  """One decode step for every cache row: feeds tokens [rows] at each row's own position; idle rows
+  (active False) keep their position."""
+  model = nnx.merge(graph.graphdef, state)
+  end = cache["layer_0"]["end_index"]
+  size = cache["layer_0"]["k"].shape[1]
   mask = jnp.arange(size)[None, None, :] <= end[:, None, None]
-  logits, head = model(tokens[:, None], end[:, None], head, mask)
-  for layer in head.values():
+  logits, cache = model(tokens[:, None], end[:, None], cache, mask)
+  for layer in cache.values():
     layer["end_index"] = jnp.where(active, layer["end_index"], end)
   next_tokens, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)
-  return next_tokens, logp, jax.tree.map(lambda full, part: full.at[:rows].set(part), cache, head)
+  return next_tokens, logp, cache
 
 
 class ContinuousBatcher:
   """Slots of one KV cache shared by concurrent generate requests (see the module docstring)."""
 
   def __init__(self, model: nnx.Module, cache_size: int, max_batch_size: int, *,
-               weights: Callable[[], nnx.State] | None = None, version: Callable[[], int] = lambda: 0,
+               version: Callable[[], int] = lambda: 0,
                cache_dtype=None, prefill_chunk: int = 256):
-    """weights() returns the model's current nnx.State (default: nnx.state(model)), version() the
-    number to tag tokens sampled with them; both are read between decode steps. cache_size: the
-    most tokens (prompt + completion) of one request."""
-    self._graphdef, self._state = nnx.split(model)
+    """version() returns the number to tag tokens with, read before each decode step; a change
+    drops held prefixes. cache_size: the most tokens (prompt + completion) of one request."""
+    graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
+    self._graphdef = _StaticGraph(graphdef)
     # The cache lives where the weights do (replicated over their mesh).
     placement = jax.sharding.NamedSharding(jax.tree.leaves(self._state)[0].sharding.mesh, jax.sharding.PartitionSpec())
-    self._weights = weights or (lambda: nnx.state(model))
     self._version_source = version
     self._vocab = model.config.vocab_size
     self.cache_size = cache_size
@@ -181,10 +213,9 @@ class ContinuousBatcher:
     if prefill_chunk < 1:
       raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
     self.prefill_chunk = prefill_chunk
-    # Room for a padded last chunk past a request's end, so a chunk is never written clamped.
-    self._cache = jax.device_put(
-        model.init_cache(max_batch_size, cache_size + self.prefill_chunk, cache_dtype or model.config.dtype),
-        placement)
+    # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
+    # computes every row, so idle rows cost as much as busy ones.
+    self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
     self._slots: list[_Request | None] = [None] * max_batch_size
     self._held: list[np.ndarray] = [np.zeros(0, np.int32)] * max_batch_size  # tokens whose KV a free slot holds
     self._waiting: collections.deque[_Request] = collections.deque()
@@ -192,6 +223,7 @@ class ContinuousBatcher:
     self._wake = threading.Condition()
     self.version = version()
     self._closed = False
+    self._failure: BaseException | None = None  # what stopped the scheduler, if it failed
     self._thread: threading.Thread | None = None
     self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
     self.prompt_tokens = 0  # prompt tokens admitted so far
@@ -209,6 +241,8 @@ class ContinuousBatcher:
     requests = [_Request(self._checked(p, params), params, _key_data(k), concurrent.futures.Future())
                 for p, k in zip(prompts, keys or [None] * len(prompts))]
     with self._wake:
+      if self._failure is not None:
+        raise RuntimeError(f"the batcher failed: {self._failure}") from self._failure
       if self._closed:
         raise RuntimeError("the batcher is closed")
       if self._thread is None:
@@ -246,18 +280,22 @@ class ContinuousBatcher:
             self._wake.wait()
           if self._closed:
             break
-          self._state, version = self._weights(), self._version_source()
+          version = self._version_source()
           if version != self.version:  # held keys and values came from older weights
             self._held = [np.zeros(0, np.int32)] * self.max_batch_size
           self.version = version
           admitted = self._take_waiting()
         if admitted:
+          self._resize(max(slot for slot, _, _, _ in admitted) + 1)
           self._prefill(admitted)
           self._admitting = []
         if any(self._slots):
           self._step()
+          self._shrink()
     except BaseException as e:  # pylint: disable=broad-except
       log.exception("continuous batcher failed")
+      with self._wake:
+        self._failure = e
       self._fail_all(e)
       return
     self._fail_all(RuntimeError("the batcher was closed"))
@@ -286,6 +324,27 @@ class ContinuousBatcher:
         taken.append((free.pop(best), r, held[best], None))
     self._admitting = [r for _, r, _, _ in taken]
     return taken
+
+  @property
+  def rows(self) -> int:
+    """Cache rows now allocated (each decode step computes all of them)."""
+    return self._cache["layer_0"]["end_index"].shape[0]
+
+  def _resize(self, needed: int) -> None:
+    """Grows the cache to the smallest power of two of rows (at most max_batch_size) >= needed."""
+    if needed > self.rows:
+      self._cache = _resize(self._cache, _bucket(needed, self.max_batch_size))
+
+  def _shrink(self) -> None:
+    """Halves the cache when the busy slots fit a quarter of it and nothing waits; prefixes held in
+    the dropped rows are forgotten. An idle batcher keeps its rows (and held prefixes)."""
+    busy = max((i + 1 for i, r in enumerate(self._slots) if r is not None), default=0)
+    with self._wake:
+      waiting = bool(self._waiting)
+    if busy and not waiting and 4 * busy <= self.rows:
+      rows = self.rows // 2
+      self._cache = _resize(self._cache, rows)
+      self._held[rows:] = [np.zeros(0, np.int32)] * (self.max_batch_size - rows)
 
   def _fail_all(self, error: BaseException) -> None:
     with self._wake:
@@ -320,7 +379,7 @@ class ContinuousBatcher:
     self._feed([(slot, r, reused) for slot, r, reused, source in admitted if source is None])
     copies = [(source, slot, r, reused) for slot, r, reused, source in admitted if source is not None]
     if copies:
-      n = _bucket(len(copies), self.max_batch_size, base=4)
+      n = _bucket(len(copies), self.max_batch_size)
       pairs = np.array([[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)),
                        np.int32)
       self._cache = _copy_rows(self._cache, pairs[:, 0], pairs[:, 1])
@@ -328,19 +387,21 @@ class ContinuousBatcher:
 
   def _feed(self, pending: list[tuple[int, _Request, int]]) -> None:
     """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens, all rows
-    together in chunks (width: a power of 4 from 16 up to prefill_chunk, so few shapes compile), then
-    records each request's first token."""
+    together in chunks (see _chunk_width; rows padded to a power of two), then records each
+    request's first token. A chunk that would run past the cache starts earlier,
+    feeding again prompt tokens the slot already holds."""
     while pending:
-      width = _bucket(max(len(r.prompt) - done for _, r, done in pending), self.prefill_chunk, base=4, minimum=16)
-      n = _bucket(len(pending), self.max_batch_size, base=4)
+      width = _chunk_width(max(len(r.prompt) - done for _, r, done in pending),
+                           min(self.prefill_chunk, self.cache_size))
+      n = _bucket(len(pending), self.max_batch_size)
       group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
+      starts = np.array([min(done, self.cache_size - width) for _, _, done in group], np.int32)
       tokens = np.zeros((n, width), np.int32)
       counts = np.zeros(n, np.int32)
-      for i, (_, r, done) in enumerate(group):
-        part = r.prompt[done:done + width]
+      for i, (_, r, _) in enumerate(group):
+        part = r.prompt[starts[i]:starts[i] + width]
         tokens[i, :len(part)] = part
         counts[i] = len(part)
-      starts = np.array([done for _, _, done in group], np.int32)
       slots = np.array([slot for slot, _, _ in group], np.int32)
       sampling, top_k, top_width = self._sampling_arrays([r for _, r, _ in group])
       keys = np.stack([r.key for _, r, _ in group])
@@ -348,17 +409,16 @@ class ContinuousBatcher:
                                          sampling, top_k, top_width)
       first, logp = np.asarray(first), np.asarray(logp)
       still = []
-      for i, (slot, r, done) in enumerate(pending):
-        if done + counts[i] < len(r.prompt):
-          still.append((slot, r, done + int(counts[i])))
+      for i, (slot, r, _) in enumerate(pending):
+        if starts[i] + counts[i] < len(r.prompt):
+          still.append((slot, r, int(starts[i] + counts[i])))
         else:
           self._slots[slot] = r
           self._record(slot, r, int(first[i]), float(logp[i]))
       pending = still
 
   def _step(self) -> None:
-    busy = max(i for i, r in enumerate(self._slots) if r is not None) + 1
-    requests = self._slots[:_bucket(busy, self.max_batch_size, base=4)]
+    requests = self._slots[:self.rows]
     active = np.array([r is not None for r in requests])
     last = np.array([r.tokens[-1] if r is not None else 0 for r in requests], np.int32)
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
