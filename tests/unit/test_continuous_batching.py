@@ -2,6 +2,7 @@
 
 import functools
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -204,6 +205,20 @@ def test_a_group_submitted_together_reads_its_prompt_once(model):
     alone = ContinuousBatcher(model, 64, 8)
     assert alone.submit(PROMPTS[1], params, key).result(timeout=120).tokens.tolist() == done.tokens.tolist()
     alone.close()
+  batcher.close()
+
+
+def test_a_request_copies_its_prompt_from_a_busy_slot(model):
+  """A sample arriving while another with the same prompt decodes (the agentic learner's separate
+  calls) copies the prompt's keys and values from that slot and decodes what it decodes alone."""
+  batcher = ContinuousBatcher(model, 64, 4)
+  first = batcher.submit(PROMPTS[2], SamplingParams(40, temperature=0.0))
+  while batcher.decode_steps < 2:  # the first request is decoding
+    time.sleep(0.01)
+  second = batcher.submit(PROMPTS[2], SamplingParams(6, temperature=0.0)).result(timeout=120)
+  assert not first.done() and batcher.reused_tokens == 16  # the 17-token prompt less its last token
+  assert second.tokens.tolist() == _greedy(model, PROMPTS[2], 6)
+  assert first.result(timeout=120).tokens.tolist() == _greedy(model, PROMPTS[2], 40)
   batcher.close()
 
 

@@ -15,8 +15,8 @@ KV-prefix reuse: a finished request's slot keeps its keys and values (prompt and
 the slot is needed again or the weights change. A new request goes to the free slot whose held
 tokens share the longest prefix with its prompt and prefills only the rest: a later turn of a
 conversation re-reads only the tool output, and conversations that share a system prompt read it
-once per slot. Requests admitted together copy a common prefix from the first of them, so a GRPO
-group's samples read their prompt once. Held prefixes are dropped when the weights version
+once per slot. A request also copies a common prefix from a busy slot or from a request admitted
+with it, so a GRPO group's samples read their prompt once, whether they arrive together or not. Held prefixes are dropped when the weights version
 changes, so reused keys and values always come from the current weights.
 """
 
@@ -143,13 +143,14 @@ def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | Non
   return tokens, jnp.where(greedy, 0.0, chosen)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 10), donate_argnums=(2,))
-def _extend(graph, state, cache, slots, tokens, starts, counts, keys, sampling, top_k, top_width):
-  """Writes right-padded tokens [n, C] (the first counts[n] of each row real) into cache rows `slots`
-  from positions starts[n] on, and samples each row's next token after its last real one."""
+@functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
+def _extend(graph, state, rows, tokens, starts, counts, keys, sampling, top_k, top_width):
+  """Writes right-padded tokens [n, C] (the first counts[n] of each row real) into cache rows `rows`
+  (n rows taken out of the cache) from positions starts[n] on, and samples each row's next token
+  after its last real one. Its shapes do not depend on the cache's row count, so growing the cache
+  compiles no new prefill."""
   model = nnx.merge(graph.graphdef, state)
   width = tokens.shape[1]
-  rows = jax.tree.map(lambda x: x[slots], cache)
   for layer in rows.values():
     layer["end_index"] = starts
   size = rows["layer_0"]["k"].shape[1]
@@ -160,16 +161,22 @@ def _extend(graph, state, cache, slots, tokens, starts, counts, keys, sampling, 
     layer["end_index"] = starts + counts
   last = jnp.take_along_axis(logits, (counts - 1)[:, None, None], axis=1)[:, 0]
   first, logp = _sample(last, keys, jnp.zeros_like(counts), sampling[:, 0], sampling[:, 1], top_k, top_width)
-  return first, logp, jax.tree.map(lambda full, part: full.at[slots].set(part), cache, rows)
+  return first, logp, rows
+
+
+@jax.jit
+def _take_rows(cache, slots):
+  """Cache rows `slots`, as a cache of len(slots) rows."""
+  return jax.tree.map(lambda x: x[slots], cache)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def _copy_rows(cache, sources, targets):
-  """Cache rows `targets` become copies of rows `sources`."""
-  return jax.tree.map(lambda x: x.at[targets].set(x[sources]), cache)
+def _put_rows(cache, slots, rows):
+  """The cache with rows `slots` replaced by `rows`."""
+  return jax.tree.map(lambda full, part: full.at[slots].set(part), cache, rows)
 
 
-@functools.partial(jax.jit, static_argnums=(1,), donate_argnums=(0,))
+@functools.partial(jax.jit, static_argnums=(1,))
 def _resize(cache, rows: int):
   """The cache with `rows` rows: its first rows kept, any new ones empty."""
   def fit(x):
@@ -303,11 +310,13 @@ class ContinuousBatcher:
   def _take_waiting(self) -> list[tuple[int, _Request, int, int | None]]:
     """(slot, request, reused prefix length, slot to copy that prefix from or None) for waiting
     requests, in arrival order, while slots are free. A request reuses the longest prefix of its
-    prompt held by a free slot (it then goes to that slot) or prefilled in this round for an earlier
-    request (copied from that one's slot, so a GRPO group's prompt is read once); at least one prompt
-    token is always prefilled, for the first token's logits. Among equals the lowest slot wins, so
-    busy slots stay low and a decode step covers few idle rows."""
+    prompt that a free slot holds (it then goes to that slot), or copies it from a busy slot or from
+    a request prefilled in this round (so samples of one prompt read it once, together or not); at
+    least one prompt token is always prefilled, for the first token's logits. Among equals the
+    lowest slot wins, so busy slots stay low."""
     free = [i for i, r in enumerate(self._slots) if r is None]
+    sources = [(slot, np.concatenate([r.prompt, np.asarray(r.tokens[:-1], np.int32)]))  # what its cache holds
+               for slot, r in enumerate(self._slots) if r is not None and r.version == self.version]
     taken = []
     while free and self._waiting:
       r = self._waiting.popleft()
@@ -315,13 +324,13 @@ class ContinuousBatcher:
       room = len(r.prompt) - 1
       held = [min(_shared_prefix(self._held[i], r.prompt), room) for i in free]
       best = max(range(len(free)), key=lambda j: (held[j], -free[j]))
-      leaders = [(min(_shared_prefix(q.prompt, r.prompt), room), slot)
-                 for slot, q, _, source in taken if source is None]
-      shared, source = max(leaders, default=(0, None))
+      shared, source = max(((min(_shared_prefix(tokens, r.prompt), room), slot) for slot, tokens in sources),
+                           default=(0, None))
       if shared > held[best]:
         taken.append((free.pop(0), r, shared, source))
       else:
         taken.append((free.pop(best), r, held[best], None))
+        sources.append((taken[-1][0], r.prompt))
     self._admitting = [r for _, r, _, _ in taken]
     return taken
 
@@ -371,8 +380,9 @@ class ContinuousBatcher:
     return sampling, top_k, width
 
   def _prefill(self, admitted: list[tuple[int, _Request, int, int | None]]) -> None:
-    """Prefills requests whose reused prefix is held in their own slot, copies the shared prefixes
-    of the others from those slots, then prefills the others."""
+    """Prefills requests whose reused prefix is held in their own slot, then copies the others'
+    shared prefixes from their source slots (busy ones, or ones just prefilled) and prefills the
+    rest of their prompts."""
     for _, r, reused, _ in admitted:
       self.prompt_tokens += len(r.prompt)
       self.reused_tokens += reused
@@ -382,7 +392,7 @@ class ContinuousBatcher:
       n = _bucket(len(copies), self.max_batch_size)
       pairs = np.array([[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)),
                        np.int32)
-      self._cache = _copy_rows(self._cache, pairs[:, 0], pairs[:, 1])
+      self._cache = _put_rows(self._cache, pairs[:, 1], _take_rows(self._cache, pairs[:, 0]))
       self._feed([(slot, r, reused) for _, slot, r, reused in copies])
 
   def _feed(self, pending: list[tuple[int, _Request, int]]) -> None:
@@ -405,8 +415,9 @@ class ContinuousBatcher:
       slots = np.array([slot for slot, _, _ in group], np.int32)
       sampling, top_k, top_width = self._sampling_arrays([r for _, r, _ in group])
       keys = np.stack([r.key for _, r, _ in group])
-      first, logp, self._cache = _extend(self._graphdef, self._state, self._cache, slots, tokens, starts, counts, keys,
-                                         sampling, top_k, top_width)
+      first, logp, rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts,
+                                  counts, keys, sampling, top_k, top_width)
+      self._cache = _put_rows(self._cache, slots, rows)
       first, logp = np.asarray(first), np.asarray(logp)
       still = []
       for i, (slot, r, _) in enumerate(pending):

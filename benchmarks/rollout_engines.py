@@ -1,0 +1,155 @@
+"""Rollout engines alone: Tunix's sampler (vanilla) against our continuous batcher (batched).
+
+    python benchmarks/rollout_engines.py [--model smollm2-135m] [--dtype float32] [--prompts 2]
+        [--samples 4] [--prompt-length 150] [--new-tokens 64] [--rounds 3] [--output F]
+
+Random weights (they never stop early, so every sample uses the whole budget). Two call patterns,
+each timed per round after one warm-up round that compiles, the engines alternating round by round
+on the same prompts:
+- group: one generate call with prompts x samples prompts (standard GRPO's rollout);
+- agentic: prompts x samples threads, each calling generate with one prompt (the agentic learner's
+  pattern: one call per conversation turn).
+Per engine and pattern: median round seconds, generated tokens/s, ms per generated position (round
+time / new tokens: one decode step of the whole batch, prefill included) and, for the batched engine,
+its decode steps per round. On a GPU, decode tokens/s is compared with the HBM roofline (every weight and the
+cache rows of one decode step read once per step). Prints a table and writes
+benchmarks/results/rollout_engines.json (or --output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+from model_benchmark import PEAKS
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "rollout_engines.json")
+
+
+def _engines(args):
+  """(config, rollout config, {engine name: engine}) on one randomly initialised model."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine  # pylint: disable=import-outside-toplevel
+  from maxtext.models import builder  # pylint: disable=import-outside-toplevel
+  from maxtext.models.decoder import ModelConfig  # pylint: disable=import-outside-toplevel
+  from maxtext.utils.mesh import create_meshes  # pylint: disable=import-outside-toplevel
+
+  cfg = pyconfig.initialize(["bench", "rl.yml", f"model_name={args.model}", f"dtype={args.dtype}",
+                             f"weight_dtype={args.dtype}", f"max_prompt_length={args.prompt_length}",
+                             f"max_response_length={args.new_tokens}", "decode_sampling_temperature=1.0"])
+  _, mesh = create_meshes(cfg)
+  model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=0)
+  tokenizer = tokenizer_for(cfg)
+  rollout = learner.rollout_configs(cfg, tokenizer.eos_token_id)[learner.Mode.TRAIN]
+  engines = {
+      "vanilla": RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
+      "batched": BatchedRolloutEngine(model, tokenizer, mesh, rollout, seed=0,
+                                      max_batch_size=cfg.rollout_max_batch_size),
+  }
+  return cfg, rollout, engines, jax.devices()[0].device_kind
+
+
+def _round(engine, prompts, rollout, pattern: str) -> int:
+  """Generates for every prompt; returns the number of tokens generated."""
+  if pattern == "group":
+    return sum(len(t) for t in engine.generate(prompts, rollout).tokens)
+  with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+    outs = list(pool.map(lambda p: engine.generate([p], rollout), prompts))
+  return sum(len(t) for out in outs for t in out.tokens)
+
+
+def _roofline(cfg, rows: int, dtype_bytes: int, n_params: int, bandwidth: float | None) -> float | None:
+  """Decode tokens/s if a step only read every weight and `rows` full cache rows once."""
+  if not bandwidth:
+    return None
+  kv = 2 * cfg.num_decoder_layers * rows * cfg.kv_cache_size * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+  return rows * bandwidth / (n_params * dtype_bytes + kv)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", default="smollm2-135m")
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+  parser.add_argument("--prompts", type=int, default=2)
+  parser.add_argument("--samples", type=int, default=4)
+  parser.add_argument("--prompt-length", type=int, default=150)
+  parser.add_argument("--new-tokens", type=int, default=64)
+  parser.add_argument("--rounds", type=int, default=3, help="timed rounds after the warm-up")
+  parser.add_argument("--output", default=RESULTS)
+  args = parser.parse_args()
+
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+
+  cfg, rollout, engines, device = _engines(args)
+  n_params = sum(x.size for x in jax.tree.leaves(nnx.state(engines["vanilla"].model(), nnx.Param)))
+  rng = np.random.default_rng(0)
+  rows = args.prompts * args.samples
+  bandwidth = PEAKS.get(device, (None, None))[1]
+  results = []
+  for pattern in ("group", "agentic"):
+    times = {name: [] for name in engines}
+    tokens = dict.fromkeys(engines, 0)
+    for i in range(args.rounds + 1):  # engines alternate round by round, on the same prompts
+      group = [rng.integers(100, cfg.vocab_size - 100, args.prompt_length).astype(np.int32)
+               for _ in range(args.prompts)]
+      for name, engine in engines.items():
+        started = time.perf_counter()
+        made = _round(engine, [p for p in group for _ in range(args.samples)], rollout, pattern)
+        if i == 0:  # warm-up: compiles
+          steps_before = engines["batched"].batcher.decode_steps
+          continue
+        times[name].append(time.perf_counter() - started)
+        tokens[name] += made
+    steps = (engines["batched"].batcher.decode_steps - steps_before) / args.rounds
+    for name in engines:
+      results.append({
+          "pattern": pattern, "engine": name, "round_s": statistics.median(times[name]),
+          "tokens_per_s": tokens[name] / sum(times[name]),
+          "ms_per_position": 1e3 * statistics.median(times[name]) / args.new_tokens,
+          "decode_steps_per_round": steps if name == "batched" else None,
+          "roofline_tokens_per_s": _roofline(cfg, rows, np.dtype(args.dtype).itemsize, n_params, bandwidth),
+      })
+      print(f"  done: {pattern} / {name}: {results[-1]['round_s']:.2f} s per round", file=sys.stderr, flush=True)
+  for r in results:
+    base = next(x for x in results if x["pattern"] == r["pattern"] and x["engine"] == "vanilla")
+    r["ratio_to_vanilla"] = r["round_s"] / base["round_s"]
+
+  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  report = {
+      "date": datetime.date.today().isoformat(), "device": device, "cpu_count": os.cpu_count(),
+      "python": platform.python_version(),
+      "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")},
+      "arguments": vars(args), "params": n_params, "results": results,
+  }
+  os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+  with open(args.output, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+  fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # pylint: disable=unnecessary-lambda-assignment
+  print(f"{args.model} {args.dtype}, {args.prompts} prompts x {args.samples} samples, {args.prompt_length}-token "
+        f"prompts, {args.new_tokens} new tokens, on {device}")
+  print("| pattern | engine | s per round | tokens/s | ms per position | decode steps per round "
+        "| HBM roofline tokens/s | / vanilla |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  for r in results:
+    print(f"| {r['pattern']} | {r['engine']} | {r['round_s']:.2f} | {r['tokens_per_s']:.1f} | "
+          f"{r['ms_per_position']:.1f} | {fmt(r['decode_steps_per_round'], '.0f')} | "
+          f"{fmt(r['roofline_tokens_per_s'], '.0f')} | "
+          f"{r['ratio_to_vanilla']:.2f} |")
+  print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+  main()
