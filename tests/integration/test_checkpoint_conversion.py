@@ -49,14 +49,16 @@ def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype):
   assert reloaded.dtype == dtype
 
 
-def test_decode_cli_matches_transformers_greedy(tmp_path):
-  """decode prints only JSON lines; its tokens equal transformers' greedy decode of the export."""
+@pytest.mark.parametrize("engine", ["vanilla", "batched"])
+def test_decode_cli_matches_transformers_greedy(tmp_path, engine):
+  """decode prints only JSON lines; its tokens equal transformers' greedy decode of the export, with
+  either rollout engine."""
   hf = write_hf_like("llama-tiny", tmp_path / "hf")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, "-m", "maxtext.inference.decode", "rl.yml", f"load_parameters_path={tmp_path / 'hf'}",
        f"tokenizer_path={assets.smollm2_gguf()}", 'prompt=["What is 2+3?", "Name a colour."]',
-       "max_response_length=12", "decode_sampling_temperature=0"],
+       "max_response_length=12", "decode_sampling_temperature=0", f"rollout_engine={engine}"],
       capture_output=True, text=True, env=env, timeout=300, check=False)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()

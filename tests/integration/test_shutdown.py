@@ -42,7 +42,7 @@ def _terminate_after_first_step(proc, run):
   return proc.returncode, err, time.time() - sent
 
 
-@pytest.mark.parametrize("agentic", [False, True])
+@pytest.mark.parametrize("agentic", [False, pytest.param(True, marks=pytest.mark.slow)])  # agentic: ~2 min
 def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_path, agentic):
   steps = 3
   extra = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1", "rl.max_concurrency=8"] if agentic else []

@@ -16,20 +16,22 @@ from maxtext.utils import cli
 
 
 def load_sampler(cfg, mode) -> tuple[Callable, object]:
-  """(generate, tokenizer): the RL sampler on its own, built from cfg. generate(prompts) returns
-  Tunix's RolloutOutput, sampled as `mode` says (learner.Mode.TRAIN: decode_sampling_*; EVAL:
-  eval_sampling_strategy)."""
+  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
+  cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says (learner.Mode.TRAIN:
+  decode_sampling_*; EVAL: eval_sampling_strategy)."""
   from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix.rollout import RolloutEngine  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
+  if cfg.rollout_engine == "vllm":
+    raise ConfigError("rollout_engine='vllm' serves RL rollouts only; decoding and evaluation on their own "
+                      "take rollout_engine=vanilla or batched")
   mesh_lib.maybe_initialize_distributed()
   _, mesh = mesh_lib.create_meshes(cfg)
   tokenizer = tokenizer_for(cfg)
   rollout_config = learner.rollout_configs(cfg, tokenizer.eos_token_id)[mode]
-  engine = RolloutEngine(load_model(cfg, mesh), tokenizer, mesh, rollout_config, seed=cfg.decode_seed)
+  engine = learner.rollout_engine(cfg)(load_model(cfg, mesh), tokenizer, mesh, rollout_config)
   return (lambda prompts: engine.generate(prompts, rollout_config)), tokenizer
 
 
