@@ -40,7 +40,7 @@ def _engines(args):
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import rollout as engines_lib  # pylint: disable=import-outside-toplevel
   from maxtext.models import builder  # pylint: disable=import-outside-toplevel
   from maxtext.models.decoder import ModelConfig  # pylint: disable=import-outside-toplevel
   from maxtext.utils.mesh import create_meshes  # pylint: disable=import-outside-toplevel
@@ -53,8 +53,8 @@ def _engines(args):
   tokenizer = tokenizer_for(cfg)
   rollout = learner.rollout_configs(cfg, tokenizer.eos_token_id)[learner.Mode.TRAIN]
   engines = {
-      "vanilla": RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
-      "batched": BatchedRolloutEngine(model, tokenizer, mesh, rollout, seed=0,
+      "vanilla": engines_lib.RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
+      "batched": engines_lib.BatchedRolloutEngine(model, tokenizer, mesh, rollout, seed=0,
                                       max_batch_size=cfg.rollout_max_batch_size),
   }
   return cfg, rollout, engines, jax.devices()[0].device_kind

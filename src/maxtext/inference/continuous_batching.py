@@ -16,8 +16,9 @@ the slot is needed again or the weights change. A new request goes to the free s
 tokens share the longest prefix with its prompt and prefills only the rest: a later turn of a
 conversation re-reads only the tool output, and conversations that share a system prompt read it
 once per slot. A request also copies a common prefix from a busy slot or from a request admitted
-with it, so a GRPO group's samples read their prompt once, whether they arrive together or not. Held prefixes are dropped when the weights version
-changes, so reused keys and values always come from the current weights.
+with it, so a GRPO group's samples read their prompt once, whether they arrive together or not.
+Held prefixes are dropped when the weights version changes, so reused keys and values always come
+from the current weights.
 """
 
 from __future__ import annotations
