@@ -27,6 +27,17 @@ PEAKS = {
 }
 
 
+def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params: int) -> float | None:
+  """Decode tokens/s on this device if a step only read every weight and `rows` cache rows of
+  cache_size positions once (None without a known HBM bandwidth)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  bandwidth = PEAKS.get(jax.devices()[0].device_kind, (None, None))[1]
+  if not bandwidth:
+    return None
+  kv = 2 * cfg.num_decoder_layers * rows * cache_size * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+  return rows * bandwidth / (n_params * dtype_bytes + kv)
+
+
 def _build(args, remat="none"):
   import jax  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
@@ -128,10 +139,7 @@ def worker_decode(args) -> dict:
     run()  # compile
     elapsed = run()
   steps = n - 1
-  kv_bytes = 2 * cfg.num_decoder_layers * b * size * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
-  step_bytes = n_params * dtype.itemsize + kv_bytes  # every weight and the whole cache read per step
-  bandwidth = PEAKS.get(jax.devices()[0].device_kind, (None, None))[1]
-  roofline = b / (step_bytes / bandwidth) if bandwidth else None
+  roofline = decode_roofline(cfg, b, size, dtype.itemsize, n_params)
   tps = b * steps / elapsed
   return {"batch": b, "prompt": p, "new_tokens": n, "tokens_per_s": tps, "step_ms": 1e3 * elapsed / steps,
           "roofline_tokens_per_s": roofline, "fraction_of_roofline": tps / roofline if roofline else None}

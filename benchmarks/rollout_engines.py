@@ -10,9 +10,9 @@ on the same prompts:
 - agentic: prompts x samples threads, each calling generate with one prompt (the agentic learner's
   pattern: one call per conversation turn).
 Per engine and pattern: median round seconds, generated tokens/s, ms per generated position (round
-time / new tokens: one decode step of the whole batch, prefill included) and, for the batched engine,
-its decode steps per round. On a GPU, decode tokens/s is compared with the HBM roofline (every weight and the
-cache rows of one decode step read once per step). Prints a table and writes
+time / new tokens: one decode step of the whole batch, prefill included) and, for the batched
+engine, its decode steps per round. On a GPU, decode tokens/s is compared with the HBM roofline
+(every weight and the cache rows of one decode step read once per step). Prints a table and writes
 benchmarks/results/rollout_engines.json (or --output).
 """
 
@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from model_benchmark import PEAKS
+from model_benchmark import decode_roofline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "rollout_engines.json")
@@ -69,14 +69,6 @@ def _round(engine, prompts, rollout, pattern: str) -> int:
   return sum(len(t) for out in outs for t in out.tokens)
 
 
-def _roofline(cfg, rows: int, dtype_bytes: int, n_params: int, bandwidth: float | None) -> float | None:
-  """Decode tokens/s if a step only read every weight and `rows` full cache rows once."""
-  if not bandwidth:
-    return None
-  kv = 2 * cfg.num_decoder_layers * rows * cfg.kv_cache_size * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
-  return rows * bandwidth / (n_params * dtype_bytes + kv)
-
-
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", default="smollm2-135m")
@@ -97,7 +89,6 @@ def main() -> None:
   n_params = sum(x.size for x in jax.tree.leaves(nnx.state(engines["vanilla"].model(), nnx.Param)))
   rng = np.random.default_rng(0)
   rows = args.prompts * args.samples
-  bandwidth = PEAKS.get(device, (None, None))[1]
   results = []
   for pattern in ("group", "agentic"):
     times = {name: [] for name in engines}
@@ -120,7 +111,8 @@ def main() -> None:
           "tokens_per_s": tokens[name] / sum(times[name]),
           "ms_per_position": 1e3 * statistics.median(times[name]) / args.new_tokens,
           "decode_steps_per_round": steps if name == "batched" else None,
-          "roofline_tokens_per_s": _roofline(cfg, rows, np.dtype(args.dtype).itemsize, n_params, bandwidth),
+          "roofline_tokens_per_s": decode_roofline(cfg, rows, cfg.kv_cache_size, np.dtype(args.dtype).itemsize,
+                                                   n_params),
       })
       print(f"  done: {pattern} / {name}: {results[-1]['round_s']:.2f} s per round", file=sys.stderr, flush=True)
   for r in results:

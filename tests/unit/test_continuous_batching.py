@@ -213,7 +213,9 @@ def test_a_request_copies_its_prompt_from_a_busy_slot(model):
   calls) copies the prompt's keys and values from that slot and decodes what it decodes alone."""
   batcher = ContinuousBatcher(model, 64, 4)
   first = batcher.submit(PROMPTS[2], SamplingParams(40, temperature=0.0))
+  deadline = time.time() + 120
   while batcher.decode_steps < 2:  # the first request is decoding
+    assert time.time() < deadline, "the first request never started decoding"
     time.sleep(0.01)
   second = batcher.submit(PROMPTS[2], SamplingParams(6, temperature=0.0)).result(timeout=120)
   assert not first.done() and batcher.reused_tokens == 16  # the 17-token prompt less its last token

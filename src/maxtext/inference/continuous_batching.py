@@ -5,11 +5,11 @@ A `ContinuousBatcher` owns `max_batch_size` slots of one KV cache and a schedule
 Future. Each decode step runs with the model's weights as they are then (a trainer that updates the
 model in place reaches requests in flight from the next step on) and tags its tokens with the
 weights version read before it. Between decode steps the scheduler prefills waiting requests into
-free slots (several in one call, in chunks of at most `prefill_chunk` tokens), and releases finished requests
-at once. Each request's draws depend only on its own key and token index, so a completion does not
-depend on which other requests shared its batch. A completion keeps its EOS token and carries, per
-token, the log-probability under the temperature-scaled distribution (what a GRPO trainer
-recomputes) and the weights version that produced it.
+free slots (several in one call, in chunks of at most `prefill_chunk` tokens), and releases
+finished requests at once. Each request's draws depend only on its own key and token index, so a
+completion does not depend on which other requests shared its batch. A completion keeps its EOS
+token and carries, per token, the log-probability under the temperature-scaled distribution (what
+a GRPO trainer recomputes) and the weights version that produced it.
 
 KV-prefix reuse: a finished request's slot keeps its keys and values (prompt and completion) until
 the slot is needed again or the weights change. A new request goes to the free slot whose held
@@ -294,7 +294,7 @@ class ContinuousBatcher:
           self.version = version
           admitted = self._take_waiting()
         if admitted:
-          self._resize(max(slot for slot, _, _, _ in admitted) + 1)
+          self._grow(max(slot for slot, _, _, _ in admitted) + 1)
           self._prefill(admitted)
           self._admitting = []
         if any(self._slots):
@@ -316,6 +316,9 @@ class ContinuousBatcher:
     least one prompt token is always prefilled, for the first token's logits. Among equals the
     lowest slot wins, so busy slots stay low."""
     free = [i for i, r in enumerate(self._slots) if r is None]
+    if not (free and self._waiting):  # the usual case between decode steps: nothing to admit
+      self._admitting = []
+      return []
     sources = [(slot, np.concatenate([r.prompt, np.asarray(r.tokens[:-1], np.int32)]))  # what its cache holds
                for slot, r in enumerate(self._slots) if r is not None and r.version == self.version]
     taken = []
@@ -340,7 +343,7 @@ class ContinuousBatcher:
     """Cache rows now allocated (each decode step computes all of them)."""
     return self._cache["layer_0"]["end_index"].shape[0]
 
-  def _resize(self, needed: int) -> None:
+  def _grow(self, needed: int) -> None:
     """Grows the cache to the smallest power of two of rows (at most max_batch_size) >= needed."""
     if needed > self.rows:
       self._cache = _resize(self._cache, _bucket(needed, self.max_batch_size))
@@ -399,8 +402,8 @@ class ContinuousBatcher:
   def _feed(self, pending: list[tuple[int, _Request, int]]) -> None:
     """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens, all rows
     together in chunks (see _chunk_width; rows padded to a power of two), then records each
-    request's first token. A chunk that would run past the cache starts earlier,
-    feeding again prompt tokens the slot already holds."""
+    request's first token. A chunk that would run past the cache starts earlier, feeding again
+    prompt tokens the slot already holds."""
     while pending:
       width = _chunk_width(max(len(r.prompt) - done for _, r, done in pending),
                            min(self.prefill_chunk, self.cache_size))
