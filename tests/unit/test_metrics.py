@@ -3,6 +3,7 @@
 import json
 
 import jax
+import pytest
 
 from maxtext.integration.tunix import metrics
 
@@ -54,3 +55,23 @@ def test_step_time_is_the_time_between_step_ends(tmp_path):
   backend.close()
   times = [json.loads(line)["step_time_s"] for line in (tmp_path / "m.jsonl").read_text().splitlines()]
   assert 0.3 <= times[0] < 0.6 and 0.1 <= times[1] < 0.3
+
+
+def test_compile_seconds_are_counted_in_the_step_that_compiled(tmp_path):
+  import jax.numpy as jnp
+
+  clock = metrics.CompileClock()
+  backend = metrics.JsonlBackend(str(tmp_path / "m.jsonl"), compile_clock=clock)
+  backend.restart_clock()
+  jax.jit(lambda x: jnp.sin(x) * 3.0)(jnp.ones(7)).block_until_ready()  # a new program: traced and compiled
+  backend.log_scalar("actor/train/loss", 1.0, step=1)
+  backend.log_scalar("actor/train/loss", 1.0, step=2)
+  backend.close()
+  clock.close()
+  clock.close()  # idempotent
+  total = clock()
+  jax.jit(lambda x: jnp.cos(x) - 1.0)(jnp.ones(5)).block_until_ready()
+  rows = [json.loads(line) for line in (tmp_path / "m.jsonl").read_text().splitlines()]
+  assert rows[0]["compile_s"] > 0 and rows[1]["compile_s"] == 0
+  assert rows[0]["compile_s"] == pytest.approx(total)
+  assert clock() == total  # closed: no longer counting

@@ -6,6 +6,7 @@ import functools
 import json
 import math
 import os
+import threading
 import time
 from typing import Callable
 
@@ -29,6 +30,36 @@ def parse_event(event: str, step: int) -> tuple[str, str, int] | None:
   return (name if prefix == "global" else f"{prefix}/{name}"), mode, step + 1
 
 
+_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                   "/jax/core/compile/backend_compile_duration")
+
+
+class CompileClock:
+  """Seconds JAX has spent tracing, lowering and compiling programs since it was made (all threads
+  together; a persistent compilation cache hit counts only its tracing and lowering)."""
+
+  def __init__(self):
+    self._seconds = 0.0
+    self._lock = threading.Lock()
+    self._listening = True
+    jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+
+  def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+    del kwargs
+    if event in _COMPILE_EVENTS:
+      with self._lock:
+        self._seconds += duration
+
+  def __call__(self) -> float:
+    with self._lock:
+      return self._seconds
+
+  def close(self) -> None:
+    if self._listening:
+      jax.monitoring.unregister_event_duration_listener(self._on_duration)
+      self._listening = False
+
+
 class JsonlBackend:
   """Collects training scalars per step; writes one line per step, in step order.
 
@@ -37,10 +68,12 @@ class JsonlBackend:
   `<path>.pending` whenever a step begins, so a killed run loses none of them: `truncate_after`
   merges them back on resume. A step's scalars arrive when it ends, so step_time_s is the wall
   time from the first scalar of the previous step (for the first step: from `restart_clock`, called
-  when training starts) to the first scalar of this one.
+  when training starts) to the first scalar of this one, and compile_s the seconds of compiling
+  (`compile_clock`) in that time.
   """
 
-  def __init__(self, path: str, lag: int = 2, on_row: Callable[[dict], None] | None = None):
+  def __init__(self, path: str, lag: int = 2, on_row: Callable[[dict], None] | None = None,
+               compile_clock: Callable[[], float] = lambda: 0.0):
     """on_row: also called with each row as it is written."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._on_row = on_row
@@ -48,14 +81,15 @@ class JsonlBackend:
     self._pending = path + ".pending"
     self._lag = lag
     self._rows: dict[int, dict[str, float]] = {}
-    self._started: dict[int, float] = {}
+    self._started: dict[int, tuple[float, float]] = {}  # step -> (wall time, compile clock) of its first scalar
     self._written = 0
-    self._origin = time.time()
+    self._compile_clock = compile_clock
+    self._origin = (time.time(), compile_clock())
     self.nonfinite: tuple[str, int] | None = None  # the first (metric, step) of a NaN or infinite loss, KL or reward
     self.last_step: int | None = None  # set when training stopped early: later rows are dropped at close
 
   def restart_clock(self):
-    self._origin = time.time()
+    self._origin = (time.time(), self._compile_clock())
 
   def log_scalar(self, event: str, value, **kwargs):
     parsed = parse_event(event, int(kwargs.get("step", 0)))
@@ -65,7 +99,7 @@ class JsonlBackend:
     if step <= self._written:
       return  # its row is already written
     if step not in self._rows:
-      self._started[step] = time.time()
+      self._started[step] = (time.time(), self._compile_clock())
       self._save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
@@ -78,7 +112,9 @@ class JsonlBackend:
   def _row(self, step: int) -> dict:
     earlier = [t for s, t in self._started.items() if s < step]
     begin = max(earlier) if earlier else self._origin
-    return {"step": step, **self._rows.get(step, {}), "step_time_s": self._started[step] - begin}
+    end = self._started[step]
+    return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0],
+            "compile_s": end[1] - begin[1]}
 
   def _save_pending(self):
     tmp = self._pending + ".tmp"
@@ -181,10 +217,11 @@ class MetricSinks:
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
     off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2)."""
     self._wandb = wandb
+    self.compile_clock = CompileClock()
     on_row = wandb.log if wandb is not None else None
     self._makers = {
         "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
-        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row),
+        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []
@@ -233,6 +270,7 @@ class MetricSinks:
       except AssertionError:  # not registered (Tunix registers on process 0 only)
         pass
     self._handed_out.clear()
+    self.compile_clock.close()
     wandb, self._wandb = self._wandb, None
     if wandb is not None:
       wandb.close()

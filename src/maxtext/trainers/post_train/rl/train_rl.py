@@ -143,7 +143,7 @@ def run(cfg) -> dict:
     if results["before"] is None:
       results["before"] = evaluate("eval before")
       evaluate_rl.write_results(cfg, results)
-    start = time.time()
+    start, compiled = time.time(), sinks.compile_clock()
     sinks.restart_clock()
     with stop:
       try:
@@ -153,7 +153,8 @@ def run(cfg) -> dict:
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
     guard(cluster.actor_trainer.train_steps)  # a non-finite value at the last step: no later step boundary saw it
-    log.info("Trained %d steps in %.1f s", cluster.actor_trainer.train_steps, time.time() - start)
+    log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", cluster.actor_trainer.train_steps,
+             time.time() - start, sinks.compile_clock() - compiled)
     results["after"] = evaluate("eval after")
     evaluate_rl.write_results(cfg, results)
     if cfg.export_hf:
