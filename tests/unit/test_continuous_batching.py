@@ -55,7 +55,7 @@ def _greedy(model, prompt, n):
 
 
 def test_greedy_completions_match_the_reference_with_more_requests_than_slots(model):
-  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, prefill_chunk=16)  # 17 tokens: two chunks
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, prefill_chunk=8)  # 17 tokens: two chunks
   budgets = [8, 5, 12, 3, 10, 6]
   futures = [batcher.submit(p, SamplingParams(n, temperature=0.0)) for p, n in zip(PROMPTS, budgets)]
   for prompt, n, future in zip(PROMPTS, budgets, futures):
@@ -67,10 +67,19 @@ def test_greedy_completions_match_the_reference_with_more_requests_than_slots(mo
 
 
 def test_a_last_chunk_that_would_pass_the_cache_end_starts_earlier(model):
-  # 17 prompt tokens in 16-token chunks and a 24-token cache: the second chunk covers tokens 8..23.
+  # A 20-token prompt (19 prefilled, the last one decoded) in 16-token chunks and a 24-token cache:
+  # the second chunk covers positions 8..23.
+  prompt = PROMPTS[2] + [5, 6, 7]
   batcher = ContinuousBatcher(model, cache_size=24, max_batch_size=2, prefill_chunk=16)
-  done = batcher.submit(PROMPTS[2], SamplingParams(7, temperature=0.0)).result(timeout=120)
-  assert done.tokens.tolist() == _greedy(model, PROMPTS[2], 7)
+  done = batcher.submit(prompt, SamplingParams(4, temperature=0.0)).result(timeout=120)
+  assert done.tokens.tolist() == _greedy(model, prompt, 4)
+  batcher.close()
+
+
+def test_a_one_token_prompt_needs_no_prefill(model):
+  batcher = ContinuousBatcher(model, cache_size=16, max_batch_size=2)
+  done = batcher.submit([7], SamplingParams(5, temperature=0.0)).result(timeout=120)
+  assert done.tokens.tolist() == _greedy(model, [7], 5)
   batcher.close()
 
 
@@ -146,17 +155,17 @@ def test_new_weights_apply_between_decode_steps_and_tag_tokens(model):
   zeroed = jax.tree.map(jnp.zeros_like, nnx.state(policy))  # all-zero logits: argmax token 0
   calls = {"n": 0}
 
-  def version():  # read once per scheduler round; the trainer updates the weights before round 4
+  def version():  # read at construction and once per scheduler round
     calls["n"] += 1
-    if calls["n"] == 5:
+    if calls["n"] == 5:  # the trainer updates the weights before round 4
       nnx.update(policy, zeroed)
     return 0 if calls["n"] <= 4 else 1
 
   batcher = ContinuousBatcher(policy, 64, 2, version=version)
   done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
-  # Step 1 prefills and decodes (two tokens), steps 2 and 3 one token each, then the new weights.
-  assert done.versions.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
-  assert done.tokens[:4].tolist() == _greedy(model, PROMPTS[2], 4) and set(done.tokens[4:].tolist()) == {0}
+  # Rounds 1 to 3 each decode one token (round 1 prefills first), then the new weights.
+  assert done.versions.tolist() == [0, 0, 0, 1, 1, 1, 1, 1]
+  assert done.tokens[:3].tolist() == _greedy(model, PROMPTS[2], 3) and set(done.tokens[3:].tolist()) == {0}
   batcher.close()
 
 

@@ -5,8 +5,9 @@ A `ContinuousBatcher` owns `max_batch_size` slots of one KV cache and a schedule
 Future. Each decode step runs with the model's weights as they are then (a trainer that updates the
 model in place reaches requests in flight from the next step on) and tags its tokens with the
 weights version read before it. Between decode steps the scheduler prefills waiting requests into
-free slots (several in one call, in chunks of at most `prefill_chunk` tokens), and releases
-finished requests at once. Each request's draws depend only on its own key and token index, so a
+free slots (several in one call, in chunks of at most `prefill_chunk` tokens; all of a prompt but
+its last token, which the request's first decode step feeds, so prefill computes no logits), and
+releases finished requests at once. Each request's draws depend only on its own key and token index, so a
 completion does not depend on which other requests shared its batch. A completion keeps its EOS
 token and carries, per token, the log-probability under the temperature-scaled distribution (what
 a GRPO trainer recomputes) and the weights version that produced it.
@@ -144,25 +145,20 @@ def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | Non
   return tokens, jnp.where(greedy, 0.0, chosen)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
-def _extend(graph, state, rows, tokens, starts, counts, keys, sampling, top_k, top_width):
-  """Writes right-padded tokens [n, C] (the first counts[n] of each row real) into cache rows `rows`
-  (n rows taken out of the cache) from positions starts[n] on, and samples each row's next token
-  after its last real one. Its shapes do not depend on the cache's row count, so growing the cache
-  compiles no new prefill."""
+@functools.partial(jax.jit, static_argnums=(0,), donate_argnums=(2,))
+def _extend(graph, state, rows, tokens, starts):
+  """Writes the keys and values of tokens [n, C] into cache rows `rows` (n rows taken out of the
+  cache) from positions starts[n] on; a row's padding past its real tokens is written too and
+  overwritten later. No logits are used, so the output layer is not computed. Its shapes do not
+  depend on the cache's row count, so growing the cache compiles no new prefill."""
   model = nnx.merge(graph.graphdef, state)
-  width = tokens.shape[1]
   for layer in rows.values():
     layer["end_index"] = starts
   size = rows["layer_0"]["k"].shape[1]
-  positions = starts[:, None] + jnp.arange(width)[None, :]
+  positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
   mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
-  logits, rows = model(tokens, positions, rows, mask)
-  for layer in rows.values():
-    layer["end_index"] = starts + counts
-  last = jnp.take_along_axis(logits, (counts - 1)[:, None, None], axis=1)[:, 0]
-  first, logp = _sample(last, keys, jnp.zeros_like(counts), sampling[:, 0], sampling[:, 1], top_k, top_width)
-  return first, logp, rows
+  _, rows = model(tokens, positions, rows, mask)
+  return rows
 
 
 @jax.jit
@@ -188,18 +184,23 @@ def _resize(cache, rows: int):
 
 
 @functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
-def _decode(graph, state, cache, tokens, steps, keys, sampling, top_k, active, top_width):
-  """One decode step for every cache row: feeds tokens [rows] at each row's own position; idle rows
-  (active False) keep their position."""
+def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k, top_width):
+  """One decode step for every cache row: feeds tokens [rows] at positions [rows] and samples each
+  row's next token (idle rows feed a dummy token past what they hold)."""
   model = nnx.merge(graph.graphdef, state)
-  end = cache["layer_0"]["end_index"]
-  size = cache["layer_0"]["k"].shape[1]
-  mask = jnp.arange(size)[None, None, :] <= end[:, None, None]
-  logits, cache = model(tokens[:, None], end[:, None], cache, mask)
   for layer in cache.values():
-    layer["end_index"] = jnp.where(active, layer["end_index"], end)
+    layer["end_index"] = positions
+  size = cache["layer_0"]["k"].shape[1]
+  mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
+  logits, cache = model(tokens[:, None], positions[:, None], cache, mask)
   next_tokens, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)
   return next_tokens, logp, cache
+
+
+def _cached(r: _Request) -> np.ndarray:
+  """The tokens whose keys and values a request's slot holds: its prompt and sampled tokens but the
+  last one (a decode step feeds that one, the prompt's last token before the first)."""
+  return np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)])[:len(r.prompt) - 1 + len(r.tokens)]
 
 
 class ContinuousBatcher:
@@ -312,15 +313,14 @@ class ContinuousBatcher:
     """(slot, request, reused prefix length, slot to copy that prefix from or None) for waiting
     requests, in arrival order, while slots are free. A request reuses the longest prefix of its
     prompt that a free slot holds (it then goes to that slot), or copies it from a busy slot or from
-    a request prefilled in this round (so samples of one prompt read it once, together or not); at
-    least one prompt token is always prefilled, for the first token's logits. Among equals the
-    lowest slot wins, so busy slots stay low."""
+    a request prefilled in this round (so samples of one prompt read it once, together or not). A
+    prompt's last token is never reused: the first decode step feeds it. Among equals the lowest
+    slot wins, so busy slots stay low."""
     free = [i for i, r in enumerate(self._slots) if r is None]
     if not (free and self._waiting):  # the usual case between decode steps: nothing to admit
       self._admitting = []
       return []
-    sources = [(slot, np.concatenate([r.prompt, np.asarray(r.tokens[:-1], np.int32)]))  # what its cache holds
-               for slot, r in enumerate(self._slots) if r is not None and r.version == self.version]
+    sources = [(slot, _cached(r)) for slot, r in enumerate(self._slots) if r is not None and r.version == self.version]
     taken = []
     while free and self._waiting:
       r = self._waiting.popleft()
@@ -334,7 +334,7 @@ class ContinuousBatcher:
         taken.append((free.pop(0), r, shared, source))
       else:
         taken.append((free.pop(best), r, held[best], None))
-        sources.append((taken[-1][0], r.prompt))
+        sources.append((taken[-1][0], r.prompt[:-1]))
     self._admitting = [r for _, r, _, _ in taken]
     return taken
 
@@ -386,7 +386,8 @@ class ContinuousBatcher:
   def _prefill(self, admitted: list[tuple[int, _Request, int, int | None]]) -> None:
     """Prefills requests whose reused prefix is held in their own slot, then copies the others'
     shared prefixes from their source slots (busy ones, or ones just prefilled) and prefills the
-    rest of their prompts."""
+    rest of their prompts; every request then takes its slot (the next decode step feeds its
+    prompt's last token and samples its first)."""
     for _, r, reused, _ in admitted:
       self.prompt_tokens += len(r.prompt)
       self.reused_tokens += reused
@@ -398,49 +399,43 @@ class ContinuousBatcher:
                        np.int32)
       self._cache = _put_rows(self._cache, pairs[:, 1], _take_rows(self._cache, pairs[:, 0]))
       self._feed([(slot, r, reused) for _, slot, r, reused in copies])
+    for slot, r, _, _ in admitted:
+      self._slots[slot] = r
 
   def _feed(self, pending: list[tuple[int, _Request, int]]) -> None:
-    """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens, all rows
-    together in chunks (see _chunk_width; rows padded to a power of two), then records each
-    request's first token. A chunk that would run past the cache starts earlier, feeding again
-    prompt tokens the slot already holds."""
+    """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens but the last,
+    all rows together in chunks (see _chunk_width; rows padded to a power of two). A chunk that
+    would run past the cache starts earlier, feeding again prompt tokens the slot already holds."""
+    pending = [(slot, r, done) for slot, r, done in pending if done < len(r.prompt) - 1]
     while pending:
-      width = _chunk_width(max(len(r.prompt) - done for _, r, done in pending),
+      width = _chunk_width(max(len(r.prompt) - 1 - done for _, r, done in pending),
                            min(self.prefill_chunk, self.cache_size))
       n = _bucket(len(pending), self.max_batch_size)
       group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
       starts = np.array([min(done, self.cache_size - width) for _, _, done in group], np.int32)
       tokens = np.zeros((n, width), np.int32)
-      counts = np.zeros(n, np.int32)
+      ends = np.zeros(n, np.int32)
       for i, (_, r, _) in enumerate(group):
-        part = r.prompt[starts[i]:starts[i] + width]
+        part = r.prompt[starts[i]:min(starts[i] + width, len(r.prompt) - 1)]
         tokens[i, :len(part)] = part
-        counts[i] = len(part)
+        ends[i] = starts[i] + len(part)
       slots = np.array([slot for slot, _, _ in group], np.int32)
-      sampling, top_k, top_width = self._sampling_arrays([r for _, r, _ in group])
-      keys = np.stack([r.key for _, r, _ in group])
-      first, logp, rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts,
-                                  counts, keys, sampling, top_k, top_width)
+      rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts)
       self._cache = _put_rows(self._cache, slots, rows)
-      first, logp = np.asarray(first), np.asarray(logp)
-      still = []
-      for i, (slot, r, _) in enumerate(pending):
-        if starts[i] + counts[i] < len(r.prompt):
-          still.append((slot, r, int(starts[i] + counts[i])))
-        else:
-          self._slots[slot] = r
-          self._record(slot, r, int(first[i]), float(logp[i]))
-      pending = still
+      pending = [(slot, r, int(ends[i])) for i, (slot, r, _) in enumerate(pending) if ends[i] < len(r.prompt) - 1]
 
   def _step(self) -> None:
     requests = self._slots[:self.rows]
-    active = np.array([r is not None for r in requests])
-    last = np.array([r.tokens[-1] if r is not None else 0 for r in requests], np.int32)
+    last = np.array([(r.tokens[-1] if r.tokens else r.prompt[-1]) if r is not None else 0 for r in requests],
+                    np.int32)
+    # A busy row feeds its next token after what it holds (see _cached); an idle one past its held prefix.
+    positions = np.array([len(r.prompt) - 1 + len(r.tokens) if r is not None else len(self._held[slot])
+                          for slot, r in enumerate(requests)], np.int32)
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
     keys = np.stack([r.key if r is not None else np.zeros(2, np.uint32) for r in requests])
     sampling, top_k, top_width = self._sampling_arrays(requests)
-    tokens, logp, self._cache = _decode(self._graphdef, self._state, self._cache, last, steps, keys, sampling, top_k,
-                                        active, top_width)
+    tokens, logp, self._cache = _decode(self._graphdef, self._state, self._cache, last, positions, steps, keys,
+                                        sampling, top_k, top_width)
     self.decode_steps += 1
     tokens, logp = np.asarray(tokens), np.asarray(logp)
     for slot, r in enumerate(requests):
@@ -455,8 +450,6 @@ class ContinuousBatcher:
     stopped = token in r.params.eos_ids
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._slots[slot] = None
-      # The cache holds the prompt and every token but the last (never fed back).
-      self._held[slot] = (np.concatenate([r.prompt, np.array(r.tokens[:-1], np.int32)]) if r.version == self.version
-                          else np.zeros(0, np.int32))
+      self._held[slot] = _cached(r) if r.version == self.version else np.zeros(0, np.int32)
       r.future.set_result(Completion(np.array(r.tokens, np.int32), np.array(r.logprobs, np.float32),
                                      np.array(r.versions, np.int32), stopped))

@@ -41,7 +41,6 @@ class CompileClock:
   def __init__(self):
     self._seconds = 0.0
     self._lock = threading.Lock()
-    self._listening = True
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
   def _on_duration(self, event: str, duration: float, **kwargs) -> None:
@@ -55,9 +54,10 @@ class CompileClock:
       return self._seconds
 
   def close(self) -> None:
-    if self._listening:
+    try:
       jax.monitoring.unregister_event_duration_listener(self._on_duration)
-      self._listening = False
+    except AssertionError:  # already gone: closed before, or Tunix's MetricsLogger.close cleared JAX's listeners
+      pass
 
 
 class JsonlBackend:
