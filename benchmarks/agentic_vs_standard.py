@@ -7,13 +7,13 @@ Every configuration trains the same prompts (same data order and seed), samples,
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
 GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched.
 Per configuration it reports the training wall time (train_rl's "Trained N steps in X s", model
-loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion tokens generated for training / that
-wall time), the median step time after the first step (which carries most of the compiling), the
-mean trainer/idle_fraction, the mean share of prompt tokens read from a reused KV prefix (batched
-engine), the final mean reward (rewards/sum of the last step) and the wall-time ratio to standard
-GRPO with the same engine and to standard GRPO with the vanilla engine (when that was run), the latter
-also with compiling left out of both (what a long run or a warm compilation cache sees). Prints a
-table and writes benchmarks/results/agentic_vs_standard.json (or --output).
+loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
+tokens generated for training / that wall time), the median step time after the first step (which
+carries most of the compiling), the mean trainer/idle_fraction, the mean share of prompt tokens
+read from a reused KV prefix (batched engine), the final mean reward (rewards/sum of the last step)
+and the wall-time ratio to standard GRPO with the same engine and to standard GRPO with the vanilla
+engine (when that was run), the latter also with compiling left out of both (what longer runs
+approach). Prints a table and writes benchmarks/results/agentic_vs_standard.json (or --output).
 
 --quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run uses the default
 demo model (SmolLM2-135M-Instruct on GSM8K). Extra key=value arguments reach every run.

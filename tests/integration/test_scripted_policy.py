@@ -14,7 +14,8 @@ from tests.conftest import make_config
 from tests.scripted_policy import use_script
 
 TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "num_test_batches=1", "eval_batch_size=2",
-        "adam_weight_decay=0", "learning_rate=1e-3", "warmup_steps_fraction=0"]
+        "adam_weight_decay=0", "learning_rate=1e-3", "warmup_steps_fraction=0",
+        "rollout_engine=vanilla"]  # the script replaces the engine and, like vanilla, returns no log-probs
 CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
 
 

@@ -65,7 +65,8 @@ def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_p
   if not agentic:  # synchronous sampling is reproducible: the rerun draws what one run would have
     assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
     straight = _rows(str(tmp_path / "straight"))
-    timing = ("step_time_s", "compile_s", "trainer/idle_fraction")
+    # Timings, and the prefix reuse so far in the process (the resumed one began at the resume).
+    timing = ("step_time_s", "compile_s", "trainer/idle_fraction", "rollout/prefix_reuse_fraction")
     for a, b in zip(resumed, straight):
       assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
 

@@ -139,7 +139,8 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
       "  prompt = model_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)\n"
       "  return {'prompts': prompt, 'question': x['question'], 'answer': x['answer'].split('####')[-1].strip()}\n")
   args = [*TINY, "num_batches=1", f"reward_functions_path={rewards}", "reward_functions=[brevity]",
-          f"dataset_processor_path={proc}", f"base_output_directory={tmp_path}", "run_name=custom"]
+          f"dataset_processor_path={proc}", f"base_output_directory={tmp_path}", "run_name=custom",
+          "rollout_engine=vanilla"]  # the other tests train on the default engine, batched
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   [row] = _read_jsonl(tmp_path / "custom" / "metrics.jsonl")
   assert 0 < row["rewards/brevity"] <= 1 and "rewards/check_numbers" not in row

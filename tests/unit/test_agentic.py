@@ -41,12 +41,11 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   default = agentic.grpo_config(make_config(), agentic.system_prompt(make_config(), smollm2_tokenizer))
   assert default.epsilon_high == default.epsilon and default.sampler_is is None
   assert default.system_prompt.startswith("You are given a problem.")  # the data template's
-  assert not default.use_rollout_logps  # the vanilla engine returns no log-probs
-  batched = make_config("rl.use_agentic_rollout=true", "rollout_engine=batched")
-  assert agentic.grpo_config(batched, "S").use_rollout_logps
-  configs = learner.rollout_configs(batched, eos_id=2)
+  assert default.use_rollout_logps  # the default engine, batched, returns the sampler's log-probs
+  assert not agentic.grpo_config(make_config("rollout_engine=vanilla"), "S").use_rollout_logps  # vanilla returns none
+  configs = learner.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
   assert configs[learner.Mode.TRAIN].return_logprobs and configs[learner.Mode.EVAL].return_logprobs
-  assert not learner.rollout_configs(make_config("rollout_engine=batched"), eos_id=2)[learner.Mode.TRAIN].return_logprobs
+  assert not learner.rollout_configs(make_config(), eos_id=2)[learner.Mode.TRAIN].return_logprobs
 
 
 def _pieces(parser, messages):

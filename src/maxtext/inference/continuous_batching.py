@@ -7,10 +7,10 @@ model in place reaches requests in flight from the next step on) and tags its to
 weights version read before it. Between decode steps the scheduler prefills waiting requests into
 free slots (several in one call, in chunks of at most `prefill_chunk` tokens; all of a prompt but
 its last token, which the request's first decode step feeds, so prefill computes no logits), and
-releases finished requests at once. Each request's draws depend only on its own key and token index, so a
-completion does not depend on which other requests shared its batch. A completion keeps its EOS
-token and carries, per token, the log-probability under the temperature-scaled distribution (what
-a GRPO trainer recomputes) and the weights version that produced it.
+releases finished requests at once. Each request's draws depend only on its own key and token
+index, so a completion does not depend on which other requests shared its batch. A completion keeps
+its EOS token and carries, per token, the log-probability under the temperature-scaled
+distribution (what a GRPO trainer recomputes) and the weights version that produced it.
 
 KV-prefix reuse: a finished request's slot keeps its keys and values (prompt and completion) until
 the slot is needed again or the weights change. A new request goes to the free slot whose held
