@@ -125,7 +125,8 @@ def _plots(rows: list[dict], evals: dict, plot_dir: str) -> list[tuple[str, str]
       ("loss.png", "Loss", "loss", [line("loss"), line("pg_loss", "policy-gradient loss")], False),
       ("response_length.png", "Response length", "tokens",
        [line(k, label) for k, label in ((length, "mean"), (max_length, "max")) if k], False),
-      ("step_time.png", "Step time", "seconds", [line("step_time_s")], False),
+      ("step_time.png", "Step time", "seconds", [line("step_time_s", "step"), line("compile_s", "of it compiling")],
+       False),
       ("staleness.png", "Staleness (policy versions behind)", "versions",
        [line("staleness/mean", "mean"), line("staleness/max", "max")], False),
       ("tools.png", "Tool calls", "fraction",
@@ -175,7 +176,8 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
     out.append("")
   if rows:
     keys = ["rewards/mean", *reward_functions(rows), "kl", "loss", _first_present(rows, _LENGTH), "step_time_s",
-            "staleness/mean", "staleness/max", "tools/call_frequency", "tools/failure_frequency", "turns/mean"]
+            "compile_s", "staleness/mean", "staleness/max", "tools/call_frequency", "tools/failure_frequency",
+            "turns/mean"]
     out += [f"## Training ({len(rows)} steps logged, last step {last_step})", "",
             "| metric | first | last | min | max |", "| --- | --- | --- | --- | --- |"]
     for key in keys:
