@@ -197,10 +197,16 @@ def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k
   return next_tokens, logp, cache
 
 
+def _filled(r: _Request) -> int:
+  """How many positions of a request's slot hold keys and values: its prompt and sampled tokens but
+  the last one (a decode step feeds that one, the prompt's last token before the first). The next
+  decode step writes at this position."""
+  return len(r.prompt) - 1 + len(r.tokens)
+
+
 def _cached(r: _Request) -> np.ndarray:
-  """The tokens whose keys and values a request's slot holds: its prompt and sampled tokens but the
-  last one (a decode step feeds that one, the prompt's last token before the first)."""
-  return np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)])[:len(r.prompt) - 1 + len(r.tokens)]
+  """The tokens whose keys and values a request's slot holds (see _filled)."""
+  return np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)])[:_filled(r)]
 
 
 class ContinuousBatcher:
@@ -334,7 +340,7 @@ class ContinuousBatcher:
         taken.append((free.pop(0), r, shared, source))
       else:
         taken.append((free.pop(best), r, held[best], None))
-        sources.append((taken[-1][0], r.prompt[:-1]))
+        sources.append((taken[-1][0], _cached(r)))  # what its slot holds once prefilled
     self._admitting = [r for _, r, _, _ in taken]
     return taken
 
@@ -428,9 +434,9 @@ class ContinuousBatcher:
     requests = self._slots[:self.rows]
     last = np.array([(r.tokens[-1] if r.tokens else r.prompt[-1]) if r is not None else 0 for r in requests],
                     np.int32)
-    # A busy row feeds its next token after what it holds (see _cached); an idle one past its held prefix.
-    positions = np.array([len(r.prompt) - 1 + len(r.tokens) if r is not None else len(self._held[slot])
-                          for slot, r in enumerate(requests)], np.int32)
+    # A busy row feeds its next token after what it holds; an idle one writes past its held prefix.
+    positions = np.array([_filled(r) if r is not None else len(self._held[slot]) for slot, r in enumerate(requests)],
+                         np.int32)
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
     keys = np.stack([r.key if r is not None else np.zeros(2, np.uint32) for r in requests])
     sampling, top_k, top_width = self._sampling_arrays(requests)
