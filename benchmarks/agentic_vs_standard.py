@@ -15,8 +15,8 @@ and the wall-time ratio to standard GRPO with the same engine and to standard GR
 engine (when that was run), the latter also with compiling left out of both (what longer runs
 approach). Prints a table and writes benchmarks/results/agentic_vs_standard.json (or --output).
 
---quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run uses the default
-demo model (SmolLM2-135M-Instruct on GSM8K). Extra key=value arguments reach every run.
+--quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run is the default demo
+(SmolLM2-135M-Instruct on GSM8K, 6 steps of 2 prompts x 4 samples). Extra key=value arguments reach every run.
 """
 
 from __future__ import annotations
@@ -100,13 +100,15 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny random model (minutes on 2 CPU cores)")
   parser.add_argument("--steps", type=int, default=None, help="training steps (default 6, --quick 4)")
-  parser.add_argument("--batch-size", type=int, default=4)
+  parser.add_argument("--batch-size", type=int, default=None,
+                      help="prompts per step (default the demo's 2, --quick 4)")
   parser.add_argument("--generations", type=int, default=4)
   parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
   parser.add_argument("--output", default=RESULTS, help="where the JSON goes")
   parser.add_argument("overrides", nargs="*", help="key=value arguments for every run")
   args = parser.parse_args()
   args.steps = args.steps or (4 if args.quick else 6)
+  args.batch_size = args.batch_size or (4 if args.quick else 2)
   common = _common(args)
   results = []
   with tempfile.TemporaryDirectory() as out_dir:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from maxtext.checkpoint_conversion import load, orbax_checkpoint
+from maxtext.integration.tunix import agentic
 from maxtext.models import builder
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
@@ -153,3 +154,13 @@ def test_gradient_accumulation_trains_like_the_whole_batch(tmp_path, monkeypatch
   b = orbax_checkpoint.restore_arrays(str(tmp_path / "micro" / "checkpoints"))
   diffs = {n: float(np.max(np.abs(a[n] - b[n]))) for n in a}
   assert max(diffs.values()) < 1e-5
+
+
+def test_an_engine_without_log_probs_fails_where_the_sampler_s_are_trained_on(tmp_path, monkeypatch):
+  """With rollout_engine=batched the agentic learner trains on the sampler's log-probs; an engine
+  that returns none (the script) fails the run instead of training against zeros."""
+  use_script(monkeypatch, lambda prompt, n: "<answer>5</answer>")
+  args = [*TINY, "rollout_engine=batched", "rl.use_agentic_rollout=true", f"base_output_directory={tmp_path}",
+          "run_name=no_logps"]
+  with pytest.raises(agentic.RolloutError, match="ScriptedRollout returned none"):
+    train_rl.main(["train_rl", "rl.yml", *args])

@@ -19,7 +19,8 @@ Workarounds for google-tunix 0.1.7 used here:
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
   behaviour policy of an off-policy sample, whatever weights the trainer holds now), and Tunix logs
   the per-step sampler/trainer agreement (sampler_trainer/logp_diff_mean, ..._max, prob_diff_*,
-  probs_pearson_corr); the vanilla engine returns no log-probs, so there the trainer computes them;
+  probs_pearson_corr); the vanilla engine returns no log-probs, so there the trainer computes them
+  (an engine that returns none where they are expected fails the run: Tunix would use zeros);
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
@@ -183,6 +184,10 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
           env.task["policy_version"] = self.policy_version
         out = self.rl_cluster.generate(prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN,
                                        max_generation_steps=max_generation_steps)
+      if self.algo_config.use_rollout_logps and out.logprobs is None:
+        raise ValueError(f"the old policy's log-probs are the sampler's here, but the rollout engine "
+                         f"{type(self.rl_cluster.rollout).__name__} returned none (Tunix would train against "
+                         "zeros); the batched engine returns them")
     except Exception as e:
       if self._rollout_error is None:
         self._rollout_error = e
