@@ -153,18 +153,21 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   rewards = tmp_path / "rewards.py"
   rewards.write_text("def variety(prompts, completions, tmvp_config, **kwargs):\n"
                      "  return [len(set(c)) / 10 for c in completions]\n")
-  args = [*TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=4", "rollout_engine=batched",
-          f"reward_functions_path={rewards}",
+  args = [*TINY, "num_batches=3", "rl.use_agentic_rollout=true", "rl.max_concurrency=4", "rollout_engine=batched",
+          "rl.logp_check_period=2", f"reward_functions_path={rewards}",
           "reward_functions=[variety]", f"base_output_directory={tmp_path}", "run_name=agentic"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _read_jsonl(tmp_path / "agentic" / "metrics.jsonl")
-  assert [r["step"] for r in rows] == [1, 2]
+  assert [r["step"] for r in rows] == [1, 2, 3]
   for r in rows:
     assert r["generation/completions/mean_length"] == 16  # the random model never stops: full budget
     assert r["rewards/variety"] > 0 and np.isfinite(r["loss"])
   assert 0 < rows[0]["trainer/idle_fraction"] <= 1  # the trainer waits for the first samples
-  for r in rows:  # the sampler's log-probs (the old policy's) agree with the trainer's recomputation
+  # The trainer recomputes the sampler's log-probs (the old policy's) at the first step and every
+  # rl.logp_check_period steps, and they agree; the third step's come from trained weights.
+  for r in (rows[0], rows[2]):
     assert r["sampler_trainer/logp_diff_mean"] < 1e-4 and r["sampler_trainer/logp_diff_max"] < 1e-3
+  assert not any(k.startswith("sampler_trainer/") for k in rows[1])
   # Conversations share the chat template's system prompt and a group its question: prompt tokens are
   # read from reused KV prefixes, but never all of them.
   reuse = [r["rollout/prefix_reuse_fraction"] for r in rows]

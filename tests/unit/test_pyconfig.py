@@ -143,6 +143,13 @@ def test_train_micro_batch_size_divides_batch_size():
     make_config("batch_size=4", "train_micro_batch_size=3")
 
 
+@pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps", "rl.logp_check_period"])
+def test_negative_count_names_the_key(key):
+  assert make_config(f"{key}=0")
+  with pytest.raises(pyconfig.ConfigError, match=f"{key}=-1: expected an integer >= 0"):
+    make_config(f"{key}=-1")
+
+
 def test_unreadable_yaml_names_the_file(tmp_path):
   bad = tmp_path / "bad.yml"
   bad.write_text("rl: [unclosed\n")

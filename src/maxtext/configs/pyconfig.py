@@ -263,8 +263,11 @@ def _validate(v: dict[str, Any]) -> None:
   if micro < 0 or (micro and v["batch_size"] % micro):
     raise ConfigError(f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of "
                       f"batch_size={v['batch_size']}")
-  if v["eval_interval"] < 0 or v["math_verify_timeout"] <= 0:
-    raise ConfigError("eval_interval must be >= 0 and math_verify_timeout > 0")
+  for key in ("eval_interval", "rl.off_policy_steps", "rl.logp_check_period"):
+    if v[key] < 0:
+      raise ConfigError(f"{key}={v[key]}: expected an integer >= 0")
+  if v["math_verify_timeout"] <= 0:
+    raise ConfigError(f"math_verify_timeout={v['math_verify_timeout']}: expected a positive number of seconds")
   scaling = v["rope_scaling"]
   if scaling is not None and (not isinstance(scaling, dict) or sorted(scaling) != sorted(_ROPE_SCALING_FIELDS)):
     raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")

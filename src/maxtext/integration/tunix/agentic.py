@@ -17,10 +17,13 @@ Workarounds for google-tunix 0.1.7 used here:
 - a chat parser is always given (the learner crashes without one); numpy message content is coerced
   to text by the parser;
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
-  behaviour policy of an off-policy sample, whatever weights the trainer holds now), and Tunix logs
-  the per-step sampler/trainer agreement (sampler_trainer/logp_diff_mean, ..._max, prob_diff_*,
-  probs_pearson_corr); the vanilla engine returns no log-probs, so there the trainer computes them
-  (an engine that returns none where they are expected fails the run: Tunix would use zeros);
+  behaviour policy of an off-policy sample, whatever weights the trainer holds now); Tunix then
+  recomputes them with the trainer for every group only to log the sampler/trainer agreement
+  (sampler_trainer/logp_diff_mean, ..._max, prob_diff_*, probs_pearson_corr), a forward pass that
+  is here run at the first step and every rl.logp_check_period steps (every step with
+  rl.sampler_is=token, which trains on it); the vanilla engine returns no log-probs, so there the
+  trainer computes them (an engine that returns none where they are expected fails the run: Tunix
+  would use zeros);
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
@@ -155,10 +158,20 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   _rollout_error: Exception | None = None
   _checked_step = -1
 
-  def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
-    """before_step(steps_done) runs between global steps (it may raise to stop training)."""
+  def __init__(self, *args, logp_check_period: int, before_step: Callable[[int], None] | None = None,
+               **kwargs):
+    """before_step(steps_done) runs between global steps (it may raise to stop training);
+    logp_check_period: see _trainer_recomputes."""
     super().__init__(*args, **kwargs)
     self._before_step = before_step
+    self._logp_check_period = logp_check_period
+    self._skips_trainer_logps = threading.local()
+    actor_logps = self.rl_cluster.get_actor_per_token_logps
+
+    def actor_logps_unless_skipped(*args, **kwargs):
+      return None if getattr(self._skips_trainer_logps, "value", False) else actor_logps(*args, **kwargs)
+
+    self.rl_cluster.get_actor_per_token_logps = actor_logps_unless_skipped
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
 
@@ -214,8 +227,19 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     orchestrator.engine_cls = TrajectoryEngine
     return orchestrator
 
+  def _trainer_recomputes(self, mode, step: int | None) -> bool:
+    """Whether the trainer recomputes a group's log-probs: always where they are the old policy's
+    (vanilla engine) or sampler_is=token trains on them; where they only check the sampler's, at
+    training steps 0, p, 2p, ... of logp_check_period p (never for p=0)."""
+    algo = self.algo_config
+    if not algo.use_rollout_logps or algo.sampler_is == "token":
+      return True
+    period = self._logp_check_period
+    return mode == rl_cluster_lib.Mode.TRAIN and period > 0 and (step or 0) % period == 0
+
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
-    if not self.should_sync_weights:  # shared mesh: the samples came from the live weights
+    recomputes = self._trainer_recomputes(mode, expected_step)
+    if recomputes and not self.should_sync_weights:  # shared mesh: the samples came from the live weights
       self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(  # pylint: disable=protected-access
           nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
     conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
@@ -223,7 +247,11 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       self._log_conversations(conversations, expected_step)
     for item, conversation in zip(trajectories, conversations):
       item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
-    return super()._process_results(trajectories, mode, expected_step)
+    self._skips_trainer_logps.value = not recomputes
+    try:
+      return super()._process_results(trajectories, mode, expected_step)
+    finally:
+      self._skips_trainer_logps.value = False
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
     """Logs the step's tool and turn metrics from running totals, and learner.rollout_metrics: Tunix
@@ -348,6 +376,7 @@ def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=N
                   before_step: Callable[[int], None] | None = None) -> AgenticGRPOLearner:
   return AgenticGRPOLearner(
       before_step=before_step,
+      logp_check_period=cfg.rl.logp_check_period,
       rl_cluster=cluster,
       algo_config=grpo_config(cfg, parser.system_prompt),
       reward_fns=list(reward_fns),
