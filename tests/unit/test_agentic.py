@@ -48,6 +48,21 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   assert not learner.rollout_configs(make_config(), eos_id=2)[learner.Mode.TRAIN].return_logprobs
 
 
+@pytest.mark.parametrize("overrides, period, train_steps_recomputed", [
+    (["rollout_engine=batched"], 3, [0, 3, 6]),  # only to check the sampler's: every period
+    (["rollout_engine=batched"], 0, []),
+    (["rollout_engine=batched", "rl.sampler_is=token"], 0, list(range(7))),  # trained on: always
+    (["rollout_engine=vanilla"], 3, list(range(7))),  # the old policy's: always
+])
+def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
+  agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
+  agent.algo_config = agentic.grpo_config(make_config(*overrides), "S")
+  agent._logp_check_period = period  # pylint: disable=protected-access
+  recomputes = agent._trainer_recomputes  # pylint: disable=protected-access
+  assert [s for s in range(7) if recomputes(learner.Mode.TRAIN, s)] == train_steps_recomputed
+  assert recomputes(learner.Mode.EVAL, 0) == (train_steps_recomputed == list(range(7)))
+
+
 def _pieces(parser, messages):
   """What the trainer trains on: the first prompt, each model turn as sampled (its text and the EOS
   token), and the environment's replies (the template's text after an EOS token, then the parser's
