@@ -1,7 +1,7 @@
 """Agentic GRPO against standard GRPO on the same work, per rollout engine.
 
-    python benchmarks/agentic_vs_standard.py [--quick] [--steps N] [--engines E ...] [--output F]
-        [key=value ...]
+    python benchmarks/agentic_vs_standard.py [--quick] [--model NAME] [--steps N] [--engines E ...]
+        [--output F] [key=value ...]
 
 Every configuration trains the same prompts (same data order and seed), samples, steps and
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
@@ -10,13 +10,16 @@ Per configuration it reports the training wall time (train_rl's "Trained N steps
 loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
 tokens generated for training / that wall time), the median step time after the first step (which
 carries most of the compiling), the mean trainer/idle_fraction, the mean share of prompt tokens
-read from a reused KV prefix (batched engine), the final mean reward (rewards/sum of the last step)
+read from a reused KV prefix and the decode steps' tokens/s and GB/s read (batched engine; against the
+HBM roofline on a GPU the script knows), the final mean reward (rewards/sum of the last step)
 and the wall-time ratio to standard GRPO with the same engine and to standard GRPO with the vanilla
 engine (when that was run), the latter also with compiling left out of both (what longer runs
 approach). Prints a table and writes benchmarks/results/agentic_vs_standard.json (or --output).
 
 --quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run is the default demo
-(SmolLM2-135M-Instruct on GSM8K, 6 steps of 2 prompts x 4 samples). Extra key=value arguments reach every run.
+(SmolLM2-135M-Instruct on GSM8K, 6 steps of 2 prompts x 4 samples). --model NAME trains that model's
+shape from seeded random weights instead (random_weights=true), e.g. --model qwen3-0.6b on a GPU.
+Extra key=value arguments reach every run.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from model_benchmark import PEAKS
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json")
@@ -50,6 +55,8 @@ def _common(args) -> list[str]:
   work += [f"batch_size={args.batch_size}", f"rl.num_generations={args.generations}"]
   if args.quick:
     work += ["model_name=qwen3-tiny", "max_response_length=32", "learning_rate=1e-3", "warmup_steps_fraction=0"]
+  if args.model:
+    work += [f"model_name={args.model}", "random_weights=true"]
   return work + args.overrides
 
 
@@ -71,6 +78,7 @@ def _run_one(name: str, engine: str, common: list[str], out_dir: str) -> dict:
   idle = [r["trainer/idle_fraction"] for r in rows if "trainer/idle_fraction" in r]
   reuse = [r["rollout/prefix_reuse_fraction"] for r in rows if "rollout/prefix_reuse_fraction" in r]
   later = sorted(r["step_time_s"] for r in rows[1:])
+  decode = rows[-1].get("rollout/decode_tokens_per_s"), rows[-1].get("rollout/decode_gb_per_s")  # whole run
   return {
       "config": name, "engine": engine, "steps": int(trained.group(1)), "wall_s": wall,
       "compile_s": float(trained.group(3)),
@@ -79,6 +87,7 @@ def _run_one(name: str, engine: str, common: list[str], out_dir: str) -> dict:
       "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
       "later_step_s": later[len(later) // 2] if later else None,
       "prefix_reuse_fraction": sum(reuse) / len(reuse) if reuse else None,
+      "decode_tokens_per_s": decode[0], "decode_gb_per_s": decode[1],
       "final_mean_reward": rows[-1]["rewards/sum"],
   }
 
@@ -99,6 +108,7 @@ def _versions() -> dict:
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny random model (minutes on 2 CPU cores)")
+  parser.add_argument("--model", help="model_name to train from seeded random weights (default: the demo's)")
   parser.add_argument("--steps", type=int, default=None, help="training steps (default 6, --quick 4)")
   parser.add_argument("--batch-size", type=int, default=None,
                       help="prompts per step (default the demo's 2, --quick 4)")
@@ -125,8 +135,14 @@ def main() -> None:
         (r["wall_s"] - r["compile_s"]) / (vanilla["wall_s"] - vanilla["compile_s"]) if vanilla else None)
 
   import jax  # pylint: disable=import-outside-toplevel
+  device = str(jax.devices()[0].device_kind)
+  bandwidth = PEAKS.get(device, (None, None))[1]
+  for r in results:  # decode at the HBM bandwidth reads what it read at that many tokens/s
+    fraction = r["decode_gb_per_s"] * 1e9 / bandwidth if bandwidth and r["decode_gb_per_s"] else None
+    r["decode_fraction_of_hbm_roofline"] = fraction
+    r["decode_roofline_tokens_per_s"] = r["decode_tokens_per_s"] / fraction if fraction else None
   report = {
-      "date": datetime.date.today().isoformat(), "device": str(jax.devices()[0].device_kind),
+      "date": datetime.date.today().isoformat(), "device": device,
       "cpu_count": os.cpu_count(), "python": platform.python_version(), "versions": _versions(),
       "arguments": common, "results": results,
   }
@@ -134,12 +150,15 @@ def main() -> None:
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
   print("| configuration | engine | wall s | compiling s | later steps s/step | rollout tok/s | trainer idle "
-        "| prefix reuse | final reward | / standard (same engine) | / standard vanilla | same, without compiling |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        "| prefix reuse | decode tok/s | decode GB/s | HBM roofline tok/s | final reward | / standard (same engine) "
+        "| / standard vanilla | same, without compiling |")
+  print("| --- " * 15 + "|")
   for r in results:
     print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['compile_s']:.1f} | "
           f"{_fmt(r['later_step_s'], '.1f')} | {r['rollout_tokens_per_s']:.1f} | {_fmt(r['trainer_idle_fraction'])} | "
-          f"{_fmt(r['prefix_reuse_fraction'])} | {r['final_mean_reward']:.3f} | "
+          f"{_fmt(r['prefix_reuse_fraction'])} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
+          f"{_fmt(r['decode_gb_per_s'], '.2f')} | {_fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
+          f"{r['final_mean_reward']:.3f} | "
           f"{r['ratio_to_standard_same_engine']:.2f} | {_fmt(r['ratio_to_standard_vanilla'])} | "
           f"{_fmt(r['ratio_to_standard_vanilla_without_compiling'])} |")
   print(f"wrote {args.output}")

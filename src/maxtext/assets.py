@@ -49,5 +49,7 @@ def math_data_file(dataset: str, split: str) -> str:
 # Defaults used when load_parameters_path / tokenizer_path are empty. A model without default
 # weights and not in RANDOM_INIT_MODELS needs load_parameters_path.
 DEFAULT_WEIGHTS = {"smollm2-135m": smollm2_gguf}
-DEFAULT_TOKENIZERS = {"smollm2-135m": smollm2_gguf, "llama-tiny": smollm2_gguf, "qwen3-tiny": qwen3_tokenizer_dir}
+DEFAULT_TOKENIZERS = {"smollm2-135m": smollm2_gguf, "llama-tiny": smollm2_gguf,
+                      **dict.fromkeys(("qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"),
+                                      qwen3_tokenizer_dir)}  # one tokenizer for every Qwen3 size
 RANDOM_INIT_MODELS = ("qwen3-tiny", "llama-tiny")

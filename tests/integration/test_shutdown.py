@@ -66,7 +66,8 @@ def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_p
     assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
     straight = _rows(str(tmp_path / "straight"))
     # Timings, and the prefix reuse so far in the process (the resumed one began at the resume).
-    timing = ("step_time_s", "compile_s", "trainer/idle_fraction", "rollout/prefix_reuse_fraction")
+    timing = ("step_time_s", "compile_s", "trainer/idle_fraction", "rollout/prefix_reuse_fraction",
+              "rollout/decode_tokens_per_s", "rollout/decode_gb_per_s")
     for a, b in zip(resumed, straight):
       assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
 

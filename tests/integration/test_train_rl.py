@@ -174,6 +174,11 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   assert all(0.3 < x < 1 for x in reuse)
   cfg = make_config(*args)
   initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
+  # A decode step reads every weight and shares it among at most rl.max_concurrency busy rows.
+  weights = sum(a.nbytes for a in initial.values())
+  for r in rows:
+    assert r["rollout/decode_tokens_per_s"] > 0
+    assert weights / 4 <= 1e9 * r["rollout/decode_gb_per_s"] / r["rollout/decode_tokens_per_s"] <= 2 * weights
   trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
   assert sum(not np.array_equal(initial[n], trained[n]) for n in initial) > len(initial) // 2
 

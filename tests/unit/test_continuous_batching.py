@@ -260,3 +260,19 @@ def test_a_failing_step_fails_every_waiting_request_instead_of_hanging(model):
       future.result(timeout=60)
   with pytest.raises(RuntimeError, match="the batcher failed: weights unavailable"):
     batcher.submit(PROMPTS[0], SamplingParams(4, temperature=0.0))
+
+
+def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_reads(model):
+  batcher = ContinuousBatcher(model, cache_size=32, max_batch_size=2)
+  assert batcher.decode_rate() is None
+  batcher.submit(PROMPTS[0], SamplingParams(1, temperature=0.0)).result(timeout=120)
+  assert batcher.decode_rate() is None  # its one decode step compiled the program for one row
+  batcher.submit(PROMPTS[1], SamplingParams(6, temperature=0.0)).result(timeout=120)
+  tokens_per_s, bytes_per_s = batcher.decode_rate()
+  cfg = model.config
+  weights = 4 * sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))  # float32
+  kv = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4  # keys and values of one row
+  end_index = 4 * cfg.num_layers  # int32 per row and layer
+  assert tokens_per_s > 0
+  assert bytes_per_s / tokens_per_s == pytest.approx(weights + kv + end_index, rel=1e-9)
+  batcher.close()

@@ -152,3 +152,15 @@ def test_missing_weights_file_is_a_clear_error():
 def test_model_without_default_weights_needs_a_path():
   with pytest.raises(ValueError, match="load_parameters_path: required for model_name=qwen3-0.6b"):
     _model("model_name=qwen3-0.6b")
+
+
+def test_random_weights_give_any_model_its_shape_without_a_file():
+  cfg, _, model = _model("model_name=qwen3-0.6b", "random_weights=true", "vocab_size=512", "num_decoder_layers=2")
+  arrays = builder.to_arrays(model)
+  assert arrays["embed"].shape == (512, 1024) and arrays["layers.1.mlp.gate_proj"].shape == (1024, 3072)
+  assert arrays["layers.0.attn.k_proj"].shape == (1024, 8, 128) and "layers.2.attn.k_proj" not in arrays
+  logits, _ = model(jnp.array([[1, 2, 3]]), jnp.arange(3)[None], None, jnp.tril(jnp.ones((1, 3, 3), bool)))
+  assert logits.shape == (1, 3, 512) and np.isfinite(np.asarray(logits)).all()
+  assert cfg.num_query_heads == 16 and cfg.head_dim == 128  # the rest of qwen3-0.6b's shape
+  with pytest.raises(ValueError, match="random_weights=true and load_parameters_path=/tmp/w.gguf: expected one"):
+    _model("model_name=qwen3-0.6b", "random_weights=true", "load_parameters_path=/tmp/w.gguf")

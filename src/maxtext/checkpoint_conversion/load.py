@@ -40,6 +40,11 @@ def _check_gguf_architecture(path: str, cfg) -> None:
 
 def parameters_path(cfg) -> str:
   """The weights of the run; empty for a seeded random init."""
+  if cfg.random_weights:
+    if cfg.load_parameters_path:
+      raise ConfigError(f"random_weights=true and load_parameters_path={cfg.load_parameters_path}: "
+                        "expected one of them (random weights load nothing)")
+    return ""
   if cfg.load_parameters_path:
     return cfg.load_parameters_path
   if cfg.model_name in assets.DEFAULT_WEIGHTS:

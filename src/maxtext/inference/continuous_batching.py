@@ -20,6 +20,10 @@ once per slot. A request also copies a common prefix from a busy slot or from a 
 with it, so a GRPO group's samples read their prompt once, whether they arrive together or not.
 Held prefixes are dropped when the weights version changes, so reused keys and values always come
 from the current weights.
+
+`decode_rate()` reports the decode steps' throughput (steps that compiled left out): busy rows'
+tokens per second, and the bytes per second those steps had to read at least (every weight and the
+whole KV cache once per step), which a GPU's HBM bandwidth bounds.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import dataclasses
 import functools
 import logging
 import threading
+import time
 from typing import Callable
 
 import jax
@@ -243,6 +248,9 @@ class ContinuousBatcher:
     self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
     self.prompt_tokens = 0  # prompt tokens admitted so far
     self.reused_tokens = 0  # of those, read from a held KV prefix instead of prefilled
+    self._weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    self._compiled: set[tuple[int, int | None]] = set()  # (rows, top-k width) of decode steps run so far
+    self._timed = (0, 0.0, 0)  # decode steps that did not compile: busy-row tokens, seconds, bytes read
 
   # ------------------------------------------------------------------ callers' side
   def submit(self, prompt, params: SamplingParams, key: jax.Array | None = None) -> concurrent.futures.Future:
@@ -266,6 +274,11 @@ class ContinuousBatcher:
       self._waiting.extend(requests)
       self._wake.notify()
     return [r.future for r in requests]
+
+  def decode_rate(self) -> tuple[float, float] | None:
+    """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""
+    tokens, seconds, read = self._timed
+    return (tokens / seconds, read / seconds) if seconds else None
 
   def _checked(self, prompt, params: SamplingParams) -> np.ndarray:
     prompt = np.asarray(prompt, np.int32)
@@ -440,10 +453,18 @@ class ContinuousBatcher:
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
     keys = np.stack([r.key if r is not None else np.zeros(2, np.uint32) for r in requests])
     sampling, top_k, top_width = self._sampling_arrays(requests)
+    read = self._weight_bytes + sum(x.nbytes for x in jax.tree.leaves(self._cache))
+    shape = (len(requests), top_width)  # what a new decode program is compiled for
+    started = time.perf_counter()
     tokens, logp, self._cache = _decode(self._graphdef, self._state, self._cache, last, positions, steps, keys,
                                         sampling, top_k, top_width)
-    self.decode_steps += 1
     tokens, logp = np.asarray(tokens), np.asarray(logp)
+    if shape in self._compiled:
+      tokens_so_far, seconds, read_so_far = self._timed  # replaced whole: readers on other threads see one state
+      self._timed = (tokens_so_far + sum(r is not None for r in requests),
+                     seconds + time.perf_counter() - started, read_so_far + read)
+    self._compiled.add(shape)
+    self.decode_steps += 1
     for slot, r in enumerate(requests):
       if r is not None:
         self._record(slot, r, int(tokens[slot]), float(logp[slot]))

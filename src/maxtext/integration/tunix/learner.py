@@ -148,9 +148,17 @@ def last(values):
 
 
 def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
-  """rollout/prefix_reuse_fraction (over the run so far) for engines that reuse KV prefixes."""
+  """Over the run so far, for the batched engine: rollout/prefix_reuse_fraction, and the decode steps'
+  rollout/decode_tokens_per_s and rollout/decode_gb_per_s (bytes they read at least; compiling left out)."""
+  metrics = {}
   reuse = getattr(cluster.rollout, "prefix_reuse", lambda: None)()
-  return {} if reuse is None else {"rollout/prefix_reuse_fraction": (reuse, last)}
+  if reuse is not None:
+    metrics["rollout/prefix_reuse_fraction"] = (reuse, last)
+  rate = getattr(cluster.rollout, "decode_rate", lambda: None)()
+  if rate is not None:
+    metrics["rollout/decode_tokens_per_s"] = (rate[0], last)
+    metrics["rollout/decode_gb_per_s"] = (rate[1] / 1e9, last)
+  return metrics
 
 
 class IdleClock:

@@ -168,6 +168,10 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     prompt = self.batcher.prompt_tokens
     return self.batcher.reused_tokens / prompt if prompt else None
 
+  def decode_rate(self) -> tuple[float, float] | None:
+    """(tokens/s, bytes read/s) of the batcher's decode steps so far that did not compile."""
+    return self.batcher.decode_rate()
+
   def last_versions(self) -> list[np.ndarray] | None:
     """Per prompt, the weights version of each token of this thread's last generate call."""
     return getattr(self._last_versions, "value", None)
