@@ -1,6 +1,7 @@
 """Metric sinks: one line per step in metrics.jsonl, each scalar written once, nothing after close."""
 
 import json
+import time
 
 import jax
 import pytest
@@ -75,3 +76,20 @@ def test_compile_seconds_are_counted_in_the_step_that_compiled(tmp_path):
   assert rows[0]["compile_s"] > 0 and rows[1]["compile_s"] == 0
   assert rows[0]["compile_s"] == pytest.approx(total)
   assert clock() == total  # closed: no longer counting
+
+
+def test_compile_clock_counts_compiling_on_several_threads_at_once_once():
+  clock = metrics.CompileClock()
+  try:
+    record = jax.monitoring.record_event_duration_secs
+    record("/jax/core/compile/backend_compile_duration", 2.0)  # one thread compiled for 2 s until now
+    record("/jax/core/compile/jaxpr_trace_duration", 1.5)  # another traced within those 2 s
+    assert 2.0 <= clock() < 2.1
+    record("/jax/core/compile/backend_compile_duration", 30.0)  # a long compile spanning both
+    assert 30.0 <= clock() < 30.1
+    time.sleep(0.2)
+    record("/jax/core/compile/jaxpr_to_mlir_module_duration", 0.1)  # after they all ended: adds
+    record("/jax/pjit/some_other_duration", 50.0)  # not compiling
+    assert 30.1 - 1e-6 <= clock() < 30.2
+  finally:
+    clock.close()

@@ -35,19 +35,29 @@ _COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/
 
 
 class CompileClock:
-  """Seconds JAX has spent tracing, lowering and compiling programs since it was made (all threads
-  together; a persistent compilation cache hit counts only its tracing and lowering)."""
+  """Wall-clock seconds in which JAX was tracing, lowering or compiling a program since it was made
+  (on any thread: time in which several threads compile counts once; a persistent compilation
+  cache hit counts only its tracing and lowering)."""
 
   def __init__(self):
     self._seconds = 0.0
+    self._spans: list[tuple[float, float]] = []  # disjoint (start, end), in order of end
     self._lock = threading.Lock()
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
   def _on_duration(self, event: str, duration: float, **kwargs) -> None:
     del kwargs
-    if event in _COMPILE_EVENTS:
-      with self._lock:
-        self._seconds += duration
+    if event not in _COMPILE_EVENTS:
+      return
+    with self._lock:  # an event arrives as it ends: its span ends now, after every span before it
+      end = time.monotonic()
+      start = end - duration
+      while self._spans and self._spans[-1][1] >= start:
+        s, e = self._spans.pop()
+        self._seconds -= e - s
+        start = min(start, s)
+      self._spans.append((start, end))
+      self._seconds += end - start
 
   def __call__(self) -> float:
     with self._lock:
