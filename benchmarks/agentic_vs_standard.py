@@ -1,7 +1,7 @@
 """Agentic GRPO against standard GRPO on the same work, per rollout engine.
 
     python benchmarks/agentic_vs_standard.py [--quick] [--model NAME] [--steps N] [--engines E ...]
-        [--output F] [key=value ...]
+        [--configs C ...] [--output F [--append]] [key=value ...]
 
 Every configuration trains the same prompts (same data order and seed), samples, steps and
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
@@ -19,7 +19,9 @@ approach). Prints a table and writes benchmarks/results/agentic_vs_standard.json
 --quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run is the default demo
 (SmolLM2-135M-Instruct on GSM8K, 6 steps of 2 prompts x 4 samples). --model NAME trains that model's
 shape from seeded random weights instead (random_weights=true), e.g. --model qwen3-0.6b on a GPU.
-Extra key=value arguments reach every run.
+Extra key=value arguments reach every run. --engines and --configs run a part of the table;
+--append adds it to the JSON already at --output (same arguments, device and versions), so a
+table too long for one session or one command's time limit is measured in parts.
 """
 
 from __future__ import annotations
@@ -40,11 +42,11 @@ from model_benchmark import PEAKS
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json")
 
-CONFIGS = [  # (name, extra arguments)
-    ("standard", []),
-    ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
-    ("agentic off_policy=1", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]),
-]
+CONFIGS = {  # --configs choice: (name in the table, extra arguments)
+    "standard": ("standard", []),
+    "agentic0": ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
+    "agentic1": ("agentic off_policy=1", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]),
+}
 ENGINES = ("vanilla", "batched")
 
 
@@ -60,11 +62,11 @@ def _common(args) -> list[str]:
   return work + args.overrides
 
 
-def _run_one(name: str, engine: str, common: list[str], out_dir: str) -> dict:
+def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
+  name, extra = CONFIGS[config]
   run_name = re.sub(r"[^a-z0-9]+", "_", f"{name}_{engine}")
   cmd = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *common,
-         f"rollout_engine={engine}", f"base_output_directory={out_dir}", f"run_name={run_name}",
-         *dict(CONFIGS)[name]]
+         f"rollout_engine={engine}", f"base_output_directory={out_dir}", f"run_name={run_name}", *extra]
   started = time.time()
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
   if proc.returncode != 0:
@@ -100,6 +102,40 @@ def _arg(common: list[str], key: str) -> int:
   return int([a.split("=", 1)[1] for a in common if a.startswith(key + "=")][-1])
 
 
+def merge(previous: dict, report: dict, path: str) -> dict:
+  """`report` with the results of `previous` (the JSON at `path`) for the configurations and engines
+  it did not run; both must have measured the same work with the same device and versions."""
+  for key in ("arguments", "device", "versions"):
+    check_same(previous, key, report[key], path)
+  ran = {(r["config"], r["engine"]) for r in report["results"]}
+  order = [(name, engine) for name, _ in CONFIGS.values() for engine in ENGINES]
+  results = report["results"] + [r for r in previous["results"] if (r["config"], r["engine"]) not in ran]
+  return {**report, "results": sorted(results, key=lambda r: order.index((r["config"], r["engine"])))}
+
+
+def check_same(previous: dict, key: str, value, path: str) -> None:
+  if previous.get(key) != value:
+    raise SystemExit(f"--append: {path} has {key} {previous.get(key)!r}, this run {value!r}: expected the "
+                     "same (or leave --append out to start a new file)")
+
+
+def add_ratios(results: list[dict], bandwidth: float | None) -> None:
+  """Wall-time ratios to standard GRPO (same engine; vanilla, also without compiling) where that ran,
+  and decode against the HBM roofline where the device's bandwidth is known."""
+  base = {r["engine"]: r for r in results if r["config"] == "standard"}
+  vanilla = base.get("vanilla")
+  for r in results:
+    same = base.get(r["engine"])
+    r["ratio_to_standard_same_engine"] = r["wall_s"] / same["wall_s"] if same else None
+    r["ratio_to_standard_vanilla"] = r["wall_s"] / vanilla["wall_s"] if vanilla else None
+    r["ratio_to_standard_vanilla_without_compiling"] = (
+        (r["wall_s"] - r["compile_s"]) / (vanilla["wall_s"] - vanilla["compile_s"]) if vanilla else None)
+    # decode at the HBM bandwidth reads what it read at that many tokens/s
+    fraction = r["decode_gb_per_s"] * 1e9 / bandwidth if bandwidth and r["decode_gb_per_s"] else None
+    r["decode_fraction_of_hbm_roofline"] = fraction
+    r["decode_roofline_tokens_per_s"] = r["decode_tokens_per_s"] / fraction if fraction else None
+
+
 def _versions() -> dict:
   from importlib import metadata  # pylint: disable=import-outside-toplevel
   return {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")}
@@ -114,38 +150,39 @@ def main() -> None:
                       help="prompts per step (default the demo's 2, --quick 4)")
   parser.add_argument("--generations", type=int, default=4)
   parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+  parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
   parser.add_argument("--output", default=RESULTS, help="where the JSON goes")
+  parser.add_argument("--append", action="store_true",
+                      help="keep --output's results for the configurations and engines not run now")
   parser.add_argument("overrides", nargs="*", help="key=value arguments for every run")
   args = parser.parse_args()
   args.steps = args.steps or (4 if args.quick else 6)
   args.batch_size = args.batch_size or (4 if args.quick else 2)
   common = _common(args)
+  previous = None
+  if args.append and os.path.exists(args.output):
+    with open(args.output, encoding="utf-8") as f:
+      previous = json.load(f)
+    check_same(previous, "arguments", common, args.output)  # before hours of runs; device and versions after
   results = []
   with tempfile.TemporaryDirectory() as out_dir:
-    for name, _ in CONFIGS:
+    for config in args.configs:
       for engine in args.engines:
-        results.append(_run_one(name, engine, common, out_dir))
-        print(f"  done: {name} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
-  base = {r["engine"]: r for r in results if r["config"] == "standard"}
-  vanilla = base.get("vanilla")
-  for r in results:
-    r["ratio_to_standard_same_engine"] = r["wall_s"] / base[r["engine"]]["wall_s"]
-    r["ratio_to_standard_vanilla"] = r["wall_s"] / vanilla["wall_s"] if vanilla else None
-    r["ratio_to_standard_vanilla_without_compiling"] = (
-        (r["wall_s"] - r["compile_s"]) / (vanilla["wall_s"] - vanilla["compile_s"]) if vanilla else None)
-
+        results.append(_run_one(config, engine, common, out_dir))
+        print(f"  done: {results[-1]['config']} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr,
+              flush=True)
+  # jax only now: importing it before the runs would hold the GPU they need
   import jax  # pylint: disable=import-outside-toplevel
   device = str(jax.devices()[0].device_kind)
-  bandwidth = PEAKS.get(device, (None, None))[1]
-  for r in results:  # decode at the HBM bandwidth reads what it read at that many tokens/s
-    fraction = r["decode_gb_per_s"] * 1e9 / bandwidth if bandwidth and r["decode_gb_per_s"] else None
-    r["decode_fraction_of_hbm_roofline"] = fraction
-    r["decode_roofline_tokens_per_s"] = r["decode_tokens_per_s"] / fraction if fraction else None
   report = {
       "date": datetime.date.today().isoformat(), "device": device,
       "cpu_count": os.cpu_count(), "python": platform.python_version(), "versions": _versions(),
       "arguments": common, "results": results,
   }
+  if previous is not None:
+    report = merge(previous, report, args.output)
+  results = report["results"]
+  add_ratios(results, PEAKS.get(device, (None, None))[1])
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
@@ -159,7 +196,7 @@ def main() -> None:
           f"{_fmt(r['prefix_reuse_fraction'])} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
           f"{_fmt(r['decode_gb_per_s'], '.2f')} | {_fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
           f"{r['final_mean_reward']:.3f} | "
-          f"{r['ratio_to_standard_same_engine']:.2f} | {_fmt(r['ratio_to_standard_vanilla'])} | "
+          f"{_fmt(r['ratio_to_standard_same_engine'])} | {_fmt(r['ratio_to_standard_vanilla'])} | "
           f"{_fmt(r['ratio_to_standard_vanilla_without_compiling'])} |")
   print(f"wrote {args.output}")
 

@@ -1,0 +1,72 @@
+"""agentic_vs_standard.py measured in parts (--engines/--configs, --append): merging and ratios."""
+
+import copy
+import importlib.util
+import json
+import os
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+
+
+@pytest.fixture(name="bench")
+def _bench(monkeypatch):
+  monkeypatch.syspath_prepend(BENCHMARKS)  # the script imports model_benchmark beside it
+  path = os.path.join(BENCHMARKS, "agentic_vs_standard.py")
+  spec = importlib.util.spec_from_file_location("agentic_vs_standard", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  yield module
+  sys.modules.pop("model_benchmark", None)
+
+
+def _stored() -> dict:
+  with open(os.path.join(BENCHMARKS, "results", "agentic_vs_standard.json"), encoding="utf-8") as f:
+    return json.load(f)
+
+
+def test_two_parts_merge_into_the_table_one_run_gives(bench):
+  whole = _stored()  # the --quick table, measured in one run with both engines
+  assert len(whole["results"]) == 6
+  parts = {}
+  for engine in ("batched", "vanilla"):
+    part = copy.deepcopy(whole)
+    part["results"] = [r for r in part["results"] if r["engine"] == engine]
+    bench.add_ratios(part["results"], None)  # as written by a run of that engine alone
+    parts[engine] = part
+  assert all(r["ratio_to_standard_vanilla"] is None for r in parts["batched"]["results"])
+  merged = bench.merge(parts["batched"], parts["vanilla"], "batched.json")
+  bench.add_ratios(merged["results"], None)
+  def rows(report):
+    return [(r["config"], r["engine"]) for r in report["results"]]
+  assert rows(merged) == rows(whole)
+  for got, want in zip(merged["results"], whole["results"]):
+    for key in ("ratio_to_standard_same_engine", "ratio_to_standard_vanilla",
+                "ratio_to_standard_vanilla_without_compiling", "wall_s", "decode_tokens_per_s"):
+      assert got[key] == pytest.approx(want[key]), (got["config"], got["engine"], key)
+  rerun = copy.deepcopy(parts["vanilla"])  # a part run again replaces its earlier rows
+  rerun["results"] = [dict(r, wall_s=r["wall_s"] * 2) for r in rerun["results"] if r["config"] == "standard"]
+  again = bench.merge(merged, rerun, "m.json")
+  assert len(again["results"]) == 6
+  assert [r["wall_s"] for r in again["results"] if r["engine"] == "vanilla"][0] == 2 * whole["results"][0]["wall_s"]
+
+
+def test_parts_of_different_work_or_devices_do_not_merge(bench):
+  whole = _stored()
+  other = dict(whole, arguments=whole["arguments"] + ["num_batches=9"])
+  with pytest.raises(SystemExit, match=r"--append: old.json has arguments .*num_batches=9.*: expected the same"):
+    bench.merge(whole, other, "old.json")
+  with pytest.raises(SystemExit, match="has device 'cpu', this run 'NVIDIA H100 80GB HBM3'"):
+    bench.merge(whole, dict(whole, device="NVIDIA H100 80GB HBM3"), "old.json")
+
+
+def test_decode_is_put_against_the_hbm_roofline_where_the_bandwidth_is_known(bench):
+  results = copy.deepcopy(_stored()["results"])
+  bench.add_ratios(results, 3.35e12)
+  batched = [r for r in results if r["engine"] == "batched"][0]
+  assert batched["decode_fraction_of_hbm_roofline"] == pytest.approx(batched["decode_gb_per_s"] * 1e9 / 3.35e12)
+  tokens_per_byte = batched["decode_tokens_per_s"] / (batched["decode_gb_per_s"] * 1e9)
+  assert batched["decode_roofline_tokens_per_s"] == pytest.approx(3.35e12 * tokens_per_byte)
+  assert all(r["decode_roofline_tokens_per_s"] is None for r in results if r["engine"] == "vanilla")
