@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from model_benchmark import PEAKS
+from model_benchmark import PEAKS, fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json")
@@ -92,10 +92,6 @@ def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
       "decode_tokens_per_s": decode[0], "decode_gb_per_s": decode[1],
       "final_mean_reward": rows[-1]["rewards/sum"],
   }
-
-
-def _fmt(value, spec: str = ".2f") -> str:
-  return "n/a" if value is None else format(value, spec)
 
 
 def _arg(common: list[str], key: str) -> int:
@@ -192,12 +188,12 @@ def main() -> None:
   print("| --- " * 15 + "|")
   for r in results:
     print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['compile_s']:.1f} | "
-          f"{_fmt(r['later_step_s'], '.1f')} | {r['rollout_tokens_per_s']:.1f} | {_fmt(r['trainer_idle_fraction'])} | "
-          f"{_fmt(r['prefix_reuse_fraction'])} | {_fmt(r['decode_tokens_per_s'], '.1f')} | "
-          f"{_fmt(r['decode_gb_per_s'], '.2f')} | {_fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
+          f"{fmt(r['later_step_s'], '.1f')} | {r['rollout_tokens_per_s']:.1f} | {fmt(r['trainer_idle_fraction'])} | "
+          f"{fmt(r['prefix_reuse_fraction'])} | {fmt(r['decode_tokens_per_s'], '.1f')} | "
+          f"{fmt(r['decode_gb_per_s'], '.2f')} | {fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
           f"{r['final_mean_reward']:.3f} | "
-          f"{_fmt(r['ratio_to_standard_same_engine'])} | {_fmt(r['ratio_to_standard_vanilla'])} | "
-          f"{_fmt(r['ratio_to_standard_vanilla_without_compiling'])} |")
+          f"{fmt(r['ratio_to_standard_same_engine'])} | {fmt(r['ratio_to_standard_vanilla'])} | "
+          f"{fmt(r['ratio_to_standard_vanilla_without_compiling'])} |")
   print(f"wrote {args.output}")
 
 

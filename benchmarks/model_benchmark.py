@@ -27,6 +27,11 @@ PEAKS = {
 }
 
 
+def fmt(value, spec: str = ".2f") -> str:
+  """`value` formatted with `spec`, or n/a where it was not measured (None)."""
+  return "n/a" if value is None else format(value, spec)
+
+
 def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params: int) -> float | None:
   """Decode tokens/s on this device if a step only read every weight and `rows` cache rows of
   cache_size positions once (None without a known HBM bandwidth)."""
@@ -195,15 +200,13 @@ def main() -> None:
   print(f"{'remat':<6} {'batch x seq':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak memory GiB':>16} "
         f"{'XLA temp GiB':>13}")
   for r in train:
-    mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
     temp = f"{r['xla_temp_bytes'] / 2**30:.2f}" if r["xla_temp_bytes"] is not None else "n/a"
     print(f"{r['remat']:<6} {r['batch']:>4} x {r['seq']:<4} {r['tokens_per_s']:>10.1f} {r['tflops_per_s']:>8.3f} "
-          f"{mfu:>6} {r['peak_memory_bytes'] / 2**30:>16.2f} {temp:>13}")
+          f"{fmt(r['mfu'], '.1%'):>6} {r['peak_memory_bytes'] / 2**30:>16.2f} {temp:>13}")
   print(f"{'decode batch':<12} {'tokens/s':>10} {'ms/step':>8} {'roofline tokens/s':>18} {'of roofline':>11}")
   for r in decode:
-    roof = f"{r['roofline_tokens_per_s']:.0f}" if r["roofline_tokens_per_s"] else "n/a"
-    frac = f"{r['fraction_of_roofline']:.1%}" if r["fraction_of_roofline"] else "n/a"
-    print(f"{r['batch']:<12} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.1f} {roof:>18} {frac:>11}")
+    print(f"{r['batch']:<12} {r['tokens_per_s']:>10.1f} {r['step_ms']:>8.1f} "
+          f"{fmt(r['roofline_tokens_per_s'], '.0f'):>18} {fmt(r['fraction_of_roofline'], '.1%'):>11}")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)

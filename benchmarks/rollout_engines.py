@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from model_benchmark import decode_roofline
+from model_benchmark import decode_roofline, fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "rollout_engines.json")
@@ -129,7 +129,6 @@ def main() -> None:
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
-  fmt = lambda v, spec: "n/a" if v is None else format(v, spec)  # pylint: disable=unnecessary-lambda-assignment
   print(f"{args.model} {args.dtype}, {args.prompts} prompts x {args.samples} samples, {args.prompt_length}-token "
         f"prompts, {args.new_tokens} new tokens, on {device}")
   print("| pattern | engine | s per round | tokens/s | ms per position | decode steps per round "
