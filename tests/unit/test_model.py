@@ -1,5 +1,7 @@
 """Decoder numerics: KV-cache decoding equals a full forward pass; GGUF files load exactly."""
 
+import os
+
 import gguf
 import jax
 import jax.numpy as jnp
@@ -7,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from maxtext.checkpoint_conversion import gguf_reader, hf_layout, load
+from maxtext.checkpoint_conversion import gguf_reader, hf_layout, load, orbax_checkpoint
 from maxtext.models import builder
 from maxtext.models.decoder import ModelConfig
 from maxtext.utils.mesh import create_meshes
@@ -164,3 +166,13 @@ def test_random_weights_give_any_model_its_shape_without_a_file():
   assert cfg.num_query_heads == 16 and cfg.head_dim == 128  # the rest of qwen3-0.6b's shape
   with pytest.raises(ValueError, match="random_weights=true and load_parameters_path=/tmp/w.gguf: expected one"):
     _model("model_name=qwen3-0.6b", "random_weights=true", "load_parameters_path=/tmp/w.gguf")
+
+
+def test_relative_output_and_checkpoint_paths_are_under_the_working_directory(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  cfg, _, model = _model("model_name=qwen3-tiny", "base_output_directory=outputs", "run_name=rel")
+  assert cfg.run_dir == str(tmp_path / "outputs" / "rel")  # where train_rl's checkpoints go
+  step_dir = orbax_checkpoint.save_params("converted", model)  # as to_maxtext base_output_directory=converted
+  assert step_dir == str(tmp_path / "converted" / "0") and os.path.isdir(step_dir)
+  arrays = orbax_checkpoint.restore_arrays("converted")
+  np.testing.assert_array_equal(arrays["embed"], np.asarray(builder.to_arrays(model)["embed"]))

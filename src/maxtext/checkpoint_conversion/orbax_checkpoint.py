@@ -20,6 +20,7 @@ _ITEM = "model_params"
 
 def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
   """Writes the model's parameters as step `step` under `root`; returns the step folder."""
+  root = os.path.abspath(root)  # Orbax writes only to absolute paths
   manager = checkpoint_manager.CheckpointManager(root, ocp.CheckpointManagerOptions(max_to_keep=None))
   manager.save(step, model, force=True)
   manager.close()
@@ -74,7 +75,7 @@ def _flatten(tree, prefix=()):
 
 def restore_arrays(path: str) -> dict[str, np.ndarray]:
   """Dotted parameter name -> host array, as saved."""
-  folder = resolve(path)
+  folder = os.path.abspath(resolve(path))  # Orbax reads only from absolute paths
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(folder).item_metadata.tree
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)

@@ -68,7 +68,8 @@ class Config:
 
   @property
   def run_dir(self) -> str:
-    return os.path.join(self.base_output_directory, self.run_name)
+    """Absolute, as Orbax needs: a relative base_output_directory is under the working directory."""
+    return os.path.abspath(os.path.join(self.base_output_directory, self.run_name))
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
