@@ -5,7 +5,9 @@
 
 Every configuration trains the same prompts (same data order and seed), samples, steps and
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
-GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched.
+GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched
+(and, when --configs names agentic1split, off_policy_steps 1 with trainer and sampler on separate
+halves of the devices: two host devices on a CPU).
 Per configuration it reports the training wall time (train_rl's "Trained N steps in X s", model
 loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
 tokens generated for training / that wall time), the median step time after the first step (which
@@ -46,7 +48,13 @@ CONFIGS = {  # --configs choice: (name in the table, extra arguments)
     "standard": ("standard", []),
     "agentic0": ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
     "agentic1": ("agentic off_policy=1", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]),
+    "agentic1split": ("agentic off_policy=1, split devices",
+                      ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1", "trainer_devices_fraction=0.5",
+                       "sampler_devices_fraction=0.5"]),
 }
+DEFAULT_CONFIGS = ("standard", "agentic0", "agentic1")
+# On a CPU the split's two halves are two host devices; an accelerator needs two devices of its own.
+SPLIT_XLA_FLAG = "--xla_force_host_platform_device_count=2"
 ENGINES = ("vanilla", "batched")
 
 
@@ -62,13 +70,22 @@ def _common(args) -> list[str]:
   return work + args.overrides
 
 
+def run_environment(config: str, environ) -> dict:
+  """The environment of `config`'s run: `environ`, plus two host devices for the split."""
+  env = dict(environ)
+  if config == "agentic1split":
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {SPLIT_XLA_FLAG}".strip()
+  return env
+
+
 def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   name, extra = CONFIGS[config]
   run_name = re.sub(r"[^a-z0-9]+", "_", f"{name}_{engine}")
   cmd = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *common,
          f"rollout_engine={engine}", f"base_output_directory={out_dir}", f"run_name={run_name}", *extra]
   started = time.time()
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT,
+                        env=run_environment(config, os.environ))
   if proc.returncode != 0:
     raise RuntimeError(f"{name} / {engine} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
@@ -146,7 +163,8 @@ def main() -> None:
                       help="prompts per step (default the demo's 2, --quick 4)")
   parser.add_argument("--generations", type=int, default=4)
   parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-  parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
+  parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(DEFAULT_CONFIGS),
+                      help="agentic1split (trainer and sampler on halves of the devices) runs only when named")
   parser.add_argument("--output", default=RESULTS, help="where the JSON goes")
   parser.add_argument("--append", action="store_true",
                       help="keep --output's results for the configurations and engines not run now")

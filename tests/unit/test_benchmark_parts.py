@@ -70,3 +70,13 @@ def test_decode_is_put_against_the_hbm_roofline_where_the_bandwidth_is_known(ben
   tokens_per_byte = batched["decode_tokens_per_s"] / (batched["decode_gb_per_s"] * 1e9)
   assert batched["decode_roofline_tokens_per_s"] == pytest.approx(3.35e12 * tokens_per_byte)
   assert all(r["decode_roofline_tokens_per_s"] is None for r in results if r["engine"] == "vanilla")
+
+
+def test_only_the_split_configuration_runs_on_two_host_devices_keeping_other_xla_flags(bench):
+  env = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false", "PATH": "/bin"}
+  split = bench.run_environment("agentic1split", env)
+  assert split["XLA_FLAGS"].split() == ["--xla_cpu_enable_fast_math=false", "--xla_force_host_platform_device_count=2"]
+  assert split["PATH"] == "/bin" and env["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+  assert bench.run_environment("agentic1split", {})["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
+  assert bench.run_environment("agentic1", env) == env
+  assert "agentic1split" not in bench.DEFAULT_CONFIGS
