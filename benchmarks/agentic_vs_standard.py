@@ -44,13 +44,13 @@ from model_benchmark import PEAKS, fmt
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json")
 
+_AGENTIC1 = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]
 CONFIGS = {  # --configs choice: (name in the table, extra arguments)
     "standard": ("standard", []),
     "agentic0": ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
-    "agentic1": ("agentic off_policy=1", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]),
+    "agentic1": ("agentic off_policy=1", _AGENTIC1),
     "agentic1split": ("agentic off_policy=1, split devices",
-                      ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1", "trainer_devices_fraction=0.5",
-                       "sampler_devices_fraction=0.5"]),
+                      _AGENTIC1 + ["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"]),
 }
 DEFAULT_CONFIGS = ("standard", "agentic0", "agentic1")
 # On a CPU the split's two halves are two host devices; an accelerator needs two devices of its own.
