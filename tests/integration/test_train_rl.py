@@ -156,7 +156,10 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   args = [*TINY, "num_batches=3", "rl.use_agentic_rollout=true", "rl.max_concurrency=4", "rollout_engine=batched",
           "rl.logp_check_period=2", f"reward_functions_path={rewards}",
           "reward_functions=[variety]", f"base_output_directory={tmp_path}", "run_name=agentic"]
+  handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  # Tunix's agentic learner installs handlers that kill the process; the caller's are put back.
+  assert {s: signal.getsignal(s) for s in handlers} == handlers
   rows = _read_jsonl(tmp_path / "agentic" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
   for r in rows:

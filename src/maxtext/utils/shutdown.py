@@ -6,6 +6,7 @@ checkpointed and their metrics flushed); a second one abandons the current step 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
@@ -37,10 +38,26 @@ class NonFiniteError(RunStopped):
                      "kept and later ones are moved to checkpoints/set_aside/")
 
 
+KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def handlers_kept():
+  """Puts back the SIGINT, SIGTERM and SIGHUP handlers of the block's start when it ends: Tunix's
+  agentic learner installs ones that kill the process (after flushing its trajectory log)."""
+  kept = {s: signal.getsignal(s) for s in KEPT_SIGNALS}
+  try:
+    yield
+  finally:
+    if threading.current_thread() is threading.main_thread():
+      for s, handler in kept.items():
+        if handler is not None:  # None: installed outside Python, cannot be put back
+          signal.signal(s, handler)
+
+
 class GracefulStop:
   """Context manager that turns the first SIGINT/SIGTERM into a stop request (`signum`) and a second
-  into KeyboardInterrupt. Install it after the learner is built: Tunix's trajectory logger installs
-  handlers that kill the process without a checkpoint, and these replace them."""
+  into KeyboardInterrupt."""
 
   SIGNALS = (signal.SIGINT, signal.SIGTERM)
 

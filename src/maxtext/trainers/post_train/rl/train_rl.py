@@ -134,7 +134,7 @@ def run(cfg) -> dict:
         results["during"].append({"step": steps_done, **evaluate(f"eval at step {steps_done}")})
         evaluate_rl.write_results(cfg, results)
 
-    with jax.set_mesh(trainer_mesh):
+    with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
       if cfg.rl.use_agentic_rollout:
         learner = agentic.build_learner(cfg, cluster, reward_fns, parser, tool_map, before_step=guard)
         train_ds = agentic.user_turn_batches(train_ds)
