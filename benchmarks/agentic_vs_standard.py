@@ -15,7 +15,8 @@ carries most of the compiling), the mean trainer/idle_fraction, the mean share o
 read from a reused KV prefix and the decode steps' tokens/s and GB/s read (batched engine; against the
 HBM roofline on a GPU the script knows), the final mean reward (rewards/sum of the last step)
 and the wall-time ratio to standard GRPO with the same engine and to standard GRPO with the vanilla
-engine (when that was run), each also with compiling left out of both (what longer runs approach). Prints a table and writes benchmarks/results/agentic_vs_standard.json (or --output).
+engine (when that was run), each also with compiling left out of both (what longer runs approach).
+Prints a table and writes benchmarks/results/agentic_vs_standard.json (or --output).
 
 --quick: a tiny random model (qwen3-tiny), so rewards do not move; the full run is the default demo
 (SmolLM2-135M-Instruct on GSM8K, 6 steps of 2 prompts x 4 samples). --model NAME trains that model's
@@ -135,15 +136,11 @@ def add_ratios(results: list[dict], bandwidth: float | None) -> None:
   """Wall-time ratios to standard GRPO (same engine and vanilla, each also without compiling) where that
   ran, and decode against the HBM roofline where the device's bandwidth is known."""
   base = {r["engine"]: r for r in results if r["config"] == "standard"}
-  vanilla = base.get("vanilla")
   for r in results:
-    same = base.get(r["engine"])
-    r["ratio_to_standard_same_engine"] = r["wall_s"] / same["wall_s"] if same else None
-    r["ratio_to_standard_same_engine_without_compiling"] = (
-        (r["wall_s"] - r["compile_s"]) / (same["wall_s"] - same["compile_s"]) if same else None)
-    r["ratio_to_standard_vanilla"] = r["wall_s"] / vanilla["wall_s"] if vanilla else None
-    r["ratio_to_standard_vanilla_without_compiling"] = (
-        (r["wall_s"] - r["compile_s"]) / (vanilla["wall_s"] - vanilla["compile_s"]) if vanilla else None)
+    for name, standard in (("same_engine", base.get(r["engine"])), ("vanilla", base.get("vanilla"))):
+      r[f"ratio_to_standard_{name}"] = r["wall_s"] / standard["wall_s"] if standard else None
+      r[f"ratio_to_standard_{name}_without_compiling"] = (
+          (r["wall_s"] - r["compile_s"]) / (standard["wall_s"] - standard["compile_s"]) if standard else None)
     # decode at the HBM bandwidth reads what it read at that many tokens/s
     fraction = r["decode_gb_per_s"] * 1e9 / bandwidth if bandwidth and r["decode_gb_per_s"] else None
     r["decode_fraction_of_hbm_roofline"] = fraction
