@@ -21,7 +21,7 @@ $(STAMP): requirements.txt setup.py
 	touch $(STAMP)
 
 run: install
-	$(PY) -m maxtext.trainers.post_train.rl.train_rl rl.yml $(ARGS)
+	$(PY) -m maxtext.trainers.post_train.rl.train_rl rl_times_table.yml $(ARGS)
 
 test: install
 	$(PY) -m pytest -q -m "not slow" tests

@@ -41,7 +41,8 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   run = tmp_path / "tiny"
 
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert set(summary) == {"before", "during", "after"} and summary["after"]["num_examples"] == 2
+  assert set(summary) == {"before", "during", "after", "gain"} and summary["after"]["num_examples"] == 2
+  assert summary["gain"]["num_examples"] == 2  # the paired before/after difference on the same questions
   assert [r["step"] for r in summary["during"]] == [1]  # after step 1; step 2 is the final evaluation
   saved = yaml.safe_load((run / "config.yml").read_text())
   assert saved["model_name"] == "qwen3-tiny" and saved["rl"]["num_generations"] == 2
@@ -92,6 +93,23 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert ours["token_ids"] == ref
 
 
+def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path):
+  """rl.num_iterations=2: num_batches=3 trains 3 batches in 6 optimizer updates; metrics.jsonl has one
+  row per batch, checkpoints are taken every checkpoint_period batches, and a run stopped after 2
+  batches resumes at the third, each step logged once."""
+  args = [*TINY, "rl.num_iterations=2", "checkpoint_period=1", "max_num_checkpoints_to_keep=5",
+          f"base_output_directory={tmp_path}", "run_name=mu2"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0  # num_batches=2
+  run = tmp_path / "mu2"
+  assert [r["step"] for r in _read_jsonl(run / "metrics.jsonl")] == [1, 2]
+  assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4]  # named by optimizer update
+  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3"]) == 0
+  rows = _read_jsonl(run / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2, 3]
+  assert all(np.isfinite(r["loss"]) and "rewards/mean" in r for r in rows)
+  assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4, 6]
+
+
 def test_config_error_exits_2_and_names_key(capsys):
   assert train_rl.main(["train_rl", "rl.yml", "rl.max_concurency=64"]) == 2
   assert "rl.max_concurency: unknown key" in capsys.readouterr().err
@@ -118,13 +136,20 @@ def test_real_model_answers_paris(smollm2_tokenizer):
 
 @pytest.mark.slow
 def test_default_demo(tmp_path):
-  """`make run`'s job: SmolLM2-135M-Instruct GRPO on GSM8K with before/after evaluation."""
-  assert train_rl.main(["train_rl", "rl.yml", f"base_output_directory={tmp_path}"]) == 0
-  cfg = pyconfig.initialize(["train_rl", "rl.yml"])
+  """`make run`'s job (rl_times_table.yml): SmolLM2-135M-Instruct GRPO that improves held-out greedy
+  accuracy on at least 200 questions, with a paired bootstrap 95% interval above 0 and a rising reward."""
+  assert train_rl.main(["train_rl", "rl_times_table.yml", f"base_output_directory={tmp_path}"]) == 0
+  cfg = pyconfig.initialize(["train_rl", "rl_times_table.yml"])
   rows = _read_jsonl(tmp_path / cfg.run_name / "metrics.jsonl")
   assert [r["step"] for r in rows] == list(range(1, cfg.num_batches + 1))
   results = json.loads((tmp_path / cfg.run_name / "eval.json").read_text())
-  assert results["before"]["num_examples"] == cfg.num_test_batches * cfg.eval_batch_size
+  assert results["before"]["num_examples"] == cfg.num_test_batches * cfg.eval_batch_size >= 200
+  gain = results["gain"]
+  print(f"accuracy {results['before']['accuracy']:.3f} -> {results['after']['accuracy']:.3f}, gain {gain}")
+  assert gain["ci95_low"] > 0
+  rewards = [r["rewards/mean"] for r in rows]
+  assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3
+  assert "Accuracy gain after training" in (tmp_path / cfg.run_name / "report.md").read_text()
 
 
 def test_custom_reward_file_and_processor_end_to_end(tmp_path):

@@ -28,13 +28,13 @@ CONVERSATION = [
 
 
 def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
-  cfg = make_config("rl.use_agentic_rollout=true", "rl.num_generations=3", "rl.num_iterations=2",
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.num_generations=3",
                     "rl.grpo_beta=0.01", "rl.grpo_epsilon=0.1", "rl.epsilon_high=0.28", "rl.loss_algo=gspo-token",
                     "rl.loss_agg_mode=token-mean", "rl.system_prompt=Be brief.", "rl.max_concurrency=64",
                     "rl.off_policy_steps=2", "rl.sampler_is=token", "rl.sampler_is_threshold=3.0",
                     "rl.filter_zero_variance_groups=true", "max_response_length=96")
   c = agentic.grpo_config(cfg, agentic.system_prompt(cfg, smollm2_tokenizer))
-  assert (c.num_generations, c.num_iterations, c.beta, c.epsilon, c.epsilon_high) == (3, 2, 0.01, 0.1, 0.28)
+  assert (c.num_generations, c.beta, c.epsilon, c.epsilon_high) == (3, 0.01, 0.1, 0.28)
   assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
   assert (c.max_concurrency, c.off_policy_steps, c.max_response_length) == (64, 2, 96)
   assert (c.sampler_is, c.sampler_is_threshold, c.degenerate_group_masking) == ("token", 3.0, True)
@@ -177,7 +177,7 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   expected = agentic.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
   assert sent == [expected]
   assert expected.startswith("<|im_start|>system\nSYS") and "calculator" in expected
-  plain = agentic.first_prompt_renderer(make_config("rl.system_prompt=SYS"), parser)("What is 6*7?")
+  plain = agentic.first_prompt_renderer(make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser)("What is 6*7?")
   assert plain == parser.parse([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
                                add_generation_prompt=True, is_first_msg=True)
 

@@ -72,3 +72,21 @@ def test_evaluate_rl_command_prints_json_last(tmp_path, capsys):
 def test_bad_eval_mode_is_a_config_error():
   with pytest.raises(ValueError, match="eval_mode='best': expected one of pass, maj, pass_at_1"):
     make_config("eval_mode=best")
+
+
+def _records(correct):
+  return {"examples": [{"question": f"q{i}", "correct": c} for i, c in enumerate(correct)]}
+
+
+def test_paired_gain_and_its_bootstrap_interval_by_hand():
+  """8 questions: 3 turn right, 1 turns wrong, 4 stay: gain (3 - 1) / 8; the bootstrap interval holds
+  it and is about the normal one, 1.96 * sd(d) / sqrt(n) with sd(d) = 0.66 (0.25 +- 0.46)."""
+  before = _records([0, 0, 0, 1, 1, 0, 1, 0])
+  after = _records([1, 1, 1, 0, 1, 0, 1, 0])
+  g = evaluate_rl.paired_gain(before, after)
+  assert (g["gain"], g["improved"], g["worsened"], g["num_examples"]) == (0.25, 3, 1, 8)
+  assert -0.3 < g["ci95_low"] < 0 < 0.25 < g["ci95_high"] < 0.75
+  clear = evaluate_rl.paired_gain(_records([0] * 40), _records([1] * 12 + [0] * 28))
+  assert clear["gain"] == pytest.approx(0.3) and clear["ci95_low"] > 0.1  # every change is a gain
+  assert evaluate_rl.paired_gain(before, _records([1] * 7)) is None  # not the same questions
+  assert evaluate_rl.paired_gain({"accuracy": 0.1}, after) is None  # eval_make_lst=false

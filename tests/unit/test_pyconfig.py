@@ -145,7 +145,7 @@ def test_train_micro_batch_size_divides_batch_size():
 
 @pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps", "rl.logp_check_period"])
 def test_negative_count_names_the_key(key):
-  assert make_config(f"{key}=0")
+  assert make_config(f"{key}=0", "rl.use_agentic_rollout=true")
   with pytest.raises(pyconfig.ConfigError, match=f"{key}=-1: expected an integer >= 0"):
     make_config(f"{key}=-1")
 

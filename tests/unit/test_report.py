@@ -75,3 +75,18 @@ def test_errors_name_the_folder_or_file(tmp_path, capsys):
   assert report.main(["report", str(tmp_path)]) == 2
   assert "metrics.jsonl:2: not valid JSON" in capsys.readouterr().err
   assert report.main(["report"]) == 2
+
+
+def test_gain_interval_and_no_signal_warning(tmp_path):
+  """eval.json's paired gain is stated with its interval; a run where most groups had equal rewards
+  (frac_reward_zero_std) gets a warning."""
+  rows = [{**r, "frac_reward_zero_std": f} for r, f in zip(ROWS, (1.0, 0.75, 0.5))]
+  gain = {"gain": 0.3, "ci95_low": 0.1, "ci95_high": 0.5, "num_examples": 10, "improved": 4, "worsened": 1}
+  run = _run_folder(tmp_path / "r1", rows=rows, evals={**EVAL, "gain": gain})
+  text = open(report.write(str(run))["report"], encoding="utf-8").read()
+  assert "Accuracy gain after training: **+0.300** (95% interval [+0.100, +0.500]" in text
+  assert "an improvement" in text
+  assert "| frac_reward_zero_std | 1 | 0.5 | 0.5 | 1 |" in text
+  assert "**Warning:** on average 75% of the groups per step had equal rewards" in text
+  quiet = _run_folder(tmp_path / "r2", rows=[{**r, "frac_reward_zero_std": 0.25} for r in ROWS])
+  assert "Warning" not in open(report.write(str(quiet))["report"], encoding="utf-8").read()

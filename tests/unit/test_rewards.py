@@ -131,3 +131,17 @@ def test_reasoning_start_token_in_prompt_is_read_back():
 def test_math_verify_timeout_scores_zero(monkeypatch):
   monkeypatch.setattr(utils_rl._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))  # pylint: disable=protected-access
   assert utils_rl.check_numbers(None, ["<answer>x^2</answer>", GOOD], CFG, answer=["4", "42"]) == [0.0, 3.0]
+
+
+@pytest.mark.parametrize("completion, truth, expected", [
+    ("She has 7 + 5 = 12 apples.", "12", 3.0),  # the last number is judged
+    ("12 apples? No: 7 + 5 = 13.", "12", 0.0),
+    ("It costs $1,250 in total", "1250", 3.0),  # currency and thousands commas
+    ("I do not know.", "12", 0.0),  # no number: 0, like a wrong one
+    ("The answer is 0.5", "1/2", 3.0),  # math_verify equivalence
+])
+def test_last_number_answer_format(completion, truth, expected):
+  cfg = make_config("answer_format=last_number")
+  (reward,) = utils_rl.reward_functions(cfg)
+  assert reward.__name__ == "last_number_correct"
+  assert reward(["q"], [completion], answer=[truth]) == [expected]

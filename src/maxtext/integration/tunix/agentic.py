@@ -48,7 +48,7 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
 from maxtext.input_pipeline.templates import PromptTemplate
-from maxtext.integration.tunix import learner
+from maxtext.integration.tunix import learner, metrics
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,6 @@ def grpo_config(cfg, system: str) -> agentic_grpo_learner.GRPOConfig:
   rl = cfg.rl
   config = agentic_grpo_learner.GRPOConfig(
       **learner.grpo_algorithm_kwargs(cfg),
-      epsilon_high=None if rl.epsilon_high < 0 else rl.epsilon_high,
       system_prompt=system,
       max_concurrency=rl.max_concurrency,
       off_policy_steps=rl.off_policy_steps,
@@ -249,9 +248,22 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
     self._skips_trainer_logps.value = not recomputes
     try:
-      return super()._process_results(trajectories, mode, expected_step)
+      example = super()._process_results(trajectories, mode, expected_step)
     finally:
       self._skips_trainer_logps.value = False
+    if mode == rl_cluster_lib.Mode.TRAIN:
+      self._log_zero_signal(example.advantages, expected_step)
+    return example
+
+  def _log_zero_signal(self, advantages, step: int) -> None:
+    """frac_reward_zero_std over the step's groups so far (running totals, as _log_conversations)."""
+    zero, groups = learner.zero_signal_groups(advantages, self.algo_config.num_generations)
+    with self._conversation_lock:
+      totals = self._conversation_totals.setdefault(step, collections.Counter())
+      totals.update({"zero_signal_groups": zero, "groups": groups})
+      fraction = totals["zero_signal_groups"] / totals["groups"]
+    self.rl_cluster.buffer_metrics_async({metrics.ZERO_SIGNAL: (fraction, learner.last)},
+                                         mode=rl_cluster_lib.Mode.TRAIN, step=step)
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
     """Logs the step's tool and turn metrics from running totals, and learner.rollout_metrics: Tunix

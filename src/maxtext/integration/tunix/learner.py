@@ -25,12 +25,24 @@ Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
 
 
+def updates(cfg) -> int:
+  """Optimizer updates of the run: rl.num_iterations per training step (one batch) of num_batches
+  (MaxText: max_steps = num_batches x num_iterations). Tunix's trainer and its checkpoints count
+  these; metrics.jsonl, eval_interval and the logs count steps."""
+  return cfg.num_batches * cfg.rl.num_iterations
+
+
+def steps_done(cluster: rl_cluster_lib.RLCluster, cfg) -> int:
+  """Training steps (batches) finished, from the trainer's update count."""
+  return cluster.actor_trainer.train_steps // cfg.rl.num_iterations
+
+
 def optimizer(cfg) -> optax.GradientTransformation:
-  """AdamW on a warmup-cosine schedule, after global-norm clipping."""
-  warmup = int(cfg.warmup_steps_fraction * cfg.num_batches)
+  """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping."""
+  warmup = int(cfg.warmup_steps_fraction * updates(cfg))
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
-      decay_steps=max(cfg.num_batches, warmup + 1), end_value=0.0,
+      decay_steps=max(updates(cfg), warmup + 1), end_value=0.0,
   )
   adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay)
   if cfg.gradient_clipping_threshold > 0:
@@ -70,7 +82,7 @@ def rollout_configs(cfg, eos_id: int) -> dict:
   greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **common)
   train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
-      top_k=cfg.decode_sampling_top_k, **common,
+      top_k=cfg.decode_sampling_top_k or None, **common,
   )
   evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **common)
   if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
@@ -83,11 +95,12 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   reference = nnx.clone(actor) if cfg.rl.grpo_beta != 0.0 else None
   training = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=optimizer(cfg),
-      eval_every_n_steps=cfg.num_batches + 1,
-      max_steps=cfg.num_batches,
+      eval_every_n_steps=updates(cfg) + 1,
+      max_steps=updates(cfg),
       checkpoint_root_directory=os.path.join(cfg.run_dir, "checkpoints"),
       checkpointing_options=ocp.CheckpointManagerOptions(
-          save_interval_steps=cfg.checkpoint_period, max_to_keep=cfg.max_num_checkpoints_to_keep
+          save_interval_steps=cfg.checkpoint_period * cfg.rl.num_iterations,
+          max_to_keep=cfg.max_num_checkpoints_to_keep
       ),
       metrics_logging_options=metrics_logger.MetricsLoggerOptions(
           log_dir=os.path.join(cfg.run_dir, "tensorboard"),
@@ -132,14 +145,24 @@ def grpo_algorithm_kwargs(cfg) -> dict:
       num_generations=rl.num_generations,
       num_iterations=rl.num_iterations,
       beta=rl.grpo_beta,
+      kl_loss_mode=rl.kl_loss_mode,
       epsilon=rl.grpo_epsilon,
+      epsilon_high=rl.grpo_epsilon if rl.epsilon_high < 0 else rl.epsilon_high,
       loss_algo=rl.loss_algo,
       loss_agg_mode=rl.loss_agg_mode,
   )
 
 
-def grpo_config(cfg) -> grpo_learner.GRPOConfig:
-  return grpo_learner.GRPOConfig(**grpo_algorithm_kwargs(cfg))
+@dataclasses.dataclass(kw_only=True)
+class GRPOConfig(grpo_learner.GRPOConfig):
+  """Tunix's standard GRPO config with the upper clipping epsilon its loss reads when present (its
+  agentic config has the field; the standard one lacks it, so clip-higher was silently off)."""
+
+  epsilon_high: float
+
+
+def grpo_config(cfg) -> GRPOConfig:
+  return GRPOConfig(**grpo_algorithm_kwargs(cfg))
 
 
 def last(values):
@@ -159,6 +182,13 @@ def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
     metrics["rollout/decode_tokens_per_s"] = (rate[0], last)
     metrics["rollout/decode_gb_per_s"] = (rate[1] / 1e9, last)
   return metrics
+
+
+def zero_signal_groups(advantages, num_generations: int) -> tuple[int, int]:
+  """(groups whose rewards are all equal, groups): GRPO's advantage is zero for every sample of such a
+  group, so it carries no learning signal."""
+  groups = np.asarray(advantages, np.float32).reshape(-1, num_generations)
+  return int((np.abs(groups) < 1e-6).all(axis=1).sum()), len(groups)
 
 
 class IdleClock:
@@ -193,7 +223,8 @@ class IdleClock:
 class GRPOLearner(grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
-  logs trainer/idle_fraction (the share of the step spent generating and scoring samples) and
+  logs trainer/idle_fraction (the share of the step spent generating and scoring samples),
+  frac_reward_zero_std (the share of groups with equal rewards) and
   rollout_metrics."""
 
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
@@ -204,13 +235,17 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   def _generate_and_compute_advantage(self, *args, **kwargs):
     start = time.perf_counter()
     try:
-      return super()._generate_and_compute_advantage(*args, **kwargs)
+      example = super()._generate_and_compute_advantage(*args, **kwargs)
     finally:
       self._sampling_s += time.perf_counter() - start
+    if kwargs.get("mode", args[1] if len(args) > 1 else Mode.TRAIN) == Mode.TRAIN:
+      zero, groups = zero_signal_groups(example.advantages, self.algo_config.num_generations)
+      self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=Mode.TRAIN)
+    return example
 
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
-      self._before_step(self.rl_cluster.actor_trainer.train_steps)
+      self._before_step(self.rl_cluster.actor_trainer.train_steps // self.algo_config.num_iterations)
     start, self._sampling_s = time.perf_counter(), 0.0
     out = super()._run_global_step(*args, **kwargs)
     fraction = min(self._sampling_s / max(time.perf_counter() - start, 1e-9), 1.0)

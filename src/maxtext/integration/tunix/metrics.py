@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import os
 import threading
@@ -15,18 +16,26 @@ import numpy as np
 from metrax.logging import TensorboardBackend
 
 
-def parse_event(event: str, step: int) -> tuple[str, str, int] | None:
+log = logging.getLogger(__name__)
+
+# The share of a step's groups whose rewards are all equal (zero advantage: no learning signal).
+ZERO_SIGNAL = "frac_reward_zero_std"
+
+
+def parse_event(event: str, step: int, updates_per_step: int = 1) -> tuple[str, str, int] | None:
   """Tunix event `{prefix}/{mode}/{name}` -> (metric name, mode, training step), None for others.
 
-  The actor trainer logs at its 1-based update step; RLCluster logs rollout metrics (rewards,
-  completion lengths) at the 0-based step that consumes them, so those move one step on.
+  A training step trains one batch, in updates_per_step optimizer updates (rl.num_iterations). The
+  actor trainer logs at its 1-based update, which belongs to step ceil(update / updates_per_step);
+  RLCluster logs rollout metrics (rewards, completion lengths) at the 0-based step that consumes
+  them, so those move one step on.
   """
   parts = event.split("/")
   if len(parts) < 3 or not parts[0] or parts[1] not in ("train", "eval"):
     return None  # JAX's and Orbax's own monitoring events
   prefix, mode, name = parts[0], parts[1], "/".join(parts[2:])
   if prefix == "actor":
-    return name, mode, step
+    return name, mode, -(-step // updates_per_step)
   return (name if prefix == "global" else f"{prefix}/{name}"), mode, step + 1
 
 
@@ -83,8 +92,10 @@ class JsonlBackend:
   """
 
   def __init__(self, path: str, lag: int = 2, on_row: Callable[[dict], None] | None = None,
-               compile_clock: Callable[[], float] = lambda: 0.0):
-    """on_row: also called with each row as it is written."""
+               compile_clock: Callable[[], float] = lambda: 0.0, updates_per_step: int = 1):
+    """on_row: also called with each row as it is written; updates_per_step: see parse_event (a
+    step's row holds its last update's trainer metrics)."""
+    self._updates_per_step = updates_per_step
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._on_row = on_row
     self._file = open(path, "a", encoding="utf-8")
@@ -102,7 +113,7 @@ class JsonlBackend:
     self._origin = (time.time(), self._compile_clock())
 
   def log_scalar(self, event: str, value, **kwargs):
-    parsed = parse_event(event, int(kwargs.get("step", 0)))
+    parsed = parse_event(event, int(kwargs.get("step", 0)), self._updates_per_step)
     if parsed is None or parsed[1] != "train":
       return
     name, _, step = parsed
@@ -134,6 +145,9 @@ class JsonlBackend:
 
   def _write(self, step: int):
     row = self._row(step)
+    if row.get(ZERO_SIGNAL, 0.0) > 0.5:
+      log.warning("step %d: %.0f%% of the groups had equal rewards, so they carry no learning signal (make the task "
+                  "easier or harder for the model, or raise rl.num_generations)", step, 100 * row[ZERO_SIGNAL])
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
     if self._on_row is not None:
@@ -223,15 +237,17 @@ class MetricSinks:
   process never writes into this run's closed files.
   """
 
-  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None):
+  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None, updates_per_step: int = 1):
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
-    off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2)."""
+    off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2);
+    updates_per_step: optimizer updates per training step (rl.num_iterations)."""
     self._wandb = wandb
     self.compile_clock = CompileClock()
     on_row = wandb.log if wandb is not None else None
     self._makers = {
         "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
-        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock),
+        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock,
+                                      updates_per_step),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []

@@ -12,12 +12,19 @@
    goes through host memory, so a trainer/sampler split of 4/4 devices crashed.
 4. Token prompts: a prompt may be given as token ids instead of text (the agentic learner continues
    a conversation's exact token stream that way); Tunix's sampler takes only text.
-5. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
+5. The pad token cannot end up inside a completion: Tunix masks the pad id as padding, but it is an
+   ordinary token the policy can sample (`<|endoftext|>` for Qwen3 and SmolLM2), so the trainer
+   would score the tokens after it without it in their context while the sampler had it. A
+   completion ends at a sampled pad token (kept, so it is masked like the padding it stands for).
+6. Log-probs at the sampling temperature: `get_per_token_logps` (the old policy's log-probs with
+   rl.num_iterations > 1) scores tokens under softmax(logits / temperature), the distribution that
+   sampled them and the one the trainer's loss uses.
+7. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
    next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
    the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
    that does not fit raises an error that says by how much.
 
-`BatchedRolloutEngine` (rollout_engine: batched) serves the same contract from our continuous
+`BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same contract from our continuous
 batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
 conversation turn with a single prompt from up to rl.max_concurrency threads, and these calls are
 merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
@@ -84,6 +91,17 @@ class StepKeys:
 Prompt = str | np.ndarray  # text, or token ids used as they are
 
 
+def per_token_logps(model: nnx.Module, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int,
+                    eos_id: int, temperature: float | None) -> jax.Array:
+  """Log-probs of completion_tokens under softmax(logits / temperature) (plain softmax for greedy
+  sampling), as Tunix's trainer computes them."""
+  graphdef, state = nnx.split(model)
+  return common.compute_per_token_logps(graphdef, state, prompt_tokens=prompt_tokens,
+                                        completion_tokens=completion_tokens, pad_id=pad_id, eos_id=eos_id,
+                                        stop_gradient=True, return_logits=False,
+                                        temperature=float(temperature or 1.0))
+
+
 class _TokenPromptSampler(sampler.Sampler):
   """Tunix's sampler that also takes prompts as token ids."""
 
@@ -103,6 +121,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
   def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
                rollout_config: base_rollout.RolloutConfig, seed: int):
     model = _place_on_mesh(rollout_actor, mesh)
+    self.temperature = rollout_config.temperature
     # VanillaRollout's constructor only builds its sampler; ours also takes token prompts.
     self._sampler = _TokenPromptSampler(model, tokenizer, sampler.CacheConfig(
         cache_size=rollout_config.kv_cache_size,
@@ -117,6 +136,10 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     with jax.transfer_guard("allow"):
       super().update_params(params, filter_types)
 
+  def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
+    return per_token_logps(self.model(), prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(),
+                           self.temperature)
+
   def generate(self, prompts: list[Prompt], rollout_config: base_rollout.RolloutConfig, **kwargs):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
     with self.mesh, jax.default_device(self.mesh.devices.flat[0]):
@@ -129,6 +152,11 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
     out.tokens = [
         np.append(t, np.asarray(eos, t.dtype)) if len(t) < budget else t for t in out.tokens
     ]
+    for i, t in enumerate(out.tokens):
+      pads = np.flatnonzero(t == self.pad_id())
+      if len(pads):  # the sampler went on after a pad token; the completion ends there
+        out.tokens[i] = t[:pads[0] + 1]
+        out.text[i] = self._sampler.tokenizer.decode(t[:pads[0]].tolist())
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
@@ -151,6 +179,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
                rollout_config: base_rollout.RolloutConfig, seed: int, max_batch_size: int):
     self._model = _place_on_mesh(rollout_actor, mesh)
     self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+    self.temperature = rollout_config.temperature
     self.mesh = mesh
     self.keys = StepKeys(seed)
     self.batcher = ContinuousBatcher(self._model, rollout_config.kv_cache_size, max_batch_size,
@@ -198,7 +227,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     params = SamplingParams(
         max_new_tokens=budget, temperature=float(rollout_config.temperature or 0.0),
         top_p=1.0 if rollout_config.top_p is None else float(rollout_config.top_p), top_k=rollout_config.top_k,
-        eos_ids=tuple(rollout_config.eos_tokens or [self.eos_id()]),
+        eos_ids=tuple(dict.fromkeys([*(rollout_config.eos_tokens or [self.eos_id()]), self.pad_id()])),
     )
     futures = self.batcher.submit_many(ids, params, [None if key is None else jax.random.fold_in(key, i)
                                                      for i in range(len(ids))])
@@ -217,11 +246,8 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     )
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
-    graphdef, state = nnx.split(self._model)
-    return common.compute_per_token_logps(graphdef, state,
-                                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                                          pad_id=self.pad_id(), eos_id=self.eos_id(), stop_gradient=True,
-                                          return_logits=False)
+    return per_token_logps(self._model, prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(),
+                           self.temperature)
 
   def update_params(self, params, filter_types=None) -> None:
     """New weights from the next decode step on (in-flight requests continue with them). On a shared

@@ -15,6 +15,7 @@ import os
 import sys
 from typing import Callable
 
+import numpy as np
 import tqdm
 
 from maxtext.input_pipeline import templates
@@ -22,11 +23,15 @@ from maxtext.trainers.post_train.rl import utils_rl
 from maxtext.utils import cli
 
 def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
-  """Per-completion verdicts: the extracted answer, correct, within 10%, exact format."""
+  """Per-completion verdicts: the extracted answer, correct, within 10%, formatted (the exact tag format, or
+  with answer_format=last_number a number present)."""
   completions = [templates.answer_prefix(cfg) + c for c in completions]
   guesses = [utils_rl.extract_answer(c, cfg) for c in completions]
   correct = utils_rl.answers_match(guesses, truths, cfg)
-  formatted = utils_rl.match_format_exactly(None, completions, cfg)
+  if cfg.answer_format == "last_number":
+    formatted = [guess is not None for guess in guesses]
+  else:
+    formatted = utils_rl.match_format_exactly(None, completions, cfg)
   out = []
   for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
     value, true_value = (utils_rl.parse_number(guess) if guess else None), utils_rl.parse_number(truth)
@@ -79,6 +84,20 @@ def evaluate(generate: Callable[[list[str]], list[str]], examples: list[dict], c
         for ex, v, p in zip(examples, verdicts, per_example)
     ]
   return summary
+
+
+def paired_gain(before: dict, after: dict, resamples: int = 10000, seed: int = 0) -> dict | None:
+  """Accuracy after minus before on the same questions, with a paired bootstrap 95% interval
+  (questions resampled with replacement, both evaluations kept together); None without per-question
+  records (eval_make_lst=false) or when the two evaluations asked different questions."""
+  rows = [(before or {}).get("examples"), (after or {}).get("examples")]
+  if not rows[0] or not rows[1] or [e["question"] for e in rows[0]] != [e["question"] for e in rows[1]]:
+    return None
+  diff = np.array([float(a["correct"]) - float(b["correct"]) for b, a in zip(*rows)])
+  picks = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
+  low, high = np.percentile(diff[picks].mean(axis=1), [2.5, 97.5])
+  return {"gain": float(diff.mean()), "ci95_low": float(low), "ci95_high": float(high), "num_examples": len(diff),
+          "improved": int((diff > 0).sum()), "worsened": int((diff < 0).sum())}
 
 
 def summary_of(result: dict) -> dict:

@@ -20,6 +20,7 @@ import yaml
 from matplotlib import ticker
 from matplotlib.figure import Figure
 
+from maxtext.integration.tunix.metrics import ZERO_SIGNAL
 from maxtext.utils import jsonl
 
 _AGGREGATES = {"sum", "mean", "min", "max"}
@@ -174,8 +175,15 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
     out += [f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"
             for when, step, e in evaluation]
     out.append("")
+    gain = evals.get("gain")
+    if gain:
+      clear = "an improvement" if gain["ci95_low"] > 0 else "a loss" if gain["ci95_high"] < 0 else "no clear change"
+      out += [f"Accuracy gain after training: **{gain['gain']:+.3f}** (95% interval [{gain['ci95_low']:+.3f}, "
+              f"{gain['ci95_high']:+.3f}], paired bootstrap over the same {gain['num_examples']} questions; "
+              f"{gain['improved']} improved, {gain['worsened']} worsened): {clear}.", ""]
   if rows:
-    keys = ["rewards/mean", *reward_functions(rows), "kl", "loss", _first_present(rows, _LENGTH), "step_time_s",
+    keys = ["rewards/mean", *reward_functions(rows), ZERO_SIGNAL, "kl", "loss", _first_present(rows, _LENGTH),
+            "step_time_s",
             "compile_s", "staleness/mean", "staleness/max", "tools/call_frequency", "tools/failure_frequency",
             "turns/mean"]
     out += [f"## Training ({len(rows)} steps logged, last step {last_step})", "",
@@ -185,6 +193,11 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
       if values:
         out.append(f"| {key} | {_fmt(values[0])} | {_fmt(values[-1])} | {_fmt(min(values))} | {_fmt(max(values))} |")
     out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
+    _, no_signal = _series(rows, ZERO_SIGNAL)
+    if no_signal and sum(no_signal) / len(no_signal) > 0.5:
+      out += [f"**Warning:** on average {100 * sum(no_signal) / len(no_signal):.0f}% of the groups per step had equal "
+              f"rewards ({ZERO_SIGNAL}), which gives them zero advantage: most samples carried no learning signal. "
+              "Make the task easier or harder for the model, or raise rl.num_generations.", ""]
   if plots:
     out += ["## Plots", ""]
     for title, file in plots:

@@ -188,12 +188,16 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
   config error."""
+  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
+
   available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
   if cfg.rl.tools_path:
-    available.update({name: (lambda c=c: with_deadline(c, cfg.rl.tool_timeout_s))
-                      for name, c in user_tools(cfg.rl.tools_path).items()})
+    mine = user_tools(cfg.rl.tools_path)
+    if not set(mine) & set(cfg.rl.tools):
+      raise ConfigError(f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
+                        f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})")
+    available.update({name: (lambda c=c: with_deadline(c, cfg.rl.tool_timeout_s)) for name, c in mine.items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:
-    from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
   return {name: available[name]() for name in cfg.rl.tools}

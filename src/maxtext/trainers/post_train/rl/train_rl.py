@@ -31,14 +31,15 @@ def _prepare_resume(cfg) -> int:
   from maxtext.integration.tunix import metrics  # pylint: disable=import-outside-toplevel
 
   root = os.path.join(cfg.run_dir, "checkpoints", "actor")
-  saved = orbax_checkpoint.steps(root)
+  iterations = cfg.rl.num_iterations  # checkpoints are named by optimizer update, rows by step
+  saved = [s // iterations for s in orbax_checkpoint.steps(root) if s % iterations == 0]
   if not saved:
     return 0
   metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
   logged = metrics.logged_steps(metrics_path)
   complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
   step = complete[-1] if complete else 0
-  moved = orbax_checkpoint.set_aside(root, step, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
+  moved = orbax_checkpoint.set_aside(root, step * iterations, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
   dropped = metrics.truncate_after(metrics_path, step)
   log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
            "dropped)", step, moved, dropped)
@@ -49,7 +50,7 @@ def _previous_results(cfg, resumed: int) -> dict:
   """The evaluations a resumed run keeps from eval.json: before training and during it up to the
   resumed step (a fresh run starts empty and evaluates before training)."""
   path = os.path.join(cfg.run_dir, "eval.json")
-  empty = {"before": None, "during": [], "after": None}
+  empty = {"before": None, "during": [], "after": None, "gain": None}
   if not resumed or not os.path.isfile(path):
     return empty
   with open(path, encoding="utf-8") as f:
@@ -103,7 +104,8 @@ def run(cfg) -> dict:
   wandb = None
   if cfg.wandb_project and jax.process_index() == 0:
     wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
-  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2, wandb=wandb)
+  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2, wandb=wandb,
+                              updates_per_step=cfg.rl.num_iterations)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
@@ -122,9 +124,9 @@ def run(cfg) -> dict:
       if bad:
         name, step = bad
         cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
-        root = os.path.join(cfg.run_dir, "checkpoints", "actor")
-        orbax_checkpoint.set_aside(root, step - 1, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
-        raise shutdown.NonFiniteError(name, step, max(orbax_checkpoint.steps(root), default=0))
+        root, iterations = os.path.join(cfg.run_dir, "checkpoints", "actor"), cfg.rl.num_iterations
+        orbax_checkpoint.set_aside(root, (step - 1) * iterations, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
+        raise shutdown.NonFiniteError(name, step, max(orbax_checkpoint.steps(root), default=0) // iterations)
       if stop.signum is not None:
         raise shutdown.Interrupted(stop.signum, steps_done)
 
@@ -152,10 +154,16 @@ def run(cfg) -> dict:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
-    guard(cluster.actor_trainer.train_steps)  # a non-finite value at the last step: no later step boundary saw it
-    log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", cluster.actor_trainer.train_steps,
+    guard(learner_lib.steps_done(cluster, cfg))  # a non-finite value at the last step: no later step boundary saw it
+    log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", learner_lib.steps_done(cluster, cfg),
              time.time() - start, sinks.compile_clock() - compiled)
     results["after"] = evaluate("eval after")
+    results["gain"] = evaluate_rl.paired_gain(results["before"], results["after"])
+    if results["gain"]:
+      g = results["gain"]
+      log.info("Accuracy %.3f before, %.3f after: gain %+.3f, 95%% interval [%+.3f, %+.3f] (paired bootstrap over %d "
+               "questions; %d improved, %d worsened)", results["before"]["accuracy"], results["after"]["accuracy"],
+               g["gain"], g["ci95_low"], g["ci95_high"], g["num_examples"], g["improved"], g["worsened"])
     evaluate_rl.write_results(cfg, results)
     if cfg.export_hf:
       to_huggingface.export(cluster.actor_trainer.model, cfg, tokenizer,
@@ -168,6 +176,7 @@ def run(cfg) -> dict:
       "before": evaluate_rl.summary_of(results["before"]),
       "during": [evaluate_rl.summary_of(r) for r in results["during"]],
       "after": evaluate_rl.summary_of(results["after"]),
+      "gain": results.get("gain"),
   }
 
 

@@ -13,6 +13,9 @@ What each config weight means:
 - reward_ratio_guess_to_answer_high / _low: check_answer when the numeric answer is within 10% / 20%.
 - penalty_incorrect_answer: an answer block whose content is wrong or holds no number (both checks).
 A completion without an answer block gets 0 from the answer checks: the format rewards judge it.
+With answer_format=last_number the answer is the completion's last number and the one built-in reward
+is last_number_correct: reward_exact_answer when that number is right, else 0 (the tag weights and
+penalties do not apply and are refused).
 check_numbers counts an answer as equal when its last number equals the truth or math_verify finds
 the two equivalent (e.g. 1/2 and 0.5); a check that outlives math_verify_timeout scores 0.
 """
@@ -54,7 +57,11 @@ def last_boxed(text: str) -> str | None:
 
 
 def extract_answer(completion: str, cfg) -> str | None:
-  """Content of the last complete answer block (the inside of a \\boxed{} in it, if any), or None."""
+  """answer_format=tags: the content of the last complete answer block (the inside of a \\boxed{} in
+  it, if any); answer_format=last_number: the completion's last number. None when there is none."""
+  if cfg.answer_format == "last_number":
+    found = _NUMBER.findall(completion.replace("$", ""))
+    return found[-1] if found else None
   _, _, start, end = _tags(cfg)
   found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), completion, flags=re.DOTALL)
   if not found:
@@ -194,7 +201,19 @@ def check_numbers(prompts, completions, tmvp_config, answer, **kwargs) -> list[f
   ]
 
 
-DEFAULT_REWARD_FUNCTIONS = (match_format_exactly, match_format_approximately, check_answer, check_numbers)
+def last_number_correct(prompts, completions, tmvp_config, answer, **kwargs) -> list[float]:
+  """answer_format=last_number: reward_exact_answer when the completion's last number equals the truth
+  (or math_verify finds them equivalent), else 0."""
+  guesses = [extract_answer(c, tmvp_config) for c in completions]
+  correct = answers_match(guesses, list(answer), tmvp_config)
+  return [tmvp_config.reward_exact_answer if ok else 0.0 for ok in correct]
+
+
+# answer_format -> the built-in reward functions.
+DEFAULT_REWARD_FUNCTIONS = {
+    "tags": (match_format_exactly, match_format_approximately, check_answer, check_numbers),
+    "last_number": (last_number_correct,),
+}
 
 
 class RewardFunctionError(ValueError):
@@ -229,7 +248,7 @@ def reward_functions(cfg) -> list:
   if not cfg.reward_functions_path:
     if cfg.reward_functions:
       raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
-    return [bind_config(fn, cfg) for fn in DEFAULT_REWARD_FUNCTIONS]
+    return [bind_config(fn, cfg) for fn in DEFAULT_REWARD_FUNCTIONS[cfg.answer_format]]
   path = cfg.reward_functions_path
   module = user_code.load_file(path, "reward_functions_path")
   if not cfg.reward_functions:

@@ -1,0 +1,116 @@
+"""Every key of base.yml's rl: section, set alone in standard and in agentic GRPO, either reaches what
+that mode builds or stops the config with an error naming the key and the mode."""
+
+import pytest
+
+from maxtext.configs import pyconfig
+from maxtext.integration.tunix import agentic, learner
+from maxtext.trainers.post_train.rl import tools
+from tests.conftest import make_config
+
+# A value away from the default for every rl.* key, and where each mode's learner shows it.
+CHANGED = {
+    "rl.num_generations": 3, "rl.num_iterations": 2, "rl.grpo_beta": 0.01, "rl.kl_loss_mode": "mse_kl",
+    "rl.grpo_epsilon": 0.1, "rl.loss_algo": "gspo-token", "rl.loss_agg_mode": "token-mean", "rl.epsilon_high": 0.28,
+    "rl.max_concurrency": 5, "rl.off_policy_steps": 1, "rl.system_prompt": "Be brief.", "rl.sampler_is": "token",
+    "rl.sampler_is_threshold": 3.0, "rl.logp_check_period": 3, "rl.filter_zero_variance_groups": True,
+    "rl.tools": ["calculator"], "rl.tools_path": "TOOLS_FILE", "rl.max_turns": 2, "rl.tool_timeout_s": 1.5,
+    "rl.tool_memory_mb": 128, "rl.tool_output_max_chars": 100,
+}
+ALGO_FIELDS = {"rl.num_generations": "num_generations", "rl.num_iterations": "num_iterations", "rl.grpo_beta": "beta",
+               "rl.kl_loss_mode": "kl_loss_mode", "rl.grpo_epsilon": "epsilon", "rl.loss_algo": "loss_algo",
+               "rl.loss_agg_mode": "loss_agg_mode", "rl.epsilon_high": "epsilon_high",
+               "rl.max_concurrency": "max_concurrency", "rl.off_policy_steps": "off_policy_steps",
+               "rl.system_prompt": "system_prompt", "rl.sampler_is": "sampler_is",
+               "rl.sampler_is_threshold": "sampler_is_threshold",
+               "rl.filter_zero_variance_groups": "degenerate_group_masking"}
+
+
+def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
+  """The keyword arguments train_rl's learner would be built with (the class replaced by a recorder)."""
+  record = lambda **kwargs: kwargs
+  if cfg.rl.use_agentic_rollout:
+    monkeypatch.setattr(agentic, "AgenticGRPOLearner", record)
+    return agentic.build_learner(cfg, None, [], agentic.chat_parser(cfg, tokenizer), tools.tool_map(cfg))
+  monkeypatch.setattr(learner, "GRPOLearner", record)
+  return learner.build_learner(cfg, None, [])
+
+
+def _observed(key: str, kwargs: dict):
+  if key in ALGO_FIELDS:
+    return getattr(kwargs["algo_config"], ALGO_FIELDS[key], "not in this mode's algorithm config")
+  if key == "rl.logp_check_period":
+    return kwargs.get("logp_check_period")
+  if key == "rl.tools":
+    return list(kwargs.get("agent_kwargs", {}).get("tool_map", {}))
+  return "no consumer"
+
+
+def test_the_walk_covers_every_rl_key():
+  assert sorted(CHANGED) == sorted(k for k, _, _ in pyconfig.reference()
+                                   if k.startswith("rl.") and k != "rl.use_agentic_rollout")
+
+
+@pytest.mark.parametrize("agentic_mode", [False, True], ids=["standard", "agentic"])
+@pytest.mark.parametrize("key", sorted(CHANGED))
+def test_each_rl_key_takes_effect_or_is_refused(key, agentic_mode, tmp_path, monkeypatch, smollm2_tokenizer):
+  tools_file = tmp_path / "my_tools.py"
+  tools_file.write_text("from maxtext.trainers.post_train.rl.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n")
+  value = str(tools_file) if CHANGED[key] == "TOOLS_FILE" else CHANGED[key]
+  arg = f"{key}=[{', '.join(value)}]" if isinstance(value, list) else f"{key}={value}"
+  mode = "agentic GRPO" if agentic_mode else "standard GRPO"
+  try:
+    cfg = make_config(arg, f"rl.use_agentic_rollout={str(agentic_mode).lower()}")
+    kwargs = _learner_kwargs(cfg, monkeypatch, smollm2_tokenizer)
+  except pyconfig.ConfigError as e:
+    assert key in str(e) and mode in str(e), str(e)
+    return
+  assert _observed(key, kwargs) == value, f"{key}={value!r} silently ignored by {mode}"
+
+
+def test_which_keys_each_mode_refuses():
+  """Standard GRPO takes the algorithm keys and refuses the agentic ones; agentic GRPO refuses the
+  tool limits while no tool they limit is in use."""
+  def refused(*args):
+    try:
+      make_config(*args)
+      return False
+    except pyconfig.ConfigError:
+      return True
+
+  standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
+  assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"}
+  agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
+  assert agentic_refused == {"rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb", "rl.tool_output_max_chars"}
+  assert not refused("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2", "rl.tool_timeout_s=1.5",
+                     "rl.tool_memory_mb=128", "rl.tool_output_max_chars=100")
+  assert refused("rl.use_agentic_rollout=true", "eval_interval=2")
+  assert refused("rl.use_agentic_rollout=true", "rollout_engine=vanilla", "rl.logp_check_period=3")
+
+
+def _arg(key):
+  value = CHANGED[key]
+  return f"{key}=[{', '.join(value)}]" if isinstance(value, list) else f"{key}={value}"
+
+
+def test_tool_limits_take_effect_with_the_python_tool():
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.tool_output_max_chars=100",
+                    "rl.tool_memory_mb=64", "rl.tool_timeout_s=1.5", "rl.max_turns=2")
+  python = tools.tool_map(cfg)["python"](name="python", description="")
+  long = python.apply(code="print('x' * 5000)")
+  assert long.error is None and 100 <= len(long.output) < 200 and "truncated" in long.output
+  assert python.apply(code="b = bytearray(200 << 20)\nprint('allocated')").error is not None  # 200 MB > 64 MB
+  slow = python.apply(code="import time\ntime.sleep(5)")
+  assert "timed out after 1.5 s" in slow.error
+  assert agentic._agent_kwargs(cfg, tools.tool_map(cfg))["env_kwargs"]["max_steps"] == 2  # pylint: disable=protected-access
+
+
+@pytest.mark.parametrize("args, message", [
+    (["rl.use_agentic_rollout=true", "decode_sampling_temperature=0"], "agentic GRPO trains on the sampler's log-probs"),
+    (["answer_format=last_number", "penalty_incorrect_format=-1"], "penalty_incorrect_format"),
+    (["rl.kl_loss_mode=k3"], "expected low_var_kl, mse_kl or kl"),
+    (["decode_sampling_top_k=-1"], "expected top_k >= 0"),
+])
+def test_settings_that_cannot_take_effect_are_refused(args, message):
+  with pytest.raises(pyconfig.ConfigError, match=message):
+    make_config(*args)
