@@ -20,7 +20,7 @@ TRAIN = ["Random digit:", "Give me a random digit:", "Digit, please:", "One rand
          "Random digit, please:", "Your random digit:", "Quick, a random digit:"]
 HELD_OUT = ["Random number:", "Some digit:", "Say a random digit:", "Random digit now:"]
 COMMON = ["max_response_length=3", "max_prompt_length=64", "batch_size=4", "rl.num_generations=8",
-          "num_batches=8", "learning_rate=5e-5", "warmup_steps_fraction=0", "rl.grpo_beta=0",
+          "num_batches=4", "learning_rate=5e-5", "warmup_steps_fraction=0", "rl.grpo_beta=0",
           "adam_weight_decay=0", "num_test_batches=1", "eval_batch_size=4", "checkpoint_period=100",
           "answer_format=last_number", "num_epoch=2"]
 
@@ -72,7 +72,7 @@ def test_grpo_turns_a_rare_behaviour_into_the_greedy_one(tmp_path, mode):
   rewards = [r["rewards/mean"] for r in rows]
   print(f"greedy share of digit replies: {before:.2f} before, {after:.2f} after; sampled reward per step {rewards}")
   assert before <= 0.25 and after >= 0.75
-  assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.3  # the reward curve rises
+  assert rewards[-1] > rewards[0] + 0.3  # the reward curve rises
 
 
 def test_the_reward_sign_sets_the_direction(tmp_path):
@@ -82,7 +82,7 @@ def test_the_reward_sign_sets_the_direction(tmp_path):
   for sign in (1.0, -1.0):
     folder = tmp_path / f"sign{sign:+.0f}"
     folder.mkdir()
-    _train([*COMMON, *_setup(folder, sign), "num_batches=6"], "run")
+    _train([*COMMON, *_setup(folder, sign), "num_batches=3"], "run")
     rows = [json.loads(line) for line in open(folder / "run" / "metrics.jsonl", encoding="utf-8")]
     shares[sign] = [abs(r["rewards/mean"]) for r in rows]  # the share of digit replies per step
   print(f"share of sampled digit replies per step: rewarded {shares[1.0]}, penalised {shares[-1.0]}")

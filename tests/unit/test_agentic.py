@@ -56,7 +56,7 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
 ])
 def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
   agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
-  agent.algo_config = agentic.grpo_config(make_config(*overrides), "S")
+  agent.algo_config = agentic.grpo_config(make_config(*overrides, "rl.use_agentic_rollout=true"), "S")
   agent._logp_check_period = period  # pylint: disable=protected-access
   recomputes = agent._trainer_recomputes  # pylint: disable=protected-access
   assert [s for s in range(7) if recomputes(learner.Mode.TRAIN, s)] == train_steps_recomputed

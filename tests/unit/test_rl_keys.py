@@ -69,8 +69,9 @@ def test_each_rl_key_takes_effect_or_is_refused(key, agentic_mode, tmp_path, mon
 
 
 def test_which_keys_each_mode_refuses():
-  """Standard GRPO takes the algorithm keys and refuses the agentic ones; agentic GRPO refuses the
-  tool limits while no tool they limit is in use."""
+  """Standard GRPO takes the algorithm keys and refuses the agentic ones; agentic GRPO refuses
+  rl.num_iterations (its learner trains each batch once) and the tool limits while no tool they
+  limit is in use."""
   def refused(*args):
     try:
       make_config(*args)
@@ -81,7 +82,8 @@ def test_which_keys_each_mode_refuses():
   standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
   assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"}
   agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
-  assert agentic_refused == {"rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb", "rl.tool_output_max_chars"}
+  assert agentic_refused == {"rl.num_iterations", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
+                             "rl.tool_output_max_chars"}
   assert not refused("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2", "rl.tool_timeout_s=1.5",
                      "rl.tool_memory_mb=128", "rl.tool_output_max_chars=100")
   assert refused("rl.use_agentic_rollout=true", "eval_interval=2")

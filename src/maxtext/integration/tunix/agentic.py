@@ -251,8 +251,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       example = super()._process_results(trajectories, mode, expected_step)
     finally:
       self._skips_trainer_logps.value = False
-    if mode == rl_cluster_lib.Mode.TRAIN:
-      self._log_zero_signal(example.advantages, expected_step)
+    if mode == rl_cluster_lib.Mode.TRAIN:  # Tunix returns a list of TrainExamples (one per group)
+      examples = example if isinstance(example, list) else [example]
+      self._log_zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in examples]), expected_step)
     return example
 
   def _log_zero_signal(self, advantages, step: int) -> None:
