@@ -231,6 +231,9 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     super().__init__(*args, **kwargs)
     self._before_step = before_step
     self._sampling_s = 0.0
+    # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
+    # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
+    self._last_iter_step //= self.algo_config.num_iterations
 
   def _generate_and_compute_advantage(self, *args, **kwargs):
     start = time.perf_counter()
