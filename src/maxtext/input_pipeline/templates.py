@@ -14,6 +14,8 @@ def template_path(cfg) -> str:
   path = cfg.data_template_path or "gsm8k_rl.json"
   shipped = os.path.join(TEMPLATE_DIR, path)
   return shipped if not os.path.exists(path) and os.path.basename(path) == path and os.path.isfile(shipped) else path
+
+
 _FIELDS = ("SYSTEM_PROMPT", "TEMPLATE")
 
 

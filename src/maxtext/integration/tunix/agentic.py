@@ -252,8 +252,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     finally:
       self._skips_trainer_logps.value = False
     if mode == rl_cluster_lib.Mode.TRAIN:  # Tunix returns a list of TrainExamples (one per group)
-      examples = example if isinstance(example, list) else [example]
-      self._log_zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in examples]), expected_step)
+      self._log_zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in example]), expected_step)
     return example
 
   def _log_zero_signal(self, advantages, step: int) -> None:

@@ -32,9 +32,9 @@ def updates(cfg) -> int:
   return cfg.num_batches * cfg.rl.num_iterations
 
 
-def steps_done(cluster: rl_cluster_lib.RLCluster, cfg) -> int:
+def steps_done(cluster: rl_cluster_lib.RLCluster, num_iterations: int) -> int:
   """Training steps (batches) finished, from the trainer's update count."""
-  return cluster.actor_trainer.train_steps // cfg.rl.num_iterations
+  return cluster.actor_trainer.train_steps // num_iterations
 
 
 def optimizer(cfg) -> optax.GradientTransformation:
@@ -235,20 +235,20 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
     self._last_iter_step //= self.algo_config.num_iterations
 
-  def _generate_and_compute_advantage(self, *args, **kwargs):
+  def _generate_and_compute_advantage(self, training_input, mode=Mode.TRAIN):
     start = time.perf_counter()
     try:
-      example = super()._generate_and_compute_advantage(*args, **kwargs)
+      example = super()._generate_and_compute_advantage(training_input, mode)
     finally:
       self._sampling_s += time.perf_counter() - start
-    if kwargs.get("mode", args[1] if len(args) > 1 else Mode.TRAIN) == Mode.TRAIN:
+    if mode == Mode.TRAIN:
       zero, groups = zero_signal_groups(example.advantages, self.algo_config.num_generations)
       self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=Mode.TRAIN)
     return example
 
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
-      self._before_step(self.rl_cluster.actor_trainer.train_steps // self.algo_config.num_iterations)
+      self._before_step(steps_done(self.rl_cluster, self.algo_config.num_iterations))
     start, self._sampling_s = time.perf_counter(), 0.0
     out = super()._run_global_step(*args, **kwargs)
     fraction = min(self._sampling_s / max(time.perf_counter() - start, 1e-9), 1.0)

@@ -24,8 +24,8 @@
    the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
    that does not fit raises an error that says by how much.
 
-`BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same contract from our continuous
-batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
+`BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same
+contract from our continuous batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
 conversation turn with a single prompt from up to rl.max_concurrency threads, and these calls are
 merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
 and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a

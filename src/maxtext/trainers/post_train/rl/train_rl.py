@@ -154,8 +154,9 @@ def run(cfg) -> dict:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
-    guard(learner_lib.steps_done(cluster, cfg))  # a non-finite value at the last step: no later step boundary saw it
-    log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", learner_lib.steps_done(cluster, cfg),
+    trained = learner_lib.steps_done(cluster, cfg.rl.num_iterations)
+    guard(trained)  # a non-finite value at the last step: no later step boundary saw it
+    log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", trained,
              time.time() - start, sinks.compile_clock() - compiled)
     results["after"] = evaluate("eval after")
     results["gain"] = evaluate_rl.paired_gain(results["before"], results["after"])

@@ -60,8 +60,7 @@ def extract_answer(completion: str, cfg) -> str | None:
   """answer_format=tags: the content of the last complete answer block (the inside of a \\boxed{} in
   it, if any); answer_format=last_number: the completion's last number. None when there is none."""
   if cfg.answer_format == "last_number":
-    found = _NUMBER.findall(completion.replace("$", ""))
-    return found[-1] if found else None
+    return _last_number_text(completion)
   _, _, start, end = _tags(cfg)
   found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), completion, flags=re.DOTALL)
   if not found:
@@ -70,13 +69,19 @@ def extract_answer(completion: str, cfg) -> str | None:
   return found[-1] if boxed is None else boxed
 
 
+def _last_number_text(text: str) -> str | None:
+  """The last number in text as written (negatives, thousands commas; currency signs dropped), or None."""
+  found = _NUMBER.findall(text.replace("$", ""))
+  return found[-1] if found else None
+
+
 def parse_number(text: str) -> float | None:
   """The last number in text (negatives, thousands commas; currency and units ignored), or None."""
-  found = _NUMBER.findall(text.replace("$", ""))
-  if not found:
+  found = _last_number_text(text)
+  if found is None:
     return None
   try:
-    return float(found[-1].replace(",", ""))
+    return float(found.replace(",", ""))
   except ValueError:
     return None
 
