@@ -15,7 +15,7 @@ CHANGED = {
     "rl.max_concurrency": 5, "rl.off_policy_steps": 1, "rl.system_prompt": "Be brief.", "rl.sampler_is": "token",
     "rl.sampler_is_threshold": 3.0, "rl.logp_check_period": 3, "rl.filter_zero_variance_groups": True,
     "rl.tools": ["calculator"], "rl.tools_path": "TOOLS_FILE", "rl.max_turns": 2, "rl.tool_timeout_s": 1.5,
-    "rl.tool_memory_mb": 128, "rl.tool_output_max_chars": 100,
+    "rl.tool_memory_mb": 128, "rl.tool_output_max_chars": 100, "rl.tool_sandbox": "none",
 }
 ALGO_FIELDS = {"rl.num_generations": "num_generations", "rl.num_iterations": "num_iterations", "rl.grpo_beta": "beta",
                "rl.kl_loss_mode": "kl_loss_mode", "rl.grpo_epsilon": "epsilon", "rl.loss_algo": "loss_algo",
@@ -83,9 +83,9 @@ def test_which_keys_each_mode_refuses():
   assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"}
   agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {"rl.num_iterations", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
-                             "rl.tool_output_max_chars"}
+                             "rl.tool_output_max_chars", "rl.tool_sandbox"}
   assert not refused("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2", "rl.tool_timeout_s=1.5",
-                     "rl.tool_memory_mb=128", "rl.tool_output_max_chars=100")
+                     "rl.tool_memory_mb=128", "rl.tool_output_max_chars=100", "rl.tool_sandbox=none")
   assert refused("rl.use_agentic_rollout=true", "eval_interval=2")
   assert refused("rl.use_agentic_rollout=true", "rollout_engine=vanilla", "rl.logp_check_period=3")
 

@@ -234,7 +234,7 @@ def _apply_length_aliases(merger: _Merger) -> None:
 AGENTIC_ONLY_KEYS = ("rl.max_concurrency", "rl.off_policy_steps", "rl.system_prompt", "rl.sampler_is",
                      "rl.sampler_is_threshold", "rl.logp_check_period", "rl.filter_zero_variance_groups",
                      "rl.tools", "rl.tools_path", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
-                     "rl.tool_output_max_chars")
+                     "rl.tool_output_max_chars", "rl.tool_sandbox")
 # Keys the format-tag rewards read; answer_format=last_number refuses them.
 TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match", "reward_partial_format_match",
                    "reward_ratio_guess_to_answer_high", "reward_ratio_guess_to_answer_low",
@@ -254,7 +254,8 @@ def _check_modes(v: dict[str, Any], changed: list[str]) -> None:
     ignored["rl.num_iterations"] = "its learner trains each batch once"
   tools = v["rl.tools"]
   tool_users = {"rl.max_turns": bool(tools), "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
-                "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools}
+                "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools,
+                "rl.tool_sandbox": "python" in tools}
   for key, used in tool_users.items():
     if not used:
       ignored.setdefault(key, f"no tool it limits is in rl.tools={tools}")
@@ -287,7 +288,7 @@ def _validate(v: dict[str, Any]) -> None:
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
   choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1"),
-             "rollout_engine": ("batched", "vanilla", "vllm")}
+             "rollout_engine": ("batched", "vanilla", "vllm"), "rl.tool_sandbox": ("bwrap", "none")}
   for key, allowed in choices.items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")

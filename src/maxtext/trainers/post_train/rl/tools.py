@@ -4,40 +4,35 @@ Every failure (bad arguments, an exception, a timeout, a crash, too much output)
 tool's error text, which the agent puts in the tool turn; nothing raises into the rollout.
 - calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
   tree, never with eval.
-- python: the code runs in a fresh interpreter (`python -I`) in an empty temporary folder, with a
-  wall-time limit, CPU-time and address-space limits, no file larger than 1 MB, sockets disabled
-  in the interpreter, and its stdout/stderr cut to rl.tool_output_max_chars (head and tail kept).
-- your tools (rl.tools_path) get the same wall-time limit: a call without a result after
-  rl.tool_timeout_s comes back as an error (its thread is left to finish on its own).
+- python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (sandbox.py), with
+  wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network, its
+  output cut to rl.tool_output_max_chars (head and tail kept). Where the sandbox cannot start, the
+  tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on purpose (limits only),
+  with a warning on every run.
+- your tools (rl.tools_path) run in the trainer's process, not isolated: they get the same
+  wall-time limit (a call without a result after rl.tool_timeout_s comes back as an error; its
+  thread is left to finish on its own).
 """
 
 from __future__ import annotations
 
 import ast
+import logging
 import operator
-import os
-import subprocess
-import sys
-import tempfile
 import threading
 from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
 
+from maxtext.trainers.post_train.rl import sandbox
 from maxtext.utils import user_code
+
+log = logging.getLogger(__name__)
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
            ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPONENT = 1000
-# Runs before the user's code: no sockets.
-_PREAMBLE = (
-    "import socket\n"
-    "def _no_network(*a, **k):\n"
-    "  raise OSError('network access is disabled in this sandbox')\n"
-    "socket.socket = socket.create_connection = socket.getaddrinfo = _no_network\n"
-    "del socket, _no_network\n"
-)
 
 
 def evaluate_arithmetic(expression: str) -> float | int:
@@ -101,40 +96,22 @@ class CalculatorTool(_OneArgumentTool):
     return base_tool.ToolOutput(name=self.name, output=str(result))
 
 
-def _limits(cpu_s: int, memory_mb: int) -> str:
-  """Code that sets the resource limits first thing in the child (no Python runs between fork and
-  exec in the parent, which is multithreaded)."""
-  return (
-      "import resource\n"
-      f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))\n"
-      f"resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
-      "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
-      "del resource\n"
-  )
-
-
-def run_python(code: str, timeout_s: float, cpu_s: int, memory_mb: int, max_output_chars: int) -> tuple[str, str | None]:
-  """(output, error) of running code in the sandbox described in the module docstring."""
-  with tempfile.TemporaryDirectory(prefix="tool_python_") as folder:
-    try:
-      proc = subprocess.run([sys.executable, "-I", "-c", _limits(cpu_s, memory_mb) + _PREAMBLE + code], cwd=folder,
-                            capture_output=True, text=True, timeout=timeout_s,
-                            env={"PATH": os.defpath, "HOME": folder}, check=False)
-    except subprocess.TimeoutExpired:
-      return "", f"timed out after {timeout_s:g} s"
-  output = proc.stdout + proc.stderr
-  if len(output) > max_output_chars:  # keep the head and the tail (where errors are)
-    half = max_output_chars // 2
-    output = f"{output[:half]}\n[output truncated: {len(output)} characters]\n{output[-half:]}"
-  if proc.returncode != 0:
-    reason = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-    return "", f"{reason}\n{output}".rstrip()
-  return output, None
-
-
 def python_tool(cfg) -> type[base_tool.BaseTool]:
-  """A python tool class with the run's limits (Tunix instantiates tool classes itself)."""
+  """A python tool class with the run's sandbox and limits (Tunix instantiates tool classes itself).
+  ConfigError where rl.tool_sandbox=bwrap cannot start here."""
+  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
+
   rl = cfg.rl
+  if rl.tool_sandbox == "bwrap":
+    try:
+      sandbox.check()
+    except sandbox.SandboxUnavailable as e:
+      raise ConfigError(f"rl.tools=[python] runs model-written code in a bubblewrap sandbox, which cannot start "
+                        f"here: {e}. rl.tool_sandbox=none runs it unsandboxed (no isolation from the trainer, its "
+                        f"files or the network)") from None
+  else:
+    log.warning("rl.tool_sandbox=none: the python tool runs model-written code UNSANDBOXED, as the trainer's user, "
+                "with access to its files and the network")
 
   class PythonTool(_OneArgumentTool):
     """Runs Python code and returns what it prints."""
@@ -143,8 +120,8 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
     PARAM_DESCRIPTION = "Python source; print the result"
 
     def run(self, value: str) -> base_tool.ToolOutput:
-      output, error = run_python(value, rl.tool_timeout_s, int(rl.tool_timeout_s) + 1, rl.tool_memory_mb,
-                                 rl.tool_output_max_chars)
+      output, error = sandbox.run(["-c", value], rl.tool_sandbox == "bwrap", rl.tool_timeout_s,
+                                  int(rl.tool_timeout_s) + 1, rl.tool_memory_mb, rl.tool_output_max_chars)
       return base_tool.ToolOutput(name=self.name, output=output, error=error)
 
   return PythonTool
