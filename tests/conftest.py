@@ -31,3 +31,16 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
   return _tokenizer("qwen3")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Each test module's compiled programs and cached arrays go when it ends, so a long suite's
+  memory does not pile up."""
+  yield
+  import gc  # pylint: disable=import-outside-toplevel
+
+  import jax  # pylint: disable=import-outside-toplevel
+
+  jax.clear_caches()
+  gc.collect()

@@ -55,6 +55,13 @@ def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
   test = _examples(cfg, smollm2_tokenizer, str(path), "test", False)
   assert len(train) == 8 and len(test) == 2
   assert sorted(e["answer"] for e in train + test) == sorted(str(i + 1) for i in range(10))
+  # A file given only for evaluation is evaluated whole (8 rows of 8); given for both, it keeps the split.
+  held_out = tmp_path / "held_out.jsonl"
+  held_out.write_text("".join(json.dumps({"question": f"{i}*2?", "answer": str(2 * i)}) + "\n" for i in range(8)))
+  both = make_config(f"dataset_name={path}", f"eval_dataset_name={held_out}", "num_test_batches=2", "eval_batch_size=8")
+  assert [e["answer"] for e in datasets.eval_examples(both, smollm2_tokenizer)] == [str(2 * i) for i in range(8)]
+  same = make_config(f"dataset_name={path}", f"eval_dataset_name={path}", "train_fraction=0.8", "num_test_batches=2")
+  assert len(datasets.eval_examples(same, smollm2_tokenizer)) == 2
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
   with pytest.raises(ValueError, match=r"row 0 lacks field\(s\) \['question', 'answer'\]"):
@@ -67,7 +74,7 @@ def test_local_parquet(tmp_path, smollm2_tokenizer):
 
   path = tmp_path / "mine.parquet"
   pq.write_table(pa.table({"question": ["a?", "b?", "c?", "d?"], "answer": ["#### 3", "4", "5", "6"]}), path)
-  cfg = make_config("train_fraction=0.5")
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.5")
   rows = datasets.load_rows(cfg, str(path), "train", True) + datasets.load_rows(cfg, str(path), "test", False)
   assert sorted(e["answer"] for e in datasets.to_examples(cfg, smollm2_tokenizer, str(path), rows)) == ["3", "4", "5", "6"]
 

