@@ -17,7 +17,7 @@ from tests.scripted_policy import use_script
 TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "num_test_batches=1", "eval_batch_size=2",
         "adam_weight_decay=0", "learning_rate=1e-3", "warmup_steps_fraction=0",
         "rollout_engine=vanilla"]  # the script replaces the engine and, like vanilla, returns no log-probs
-CALL = '<tool_call>{{"name": "calculator", "arguments": {{"expression": "{}"}}}}</tool_call>'
+CALL = '<tool_call>{{"name": "python", "arguments": {{"code": "{}"}}}}</tool_call>'
 
 
 def _rows(path):
@@ -39,19 +39,20 @@ def _changed(args, run_dir):
 
 
 def tool_script(prompt, n):
-  """Per group of three: a direct answer, a calculator call that works and one that fails; after
-  a tool result, the answer."""
+  """Per group of three: a direct answer, a python call that works and one the sandbox stops (it
+  reads /etc/passwd); after a tool result, the answer."""
   if "Tool returned result" in prompt:
     return "<answer>5</answer>"
-  return ["<answer>5</answer>", CALL.format("2+3"), CALL.format("1/0")][n % 3]
+  return ["<answer>5</answer>", CALL.format("print(2 + 3)"),
+          CALL.format("print(open('/etc/passwd').read())")][n % 3]
 
 
 def test_scripted_tool_calls_are_counted_and_trained(tmp_path, monkeypatch):
-  """2 of 3 conversations call a tool and 1 of those 2 calls fails: call frequency 2/3, failure
-  frequency 1/2 at every step, and the parameters change."""
+  """Through the sandboxed python tool, 2 of 3 conversations call a tool and 1 of those 2 calls
+  fails: call frequency 2/3, failure frequency 1/2 at every step, and the parameters change."""
   use_script(monkeypatch, tool_script)
   args = [*TINY, "rl.num_generations=3", "max_prompt_length=512", "max_response_length=96",
-          "rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.max_turns=2",
+          "rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2",
           *_reward_file(tmp_path, "[float('<tool_call>' in c) for c in completions]"),
           f"base_output_directory={tmp_path}", "run_name=tools"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0

@@ -255,7 +255,7 @@ def test_agentic_at_max_concurrency_256(tmp_path):
   assert all(np.isfinite(r["loss"]) and r["staleness/max"] <= 3 for r in rows)
 
 
-@pytest.mark.slow  # test_scripted_policy runs the calculator tool in the fast suite
+@pytest.mark.slow  # test_scripted_policy runs the python tool in the fast suite
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
   """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""
   template = os.path.join(os.path.dirname(pyconfig.__file__), "templates", "tool_use_rl.json")
