@@ -31,7 +31,7 @@ CODE = "print(sum(i * i for i in range(10000)))"
 
 def _call(sandboxed: bool) -> float:
   start = time.perf_counter()
-  output, error = sandbox.run(["-c", CODE], sandboxed, 30, 30, 512, 2000)
+  output, error = sandbox.run(CODE, sandboxed, 30, 30, 512, 2000)
   assert error is None and output.strip() == str(sum(i * i for i in range(10000))), (output, error)
   return time.perf_counter() - start
 

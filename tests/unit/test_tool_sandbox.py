@@ -5,7 +5,6 @@ call, a TCP listener on the host's loopback, the interpreter's own site-packages
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,7 +23,7 @@ TOKEN = uuid.uuid4().hex
 
 
 def call(code: str, sandboxed: bool, timeout_s: float = 10) -> tuple[str, str | None]:
-  return sandbox.run(["-c", code], sandboxed, timeout_s, int(timeout_s) + 1, 256, 4000)
+  return sandbox.run(code, sandboxed, timeout_s, int(timeout_s) + 1, 256, 4000)
 
 
 @pytest.fixture(scope="module")

@@ -110,7 +110,7 @@ def bwrap_command(seccomp_fd: int) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def check() -> None:
   """Raises SandboxUnavailable with the reason if a sandboxed interpreter cannot start here."""
-  output, error = run(["-c", "print('ok')"], sandboxed=True, timeout_s=30, cpu_s=30, memory_mb=512,
+  output, error = run("print('ok')", sandboxed=True, timeout_s=30, cpu_s=30, memory_mb=512,
                       max_output_chars=100)
   if error or output.strip() != "ok":
     raise SandboxUnavailable(f"bubblewrap could not start a sandboxed interpreter: {error or output}")
@@ -162,27 +162,26 @@ def _shorten(output: str, max_chars: int) -> str:
   return f"{output[:half]}\n[output truncated: {len(output)} characters]\n{output[-half:]}"
 
 
-def run(args: list[str], sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int, max_output_chars: int) -> tuple[str, str | None]:
-  """(output, error) of `python <args>` under the limits, in the sandbox or not. With `-c CODE` as
-  args, the limits are set first in the interpreter."""
-  if args[:1] == ["-c"]:
-    args = ["-c", _limits(cpu_s, memory_mb) + args[1]]
-  pass_fds, read_fd = (), None
-  folder = tempfile.TemporaryDirectory(prefix="tool_python_", ignore_cleanup_errors=True)
+def run(code: str, sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int,
+        max_output_chars: int) -> tuple[str, str | None]:
+  """(output, error) of `python -I -c code` under the limits (set first in the interpreter), in the
+  sandbox or not."""
+  command = [sys.executable, "-I", "-c", _limits(cpu_s, memory_mb) + code]
+  pass_fds, read_fd, folder = (), None, None
   try:
-    if sandboxed:
+    if sandboxed:  # the working folder is the sandbox's own /tmp
       read_fd, write_fd = os.pipe()
       with os.fdopen(write_fd, "wb") as f:
         f.write(_seccomp_program())
       pass_fds = (read_fd,)
-      command = [*bwrap_command(read_fd), sys.executable, "-I", *args]
-      env = {}
+      command = [*bwrap_command(read_fd), *command]
+      cwd, env = "/", {}
     else:  # a temporary working folder and a bare environment, nothing more
-      command = [sys.executable, "-I", *args]
-      env = {"PATH": os.defpath, "HOME": folder.name}
+      folder = tempfile.TemporaryDirectory(prefix="tool_python_", ignore_cleanup_errors=True)
+      cwd, env = folder.name, {"PATH": os.defpath, "HOME": folder.name}
     deadline = time.monotonic() + timeout_s
     with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          pass_fds=pass_fds, cwd=folder.name, env=env, start_new_session=True) as proc:
+                          pass_fds=pass_fds, cwd=cwd, env=env, start_new_session=True) as proc:
       if read_fd is not None:
         os.close(read_fd)
         read_fd = None
@@ -198,7 +197,8 @@ def run(args: list[str], sandboxed: bool, timeout_s: float, cpu_s: int, memory_m
   finally:
     if read_fd is not None:
       os.close(read_fd)
-    folder.cleanup()
+    if folder is not None:
+      folder.cleanup()
   output = _shorten(raw.decode("utf-8", "replace"), max_output_chars)
   if timed_out:
     return "", f"timed out after {timeout_s:g} s\n{output}".rstrip()

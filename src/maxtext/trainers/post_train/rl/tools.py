@@ -120,7 +120,7 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
     PARAM_DESCRIPTION = "Python source; print the result"
 
     def run(self, value: str) -> base_tool.ToolOutput:
-      output, error = sandbox.run(["-c", value], rl.tool_sandbox == "bwrap", rl.tool_timeout_s,
+      output, error = sandbox.run(value, rl.tool_sandbox == "bwrap", rl.tool_timeout_s,
                                   int(rl.tool_timeout_s) + 1, rl.tool_memory_mb, rl.tool_output_max_chars)
       return base_tool.ToolOutput(name=self.name, output=output, error=error)
 
