@@ -2,6 +2,7 @@
 full-length completions kept in trajectories."""
 
 import asyncio
+import json
 import logging
 
 import numpy as np
@@ -223,3 +224,50 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   assert smollm2_tokenizer.decode(stream.tolist()) + "\n" == whole
   assert "SYS\n\nYou are provided with function signatures" in whole
   assert encode(seen[1][1]) != turn2.tolist()
+
+
+def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_models_own(tmp_path, smollm2_tokenizer):
+  """The data template's EXAMPLES (a demonstrated tool call) sit between the system turn and the
+  user turn in the first prompt the sampler gets, which is the prompt the filter measures and the
+  prompt tokens the trainer trains behind; the rewarded completion and the tool metrics count only
+  the model's own turns."""
+  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+
+  demo_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>'
+  examples = [{"role": "user", "content": "What is 3*4?"}, {"role": "assistant", "content": demo_call},
+              {"role": "tool", "content": "Tool returned result: 12"}, {"role": "assistant", "content": "12"}]
+  template = tmp_path / "template.json"
+  template.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "Q: {question}", "EXAMPLES": examples}))
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", f"data_template_path={template}")
+  parser, tool_map = agentic.chat_parser(cfg, smollm2_tokenizer), tools.tool_map(cfg)
+  replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>', "84"]
+  sent = []
+
+  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
+    sent.append(parser.parse(messages, add_generation_prompt=True, is_first_msg=True))
+    encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
+    tokens = np.asarray(encode(replies[len(sent) - 1]) + [smollm2_tokenizer.eos_token_id])
+    padded = np.asarray([[0, 0] + encode(sent[-1])])  # as an engine returns what it sampled from
+    return base_rollout.RolloutOutput(text=[replies[len(sent) - 1]], logits=None, tokens=[tokens],
+                                      left_padded_prompt_tokens=padded, logprobs=None)
+
+  kwargs = agentic._agent_kwargs(cfg, tool_map, parser.example_turns)  # pylint: disable=protected-access
+  agent = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"])
+  env = tool_environment.ToolEnvironment({"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
+  asyncio.run(agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+                                       tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+                                       chat_parser=parser).collect(mode="Trajectory"))
+  first = agentic.first_prompt_renderer(cfg, parser, tool_map)("Q: What is 12*7?")
+  assert sent[0] == first
+  assert first.index("SYS") < first.index(demo_call) < first.index("Tool returned result: 12") < first.index("Q: What is 12*7?")
+  # The trainer trains behind the tokens the sampler saw (Tunix's own per-message tokenization
+  # would drop the example assistant turns' openings).
+  prompt = np.asarray(agent.trajectory.prompt_tokens)
+  assert smollm2_tokenizer.decode(prompt[2:]) == first
+  conversation = agentic.without_examples(agent.chat_completions)
+  assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant"]
+  assert agentic.conversation_counts([agent.chat_completions])["calls"] == 2  # the demonstrated call counted too
+  assert agentic.conversation_counts([conversation])["calls"] == 1
+  completion = next(m["content"] for m in agentic.joined_assistant_turns(conversation) if m["role"] == "assistant")
+  assert completion == "\n".join(replies)

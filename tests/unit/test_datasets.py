@@ -195,3 +195,20 @@ def test_template_missing_field(tmp_path, smollm2_tokenizer):
   path.write_text(json.dumps({"SYSTEM_PROMPT": "x"}))
   with pytest.raises(ValueError, match=r"missing field\(s\) \['TEMPLATE'\]"):
     PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer)
+
+
+def test_template_example_turns(tmp_path, smollm2_tokenizer):
+  """EXAMPLES are rendered between the system turn and the question's user turn, each in its role;
+  a malformed one is refused naming the file and the entry."""
+  path = tmp_path / "t.json"
+  examples = [{"role": "user", "content": "What is 3*4?"}, {"role": "assistant", "content": "12"}]
+  path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": examples}))
+  prompt = PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer).render("What is 6*7?")
+  assert prompt == ("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 3*4?<|im_end|>\n"
+                    "<|im_start|>assistant\n12<|im_end|>\n<|im_start|>user\nWhat is 6*7?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+  for bad, shown in (([{"role": "narrator", "content": "x"}], "EXAMPLES\\[0\\]"),
+                     ([examples[0], {"role": "user"}], "EXAMPLES\\[1\\]"), ("3*4=12", "EXAMPLES is str")):
+    path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": bad}))
+    with pytest.raises(ValueError, match=f"data_template_path={path}: {shown}.*expected a list of"):
+      PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer)

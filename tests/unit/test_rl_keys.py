@@ -104,7 +104,7 @@ def test_tool_limits_take_effect_with_the_python_tool():
   assert python.apply(code="b = bytearray(200 << 20)\nprint('allocated')").error is not None  # 200 MB > 64 MB
   slow = python.apply(code="import time\ntime.sleep(5)")
   assert "timed out after 1.5 s" in slow.error
-  assert agentic._agent_kwargs(cfg, tools.tool_map(cfg))["env_kwargs"]["max_steps"] == 2  # pylint: disable=protected-access
+  assert agentic._agent_kwargs(cfg, tools.tool_map(cfg), ())["env_kwargs"]["max_steps"] == 2  # pylint: disable=protected-access
 
 
 @pytest.mark.parametrize("args, message", [

@@ -1,4 +1,10 @@
-"""Prompt templates: a data template JSON rendered role-aware through the tokenizer's chat template."""
+"""Prompt templates: a data template JSON rendered role-aware through the tokenizer's chat template.
+
+Fields: SYSTEM_PROMPT and TEMPLATE (required), EXAMPLES (optional): demonstration turns, a list of
+{"role": "user" | "assistant" | "tool", "content": "..."} placed between the system turn and the
+question's user turn in every prompt (training, agentic rollouts and evaluation). Small models copy
+a format, a tool call for instance, from a demonstrated conversation far more readily than from an
+instruction."""
 
 from __future__ import annotations
 
@@ -17,6 +23,20 @@ def template_path(cfg) -> str:
 
 
 _FIELDS = ("SYSTEM_PROMPT", "TEMPLATE")
+_EXAMPLE_ROLES = ("user", "assistant", "tool")
+
+
+def _example_turns(data: dict, path: str) -> list[dict[str, str]]:
+  """EXAMPLES checked: a list of {role, content} turns with roles user, assistant or tool."""
+  turns = data.get("EXAMPLES", [])
+  expected = f'expected a list of {{"role": one of {list(_EXAMPLE_ROLES)}, "content": text}}'
+  if not isinstance(turns, list):
+    raise ValueError(f"data_template_path={path}: EXAMPLES is {type(turns).__name__}; {expected}")
+  for i, turn in enumerate(turns):
+    if (not isinstance(turn, dict) or set(turn) != {"role", "content"} or turn["role"] not in _EXAMPLE_ROLES
+        or not isinstance(turn["content"], str)):
+      raise ValueError(f"data_template_path={path}: EXAMPLES[{i}] is {turn!r}; {expected}")
+  return [dict(t) for t in turns]
 
 
 def answer_prefix(cfg) -> str:
@@ -26,7 +46,8 @@ def answer_prefix(cfg) -> str:
 
 
 class PromptTemplate:
-  """SYSTEM_PROMPT (formatted with the config's tag tokens) and TEMPLATE (formatted with {question})."""
+  """SYSTEM_PROMPT (formatted with the config's tag tokens), EXAMPLES and TEMPLATE (formatted with
+  {question})."""
 
   def __init__(self, cfg, tokenizer):
     path = template_path(cfg)
@@ -45,6 +66,7 @@ class PromptTemplate:
     self.config = data
     self.system_prompt = data["SYSTEM_PROMPT"].format(**tags)
     self.template = data["TEMPLATE"]
+    self.examples = _example_turns(data, path)
     self.tokenizer = tokenizer
     self.answer_prefix = answer_prefix(cfg)
 
@@ -52,10 +74,10 @@ class PromptTemplate:
     return self.template.format(question=question)
 
   def messages(self, question: str) -> list[dict[str, str]]:
-    """The system turn (left out when SYSTEM_PROMPT is empty: the chat template's default applies)
-    and the user turn."""
+    """The system turn (left out when SYSTEM_PROMPT is empty: the chat template's default applies),
+    the example turns and the user turn."""
     system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-    return [*system, {"role": "user", "content": self.user_content(question)}]
+    return [*system, *self.examples, {"role": "user", "content": self.user_content(question)}]
 
   def render(self, question: str) -> str:
     """The prompt text up to and including the assistant turn's opening (and the reasoning start

@@ -59,7 +59,7 @@ def system_prompt(cfg, tokenizer) -> str:
 
 
 def chat_parser(cfg, tokenizer) -> ConfigChatParser:
-  return ConfigChatParser(tokenizer, system_prompt(cfg, tokenizer))
+  return ConfigChatParser(tokenizer, system_prompt(cfg, tokenizer), PromptTemplate(cfg, tokenizer).examples)
 
 
 def grpo_config(cfg, system: str) -> agentic_grpo_learner.GRPOConfig:
@@ -241,7 +241,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     if recomputes and not self.should_sync_weights:  # shared mesh: the samples came from the live weights
       self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(  # pylint: disable=protected-access
           nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
-    conversations = [item.traj.get("conversation_text") or [] for item in trajectories]
+    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
       self._log_conversations(conversations, expected_step)
     for item, conversation in zip(trajectories, conversations):
@@ -347,10 +347,37 @@ def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
   return out
 
 
-class UserTurnToolAgent(tool_agent.ToolAgent):
+# Marks a conversation's demonstration turns, which rewards and metrics leave out (a str: Tunix
+# requires every message field to be one).
+EXAMPLE = "example"
+
+
+def without_examples(conversation: list[dict]) -> list[dict]:
+  """The conversation less its example turns: what rewards and tool metrics see."""
+  return [m for m in conversation if not m.get(EXAMPLE)]
+
+
+class _ExampleTurns:
+  """The data template's EXAMPLES after the system turn of every conversation, marked EXAMPLE."""
+
+  def __init__(self, *args, example_turns=(), **kwargs):
+    self.example_turns = tuple(example_turns)
+    super().__init__(*args, **kwargs)
+
+  def _init_messages(self, system_prompt: str) -> None:
+    super()._init_messages(system_prompt)
+    self._messages.extend({**turn, EXAMPLE: "yes"} for turn in self.example_turns)
+
+
+class ExampleTurnsModelAgent(_ExampleTurns, model_agent.ModelAgent):
+  """Tunix's ModelAgent (one reply to the task's `prompts`) with the example turns."""
+
+
+class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
   """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
   renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
-  descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word)."""
+  descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word).
+  The example turns follow the system turn."""
 
   def _init_messages(self, system_prompt: str) -> None:
     if system_prompt and self.tools_prompt:
@@ -364,23 +391,23 @@ class UserTurnToolAgent(tool_agent.ToolAgent):
     super()._observation_to_messages(observation, reward, done, info)
 
 
-def _agent_kwargs(cfg, tool_map) -> dict:
-  """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with tools."""
+def _agent_kwargs(cfg, tool_map, example_turns) -> dict:
+  """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with
+  tools, else ExampleTurnsModelAgent in Tunix's default environment."""
   if not tool_map:
-    return {}
-  return dict(agent_class=UserTurnToolAgent, agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen"},
+    return dict(agent_class=ExampleTurnsModelAgent, agent_kwargs={"example_turns": example_turns})
+  return dict(agent_class=UserTurnToolAgent,
+              agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
               env_class=tool_environment.ToolEnvironment,
               env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
 
 
 def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
   """user turn -> the first prompt the agent sends to the sampler (system prompt with the tools'
-  descriptions, user turn, generation prompt), which max_prompt_length must bound."""
-  kwargs = _agent_kwargs(cfg, tool_map)
-  agent = kwargs.get("agent_class", model_agent.ModelAgent)(system_prompt=parser.system_prompt,
-                                                            **kwargs.get("agent_kwargs", {}))
-  system = agent.chat_completions[0]
-  return lambda user: parser.parse([system, {"role": "user", "content": user}], add_generation_prompt=True,
+  descriptions, example turns, user turn, generation prompt), which max_prompt_length must bound."""
+  kwargs = _agent_kwargs(cfg, tool_map, parser.example_turns)
+  opening = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"]).chat_completions
+  return lambda user: parser.parse([*opening, {"role": "user", "content": user}], add_generation_prompt=True,
                                    is_first_msg=True)
 
 
@@ -393,5 +420,5 @@ def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=N
       algo_config=grpo_config(cfg, parser.system_prompt),
       reward_fns=list(reward_fns),
       chat_parser=parser,
-      **_agent_kwargs(cfg, tool_map),
+      **_agent_kwargs(cfg, tool_map, parser.example_turns),
   )

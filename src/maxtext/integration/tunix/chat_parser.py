@@ -10,6 +10,8 @@ results as Qwen's <tool_response> user turns, which renders every message indepe
 
 Message content is coerced to text (Tunix passes dataset fields as numpy scalars or arrays) and an
 empty system message gets the configured system prompt (rl.system_prompt, else the data template's).
+The parser also holds the data template's example turns, which every conversation opens with after
+the system turn.
 """
 
 from __future__ import annotations
@@ -51,8 +53,9 @@ def as_text(content) -> str:
 class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
   """Renders role-aware messages with the tokenizer's chat template (or the ChatML variant)."""
 
-  def __init__(self, tokenizer, system_prompt: str):
+  def __init__(self, tokenizer, system_prompt: str, example_turns=()):
     self.system_prompt = system_prompt
+    self.example_turns = tuple(example_turns)
     self.template = tokenizer.chat_template
     self._tokenizer_for_render = tokenizer
     problem = self._prefix_problem()
