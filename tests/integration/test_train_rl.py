@@ -111,6 +111,28 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path):
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor"))[-3:] == [2, 4, 6]
 
 
+def test_num_test_batches_0_trains_without_evaluation(tmp_path, capsys):
+  """num_test_batches=0 skips evaluation: no evaluation set is read, the
+  summary and eval.json hold none, report.md says so; evaluation keys are refused with it, and
+  evaluate_rl refuses it."""
+  from maxtext.trainers.post_train.rl import evaluate_rl  # pylint: disable=import-outside-toplevel
+
+  args = [*TINY, "num_test_batches=0", "num_batches=1", f"base_output_directory={tmp_path}", "run_name=noeval"]
+  assert train_rl.main(["train_rl", "rl.yml", *[a for a in args if not a.startswith("eval_batch_size")]]) == 0
+  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  assert summary == {"before": None, "during": [], "after": None, "gain": None}
+  assert json.loads((tmp_path / "noeval" / "eval.json").read_text())["after"] is None
+  assert "None: the run was configured without evaluation (num_test_batches=0)." in (
+      tmp_path / "noeval" / "report.md").read_text()
+  assert [r["step"] for r in _read_jsonl(tmp_path / "noeval" / "metrics.jsonl")] == [1]
+  with pytest.raises(pyconfig.ConfigError, match="eval_interval=1: .*num_test_batches=0 runs no evaluation"):
+    make_config("num_test_batches=0", "eval_interval=1")
+  with pytest.raises(pyconfig.ConfigError, match="num_test_batches=-1: expected 0 \\(no evaluation\\) or a positive"):
+    make_config("num_test_batches=-1")
+  assert evaluate_rl.main(["evaluate_rl", "rl.yml", "num_test_batches=0"]) == 2
+  assert "num_test_batches=0: evaluate_rl has nothing to evaluate" in capsys.readouterr().err
+
+
 def test_config_error_exits_2_and_names_key(capsys):
   assert train_rl.main(["train_rl", "rl.yml", "rl.max_concurency=64"]) == 2
   assert "rl.max_concurency: unknown key" in capsys.readouterr().err

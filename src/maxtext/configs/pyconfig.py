@@ -236,6 +236,9 @@ AGENTIC_ONLY_KEYS = ("rl.max_concurrency", "rl.off_policy_steps", "rl.system_pro
                      "rl.tools", "rl.tools_path", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
                      "rl.tool_output_max_chars", "rl.tool_sandbox")
 # Keys the format-tag rewards read; answer_format=last_number refuses them.
+# Keys only evaluation reads; num_test_batches=0 (no evaluation) refuses them.
+EVAL_KEYS = ("eval_dataset_name", "eval_split", "eval_batch_size", "eval_sampling_strategy", "num_eval_passes",
+             "eval_mode", "eval_interval", "eval_make_lst")
 TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match", "reward_partial_format_match",
                    "reward_ratio_guess_to_answer_high", "reward_ratio_guess_to_answer_low",
                    "penalty_incorrect_format", "penalty_incorrect_answer")
@@ -252,6 +255,8 @@ def _check_modes(v: dict[str, Any], changed: list[str]) -> None:
   else:
     ignored["eval_interval"] = "evaluation during training runs in standard GRPO only"
     ignored["rl.num_iterations"] = "its learner trains each batch once"
+  if v["num_test_batches"] == 0:
+    ignored.update({k: "num_test_batches=0 runs no evaluation" for k in EVAL_KEYS})
   tools = v["rl.tools"]
   tool_users = {"rl.max_turns": bool(tools), "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
                 "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools,
@@ -271,9 +276,11 @@ def _check_modes(v: dict[str, Any], changed: list[str]) -> None:
 
 def _validate(v: dict[str, Any]) -> None:
   for key in ("max_prompt_length", "max_response_length", "batch_size", "num_batches",
-              "num_test_batches", "eval_batch_size", "checkpoint_period", "num_epoch"):
+              "eval_batch_size", "checkpoint_period", "num_epoch"):
     if v[key] <= 0:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
+  if v["num_test_batches"] < 0:
+    raise ConfigError(f"num_test_batches={v['num_test_batches']}: expected 0 (no evaluation) or a positive integer")
   if v["rl.num_generations"] < 2:
     raise ConfigError(f"rl.num_generations={v['rl.num_generations']}: GRPO needs at least 2 samples per prompt")
   total = v["max_prompt_length"] + v["max_response_length"]

@@ -18,6 +18,7 @@ from typing import Callable
 import numpy as np
 import tqdm
 
+from maxtext.configs.pyconfig import ConfigError
 from maxtext.input_pipeline import templates
 from maxtext.trainers.post_train.rl import utils_rl
 from maxtext.utils import cli
@@ -100,8 +101,8 @@ def paired_gain(before: dict, after: dict, resamples: int = 10000, seed: int = 0
           "improved": int((diff > 0).sum()), "worsened": int((diff < 0).sum())}
 
 
-def summary_of(result: dict) -> dict:
-  return {k: v for k, v in result.items() if k != "examples"}
+def summary_of(result: dict | None) -> dict | None:
+  return None if result is None else {k: v for k, v in result.items() if k != "examples"}
 
 
 def write_results(cfg, results: dict) -> None:
@@ -117,6 +118,8 @@ def evaluate_checkpoint(cfg) -> list[dict]:
   from maxtext.input_pipeline import datasets  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
 
+  if cfg.num_test_batches == 0:
+    raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
   generate, tokenizer = load_sampler(cfg, learner.Mode.EVAL)
   examples = datasets.eval_examples(cfg, tokenizer)
   result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")

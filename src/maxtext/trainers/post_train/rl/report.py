@@ -169,7 +169,9 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
     out += ["", "Every resolved key is in config.yml.", ""]
   last_step = max((r["step"] for r in rows), default=0)
   evaluation = evaluation_points(evals, last_step)
-  if evaluation:
+  if config.get("num_test_batches") == 0:
+    out += ["## Evaluation", "", "None: the run was configured without evaluation (num_test_batches=0).", ""]
+  elif evaluation:
     out += ["## Evaluation", "", "| when | step | accuracy | partial accuracy | format accuracy | questions |",
             "| --- | --- | --- | --- | --- | --- |"]
     out += [f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"

@@ -94,7 +94,7 @@ def run(cfg) -> dict:
     train_ds = datasets.train_batches(cfg, tokenizer, agentic.first_prompt_renderer(cfg, parser, tool_map))
   else:
     train_ds = datasets.train_batches(cfg, tokenizer)
-  eval_examples = datasets.eval_examples(cfg, tokenizer)
+  eval_examples = datasets.eval_examples(cfg, tokenizer) if cfg.num_test_batches else []
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
 
@@ -110,7 +110,11 @@ def run(cfg) -> dict:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
 
-    def evaluate(desc: str) -> dict:
+    def evaluate(desc: str) -> dict | None:
+      """The evaluation's result; None with num_test_batches=0 (no evaluation)."""
+      if not eval_examples:
+        log.info("%s: none (num_test_batches=0)", desc)
+        return None
       generate = lambda prompts: cluster.generate(prompts, mode=learner_lib.Mode.EVAL).text
       result = evaluate_rl.evaluate(generate, eval_examples, cfg, desc)
       log.info("%s: %s", desc, evaluate_rl.summary_of(result))
