@@ -2,6 +2,7 @@
 processor), train_fraction splits, prompt rendering and dropping of long prompts."""
 
 import json
+import re
 
 import pytest
 
@@ -167,8 +168,26 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
   assert [e["answer"] for e in examples] == ["1"]
   assert "1 dropped for exceeding max_prompt_length=128" in caplog.text
   shortest = len(smollm2_tokenizer.encode(examples[0]["prompts"], add_special_tokens=False))
-  with pytest.raises(ValueError, match=f"t: every prompt exceeds max_prompt_length=8 \\(the shortest has {shortest} "):
+  with pytest.raises(ValueError, match=f"t: every prompt exceeds max_prompt_length=8; set max_prompt_length={shortest} "
+                     f"to keep them all \\(the shortest has {shortest} tokens"):
     datasets.fitting(examples, smollm2_tokenizer, 8, "t")
+
+
+def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(smollm2_tokenizer):
+  """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
+  prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
+  from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+
+  def batches(*overrides):
+    cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", *overrides)
+    renderer = agentic.first_prompt_renderer(cfg, agentic.chat_parser(cfg, smollm2_tokenizer), tools.tool_map(cfg))
+    return datasets.train_batches(cfg, smollm2_tokenizer, renderer)
+
+  with pytest.raises(ValueError, match=r"every prompt exceeds max_prompt_length=\d+; set max_prompt_length=(\d+)") as e:
+    batches()
+  needed = int(re.search(r"set max_prompt_length=(\d+)", str(e.value)).group(1))
+  assert len(batches(f"max_prompt_length={needed}")) == 2
 
 
 def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):

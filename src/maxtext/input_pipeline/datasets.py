@@ -194,8 +194,13 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
   log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(kept),
            len(examples) - len(kept), max_prompt_length)
   if not kept:
-    raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length} (the shortest has "
-                     f"{min(lengths, default=0)} tokens)")
+    raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
+                     f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
+                     f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns and tool "
+                     "descriptions)")
+  if len(kept) < len(examples) / 2:
+    log.warning("%s: %d of %d prompts exceed max_prompt_length=%d and are dropped; max_prompt_length=%d keeps them all",
+                what, len(examples) - len(kept), len(examples), max_prompt_length, max(lengths))
   return kept
 
 
