@@ -27,6 +27,8 @@ Workarounds for google-tunix 0.1.7 used here:
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
+
+The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations

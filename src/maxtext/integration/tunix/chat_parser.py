@@ -12,6 +12,8 @@ Message content is coerced to text (Tunix passes dataset fields as numpy scalars
 empty system message gets the configured system prompt (rl.system_prompt, else the data template's).
 The parser also holds the data template's example turns, which every conversation opens with after
 the system turn.
+
+The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Hands actor, reference and tokenizer to Tunix: RLCluster plus its GRPO learner."""
+"""Hands actor, reference and tokenizer to Tunix: RLCluster plus its GRPO learner.
+
+The private Tunix members used here are listed, with why, in private_api.py.
+"""
 
 from __future__ import annotations
 

@@ -30,6 +30,8 @@ conversation turn with a single prompt from up to rl.max_concurrency threads, an
 merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
 and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a
 conversation's earlier turns, a shared system prompt, a GRPO group's prompt).
+
+The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations

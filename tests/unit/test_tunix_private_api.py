@@ -1,0 +1,91 @@
+"""The installed Tunix still has every private member private_api.DEPENDENCIES names, with the
+parameters we rely on, and our code touches no private Tunix member that list does not name."""
+
+import ast
+import importlib
+import inspect
+import pathlib
+import re
+
+import pytest
+
+from maxtext.integration.tunix import private_api
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "maxtext"
+
+
+def _owner(dep: private_api.PrivateDependency) -> type:
+  module, name = dep.owner.rsplit(".", 1)
+  return getattr(importlib.import_module(module), name)
+
+
+def _tunix_sources(cls: type) -> str:
+  return "".join(inspect.getsource(c) for c in cls.__mro__ if c.__module__.startswith("tunix"))
+
+
+def _assigns(source: str, name: str) -> bool:
+  """Whether `self.<name>` is assigned in the source (annotated or not)."""
+  return re.search(rf"self\.{name}\s*(:[^=\n]*)?=(?!=)", source) is not None
+
+
+@pytest.mark.parametrize("dep", private_api.DEPENDENCIES, ids=lambda d: f"{d.owner.rsplit('.', 1)[1]}.{d.name}")
+def test_tunix_still_has_what_we_rely_on(dep):
+  owner = _owner(dep)
+  why = f"{dep.owner}.{dep.name} ({dep.use} in {dep.where}) changed in this Tunix; we rely on it because {dep.why}"
+  if dep.params is None:
+    assert _assigns(_tunix_sources(owner), dep.name), f"no longer set: {why}"
+  else:
+    assert callable(getattr(owner, dep.name, None)), f"no longer a method: {why}"
+    params = tuple(inspect.signature(getattr(owner, dep.name)).parameters)
+    assert params == dep.params, f"parameters now {params}, expected {dep.params}: {why}"
+
+
+def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[str, set[str]]:
+  """Private names a module touches, by the Tunix class that defines them: members of its classes'
+  Tunix bases (methods defined or called, self attributes), and attributes of other objects (by
+  name, matched against every Tunix class this test knows)."""
+  found: dict[str, set[str]] = {}
+  private = lambda n: n.startswith("_") and not n.startswith("__")
+  for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+    bases = [tunix_classes[b.attr] for b in cls.bases if isinstance(b, ast.Attribute) and b.attr in tunix_classes]
+    for node in ast.walk(cls):
+      name = node.name if isinstance(node, ast.FunctionDef) else node.attr if isinstance(node, ast.Attribute) else None
+      if name and private(name):
+        for base in bases:
+          source = _tunix_sources(base)
+          if callable(getattr(base, name, None)) or _assigns(source, name):
+            found.setdefault(name, set()).add(base.__name__)
+  for node in ast.walk(tree):
+    if (isinstance(node, ast.Attribute) and private(node.attr) and not
+        (isinstance(node.value, ast.Name) and node.value.id == "self") and not
+        (isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super")):
+      for cls in tunix_classes.values():
+        if callable(getattr(cls, node.attr, None)) or _assigns(_tunix_sources(cls), node.attr):
+          found.setdefault(node.attr, set()).add(cls.__name__)
+  return found
+
+
+def test_no_private_tunix_member_is_used_without_an_entry():
+  """Every module of ours that imports Tunix is scanned; a private member of a Tunix class it
+  subclasses or reaches (RLCluster, the trainer) must be listed in private_api."""
+  from tunix.rl import rl_cluster  # pylint: disable=import-outside-toplevel
+  from tunix.sft import peft_trainer  # pylint: disable=import-outside-toplevel
+
+  listed = {(d.owner.rsplit(".", 1)[1], d.name) for d in private_api.DEPENDENCIES}
+  reached = {c.__name__: c for c in (rl_cluster.RLCluster, peft_trainer.PeftTrainer)}
+  unlisted = {}
+  for path in sorted(SRC.rglob("*.py")):
+    text = path.read_text()
+    if not re.search(r"^(from|import) tunix", text, re.M) or path.name == "private_api.py":
+      continue
+    module = importlib.import_module(".".join(path.relative_to(SRC.parent).with_suffix("").parts))
+    tunix_classes = {**reached}
+    for value in vars(module).values():  # the Tunix modules it imports, and their classes
+      for cls in vars(value).values() if inspect.ismodule(value) and value.__name__.startswith("tunix") else []:
+        if inspect.isclass(cls) and cls.__module__.startswith("tunix"):
+          tunix_classes[cls.__name__] = cls
+    for name, owners in _private_names_used(ast.parse(text), tunix_classes).items():
+      if not any((owner, name) in listed for owner in owners) and not any(
+          (base.__name__, name) in listed for owner in owners for base in tunix_classes[owner].__mro__):
+        unlisted.setdefault(path.name, set()).add(f"{'/'.join(sorted(owners))}.{name}")
+  assert not unlisted, f"private Tunix members used but not listed in private_api.DEPENDENCIES: {unlisted}"
