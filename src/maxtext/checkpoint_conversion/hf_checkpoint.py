@@ -11,6 +11,7 @@ from safetensors import numpy as safetensors_np
 from safetensors import safe_open
 
 from maxtext.checkpoint_conversion import hf_config
+from maxtext.utils import errors
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
@@ -23,11 +24,11 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   else:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
   if not files:
-    raise FileNotFoundError(f"{path}: no *.safetensors weights in the HF checkpoint directory")
+    raise errors.MissingInputError(f"{path}: no *.safetensors weights in the HF checkpoint directory")
   out = {}
   for name in files:
     if not os.path.isfile(name):
-      raise FileNotFoundError(f"{name}: listed in model.safetensors.index.json but missing")
+      raise errors.MissingInputError(f"{name}: listed in model.safetensors.index.json but missing")
     with safe_open(name, framework="np") as f:
       for key in f.keys():
         out[key] = f.get_tensor(key)

@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any
 
+from maxtext.utils import errors
+
 # Model-YAML keys that define the architecture, in the order they are reported.
 ARCHITECTURE_KEYS = (
     "decoder_family", "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
@@ -28,7 +30,7 @@ def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, float] | Non
   if kind == "default":
     return theta, None
   if kind != "llama3":
-    raise ValueError(f"{where}: rope_type {kind!r} is not supported (expected default or llama3)")
+    raise errors.InputError(f"{where}: rope_type {kind!r} is not supported (expected default or llama3)")
   return theta, {k: float(params[k]) if k != "original_max_position_embeddings" else int(params[k]) for k in _LLAMA3_SCALING}
 
 
@@ -39,15 +41,15 @@ def architecture(path: str) -> dict[str, Any]:
     with open(where, encoding="utf-8") as f:
       hf = json.load(f)
   except (OSError, json.JSONDecodeError) as e:
-    raise ValueError(f"{where}: cannot read the model config ({e})") from e
+    raise errors.InputError(f"{where}: cannot read the model config ({e})") from e
   family = _FAMILIES.get(hf.get("model_type"))
   if family is None:
-    raise ValueError(f"{where}: model_type {hf.get('model_type')!r} is not supported (expected llama or qwen3)")
+    raise errors.InputError(f"{where}: model_type {hf.get('model_type')!r} is not supported (expected llama or qwen3)")
   unsupported = [k for k in ("attention_bias", "mlp_bias", "use_sliding_window") if hf.get(k)]
   if hf.get("hidden_act", "silu") != "silu":
     unsupported.append(f"hidden_act={hf['hidden_act']}")
   if unsupported:
-    raise ValueError(f"{where}: unsupported features {unsupported}")
+    raise errors.InputError(f"{where}: unsupported features {unsupported}")
   theta, scaling = _rope(hf, where)
   heads = hf["num_attention_heads"]
   return {

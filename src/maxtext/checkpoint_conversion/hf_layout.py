@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from maxtext.models.decoder import ModelConfig
+from maxtext.utils import errors
 
 
 def _layout(kind: str, cfg: ModelConfig) -> tuple[int, ...] | None:
@@ -45,7 +46,7 @@ def hf_to_maxtext(hf: dict[str, np.ndarray], cfg: ModelConfig) -> dict[str, np.n
   out = {}
   for hf_name, name, kind in _table(cfg):
     if hf_name not in hf:
-      raise ValueError(f"checkpoint lacks {hf_name} (a {cfg.family} model with this config needs it)")
+      raise errors.InputError(f"checkpoint lacks {hf_name} (a {cfg.family} model with this config needs it)")
     shape = _layout(kind, cfg)
     out[name] = hf[hf_name] if shape is None else hf[hf_name].T.reshape(shape or hf[hf_name].T.shape)
   return out

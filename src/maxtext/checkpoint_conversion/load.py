@@ -14,6 +14,7 @@ from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config,
 from maxtext.configs.pyconfig import ConfigError
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder, ModelConfig
+from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
   if orbax_checkpoint.is_orbax_checkpoint(path):
     return orbax_checkpoint.restore_arrays(path)
   if not os.path.exists(path):
-    raise FileNotFoundError(f"load_parameters_path={path}: no such file or directory")
+    raise errors.MissingInputError(f"load_parameters_path={path}: no such file or directory")
   raise ConfigError(
       f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
       "*.safetensors) or an Orbax checkpoint (<step>/model_params)"

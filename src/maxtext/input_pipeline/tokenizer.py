@@ -15,6 +15,7 @@ import transformers
 from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_config
 from maxtext.configs.pyconfig import ConfigError
+from maxtext.utils import errors
 
 _GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")
@@ -24,7 +25,7 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
   reader = gguf_reader.open_gguf(path)
   model = gguf_reader.field(reader, "tokenizer.ggml.model")
   if model != "gpt2":
-    raise ValueError(f"{path}: GGUF tokenizer model {model!r} is not supported (expected byte-level BPE 'gpt2')")
+    raise errors.InputError(f"{path}: GGUF tokenizer model {model!r} is not supported (expected byte-level BPE 'gpt2')")
   tokens = gguf_reader.field(reader, "tokenizer.ggml.tokens")
   types = gguf_reader.field(reader, "tokenizer.ggml.token_type")
   merges = [tuple(m.split(" ", 1)) for m in gguf_reader.field(reader, "tokenizer.ggml.merges")]
@@ -61,7 +62,7 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   """A tokenizer from a .gguf file, a sentencepiece .model file, a tokenizer.json file or an HF
   tokenizer directory (tokenizer.json, or tokenizer.model when there is no tokenizer.json)."""
   if not os.path.exists(path):
-    raise FileNotFoundError(f"tokenizer_path={path}: no such file or directory")
+    raise errors.MissingInputError(f"tokenizer_path={path}: no such file or directory")
   if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
     if os.path.isfile(os.path.join(path, "tokenizer.model")):
       path = os.path.join(path, "tokenizer.model")
@@ -72,20 +73,20 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   elif os.path.isdir(path) or os.path.basename(path) == "tokenizer.json":
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     if not os.path.isfile(os.path.join(folder, "tokenizer.json")):
-      raise FileNotFoundError(f"tokenizer_path={path}: expected tokenizer.json or tokenizer.model in {folder}")
+      raise errors.MissingInputError(f"tokenizer_path={path}: expected tokenizer.json or tokenizer.model in {folder}")
     tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
   else:
-    raise ValueError(f"tokenizer_path={path}: expected a .gguf file, a sentencepiece .model file, tokenizer.json or an HF tokenizer directory")
+    raise errors.InputError(f"tokenizer_path={path}: expected a .gguf file, a sentencepiece .model file, tokenizer.json or an HF tokenizer directory")
   if tok.eos_token is None:
-    raise ValueError(f"tokenizer_path={path}: the tokenizer defines no EOS token")
+    raise errors.InputError(f"tokenizer_path={path}: the tokenizer defines no EOS token")
   if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
     vocab = tok.get_vocab()
     pad = next((p for p in _PAD_CANDIDATES if p in vocab and vocab[p] != tok.eos_token_id), None)
     if pad is None:
-      raise ValueError(f"tokenizer_path={path}: no pad token distinct from EOS ({tok.eos_token})")
+      raise errors.InputError(f"tokenizer_path={path}: no pad token distinct from EOS ({tok.eos_token})")
     tok.pad_token = pad
   if not tok.chat_template:
-    raise ValueError(f"tokenizer_path={path}: the tokenizer has no chat template")
+    raise errors.InputError(f"tokenizer_path={path}: the tokenizer has no chat template")
   return tok
 
 

@@ -8,6 +8,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from maxtext.models.decoder import Decoder, ModelConfig
+from maxtext.utils import errors
 
 
 def param_name(path) -> str:
@@ -40,7 +41,7 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
   expected = {param_name(p) for p in flat_abstract}
   missing, unexpected = expected - set(arrays), set(arrays) - expected
   if missing or unexpected:
-    raise ValueError(
+    raise errors.InputError(
         f"{source}: parameters do not match the {mcfg.family} architecture; "
         f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
     )
@@ -49,7 +50,7 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
     name = param_name(path)
     arr = arrays[name]
     if tuple(arr.shape) != tuple(var.shape):
-      raise ValueError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model expects {tuple(var.shape)}")
+      raise errors.InputError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model expects {tuple(var.shape)}")
     sharding = jax.sharding.NamedSharding(mesh, nnx.spmd.get_var_pspec(var))
     value = jax.device_put(np.asarray(arr).astype(var.dtype), sharding)
     leaves.append((path, var.replace(value)))

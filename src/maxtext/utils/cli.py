@@ -2,7 +2,8 @@
 
 A job may return records; they are printed as JSON lines on stdout, which holds nothing else
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
-or input error (the message names the key or file), 128 + N when signal N stopped a run, 1 when a
+or input error (errors.InputError: one line naming the key or file; any other exception keeps its
+traceback), 128 + N when signal N stopped a run, 1 when a
 non-finite value did.
 """
 
@@ -18,7 +19,7 @@ from typing import Callable
 from absl import logging as absl_logging
 
 from maxtext.configs import pyconfig
-from maxtext.utils import shutdown
+from maxtext.utils import errors, shutdown
 
 
 def print_help(program: str) -> None:
@@ -58,7 +59,7 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
   try:
     with contextlib.redirect_stdout(sys.stderr):
       records = job(cfg)
-  except (pyconfig.ConfigError, FileNotFoundError, ValueError) as e:
+  except errors.InputError as e:  # a config or input error; anything else keeps its traceback
     print(f"error: {e}", file=sys.stderr)
     return 2
   except shutdown.RunStopped as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from maxtext.utils import errors
 
 def read(path: str) -> list[dict]:
   """The objects of a .jsonl file (blank lines skipped); a bad line is a ValueError naming file and line."""
@@ -14,5 +15,5 @@ def read(path: str) -> list[dict]:
         try:
           rows.append(json.loads(line))
         except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{lineno}: not valid JSON ({e})") from e
+          raise errors.InputError(f"{path}:{lineno}: not valid JSON ({e})") from e
   return rows

@@ -6,11 +6,13 @@ import importlib.util
 import os
 import types
 
+from maxtext.utils import errors
+
 
 def load_file(path: str, key: str) -> types.ModuleType:
   """Runs the Python file at path (named by config key `key`) as a module and returns it."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{key}={path}: file not found")
+    raise errors.MissingInputError(f"{key}={path}: file not found")
   spec = importlib.util.spec_from_file_location(f"user_{key.replace('.', '_')}", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)

@@ -49,6 +49,7 @@ from tunix.rl import common, reshard
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.utils import errors
 
 
 def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
@@ -62,7 +63,7 @@ def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
 def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
   """A prompt plus the tokens to generate must fit the KV cache, else an error that names both."""
   if prompt_tokens + budget > cache_size:
-    raise ValueError(
+    raise errors.InputError(
         f"a prompt of {prompt_tokens} tokens plus {budget} tokens to generate exceeds the KV cache of "
         f"{cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length or "
         "max_response_length")

@@ -21,7 +21,7 @@ from matplotlib import ticker
 from matplotlib.figure import Figure
 
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
-from maxtext.utils import jsonl
+from maxtext.utils import errors, jsonl
 
 _AGGREGATES = {"sum", "mean", "min", "max"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
@@ -37,10 +37,10 @@ _MARKERS = ("o", "s", "^", "D", "v", "x")
 def _read(run_dir: str) -> tuple[list[dict], dict, dict]:
   """metrics.jsonl rows, eval.json and config.yml of a run folder (empty when absent)."""
   if not os.path.isdir(run_dir):
-    raise FileNotFoundError(f"{run_dir}: no such run folder (expected <base_output_directory>/<run_name>)")
+    raise errors.MissingInputError(f"{run_dir}: no such run folder (expected <base_output_directory>/<run_name>)")
   paths = {name: os.path.join(run_dir, name) for name in ("metrics.jsonl", "eval.json", "config.yml")}
   if not any(os.path.isfile(p) for p in paths.values()):
-    raise FileNotFoundError(f"{run_dir}: not a run folder (no metrics.jsonl, eval.json or config.yml)")
+    raise errors.MissingInputError(f"{run_dir}: not a run folder (no metrics.jsonl, eval.json or config.yml)")
   rows, evals, config = [], {}, {}
   if os.path.isfile(paths["metrics.jsonl"]):
     rows = jsonl.read(paths["metrics.jsonl"])
@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
     return 0 if len(argv) == 2 else 2
   try:
     written = write(argv[1])
-  except (FileNotFoundError, ValueError) as e:
+  except errors.InputError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(json.dumps(written))

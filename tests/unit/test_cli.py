@@ -1,0 +1,36 @@
+"""Command-line programs: a config or input error is one line and exit 2; anything else keeps its
+traceback."""
+
+import subprocess
+import sys
+
+import pytest
+
+from maxtext.utils import cli, errors
+
+
+def test_input_error_is_one_line_and_exit_2(capsys):
+  def job(cfg):
+    raise errors.MissingInputError(f"dataset_name=/data/{cfg.run_name}.jsonl: dataset file not found")
+
+  assert cli.main(["prog", "rl.yml", "run_name=gone"], job) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == "error: dataset_name=/data/gone.jsonl: dataset file not found"
+
+
+def test_internal_error_keeps_its_traceback():
+  """A ValueError from inside JAX or Tunix (here a shape bug) is not dressed as a user error."""
+  def job(cfg):
+    raise ValueError("dot_general requires contracting dimensions to have the same shape, got (3,) and (4,)")
+
+  with pytest.raises(ValueError, match="dot_general"):
+    cli.main(["prog", "rl.yml"], job)
+
+
+def test_real_program_exit_codes(tmp_path):
+  """python -m evaluate_rl with a missing data file: one line naming the key, exit 2."""
+  run = subprocess.run([sys.executable, "-m", "maxtext.trainers.post_train.rl.evaluate_rl", "rl.yml",
+                        "model_name=qwen3-tiny", f"dataset_name={tmp_path / 'nope.jsonl'}"],
+                       capture_output=True, text=True, timeout=300, check=False)
+  assert run.returncode == 2, run.stderr[-2000:]
+  assert run.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jsonl'}: dataset file not found"
+  assert "Traceback" not in run.stderr
