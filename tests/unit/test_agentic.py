@@ -271,3 +271,42 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   assert agentic.conversation_counts([conversation])["calls"] == 1
   completion = next(m["content"] for m in agentic.joined_assistant_turns(conversation) if m["role"] == "assistant")
   assert completion == "\n".join(replies)
+
+
+@pytest.mark.parametrize("agent_class", ["tunix", "ours"])
+def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_the_rollout(agent_class, smollm2_tokenizer):
+  """Model-written calls whose arguments are a string, a list, or a `finish` call with a string:
+  Tunix's ToolAgent hands them to ToolEnvironment, which raises (json.loads on the string, .get on
+  it); ours answers each with the tool's error text and the episode goes on to its end."""
+  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.agents import tool_agent  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+
+  replies = ['<tool_call>{"name": "calculator", "arguments": "12*7"}</tool_call>',
+             '<tool_call>{"name": "calculator", "arguments": [12, 7]}</tool_call>',
+             '<tool_call>{"name": "finish", "arguments": "84"}</tool_call>']
+  parser = ConfigChatParser(smollm2_tokenizer, "SYS")
+  calls = []
+
+  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
+    calls.append(replies[len(calls)])
+    tokens = np.asarray(smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id])
+    return base_rollout.RolloutOutput(text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None,
+                                      logprobs=None)
+
+  tool_map = {"calculator": tools.CalculatorTool}
+  cls = tool_agent.ToolAgent if agent_class == "tunix" else agentic.UserTurnToolAgent
+  agent = cls(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"},
+                                         tool_map=tool_map, max_steps=4)
+  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+                                    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
+  if agent_class == "tunix":
+    with pytest.raises(json.JSONDecodeError):
+      asyncio.run(engine.collect(mode="Trajectory"))
+    return
+  asyncio.run(engine.collect(mode="Trajectory"))
+  assert calls == replies  # all three turns ran; the finish call ended the episode
+  outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]
+  assert len(outputs) == 2 and all(o.startswith("Tool returned result: Error:") and "invalid_arguments" in o
+                                   for o in outputs), outputs

@@ -34,6 +34,7 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 from typing import Callable
@@ -386,11 +387,40 @@ class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
       system_prompt = system_prompt.rstrip() + "\n\n"
     super()._init_messages(system_prompt)
 
+  def update_from_model(self, response: str, **kwargs):
+    """ToolAgent's parse of the reply, with every call's arguments made what ToolEnvironment can
+    take: a JSON object's text (a `finish` call: a dict with the response). Model-written arguments
+    that are a string, a list or broken JSON would make Tunix's environment raise and stop training;
+    here they reach the tool as one `invalid_arguments` argument, which it answers with an error text."""
+    action = super().update_from_model(response, **kwargs)
+    for call in action.action:
+      function = call["function"]
+      if function["name"] == "finish":
+        args = function["arguments"]
+        if not isinstance(args, dict) or not isinstance(args.get("response"), str):
+          function["arguments"] = {"response": response}
+      else:
+        function["arguments"] = _json_object_text(function["arguments"])
+    return action
+
   def _observation_to_messages(self, observation, reward, done, info):
     if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:
       self._messages.append({"role": "user", "content": observation["prompts"]})
       return
     super()._observation_to_messages(observation, reward, done, info)
+
+
+def _json_object_text(arguments) -> str:
+  """Tool-call arguments as the text of a JSON object; anything else wrapped as invalid_arguments."""
+  if isinstance(arguments, str):
+    try:
+      if isinstance(json.loads(arguments), dict):
+        return arguments
+    except json.JSONDecodeError:
+      pass
+  elif isinstance(arguments, dict):
+    return json.dumps(arguments)
+  return json.dumps({"invalid_arguments": arguments if isinstance(arguments, str) else repr(arguments)})
 
 
 def _agent_kwargs(cfg, tool_map, example_turns) -> dict:
