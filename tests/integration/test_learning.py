@@ -9,6 +9,7 @@ suite's memory does not pile up across them."""
 
 import json
 import multiprocessing
+import random
 import re
 from concurrent.futures import ProcessPoolExecutor
 
@@ -94,3 +95,46 @@ def test_standard_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
 def test_agentic_grpo_learns(tmp_path, off_policy_steps):
   _check_learned(_in_fresh_process(_learn, tmp_path, 1.0, [
       "rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy_steps}", "rl.max_concurrency=32"]))
+
+
+def _learn_tool_use(folder, sign: float) -> list[dict]:
+  """An agentic run whose reward needs the calculator: "What is a * b?" for four-digit a and two-digit
+  b, rewarded (times sign) when the reply's last number is the product, which SmolLM2-135M cannot
+  compute itself. The data template demonstrates one calculator call (EXAMPLES). Returns
+  metrics.jsonl's rows (no evaluation: train_rl's evaluation samples one turn without tools)."""
+  rng = random.Random(0)
+  pairs = [(rng.randint(1000, 9999), rng.randint(11, 99)) for _ in range(40)]
+  (folder / "train.jsonl").write_text("".join(json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)})
+                                              + "\n" for a, b in pairs))
+  call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2317 * 48"}}\n</tool_call>'
+  examples = [{"role": "user", "content": "What is 2317 * 48?"}, {"role": "assistant", "content": call},
+              {"role": "tool", "content": "Tool returned result: 111216"}, {"role": "assistant", "content": "111216"}]
+  (folder / "template.json").write_text(json.dumps({"SYSTEM_PROMPT": "Answer with the product. Use the calculator.",
+                                                    "TEMPLATE": "{question}", "EXAMPLES": examples}))
+  (folder / "reward.py").write_text(
+      "import re\n"
+      "def exact_product(prompts, completions, tmvp_config, answer, **kwargs):\n"
+      "  last = [re.findall(r'\\d+', c.split('</tool_call>')[-1])[-1:] for c in completions]\n"
+      f"  return [{sign} * float(n == [str(a)]) for n, a in zip(last, answer)]\n")
+  args = ["train_rl", "rl.yml", f"dataset_name={folder / 'train.jsonl'}", "train_fraction=0.9",
+          f"data_template_path={folder / 'template.json'}", f"reward_functions_path={folder / 'reward.py'}",
+          "reward_functions=[exact_product]", "answer_format=last_number", f"base_output_directory={folder}",
+          "run_name=run", "rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.max_turns=2",
+          "rl.off_policy_steps=1", "rl.max_concurrency=16", "max_prompt_length=340", "max_response_length=80",
+          "batch_size=2", "rl.num_generations=8", "num_batches=4", "learning_rate=5e-5", "warmup_steps_fraction=0",
+          "rl.grpo_beta=0", "adam_weight_decay=0", "num_test_batches=0", "checkpoint_period=100",
+          "remat_policy=full", "train_micro_batch_size=1"]
+  assert train_rl.main(args) == 0
+  return [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_agentic_grpo_learns_to_call_the_calculator(tmp_path):
+  """The share of conversations that call the calculator and answer with its result rises (sampled,
+  per step), and so does the share that call it at all."""
+  rows = _in_fresh_process(_learn_tool_use, tmp_path, 1.0)
+  rewards = [r["rewards/mean"] for r in rows]
+  calls = [r["tools/call_frequency"] for r in rows]
+  print(f"rewarded share per step {rewards}; tool-call share per step {calls}")
+  assert rewards[0] <= 0.3 and rewards[-1] >= rewards[0] + 0.3
+  assert calls[-1] > calls[0]
