@@ -106,10 +106,19 @@ class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
   the template's rendering of the conversation.
   """
 
-  _checks_this_step = 0
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._model_just_answered = False
+    model_call = self.model_call
+
+    def call_and_mark(*call_args, **call_kwargs):
+      out = model_call(*call_args, **call_kwargs)
+      self._model_just_answered = True
+      return out
+
+    self.model_call = call_and_mark
 
   async def _one_step(self) -> bool:
-    self._checks_this_step = 0
     if self.agent.trajectory.steps:
       self.model_call_kwargs = {**self.model_call_kwargs, "prompt_ids": self.token_stream()}
     done = await super()._one_step()
@@ -138,8 +147,8 @@ class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
     return np.concatenate(pieces)
 
   def _check_and_set_context_limit_reached(self) -> bool:
-    self._checks_this_step += 1
-    if self._checks_this_step == 2:  # right after the model call
+    if self._model_just_answered:  # the check right after the model call, before the response is recorded
+      self._model_just_answered = False
       return False
     return super()._check_and_set_context_limit_reached()
 

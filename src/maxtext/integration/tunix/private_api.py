@@ -72,7 +72,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     PrivateDependency(_ENGINE, "_check_and_set_context_limit_reached", "override", ("self",), "agentic.py",
                       "Tunix ends the episode right after a model call that used the whole budget, before the agent "
                       "records the response, so full-length completions were trained as empty; the check right "
-                      "after the model call is skipped (the second of a step's calls)"),
+                      "after the model call (marked by wrapping the engine's model_call) is skipped"),
     PrivateDependency(_ENGINE, "_response_token_count", "write", None, "agentic.py",
                       "the turn-end tokens added to a step count against the response budget"),
     PrivateDependency("tunix.rl.agentic.agents.base_agent.ConversationAgentBase", "_init_messages", "override",
