@@ -26,7 +26,7 @@ run: install
 # Two pytest workers: the suite's tests wait on single-threaded work (model loading, Python, subprocesses)
 # much of the time, so two keep both cores busy; worksteal rebalances the long tests.
 test: install
-	$(PY) -m pytest -q -n 2 --dist worksteal -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m "not slow" tests
 
 test-slow: install
 	$(PY) -m pytest -q -m slow tests

@@ -93,14 +93,20 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert ours["token_ids"] == ref
 
 
-def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path):
+def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys):
   """rl.num_iterations=2: num_batches=3 trains 3 batches in 6 optimizer updates; metrics.jsonl has one
   row per batch, checkpoints are taken every checkpoint_period batches, and a run stopped after 2
-  batches resumes at the third, each step logged once."""
-  args = [*TINY, "rl.num_iterations=2", "checkpoint_period=1", "max_num_checkpoints_to_keep=5",
+  batches resumes at the third, each step logged once. The runs skip evaluation (num_test_batches=0)."""
+  args = [*[a for a in TINY if not a.startswith(("num_test_batches", "eval_batch_size"))], "num_test_batches=0",
+          "rl.num_iterations=2", "checkpoint_period=1", "max_num_checkpoints_to_keep=5",
           f"base_output_directory={tmp_path}", "run_name=mu2"]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0  # num_batches=2
   run = tmp_path / "mu2"
+  # num_test_batches=0: no evaluation; the summary and eval.json hold none, report.md says so.
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {"before": None, "during": [],
+                                                                          "after": None, "gain": None}
+  assert json.loads((run / "eval.json").read_text())["after"] is None
+  assert "configured without evaluation (num_test_batches=0)" in (run / "report.md").read_text()
   assert [r["step"] for r in _read_jsonl(run / "metrics.jsonl")] == [1, 2]
   # Named by optimizer update; Orbax also keeps its first save (update 1, mid-batch), which a resume skips.
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [1, 2, 4]
@@ -111,20 +117,9 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path):
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor"))[-3:] == [2, 4, 6]
 
 
-def test_num_test_batches_0_trains_without_evaluation(tmp_path, capsys):
-  """num_test_batches=0 skips evaluation: no evaluation set is read, the
-  summary and eval.json hold none, report.md says so; evaluation keys are refused with it, and
-  evaluate_rl refuses it."""
+def test_evaluation_keys_are_refused_without_evaluation(capsys):
   from maxtext.trainers.post_train.rl import evaluate_rl  # pylint: disable=import-outside-toplevel
 
-  args = [*TINY, "num_test_batches=0", "num_batches=1", f"base_output_directory={tmp_path}", "run_name=noeval"]
-  assert train_rl.main(["train_rl", "rl.yml", *[a for a in args if not a.startswith("eval_batch_size")]]) == 0
-  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  assert summary == {"before": None, "during": [], "after": None, "gain": None}
-  assert json.loads((tmp_path / "noeval" / "eval.json").read_text())["after"] is None
-  assert "None: the run was configured without evaluation (num_test_batches=0)." in (
-      tmp_path / "noeval" / "report.md").read_text()
-  assert [r["step"] for r in _read_jsonl(tmp_path / "noeval" / "metrics.jsonl")] == [1]
   with pytest.raises(pyconfig.ConfigError, match="eval_interval=1: .*num_test_batches=0 runs no evaluation"):
     make_config("num_test_batches=0", "eval_interval=1")
   with pytest.raises(pyconfig.ConfigError, match="num_test_batches=-1: expected 0 \\(no evaluation\\) or a positive"):

@@ -1,9 +1,6 @@
 """Command-line programs: a config or input error is one line and exit 2; anything else keeps its
 traceback."""
 
-import subprocess
-import sys
-
 import pytest
 
 from maxtext.utils import cli, errors
@@ -26,11 +23,11 @@ def test_internal_error_keeps_its_traceback():
     cli.main(["prog", "rl.yml"], job)
 
 
-def test_real_program_exit_codes(tmp_path):
-  """python -m evaluate_rl with a missing data file: one line naming the key, exit 2."""
-  run = subprocess.run([sys.executable, "-m", "maxtext.trainers.post_train.rl.evaluate_rl", "rl.yml",
-                        "model_name=qwen3-tiny", f"dataset_name={tmp_path / 'nope.jsonl'}"],
-                       capture_output=True, text=True, timeout=300, check=False)
-  assert run.returncode == 2, run.stderr[-2000:]
-  assert run.stderr.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jsonl'}: dataset file not found"
-  assert "Traceback" not in run.stderr
+def test_missing_data_file_is_one_line_and_exit_2(tmp_path, capsys):
+  """train_rl with a missing data file (read before any model loads): one line naming it, exit 2."""
+  from maxtext.trainers.post_train.rl import train_rl  # pylint: disable=import-outside-toplevel
+
+  assert train_rl.main(["train_rl", "rl.yml", "model_name=qwen3-tiny", f"dataset_name={tmp_path / 'nope.jsonl'}"]) == 2
+  err = capsys.readouterr().err
+  assert err.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jsonl'}: dataset file not found"
+  assert "Traceback" not in err

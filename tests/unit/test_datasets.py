@@ -173,14 +173,19 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
     datasets.fitting(examples, smollm2_tokenizer, 8, "t")
 
 
-def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(smollm2_tokenizer):
+def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_path, smollm2_tokenizer):
   """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
   prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
   from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
 
+  data = tmp_path / "train.jsonl"
+  data.write_text("".join(json.dumps({"question": f"What is {i} * {i + 1}?" + " Think." * i, "answer": str(i)}) + "\n"
+                          for i in range(20)))
+
   def batches(*overrides):
-    cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", *overrides)
+    cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", f"dataset_name={data}",
+                      *overrides)
     renderer = agentic.first_prompt_renderer(cfg, agentic.chat_parser(cfg, smollm2_tokenizer), tools.tool_map(cfg))
     return datasets.train_batches(cfg, smollm2_tokenizer, renderer)
 
