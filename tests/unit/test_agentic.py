@@ -274,7 +274,8 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
 
 
 @pytest.mark.parametrize("agent_class", ["tunix", "ours"])
-def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_the_rollout(agent_class, smollm2_tokenizer):
+def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_the_rollout(agent_class, smollm2_tokenizer,
+                                                                                          caplog):
   """Model-written calls whose arguments are a string, a list, or a `finish` call with a string:
   Tunix's ToolAgent hands them to ToolEnvironment, which raises (json.loads on the string, .get on
   it); ours answers each with the tool's error text and the episode goes on to its end."""
@@ -305,7 +306,9 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
     with pytest.raises(json.JSONDecodeError):
       asyncio.run(engine.collect(mode="Trajectory"))
     return
-  asyncio.run(engine.collect(mode="Trajectory"))
+  with caplog.at_level(logging.WARNING):
+    asyncio.run(engine.collect(mode="Trajectory"))
+  assert "Unknown dict observation" not in caplog.text  # the episode's empty last observation is no warning
   assert calls == replies  # all three turns ran; the finish call ended the episode
   outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]
   assert len(outputs) == 2 and all(o.startswith("Tool returned result: Error:") and "invalid_arguments" in o

@@ -389,6 +389,7 @@ class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
   """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
   renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
   descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word).
+  The empty observation that ends an episode adds nothing (ToolAgent logged a warning per conversation).
   The example turns follow the system turn."""
 
   def _init_messages(self, system_prompt: str) -> None:
@@ -413,6 +414,8 @@ class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
     return action
 
   def _observation_to_messages(self, observation, reward, done, info):
+    if isinstance(observation, dict) and not observation:  # the episode's end: nothing to add (Tunix warned)
+      return
     if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:
       self._messages.append({"role": "user", "content": observation["prompts"]})
       return
