@@ -103,7 +103,8 @@ def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
       return None
     raise
   except Exception as e:  # hub unreachable, no such dataset or folder
-    raise errors.MissingInputError(f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
+    raise errors.MissingInputError(
+        f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
   return list(ds)
 
 
@@ -159,7 +160,7 @@ def _load_processor(path: str) -> Callable:
   module = user_code.load_file(path, "dataset_processor_path")
   if not callable(getattr(module, "process_data", None)):
     raise errors.InputError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
-                     "template_config, tmvp_config, x)")
+                            "template_config, tmvp_config, x)")
   return module.process_data
 
 
@@ -174,7 +175,7 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
       missing = [k for k in ("prompts", "question", "answer") if k not in ex]
       if missing:
         raise errors.InputError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
-                         f"{missing} for row {i}")
+                                f"{missing} for row {i}")
       out.append({"prompts": str(ex["prompts"]), "user_content": str(ex.get("user_content", ex["question"])),
                   "question": str(ex["question"]), "answer": str(ex["answer"])})
     return out
@@ -195,9 +196,9 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
            len(examples) - len(kept), max_prompt_length)
   if not kept:
     raise errors.InputError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
-                     f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
-                     f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns and tool "
-                     "descriptions)")
+                            f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
+                            f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns "
+                            "and tool descriptions)")
   if len(kept) < len(examples) / 2:
     log.warning("%s: %d of %d prompts exceed max_prompt_length=%d and are dropped; max_prompt_length=%d keeps them all",
                 what, len(examples) - len(kept), len(examples), max_prompt_length, max(lengths))
