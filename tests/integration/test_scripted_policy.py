@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from maxtext.checkpoint_conversion import load, orbax_checkpoint
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.integration.tunix import agentic
-from maxtext.models import builder
+from maxtext.models import builder, load
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config

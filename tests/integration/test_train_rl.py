@@ -13,10 +13,10 @@ import yaml
 from flax import nnx
 from PIL import Image
 
-from maxtext.checkpoint_conversion import load, orbax_checkpoint
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.inference import decode
-from maxtext.models import builder
+from maxtext.models import builder, load
 from maxtext.models.builder import param_name
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes

@@ -3,7 +3,8 @@ traceback."""
 
 import pytest
 
-from maxtext.utils import cli, errors
+from maxtext.configs import cli
+from maxtext.utils import errors
 
 
 def test_input_error_is_one_line_and_exit_2(capsys):

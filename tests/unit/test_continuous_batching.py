@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from maxtext.checkpoint_conversion import load
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.models import load
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from maxtext.checkpoint_conversion import load
 from maxtext.configs.pyconfig import ConfigError
+from maxtext.models import load
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from maxtext.checkpoint_conversion import gguf_reader, hf_layout, load, orbax_checkpoint
-from maxtext.models import builder
+from maxtext.checkpoint_conversion import gguf_reader, orbax_checkpoint
+from maxtext.models import builder, hf_layout, load
 from maxtext.models.decoder import ModelConfig
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config

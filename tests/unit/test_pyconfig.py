@@ -129,11 +129,11 @@ def test_help_lists_every_key_with_its_comment(capsys):
 
 
 def test_readme_holds_the_generated_config_reference():
-  from maxtext.utils import cli
+  from maxtext.configs import cli
 
   readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
   block = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
-  assert block == cli.reference_markdown(), "regenerate README's reference with python -m maxtext.utils.cli"
+  assert block == cli.reference_markdown(), "regenerate README's reference with python -m maxtext.configs.cli"
   assert "| `rl.max_concurrency` | `16` | Agentic: rollouts in flight at once. |" in block
 
 

@@ -9,8 +9,8 @@ from flax import nnx
 from tunix.rl import common
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from maxtext.checkpoint_conversion import load
 from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine
+from maxtext.models import load
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 

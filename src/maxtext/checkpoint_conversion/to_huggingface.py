@@ -12,16 +12,16 @@ from __future__ import annotations
 import logging
 import sys
 
-from maxtext.configs import pyconfig
-from maxtext.utils import cli
+from maxtext.configs import cli
+from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
 
 
 def export(model, cfg, tokenizer, path: str) -> None:
   """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory."""
-  from maxtext.checkpoint_conversion import hf_checkpoint, hf_layout  # pylint: disable=import-outside-toplevel
-  from maxtext.models import builder  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import hf_checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext.models import builder, hf_layout  # pylint: disable=import-outside-toplevel
 
   state = hf_layout.maxtext_to_hf(builder.to_arrays(model), model.config)
   hf_checkpoint.write(path, state, cfg, tokenizer)
@@ -29,12 +29,12 @@ def export(model, cfg, tokenizer, path: str) -> None:
 
 
 def convert(cfg) -> None:
-  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   if not cfg.hf_output_path:
-    raise pyconfig.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
+    raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, _ = mesh_lib.create_meshes(cfg)
   export(load_model(cfg, trainer_mesh), cfg, tokenizer_for(cfg), cfg.hf_output_path)

@@ -14,15 +14,14 @@ import logging
 import os
 import sys
 
-from maxtext.configs import pyconfig
-from maxtext.utils import cli
+from maxtext.configs import cli, pyconfig
 
 log = logging.getLogger(__name__)
 
 
 def convert(cfg) -> None:
   from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
-  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   mesh_lib.maybe_initialize_distributed()

@@ -17,6 +17,7 @@ import yaml
 
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.utils import errors
+from maxtext.utils.errors import ConfigError
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
@@ -27,10 +28,6 @@ KEY_ALIASES = {"model": "model_name"}
 # Keys whose value is a whole mapping (not a section of keys).
 MAPPING_VALUED_KEYS = ("rope_scaling",)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-class ConfigError(errors.InputError):
-  """A config key, value or file is not what the program expects."""
 
 
 class Config:

@@ -11,15 +11,15 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from maxtext.configs.pyconfig import ConfigError
-from maxtext.utils import cli
+from maxtext.configs import cli
+from maxtext.utils.errors import ConfigError
 
 
 def load_sampler(cfg, mode) -> tuple[Callable, object]:
   """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
   cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says (learner.Mode.TRAIN:
   decode_sampling_*; EVAL: eval_sampling_strategy)."""
-  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
   from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel

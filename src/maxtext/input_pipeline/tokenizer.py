@@ -14,8 +14,8 @@ import transformers
 
 from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_config
-from maxtext.configs.pyconfig import ConfigError
 from maxtext.utils import errors
+from maxtext.utils.errors import ConfigError
 
 _GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")

@@ -11,3 +11,7 @@ class InputError(ValueError):
 
 class MissingInputError(InputError, FileNotFoundError):
   """A file or folder the config names does not exist (or lacks what it must hold)."""
+
+
+class ConfigError(InputError):
+  """A config key, value or file is not what the program expects."""

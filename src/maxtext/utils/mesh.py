@@ -9,7 +9,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from maxtext.configs.pyconfig import ConfigError
+from maxtext.utils.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes that split the batch of training examples.

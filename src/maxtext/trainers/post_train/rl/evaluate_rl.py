@@ -18,10 +18,10 @@ from typing import Callable
 import numpy as np
 import tqdm
 
-from maxtext.configs.pyconfig import ConfigError
+from maxtext.configs import cli
 from maxtext.input_pipeline import templates
 from maxtext.trainers.post_train.rl import utils_rl
-from maxtext.utils import cli
+from maxtext.utils.errors import ConfigError
 
 def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
   """Per-completion verdicts: the extracted answer, correct, within 10%, formatted (the exact tag format, or

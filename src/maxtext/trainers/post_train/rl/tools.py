@@ -26,6 +26,7 @@ from tunix.rl.agentic.tools import base_tool
 
 from maxtext.trainers.post_train.rl import sandbox
 from maxtext.utils import user_code
+from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,6 @@ class CalculatorTool(_OneArgumentTool):
 def python_tool(cfg) -> type[base_tool.BaseTool]:
   """A python tool class with the run's sandbox and limits (Tunix instantiates tool classes itself).
   ConfigError where rl.tool_sandbox=bwrap cannot start here."""
-  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
 
   rl = cfg.rl
   if rl.tool_sandbox == "bwrap":
@@ -153,7 +153,6 @@ def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_
 
 def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
-  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
 
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
   if not isinstance(found, dict) or not all(
@@ -165,7 +164,6 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
   config error."""
-  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
 
   available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
   if cfg.rl.tools_path:

@@ -16,8 +16,8 @@ import os
 import sys
 import time
 
-from maxtext.configs import pyconfig
-from maxtext.utils import cli, shutdown
+from maxtext.configs import cli, pyconfig
+from maxtext.utils import shutdown
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -77,7 +77,7 @@ def run(cfg) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
 
   from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface  # pylint: disable=import-outside-toplevel
-  from maxtext.checkpoint_conversion.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl  # pylint: disable=import-outside-toplevel

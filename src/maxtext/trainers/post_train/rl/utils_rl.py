@@ -29,9 +29,9 @@ import re
 import time
 from typing import Callable
 
-from maxtext.configs.pyconfig import ConfigError
 from maxtext.input_pipeline import templates
 from maxtext.utils import user_code
+from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ def print_help(program: str) -> None:
 
 
 def reference_markdown() -> str:
-  """The config reference as the Markdown table README.md holds (`python -m maxtext.utils.cli` prints it)."""
+  """The config reference as the Markdown table README.md holds (`python -m maxtext.configs.cli` prints it)."""
   rows = ["| key | default | meaning |", "| --- | --- | --- |"]
   for key, default, comment in pyconfig.reference():
     cell = f"`{default}`" if default else "(see base.yml)"
@@ -46,7 +46,7 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
     return 0
   try:
     cfg = pyconfig.initialize(argv)
-  except pyconfig.ConfigError as e:
+  except errors.ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
   logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,

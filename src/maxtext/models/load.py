@@ -10,11 +10,11 @@ import numpy as np
 from jax.sharding import Mesh
 
 from maxtext import assets
-from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, hf_layout, orbax_checkpoint
-from maxtext.configs.pyconfig import ConfigError
-from maxtext.models import builder
+from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, orbax_checkpoint
+from maxtext.models import builder, hf_layout
 from maxtext.models.decoder import Decoder, ModelConfig
 from maxtext.utils import errors
+from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
