@@ -39,7 +39,6 @@ def _engines(args):
   import jax  # pylint: disable=import-outside-toplevel
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import rollout as engines_lib  # pylint: disable=import-outside-toplevel
   from maxtext.models import builder  # pylint: disable=import-outside-toplevel
   from maxtext.models.decoder import ModelConfig  # pylint: disable=import-outside-toplevel
@@ -51,7 +50,7 @@ def _engines(args):
   _, mesh = create_meshes(cfg)
   model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=0)
   tokenizer = tokenizer_for(cfg)
-  rollout = learner.rollout_configs(cfg, tokenizer.eos_token_id)[learner.Mode.TRAIN]
+  rollout = engines_lib.rollout_configs(cfg, tokenizer.eos_token_id)[engines_lib.Mode.TRAIN]
   engines = {
       "vanilla": engines_lib.RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
       "batched": engines_lib.BatchedRolloutEngine(model, tokenizer, mesh, rollout, seed=0,

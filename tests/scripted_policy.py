@@ -19,7 +19,7 @@ import numpy as np
 from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import learner
+from maxtext.integration.tunix import rollout
 
 Script = Callable[[str, int], str]
 
@@ -76,4 +76,4 @@ class ScriptedRollout(base_rollout.BaseRollout):
 
 def use_script(monkeypatch, script: Script) -> None:
   """Makes train_rl's rollouts come from `script`."""
-  monkeypatch.setattr(learner, "rollout_engine", lambda cfg: functools.partial(ScriptedRollout, script=script))
+  monkeypatch.setattr(rollout, "rollout_engine", lambda cfg: functools.partial(ScriptedRollout, script=script))

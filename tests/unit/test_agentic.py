@@ -13,7 +13,7 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, learner
+from maxtext.integration.tunix import agentic, algorithm, chat_parser, rollout, step_metrics, trajectories
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from tests.conftest import make_config
 
@@ -34,19 +34,20 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
                     "rl.loss_agg_mode=token-mean", "rl.system_prompt=Be brief.", "rl.max_concurrency=64",
                     "rl.off_policy_steps=2", "rl.sampler_is=token", "rl.sampler_is_threshold=3.0",
                     "rl.filter_zero_variance_groups=true", "max_response_length=96")
-  c = agentic.grpo_config(cfg, agentic.system_prompt(cfg, smollm2_tokenizer))
+  c = algorithm.grpo_config(cfg, chat_parser.for_config(cfg, smollm2_tokenizer).system_prompt)
   assert (c.num_generations, c.beta, c.epsilon, c.epsilon_high) == (3, 0.01, 0.1, 0.28)
   assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
   assert (c.max_concurrency, c.off_policy_steps, c.max_response_length) == (64, 2, 96)
   assert (c.sampler_is, c.sampler_is_threshold, c.degenerate_group_masking) == ("token", 3.0, True)
-  default = agentic.grpo_config(make_config(), agentic.system_prompt(make_config(), smollm2_tokenizer))
+  agentic_cfg = make_config("rl.use_agentic_rollout=true")
+  default = algorithm.grpo_config(agentic_cfg, chat_parser.for_config(agentic_cfg, smollm2_tokenizer).system_prompt)
   assert default.epsilon_high == default.epsilon and default.sampler_is is None
   assert default.system_prompt.startswith("You are given a problem.")  # the data template's
   assert default.use_rollout_logps  # the default engine, batched, returns the sampler's log-probs
-  assert not agentic.grpo_config(make_config("rollout_engine=vanilla"), "S").use_rollout_logps  # vanilla returns none
-  configs = learner.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
-  assert configs[learner.Mode.TRAIN].return_logprobs and configs[learner.Mode.EVAL].return_logprobs
-  assert not learner.rollout_configs(make_config(), eos_id=2)[learner.Mode.TRAIN].return_logprobs
+  assert not algorithm.grpo_config(make_config("rl.use_agentic_rollout=true", "rollout_engine=vanilla"), "S").use_rollout_logps  # vanilla returns none
+  configs = rollout.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
+  assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
+  assert not rollout.rollout_configs(make_config(), eos_id=2)[rollout.Mode.TRAIN].return_logprobs
 
 
 @pytest.mark.parametrize("overrides, period, train_steps_recomputed", [
@@ -57,11 +58,11 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
 ])
 def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
   agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
-  agent.algo_config = agentic.grpo_config(make_config(*overrides, "rl.use_agentic_rollout=true"), "S")
+  agent.algo_config = algorithm.grpo_config(make_config(*overrides, "rl.use_agentic_rollout=true"), "S")
   agent._logp_check_period = period  # pylint: disable=protected-access
   recomputes = agent._trainer_recomputes  # pylint: disable=protected-access
-  assert [s for s in range(7) if recomputes(learner.Mode.TRAIN, s)] == train_steps_recomputed
-  assert recomputes(learner.Mode.EVAL, 0) == (train_steps_recomputed == list(range(7)))
+  assert [s for s in range(7) if recomputes(rollout.Mode.TRAIN, s)] == train_steps_recomputed
+  assert recomputes(rollout.Mode.EVAL, 0) == (train_steps_recomputed == list(range(7)))
 
 
 def _pieces(parser, messages):
@@ -113,7 +114,7 @@ def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
 
 @pytest.mark.parametrize("response_len", [15, 16])  # under the budget, and the whole budget
 def test_full_length_completions_are_kept(smollm2_tokenizer, response_len):
-  assert _collect(agentic.TrajectoryEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
+  assert _collect(trajectories.TrajectoryEngine, smollm2_tokenizer, 16, response_len) == ["<answer>42</answer>"]
   tunix = _collect(trajectory_collect_engine.TrajectoryCollectEngine, smollm2_tokenizer, 16, response_len)
   assert tunix == ([] if response_len == 16 else ["<answer>42</answer>"])  # Tunix drops the full-length one
 
@@ -129,7 +130,7 @@ def _conversation(*tool_results):
 def test_tool_metrics_of_scripted_conversations():
   """3 conversations: 2 call a tool, 1 of those 2 calls fails."""
   conversations = [_conversation("84"), _conversation("Error: ZeroDivisionError: division by zero"), _conversation()]
-  m = agentic.conversation_metrics(agentic.conversation_counts(conversations))
+  m = step_metrics.conversation_metrics(step_metrics.conversation_counts(conversations))
   assert (m["tools/calls"], m["tools/failed_calls"]) == (2, 1)
   assert m["tools/call_frequency"] == pytest.approx(2 / 3)
   assert m["tools/failure_frequency"] == pytest.approx(1 / 2)
@@ -137,11 +138,11 @@ def test_tool_metrics_of_scripted_conversations():
 
 
 def test_rewards_see_every_assistant_turn():
-  joined = agentic.joined_assistant_turns(_conversation("84"))
+  joined = trajectories.joined_assistant_turns(_conversation("84"))
   first = next(m for m in joined if m["role"] == "assistant")
   assert first["content"] == "<tool_call>{}</tool_call>\n<answer>84</answer>"
   single = _conversation()
-  assert agentic.joined_assistant_turns(single) == single
+  assert trajectories.joined_assistant_turns(single) == single
 
 
 def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokenizer):
@@ -152,7 +153,7 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
-  parser = agentic.chat_parser(cfg, smollm2_tokenizer)
+  parser = chat_parser.for_config(cfg, smollm2_tokenizer)
   tool_map = tools.tool_map(cfg)
   sent = []
 
@@ -165,20 +166,20 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
   # Tunix's ToolAgent takes the raw question as the user turn, not the templated user content.
   agent = tool_agent.ToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
-  asyncio.run(agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
+  asyncio.run(trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
                                               tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
                                               chat_parser=parser).collect(mode="Trajectory"))
   assert "Solve:" not in sent.pop()
-  agent = agentic.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
+  agent = trajectories.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
-  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
+  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
                                            tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
                                            chat_parser=parser)
   asyncio.run(engine.collect(mode="Trajectory"))
-  expected = agentic.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
+  expected = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
   assert sent == [expected]
   assert expected.startswith("<|im_start|>system\nSYS") and "calculator" in expected
-  plain = agentic.first_prompt_renderer(make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser)("What is 6*7?")
+  plain = trajectories.first_prompt_renderer(make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser)("What is 6*7?")
   assert plain == parser.parse([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
                                add_generation_prompt=True, is_first_msg=True)
 
@@ -206,9 +207,9 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
                                       left_padded_prompt_tokens=padded, logprobs=None)
 
   tool_map = {"calculator": tools.CalculatorTool}
-  agent = agentic.UserTurnToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  agent = trajectories.UserTurnToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
-  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
                                     tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
   asyncio.run(engine.collect(mode="Trajectory"))
   assert [ids is None for ids, _ in seen] == [True, False]
@@ -240,7 +241,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   template = tmp_path / "template.json"
   template.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "Q: {question}", "EXAMPLES": examples}))
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", f"data_template_path={template}")
-  parser, tool_map = agentic.chat_parser(cfg, smollm2_tokenizer), tools.tool_map(cfg)
+  parser, tool_map = chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg)
   replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>', "84"]
   sent = []
 
@@ -252,24 +253,24 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
     return base_rollout.RolloutOutput(text=[replies[len(sent) - 1]], logits=None, tokens=[tokens],
                                       left_padded_prompt_tokens=padded, logprobs=None)
 
-  kwargs = agentic._agent_kwargs(cfg, tool_map, parser.example_turns)  # pylint: disable=protected-access
+  kwargs = trajectories.agent_kwargs(cfg, tool_map, parser.example_turns)
   agent = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"])
   env = tool_environment.ToolEnvironment({"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
-  asyncio.run(agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+  asyncio.run(trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
                                        tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
                                        chat_parser=parser).collect(mode="Trajectory"))
-  first = agentic.first_prompt_renderer(cfg, parser, tool_map)("Q: What is 12*7?")
+  first = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Q: What is 12*7?")
   assert sent[0] == first
   assert first.index("SYS") < first.index(demo_call) < first.index("Tool returned result: 12") < first.index("Q: What is 12*7?")
   # The trainer trains behind the tokens the sampler saw (Tunix's own per-message tokenization
   # would drop the example assistant turns' openings).
   prompt = np.asarray(agent.trajectory.prompt_tokens)
   assert smollm2_tokenizer.decode(prompt[2:]) == first
-  conversation = agentic.without_examples(agent.chat_completions)
+  conversation = trajectories.without_examples(agent.chat_completions)
   assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant"]
-  assert agentic.conversation_counts([agent.chat_completions])["calls"] == 2  # the demonstrated call counted too
-  assert agentic.conversation_counts([conversation])["calls"] == 1
-  completion = next(m["content"] for m in agentic.joined_assistant_turns(conversation) if m["role"] == "assistant")
+  assert step_metrics.conversation_counts([agent.chat_completions])["calls"] == 2  # the demonstrated call counted too
+  assert step_metrics.conversation_counts([conversation])["calls"] == 1
+  completion = next(m["content"] for m in trajectories.joined_assistant_turns(conversation) if m["role"] == "assistant")
   assert completion == "\n".join(replies)
 
 
@@ -296,11 +297,11 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
                                       logprobs=None)
 
   tool_map = {"calculator": tools.CalculatorTool}
-  cls = tool_agent.ToolAgent if agent_class == "tunix" else agentic.UserTurnToolAgent
+  cls = tool_agent.ToolAgent if agent_class == "tunix" else trajectories.UserTurnToolAgent
   agent = cls(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"},
                                          tool_map=tool_map, max_steps=4)
-  engine = agentic.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
+  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
                                     tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
   if agent_class == "tunix":
     with pytest.raises(json.JSONDecodeError):

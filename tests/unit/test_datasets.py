@@ -176,7 +176,7 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
 def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_path, smollm2_tokenizer):
   """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
   prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
-  from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import chat_parser, trajectories  # pylint: disable=import-outside-toplevel
   from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
 
   data = tmp_path / "train.jsonl"
@@ -186,7 +186,7 @@ def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_pat
   def batches(*overrides):
     cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", f"dataset_name={data}",
                       *overrides)
-    renderer = agentic.first_prompt_renderer(cfg, agentic.chat_parser(cfg, smollm2_tokenizer), tools.tool_map(cfg))
+    renderer = trajectories.first_prompt_renderer(cfg, chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg))
     return datasets.train_batches(cfg, smollm2_tokenizer, renderer)
 
   with pytest.raises(ValueError, match=r"every prompt exceeds max_prompt_length=\d+; set max_prompt_length=(\d+)") as e:

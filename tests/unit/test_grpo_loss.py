@@ -9,7 +9,7 @@ from flax import nnx
 from tunix.rl import algo_core
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import learner
+from maxtext.integration.tunix import algorithm
 from tests.conftest import make_config
 
 VOCAB, PAD, EOS = 6, 0, 1
@@ -36,7 +36,7 @@ def _example(completions, ref_logps=None, old_logps=None, advantages=None):
 
 
 def _loss_and_grad(cfg, model, example):
-  config = learner.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg)
   config.temperature = 1.0  # what the learner sets from the training rollout config
 
   def loss(m):

@@ -98,10 +98,10 @@ def test_compile_clock_counts_compiling_on_several_threads_at_once_once():
 def test_groups_with_equal_rewards_are_counted_and_warned_about(tmp_path, caplog):
   """GRPO advantages of 3 groups of 2: the first and last groups' rewards were equal (zero
   advantage), the middle one's were not; a row where most groups carry no signal is warned about."""
-  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import step_metrics  # pylint: disable=import-outside-toplevel
 
-  assert learner.zero_signal_groups([0.0, 0.0, 0.7, -0.7, 0.0, 0.0], 2) == (2, 3)
-  assert learner.zero_signal_groups([1e-9, -1e-9, 0.7, -0.7], 2) == (1, 2)
+  assert step_metrics.zero_signal_groups([0.0, 0.0, 0.7, -0.7, 0.0, 0.0], 2) == (2, 3)
+  assert step_metrics.zero_signal_groups([1e-9, -1e-9, 0.7, -0.7], 2) == (1, 2)
   backend = metrics.JsonlBackend(str(tmp_path / "metrics.jsonl"), lag=0)
   backend.log_scalar("global/train/frac_reward_zero_std", 2 / 3, step=0)
   backend.log_scalar("global/train/frac_reward_zero_std", 0.25, step=1)

@@ -4,7 +4,7 @@ that mode builds or stops the config with an error naming the key and the mode."
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.integration.tunix import agentic, learner
+from maxtext.integration.tunix import agentic, chat_parser, learner, trajectories
 from maxtext.trainers.post_train.rl import tools
 from tests.conftest import make_config
 
@@ -31,7 +31,7 @@ def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
   record = lambda **kwargs: kwargs
   if cfg.rl.use_agentic_rollout:
     monkeypatch.setattr(agentic, "AgenticGRPOLearner", record)
-    return agentic.build_learner(cfg, None, [], agentic.chat_parser(cfg, tokenizer), tools.tool_map(cfg))
+    return agentic.build_learner(cfg, None, [], chat_parser.for_config(cfg, tokenizer), tools.tool_map(cfg))
   monkeypatch.setattr(learner, "GRPOLearner", record)
   return learner.build_learner(cfg, None, [])
 
@@ -104,7 +104,7 @@ def test_tool_limits_take_effect_with_the_python_tool():
   assert python.apply(code="b = bytearray(200 << 20)\nprint('allocated')").error is not None  # 200 MB > 64 MB
   slow = python.apply(code="import time\ntime.sleep(5)")
   assert "timed out after 1.5 s" in slow.error
-  assert agentic._agent_kwargs(cfg, tools.tool_map(cfg), ())["env_kwargs"]["max_steps"] == 2  # pylint: disable=protected-access
+  assert trajectories.agent_kwargs(cfg, tools.tool_map(cfg), ())["env_kwargs"]["max_steps"] == 2
 
 
 @pytest.mark.parametrize("args, message", [

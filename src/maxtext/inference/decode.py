@@ -9,37 +9,16 @@ Prints one JSON object per prompt on stdout, {"prompt", "completion", "token_ids
 from __future__ import annotations
 
 import sys
-from typing import Callable
 
 from maxtext.configs import cli
 from maxtext.utils.errors import ConfigError
 
 
-def load_sampler(cfg, mode) -> tuple[Callable, object]:
-  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
-  cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says (learner.Mode.TRAIN:
-  decode_sampling_*; EVAL: eval_sampling_strategy)."""
-  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
-
-  if cfg.rollout_engine == "vllm":
-    raise ConfigError("rollout_engine='vllm' serves RL rollouts only; decoding and evaluation on their own "
-                      "take rollout_engine=vanilla or batched")
-  mesh_lib.maybe_initialize_distributed()
-  _, mesh = mesh_lib.create_meshes(cfg)
-  tokenizer = tokenizer_for(cfg)
-  rollout_config = learner.rollout_configs(cfg, tokenizer.eos_token_id)[mode]
-  engine = learner.rollout_engine(cfg)(load_model(cfg, mesh), tokenizer, mesh, rollout_config)
-  return (lambda prompts: engine.generate(prompts, rollout_config)), tokenizer
-
-
 def decode(cfg) -> list[dict]:
   """Completions (text and token ids, EOS included when generated) of cfg.prompt."""
-  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import rollout  # pylint: disable=import-outside-toplevel
 
-  generate, tokenizer = load_sampler(cfg, learner.Mode.TRAIN)
+  generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.TRAIN)
   texts = [
       tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
       if cfg.use_chat_template else p

@@ -24,6 +24,8 @@ import jinja2
 import numpy as np
 from tunix.rl.agentic.parser.chat_template_parser import parser as tunix_parser
 
+from maxtext.input_pipeline.templates import PromptTemplate
+
 log = logging.getLogger(__name__)
 
 PREFIX_PRESERVING_CHATML = (
@@ -122,3 +124,10 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     anchor = _PROBE[:2]
     base = self.render(anchor)
     return self.render(anchor + list(messages), add_generation_prompt)[len(base):]
+
+
+def for_config(cfg, tokenizer) -> ConfigChatParser:
+  """The run's parser: system prompt rl.system_prompt (else the data template's SYSTEM_PROMPT) and the
+  data template's example turns."""
+  template = PromptTemplate(cfg, tokenizer)
+  return ConfigChatParser(tokenizer, cfg.rl.system_prompt or template.system_prompt, template.examples)

@@ -40,7 +40,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
                       "a resumed run fast-forwards the data by trainer micro-steps, which count every batch "
                       "num_iterations times, so Tunix would skip batches never trained on; divided back"),
     PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_save_last_checkpoint", "replace", ("self",),
-                      "learner.py", "Tunix's end-of-training save omits the global step a rerun restores the data "
+                      "cluster.py", "Tunix's end-of-training save omits the global step a rerun restores the data "
                       "position from, so a resumed run would repeat data"),
     PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "agentic.py",
                       "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
@@ -66,23 +66,24 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     PrivateDependency(_AGENTIC, "_data_consumer_batch_generator", "override", ("self", "queue", "batch_size"),
                       "agentic.py", "before_step between global steps, staleness and idle metrics, and the train "
                       "queue to close on failure"),
-    PrivateDependency(_ENGINE, "_one_step", "override", ("self",), "agentic.py",
+    # Trajectories (trajectories.py)
+    PrivateDependency(_ENGINE, "_one_step", "override", ("self",), "trajectories.py",
                       "passes the conversation's token stream to the model call and adds the turn-end tokens the "
                       "template writes after an EOS (Tunix left them out of the trained stream)"),
-    PrivateDependency(_ENGINE, "_check_and_set_context_limit_reached", "override", ("self",), "agentic.py",
+    PrivateDependency(_ENGINE, "_check_and_set_context_limit_reached", "override", ("self",), "trajectories.py",
                       "Tunix ends the episode right after a model call that used the whole budget, before the agent "
                       "records the response, so full-length completions were trained as empty; the check right "
                       "after the model call (marked by wrapping the engine's model_call) is skipped"),
-    PrivateDependency(_ENGINE, "_response_token_count", "write", None, "agentic.py",
+    PrivateDependency(_ENGINE, "_response_token_count", "write", None, "trajectories.py",
                       "the turn-end tokens added to a step count against the response budget"),
     PrivateDependency("tunix.rl.agentic.agents.base_agent.ConversationAgentBase", "_init_messages", "override",
-                      ("self", "system_prompt"), "agentic.py",
+                      ("self", "system_prompt"), "trajectories.py",
                       "example turns after the system turn; a blank line between the system prompt and the tools' "
                       "descriptions (ToolAgent glued them to its last word)"),
     PrivateDependency("tunix.rl.agentic.agents.base_agent.ConversationAgentBase", "_messages", "write", None,
-                      "agentic.py", "the conversation the hooks above extend"),
+                      "trajectories.py", "the conversation the hooks above extend"),
     PrivateDependency("tunix.rl.agentic.agents.tool_agent.ToolAgent", "_observation_to_messages", "override",
-                      ("self", "observation", "reward", "done", "info"), "agentic.py",
+                      ("self", "observation", "reward", "done", "info"), "trajectories.py",
                       "the user turn is the templated `prompts` field (ToolAgent takes the raw question)"),
     # Chat parser (chat_parser.py)
     PrivateDependency("tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser", "_init_tokens",

@@ -37,6 +37,7 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from typing import Callable
 
@@ -46,10 +47,14 @@ from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
 from tunix.rl import common, reshard
+from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.utils import errors
+
+# Which sampling a rollout uses: Mode.TRAIN (decode_sampling_*) or Mode.EVAL (eval_sampling_strategy).
+Mode = rl_cluster_lib.Mode
 
 
 def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
@@ -267,3 +272,61 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
   def model(self) -> nnx.Module:
     return self._model
+
+
+# eval_sampling_strategy -> sampling parameters of evaluation.
+EVAL_SAMPLING = {
+    "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
+    "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
+    "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
+}
+
+
+def rollout_engine(cfg):
+  """ClusterConfig.rollout_engine for cfg.rollout_engine: our engines bound to their settings, or
+  Tunix's vLLM engine by name."""
+  if cfg.rollout_engine == "batched":
+    return functools.partial(BatchedRolloutEngine, seed=cfg.decode_seed, max_batch_size=cfg.rollout_max_batch_size)
+  if cfg.rollout_engine == "vanilla":
+    return functools.partial(RolloutEngine, seed=cfg.decode_seed)
+  return "vllm"
+
+
+def rollout_configs(cfg, eos_id: int) -> dict:
+  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
+  log-probs for agentic runs on the batched engine) and for evaluation (eval_sampling_strategy)."""
+  common = dict(
+      max_tokens_to_generate=cfg.max_response_length,
+      max_prompt_length=cfg.max_prompt_length,
+      kv_cache_size=cfg.kv_cache_size,
+      eos_tokens=[eos_id],
+  )
+  if cfg.rollout_engine == "vllm":
+    common["rollout_vllm_model_version"] = cfg.load_parameters_path
+  greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **common)
+  train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
+      temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
+      top_k=cfg.decode_sampling_top_k or None, **common,
+  )
+  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **common)
+  if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
+    train, evaluation = (dataclasses.replace(c, return_logprobs=True) for c in (train, evaluation))
+  return {Mode.TRAIN: train, Mode.EVAL: evaluation}
+
+
+def load_sampler(cfg, mode: Mode) -> tuple[Callable, object]:
+  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
+  cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says."""
+  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
+  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+  if cfg.rollout_engine == "vllm":
+    raise errors.ConfigError("rollout_engine='vllm' serves RL rollouts only; decoding and evaluation on their own "
+                             "take rollout_engine=vanilla or batched")
+  mesh_lib.maybe_initialize_distributed()
+  _, mesh = mesh_lib.create_meshes(cfg)
+  tokenizer = tokenizer_for(cfg)
+  config = rollout_configs(cfg, tokenizer.eos_token_id)[mode]
+  engine = rollout_engine(cfg)(load_model(cfg, mesh), tokenizer, mesh, config)
+  return (lambda prompts: engine.generate(prompts, config)), tokenizer

@@ -114,13 +114,12 @@ def write_results(cfg, results: dict) -> None:
 def evaluate_checkpoint(cfg) -> list[dict]:
   """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
   returns the summary (the command's stdout line)."""
-  from maxtext.inference.decode import load_sampler  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline import datasets  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import learner  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import rollout  # pylint: disable=import-outside-toplevel
 
   if cfg.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
-  generate, tokenizer = load_sampler(cfg, learner.Mode.EVAL)
+  generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.EVAL)
   examples = datasets.eval_examples(cfg, tokenizer)
   result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")
   write_results(cfg, {"checkpoint": result})

@@ -74,14 +74,17 @@ def run(cfg) -> dict:
   """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
   and after training."""
   # Heavy imports after config validation, so config errors come back at once.
-  import jax  # pylint: disable=import-outside-toplevel
+  # pylint: disable=import-outside-toplevel
+  import jax
 
-  from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface  # pylint: disable=import-outside-toplevel
-  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import agentic, learner as learner_lib, metrics  # pylint: disable=import-outside-toplevel
-  from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
+  from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib
+  from maxtext.integration.tunix import agentic, chat_parser, cluster as cluster_lib, learner as learner_lib
+  from maxtext.integration.tunix import metrics, rollout, trajectories
+  from maxtext.models.load import load_model
+  from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl
+  from maxtext.utils import mesh as mesh_lib
+  # pylint: enable=import-outside-toplevel
 
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
@@ -90,8 +93,8 @@ def run(cfg) -> dict:
   tokenizer = tokenizer_lib.tokenizer_for(cfg)
   if cfg.rl.use_agentic_rollout:
     tool_map = tools.tool_map(cfg)
-    parser = agentic.chat_parser(cfg, tokenizer)
-    train_ds = datasets.train_batches(cfg, tokenizer, agentic.first_prompt_renderer(cfg, parser, tool_map))
+    parser = chat_parser.for_config(cfg, tokenizer)
+    train_ds = datasets.train_batches(cfg, tokenizer, trajectories.first_prompt_renderer(cfg, parser, tool_map))
   else:
     train_ds = datasets.train_batches(cfg, tokenizer)
   eval_examples = datasets.eval_examples(cfg, tokenizer) if cfg.num_test_batches else []
@@ -108,14 +111,14 @@ def run(cfg) -> dict:
                               updates_per_step=cfg.rl.num_iterations)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
-      cluster = learner_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
+      cluster = cluster_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
 
     def evaluate(desc: str) -> dict | None:
       """The evaluation's result; None with num_test_batches=0 (no evaluation)."""
       if not eval_examples:
         log.info("%s: none (num_test_batches=0)", desc)
         return None
-      generate = lambda prompts: cluster.generate(prompts, mode=learner_lib.Mode.EVAL).text
+      generate = lambda prompts: cluster.generate(prompts, mode=rollout.Mode.EVAL).text
       result = evaluate_rl.evaluate(generate, eval_examples, cfg, desc)
       log.info("%s: %s", desc, evaluate_rl.summary_of(result))
       return result
@@ -158,7 +161,7 @@ def run(cfg) -> dict:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
-    trained = learner_lib.steps_done(cluster, cfg.rl.num_iterations)
+    trained = cluster_lib.steps_done(cluster, cfg.rl.num_iterations)
     guard(trained)  # a non-finite value at the last step: no later step boundary saw it
     log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", trained,
              time.time() - start, sinks.compile_clock() - compiled)

@@ -1,0 +1,94 @@
+"""Builds Tunix's RLCluster from the config: actor, reference, optimizer, meshes, rollout engine,
+checkpointing and metric sinks; and the run's step arithmetic (updates, steps done).
+
+The private Tunix members used here are listed, with why, in private_api.py.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import optax
+import orbax.checkpoint as ocp
+from flax import nnx
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.sft import metrics_logger
+
+from maxtext.integration.tunix import metrics, rollout
+from maxtext.utils.mesh import DATA_AXES
+
+Role = rl_cluster_lib.Role
+
+
+def updates(cfg) -> int:
+  """Optimizer updates of the run: rl.num_iterations per training step (one batch) of num_batches
+  (MaxText: max_steps = num_batches x num_iterations). Tunix's trainer and its checkpoints count
+  these; metrics.jsonl, eval_interval and the logs count steps."""
+  return cfg.num_batches * cfg.rl.num_iterations
+
+
+def steps_done(cluster: rl_cluster_lib.RLCluster, num_iterations: int) -> int:
+  """Training steps (batches) finished, from the trainer's update count."""
+  return cluster.actor_trainer.train_steps // num_iterations
+
+
+def optimizer(cfg) -> optax.GradientTransformation:
+  """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping."""
+  warmup = int(cfg.warmup_steps_fraction * updates(cfg))
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
+      decay_steps=max(updates(cfg), warmup + 1), end_value=0.0,
+  )
+  adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay)
+  if cfg.gradient_clipping_threshold > 0:
+    return optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
+  return adamw
+
+
+def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
+                  sinks: metrics.MetricSinks) -> rl_cluster_lib.RLCluster:
+  reference = nnx.clone(actor) if cfg.rl.grpo_beta != 0.0 else None
+  training = rl_cluster_lib.RLTrainingConfig(
+      actor_optimizer=optimizer(cfg),
+      eval_every_n_steps=updates(cfg) + 1,
+      max_steps=updates(cfg),
+      checkpoint_root_directory=os.path.join(cfg.run_dir, "checkpoints"),
+      checkpointing_options=ocp.CheckpointManagerOptions(
+          save_interval_steps=cfg.checkpoint_period * cfg.rl.num_iterations,
+          max_to_keep=cfg.max_num_checkpoints_to_keep
+      ),
+      metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+          log_dir=os.path.join(cfg.run_dir, "tensorboard"),
+          run_name=cfg.run_name,
+          backend_kwargs={"custom_backend": sinks.factories()},
+      ),
+      data_sharding_axis=DATA_AXES,
+      mini_batch_size=cfg.batch_size,
+      train_micro_batch_size=cfg.train_micro_batch_size or None,
+  )
+  cluster_config = rl_cluster_lib.ClusterConfig(
+      role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
+      rollout_engine=rollout.rollout_engine(cfg),
+      training_config=training,
+      rollout_config=rollout.rollout_configs(cfg, tokenizer.eos_token_id),
+  )
+  cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
+                                     cluster_config=cluster_config)
+  # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
+  cluster.actor_trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
+  if hasattr(cluster.rollout, "keys"):
+    cluster.rollout.keys.step_source = lambda: cluster.global_steps
+  return cluster
+
+
+def save_checkpoint(cluster: rl_cluster_lib.RLCluster) -> int:
+  """Saves the actor (model and optimizer) between global steps unless its step is saved already,
+  with the global step Tunix restores the data position from (a rerun resumes there); returns the
+  step."""
+  trainer = cluster.actor_trainer
+  step = trainer.train_steps
+  if (trainer.checkpoint_manager.latest_step() or 0) < step:
+    trainer.checkpoint_manager.save(step, trainer.model, trainer.optimizer, force=True,
+                                    custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value})
+  return step

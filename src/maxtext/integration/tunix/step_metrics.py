@@ -1,0 +1,95 @@
+"""Per-step training metrics both learners log through the cluster: trainer/idle_fraction, the share
+of groups without learning signal, the batched engine's rollout rates, and tool and turn counts of
+agentic conversations."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+from tunix.rl import rl_cluster as rl_cluster_lib
+
+
+def last(values):
+  """A metric reduction: the last value logged."""
+  return values[-1]
+
+
+def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
+  """Over the run so far, for the batched engine: rollout/prefix_reuse_fraction, and the decode steps'
+  rollout/decode_tokens_per_s and rollout/decode_gb_per_s (bytes they read at least; compiling left out)."""
+  metrics = {}
+  reuse = getattr(cluster.rollout, "prefix_reuse", lambda: None)()
+  if reuse is not None:
+    metrics["rollout/prefix_reuse_fraction"] = (reuse, last)
+  rate = getattr(cluster.rollout, "decode_rate", lambda: None)()
+  if rate is not None:
+    metrics["rollout/decode_tokens_per_s"] = (rate[0], last)
+    metrics["rollout/decode_gb_per_s"] = (rate[1] / 1e9, last)
+  return metrics
+
+
+def zero_signal_groups(advantages, num_generations: int) -> tuple[int, int]:
+  """(groups whose rewards are all equal, groups): GRPO's advantage is zero for every sample of such a
+  group, so it carries no learning signal."""
+  groups = np.asarray(advantages, np.float32).reshape(-1, num_generations)
+  return int((np.abs(groups) < 1e-6).all(axis=1).sum()), len(groups)
+
+
+class IdleClock:
+  """trainer/idle_fraction: the share of a global step's wall time the trainer spent waiting for
+  samples (rollouts, rewards and reference scoring). A step's window opens with the wait for its
+  first batch (wait_ends(new_step=True)); step_starts() closes the previous window and logs it at
+  that window's step."""
+
+  def __init__(self, cluster: rl_cluster_lib.RLCluster):
+    self._cluster = cluster
+    self._window: tuple[float, int] | None = None  # (start time, global step)
+    self._waited = 0.0
+    self._wait_start = 0.0
+
+  def wait_starts(self) -> None:
+    self._wait_start = time.perf_counter()
+
+  def wait_ends(self, new_step: bool = False) -> None:
+    """The wait since wait_starts() is over; new_step: it was for the first batch of a new step."""
+    if new_step:
+      self.step_starts()
+    self._waited += time.perf_counter() - self._wait_start
+
+  def step_starts(self) -> None:
+    if self._window is not None:
+      start, step = self._window
+      fraction = min(self._waited / max(self._wait_start - start, 1e-9), 1.0)
+      self._cluster.buffer_metrics_async({"trainer/idle_fraction": (fraction, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN,
+                                         step=step)
+    self._window, self._waited = (self._wait_start, self._cluster.global_steps), 0.0
+
+
+_TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
+
+
+def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:
+  """Conversations, those with a tool call, tool calls, failed tool calls and model turns."""
+  calls = [[m for m in c if m["role"] == "tool"] for c in conversations]
+  return collections.Counter(
+      conversations=len(conversations),
+      with_calls=sum(bool(c) for c in calls),
+      calls=sum(len(c) for c in calls),
+      failed=sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c),
+      turns=sum(m["role"] == "assistant" for c in conversations for m in c),
+  )
+
+
+def conversation_metrics(counts: collections.Counter) -> dict[str, float]:
+  """tools/calls and tools/failed_calls (counts), tools/call_frequency (share of conversations with
+  a tool call), tools/failure_frequency (share of tool calls that failed) and turns/mean (model
+  turns per conversation)."""
+  return {
+      "tools/calls": float(counts["calls"]),
+      "tools/failed_calls": float(counts["failed"]),
+      "tools/call_frequency": counts["with_calls"] / max(counts["conversations"], 1),
+      "tools/failure_frequency": counts["failed"] / counts["calls"] if counts["calls"] else 0.0,
+      "turns/mean": counts["turns"] / max(counts["conversations"], 1),
+  }

@@ -1,0 +1,198 @@
+"""How agentic conversations are collected and what is trained and rewarded of them.
+
+- TrajectoryEngine: Tunix's trajectory collection with full-length responses kept and later turns
+  sampled from the conversation's exact token stream;
+- the agents: Tunix's ModelAgent (no tools) and ToolAgent (rl.tools) opening every conversation with
+  the data template's example turns; with tools the user turn is the templated `prompts` field and
+  malformed tool-call arguments reach the tool as an error instead of stopping training;
+- what rewards and metrics see: the conversation without example turns, every assistant turn joined;
+- the first prompt (system prompt with the tools' descriptions, example turns, user turn), which
+  max_prompt_length must bound.
+
+The private Tunix members used here are listed, with why, in private_api.py.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Callable
+
+import numpy as np
+from tunix.rl.agentic.agents import model_agent, tool_agent
+from tunix.rl.agentic.environments import tool_environment
+from tunix.rl.agentic.trajectory import trajectory_collect_engine
+
+from maxtext.integration.tunix.chat_parser import ConfigChatParser
+
+
+class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
+  """Tunix's trajectory collection with two fixes.
+
+  Full-length responses kept: Tunix checks the response budget right after the model call and ends
+  the episode before the agent records the response, so every completion that used the whole
+  budget was trained as empty (a short completion plus its EOS can reach the budget too). Here the
+  check right after the model call is skipped; the next step's check ends the episode with the
+  response recorded.
+
+  Token in, token out: the trainer trains on the first prompt's tokens followed by each turn's
+  sampled tokens and the environment's tokens, but Tunix samples every later turn from the
+  conversation re-rendered as text and re-tokenized, which differs wherever sampled tokens
+  re-tokenize differently. Here every later turn is sampled from that exact token stream
+  (`prompt_ids`, passed to the learner's model call). The environment's tokens start with what the
+  template writes after a turn's EOS token ("\n" in ChatML; Tunix left it out), so the stream is
+  the template's rendering of the conversation.
+  """
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self._model_just_answered = False
+    model_call = self.model_call
+
+    def call_and_mark(*call_args, **call_kwargs):
+      out = model_call(*call_args, **call_kwargs)
+      self._model_just_answered = True
+      return out
+
+    self.model_call = call_and_mark
+
+  async def _one_step(self) -> bool:
+    if self.agent.trajectory.steps:
+      self.model_call_kwargs = {**self.model_call_kwargs, "prompt_ids": self.token_stream()}
+    done = await super()._one_step()
+    self._prepend_turn_end()
+    return done
+
+  def _prepend_turn_end(self) -> None:
+    step = self.agent.get_current_step()
+    suffix = getattr(self.chat_parser, "turn_end_suffix", "")
+    if step is None or getattr(step, "env_tokens", None) is None or not suffix:
+      return
+    tokens = self.tokenizer.encode(suffix, add_special_tokens=False)
+    step.env_tokens = np.concatenate([np.asarray(tokens, step.env_tokens.dtype), step.env_tokens])
+    step.env_masks = np.concatenate([np.zeros(len(tokens), step.env_masks.dtype), step.env_masks])
+    self._response_token_count += len(tokens)
+
+  def token_stream(self) -> np.ndarray:
+    """The conversation's tokens so far: the prompt the sampler saw (left padding stripped), then
+    each turn's sampled tokens and the environment's tokens."""
+    trajectory = self.agent.trajectory
+    prompt = np.asarray(trajectory.prompt_tokens, np.int32)
+    pieces = [prompt[np.argmax(prompt != self.tokenizer.pad_id()):]]
+    for step in trajectory.steps:
+      pieces += [np.asarray(t, np.int32) for t in (getattr(step, "assistant_tokens", None),
+                                                   getattr(step, "env_tokens", None)) if t is not None]
+    return np.concatenate(pieces)
+
+  def _check_and_set_context_limit_reached(self) -> bool:
+    if self._model_just_answered:  # the check right after the model call, before the response is recorded
+      self._model_just_answered = False
+      return False
+    return super()._check_and_set_context_limit_reached()
+
+
+def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
+  """The conversation with its first assistant message holding every assistant turn's text, which
+  is what Tunix hands the reward functions as the completion."""
+  turns = [str(m["content"]) for m in conversation if m["role"] == "assistant"]
+  if len(turns) < 2:
+    return conversation
+  first = next(i for i, m in enumerate(conversation) if m["role"] == "assistant")
+  out = list(conversation)
+  out[first] = {**out[first], "content": "\n".join(turns)}
+  return out
+
+
+# Marks a conversation's demonstration turns, which rewards and metrics leave out (a str: Tunix
+# requires every message field to be one).
+EXAMPLE = "example"
+
+
+def without_examples(conversation: list[dict]) -> list[dict]:
+  """The conversation less its example turns: what rewards and tool metrics see."""
+  return [m for m in conversation if not m.get(EXAMPLE)]
+
+
+class _ExampleTurns:
+  """The data template's EXAMPLES after the system turn of every conversation, marked EXAMPLE."""
+
+  def __init__(self, *args, example_turns=(), **kwargs):
+    self.example_turns = tuple(example_turns)
+    super().__init__(*args, **kwargs)
+
+  def _init_messages(self, system_prompt: str) -> None:
+    super()._init_messages(system_prompt)
+    self._messages.extend({**turn, EXAMPLE: "yes"} for turn in self.example_turns)
+
+
+class ExampleTurnsModelAgent(_ExampleTurns, model_agent.ModelAgent):
+  """Tunix's ModelAgent (one reply to the task's `prompts`) with the example turns."""
+
+
+class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
+  """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
+  renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
+  descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word).
+  The empty observation that ends an episode adds nothing (ToolAgent logged a warning per conversation).
+  The example turns follow the system turn."""
+
+  def _init_messages(self, system_prompt: str) -> None:
+    if system_prompt and self.tools_prompt:
+      system_prompt = system_prompt.rstrip() + "\n\n"
+    super()._init_messages(system_prompt)
+
+  def update_from_model(self, response: str, **kwargs):
+    """ToolAgent's parse of the reply, with every call's arguments made what ToolEnvironment can
+    take: a JSON object's text (a `finish` call: a dict with the response). Model-written arguments
+    that are a string, a list or broken JSON would make Tunix's environment raise and stop training;
+    here they reach the tool as one `invalid_arguments` argument, which it answers with an error text."""
+    action = super().update_from_model(response, **kwargs)
+    for call in action.action:
+      function = call["function"]
+      if function["name"] == "finish":
+        args = function["arguments"]
+        if not isinstance(args, dict) or not isinstance(args.get("response"), str):
+          function["arguments"] = {"response": response}
+      else:
+        function["arguments"] = _json_object_text(function["arguments"])
+    return action
+
+  def _observation_to_messages(self, observation, reward, done, info):
+    if isinstance(observation, dict) and not observation:  # the episode's end: nothing to add (Tunix warned)
+      return
+    if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:
+      self._messages.append({"role": "user", "content": observation["prompts"]})
+      return
+    super()._observation_to_messages(observation, reward, done, info)
+
+
+def _json_object_text(arguments) -> str:
+  """Tool-call arguments as the text of a JSON object; anything else wrapped as invalid_arguments."""
+  if isinstance(arguments, str):
+    try:
+      if isinstance(json.loads(arguments), dict):
+        return arguments
+    except json.JSONDecodeError:
+      pass
+  elif isinstance(arguments, dict):
+    return json.dumps(arguments)
+  return json.dumps({"invalid_arguments": arguments if isinstance(arguments, str) else repr(arguments)})
+
+
+def agent_kwargs(cfg, tool_map, example_turns) -> dict:
+  """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with
+  tools, else ExampleTurnsModelAgent in Tunix's default environment."""
+  if not tool_map:
+    return dict(agent_class=ExampleTurnsModelAgent, agent_kwargs={"example_turns": example_turns})
+  return dict(agent_class=UserTurnToolAgent,
+              agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
+              env_class=tool_environment.ToolEnvironment,
+              env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
+
+
+def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
+  """user turn -> the first prompt the agent sends to the sampler (system prompt with the tools'
+  descriptions, example turns, user turn, generation prompt), which max_prompt_length must bound."""
+  kwargs = agent_kwargs(cfg, tool_map, parser.example_turns)
+  opening = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"]).chat_completions
+  return lambda user: parser.parse([*opening, {"role": "user", "content": user}], add_generation_prompt=True,
+                                   is_first_msg=True)
