@@ -83,6 +83,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     super().__init__(*args, **kwargs)
     self._before_step = before_step
     self._logp_check_period = logp_check_period
+    # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
+    # switch, and groups are processed on several threads at once: the groups whose check is skipped
+    # are marked per thread around that call (see _process_results).
     self._skips_trainer_logps = threading.local()
     actor_logps = self.rl_cluster.get_actor_per_token_logps
 
@@ -184,6 +187,12 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     self.rl_cluster.buffer_metrics_async({metrics.ZERO_SIGNAL: (fraction, step_metrics.last)},
                                          mode=rl_cluster_lib.Mode.TRAIN, step=step)
 
+  def _log_idle(self, closed: tuple[int, float] | None) -> None:
+    if closed is not None:
+      step, fraction = closed
+      self.rl_cluster.buffer_metrics_async({"trainer/idle_fraction": (fraction, np.mean)},
+                                           mode=rl_cluster_lib.Mode.TRAIN, step=step)
+
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
     """Logs the step's tool and turn metrics from running totals, and step_metrics.rollout_metrics: Tunix
     logs a step's metrics in several parts when groups of different steps finish interleaved, and a
@@ -199,14 +208,17 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
     batches = super()._data_consumer_batch_generator(queue, batch_size)
-    idle = step_metrics.IdleClock(self.rl_cluster)
+    idle = step_metrics.IdleClock()
     while True:
       idle.wait_starts()
       batch = next(batches, None)
       if batch is None:
         break
       new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
-      idle.wait_ends(new_step)
+      if new_step:  # the step's window opens with the wait for its first batch
+        self._log_idle(idle.close(at=idle.wait_start))
+        idle.open(self.rl_cluster.global_steps, at=idle.wait_start)
+      idle.wait_ends()
       if new_step:
         self._checked_step = self.rl_cluster.actor_trainer.train_steps
         if self._before_step is not None:
@@ -220,7 +232,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
             mode=rl_cluster_lib.Mode.TRAIN, step=self.rl_cluster.global_steps,
         )
       yield batch
-    idle.step_starts()
+    self._log_idle(idle.close(at=idle.wait_start))
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
 

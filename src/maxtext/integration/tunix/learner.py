@@ -5,7 +5,6 @@ The private Tunix members used here are listed, with why, in private_api.py.
 
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import numpy as np
@@ -26,17 +25,17 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
     super().__init__(*args, **kwargs)
     self._before_step = before_step
-    self._sampling_s = 0.0
+    self._idle = step_metrics.IdleClock()
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
     self._last_iter_step //= self.algo_config.num_iterations
 
   def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
-    start = time.perf_counter()
+    self._idle.wait_starts()
     try:
       example = super()._generate_and_compute_advantage(training_input, mode)
     finally:
-      self._sampling_s += time.perf_counter() - start
+      self._idle.wait_ends()
     if mode == rl_cluster_lib.Mode.TRAIN:
       zero, groups = step_metrics.zero_signal_groups(example.advantages, self.algo_config.num_generations)
       self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN)
@@ -45,9 +44,9 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
       self._before_step(cluster_lib.steps_done(self.rl_cluster, self.algo_config.num_iterations))
-    start, self._sampling_s = time.perf_counter(), 0.0
+    self._idle.open(self.rl_cluster.global_steps)
     out = super()._run_global_step(*args, **kwargs)
-    fraction = min(self._sampling_s / max(time.perf_counter() - start, 1e-9), 1.0)
+    _, fraction = self._idle.close()
     self.rl_cluster.buffer_metrics({"trainer/idle_fraction": (fraction, np.mean),
                                     **step_metrics.rollout_metrics(self.rl_cluster)}, mode=rl_cluster_lib.Mode.TRAIN)
     return out

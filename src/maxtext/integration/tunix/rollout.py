@@ -210,7 +210,10 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     return self.batcher.decode_rate()
 
   def last_versions(self) -> list[np.ndarray] | None:
-    """Per prompt, the weights version of each token of this thread's last generate call."""
+    """Per prompt, the weights version of each token of this thread's last generate call. (Not a
+    field of the returned RolloutOutput: Tunix's RLCluster.generate, which the learner calls,
+    rebuilds the output from the fields it knows. Per thread, since the agentic learner's
+    conversations call generate from many threads at once.)"""
     return getattr(self._last_versions, "value", None)
 
   def _tokenize(self, prompt: Prompt) -> np.ndarray:

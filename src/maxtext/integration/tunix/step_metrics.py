@@ -38,33 +38,33 @@ def zero_signal_groups(advantages, num_generations: int) -> tuple[int, int]:
 
 
 class IdleClock:
-  """trainer/idle_fraction: the share of a global step's wall time the trainer spent waiting for
-  samples (rollouts, rewards and reference scoring). A step's window opens with the wait for its
-  first batch (wait_ends(new_step=True)); step_starts() closes the previous window and logs it at
-  that window's step."""
+  """trainer/idle_fraction: the share of a global step's wall time (its window, open() to close())
+  the trainer spent waiting for samples (rollouts, rewards and reference scoring): the time between
+  wait_starts() and wait_ends() calls."""
 
-  def __init__(self, cluster: rl_cluster_lib.RLCluster):
-    self._cluster = cluster
+  def __init__(self):
     self._window: tuple[float, int] | None = None  # (start time, global step)
     self._waited = 0.0
-    self._wait_start = 0.0
+    self.wait_start = 0.0
+
+  def open(self, step: int, at: float | None = None) -> None:
+    """Opens global step `step`'s window at time `at` (now by default)."""
+    self._window, self._waited = (time.perf_counter() if at is None else at, step), 0.0
 
   def wait_starts(self) -> None:
-    self._wait_start = time.perf_counter()
+    self.wait_start = time.perf_counter()
 
-  def wait_ends(self, new_step: bool = False) -> None:
-    """The wait since wait_starts() is over; new_step: it was for the first batch of a new step."""
-    if new_step:
-      self.step_starts()
-    self._waited += time.perf_counter() - self._wait_start
+  def wait_ends(self) -> None:
+    self._waited += time.perf_counter() - self.wait_start
 
-  def step_starts(self) -> None:
-    if self._window is not None:
-      start, step = self._window
-      fraction = min(self._waited / max(self._wait_start - start, 1e-9), 1.0)
-      self._cluster.buffer_metrics_async({"trainer/idle_fraction": (fraction, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN,
-                                         step=step)
-    self._window, self._waited = (self._wait_start, self._cluster.global_steps), 0.0
+  def close(self, at: float | None = None) -> tuple[int, float] | None:
+    """Closes the open window at time `at` (now by default): (its step, its idle fraction), or None
+    when no window is open."""
+    if self._window is None:
+      return None
+    (start, step), self._window = self._window, None
+    end = time.perf_counter() if at is None else at
+    return step, min(self._waited / max(end - start, 1e-9), 1.0)
 
 
 _TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output

@@ -166,15 +166,14 @@ class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
 
 
 def _json_object_text(arguments) -> str:
-  """Tool-call arguments as the text of a JSON object; anything else wrapped as invalid_arguments."""
+  """Tool-call arguments (ToolAgent has turned a dict into its JSON text) as the text of a JSON
+  object; anything else wrapped as invalid_arguments."""
   if isinstance(arguments, str):
     try:
       if isinstance(json.loads(arguments), dict):
         return arguments
     except json.JSONDecodeError:
       pass
-  elif isinstance(arguments, dict):
-    return json.dumps(arguments)
   return json.dumps({"invalid_arguments": arguments if isinstance(arguments, str) else repr(arguments)})
 
 

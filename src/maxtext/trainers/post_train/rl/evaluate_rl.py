@@ -10,8 +10,6 @@ judged) or pass_at_1 (the mean over passes).
 from __future__ import annotations
 
 import collections
-import json
-import os
 import sys
 from typing import Callable
 
@@ -105,24 +103,19 @@ def summary_of(result: dict | None) -> dict | None:
   return None if result is None else {k: v for k, v in result.items() if k != "examples"}
 
 
-def write_results(cfg, results: dict) -> None:
-  os.makedirs(cfg.run_dir, exist_ok=True)
-  with open(os.path.join(cfg.run_dir, "eval.json"), "w", encoding="utf-8") as f:
-    json.dump(results, f, indent=1)
-
-
 def evaluate_checkpoint(cfg) -> list[dict]:
   """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
   returns the summary (the command's stdout line)."""
   from maxtext.input_pipeline import datasets  # pylint: disable=import-outside-toplevel
   from maxtext.integration.tunix import rollout  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl.run_folder import RunFolder  # pylint: disable=import-outside-toplevel
 
   if cfg.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
   generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.EVAL)
   examples = datasets.eval_examples(cfg, tokenizer)
   result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")
-  write_results(cfg, {"checkpoint": result})
+  RunFolder(cfg).write_results({"checkpoint": result})
   return [summary_of(result)]
 
 

@@ -10,53 +10,15 @@ export_hf=true, the trained policy as an HF checkpoint.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 import time
 
-from maxtext.configs import cli, pyconfig
+from maxtext.configs import cli
 from maxtext.utils import shutdown
 
 log = logging.getLogger("maxtext.train_rl")
-
-
-def _prepare_resume(cfg) -> int:
-  """Rerunning a run folder resumes from its latest complete checkpoint whose steps all reached
-  metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step). Newer
-  checkpoints are moved to checkpoints/set_aside/; Tunix restores the model, optimizer and step and
-  fast-forwards the data; metrics.jsonl is cut back to the resumed step. Returns that step."""
-  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import metrics  # pylint: disable=import-outside-toplevel
-
-  root = os.path.join(cfg.run_dir, "checkpoints", "actor")
-  iterations = cfg.rl.num_iterations  # checkpoints are named by optimizer update, rows by step
-  saved = [s // iterations for s in orbax_checkpoint.steps(root) if s % iterations == 0]
-  if not saved:
-    return 0
-  metrics_path = os.path.join(cfg.run_dir, "metrics.jsonl")
-  logged = metrics.logged_steps(metrics_path)
-  complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
-  step = complete[-1] if complete else 0
-  moved = orbax_checkpoint.set_aside(root, step * iterations, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
-  dropped = metrics.truncate_after(metrics_path, step)
-  log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
-           "dropped)", step, moved, dropped)
-  return step
-
-
-def _previous_results(cfg, resumed: int) -> dict:
-  """The evaluations a resumed run keeps from eval.json: before training and during it up to the
-  resumed step (a fresh run starts empty and evaluates before training)."""
-  path = os.path.join(cfg.run_dir, "eval.json")
-  empty = {"before": None, "during": [], "after": None, "gain": None}
-  if not resumed or not os.path.isfile(path):
-    return empty
-  with open(path, encoding="utf-8") as f:
-    previous = json.load(f)
-  return {**empty, "before": previous.get("before"),
-          "during": [d for d in previous.get("during") or [] if d["step"] <= resumed]}
 
 
 def _write_report(run_dir: str) -> None:
@@ -77,15 +39,18 @@ def run(cfg) -> dict:
   # pylint: disable=import-outside-toplevel
   import jax
 
-  from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
+  from maxtext.checkpoint_conversion import to_huggingface
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib
   from maxtext.integration.tunix import agentic, chat_parser, cluster as cluster_lib, learner as learner_lib
   from maxtext.integration.tunix import metrics, rollout, trajectories
   from maxtext.models.load import load_model
   from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl
+  from maxtext.trainers.post_train.rl.run_folder import RunFolder
   from maxtext.utils import mesh as mesh_lib
   # pylint: enable=import-outside-toplevel
 
+  folder = RunFolder(cfg)
+  folder.write_config(cfg)
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
@@ -101,9 +66,7 @@ def run(cfg) -> dict:
   reward_fns = utils_rl.reward_functions(cfg)
   actor = load_model(cfg, trainer_mesh)
 
-  resumed = _prepare_resume(cfg)
-
-  results = _previous_results(cfg, resumed)
+  results = folder.previous_results(folder.resume())
   wandb = None
   if cfg.wandb_project and jax.process_index() == 0:
     wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
@@ -131,9 +94,8 @@ def run(cfg) -> dict:
       if bad:
         name, step = bad
         cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
-        root, iterations = os.path.join(cfg.run_dir, "checkpoints", "actor"), cfg.rl.num_iterations
-        orbax_checkpoint.set_aside(root, (step - 1) * iterations, os.path.join(cfg.run_dir, "checkpoints", "set_aside"))
-        raise shutdown.NonFiniteError(name, step, max(orbax_checkpoint.steps(root), default=0) // iterations)
+        folder.keep_checkpoints_through(step - 1)
+        raise shutdown.NonFiniteError(name, step, max(folder.saved_steps(), default=0))
       if stop.signum is not None:
         raise shutdown.Interrupted(stop.signum, steps_done)
 
@@ -141,7 +103,7 @@ def run(cfg) -> dict:
       guard(steps_done)
       if cfg.eval_interval and steps_done and steps_done % cfg.eval_interval == 0:
         results["during"].append({"step": steps_done, **evaluate(f"eval at step {steps_done}")})
-        evaluate_rl.write_results(cfg, results)
+        folder.write_results(results)
 
     with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
       if cfg.rl.use_agentic_rollout:
@@ -151,7 +113,7 @@ def run(cfg) -> dict:
         learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
     if results["before"] is None:
       results["before"] = evaluate("eval before")
-      evaluate_rl.write_results(cfg, results)
+      folder.write_results(results)
     start, compiled = time.time(), sinks.compile_clock()
     sinks.restart_clock()
     with stop:
@@ -172,7 +134,7 @@ def run(cfg) -> dict:
       log.info("Accuracy %.3f before, %.3f after: gain %+.3f, 95%% interval [%+.3f, %+.3f] (paired bootstrap over %d "
                "questions; %d improved, %d worsened)", results["before"]["accuracy"], results["after"]["accuracy"],
                g["gain"], g["ci95_low"], g["ci95_high"], g["num_examples"], g["improved"], g["worsened"])
-    evaluate_rl.write_results(cfg, results)
+    folder.write_results(results)
     if cfg.export_hf:
       to_huggingface.export(cluster.actor_trainer.model, cfg, tokenizer,
                             cfg.hf_output_path or os.path.join(cfg.run_dir, "hf"))
@@ -189,8 +151,6 @@ def run(cfg) -> dict:
 
 
 def _job(cfg) -> list[dict]:
-  os.makedirs(cfg.run_dir, exist_ok=True)
-  pyconfig.write_yaml(cfg, os.path.join(cfg.run_dir, "config.yml"))
   print("Config keys that differ from base.yml:", file=sys.stderr)
   for key, (value, source) in sorted(cfg.overridden.items()):
     print(f"  {key} = {value!r}  ({source})", file=sys.stderr)

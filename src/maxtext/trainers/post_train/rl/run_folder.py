@@ -1,0 +1,78 @@
+"""A training run's folder, base_output_directory/run_name: what a rerun resumes from, what a stop
+keeps, and the evaluations it has written.
+
+    config.yml  metrics.jsonl  eval.json  checkpoints/actor/<update>/  checkpoints/set_aside/
+    tensorboard/  report.md  plots/  hf/
+
+Checkpoints are named by optimizer update (rl.num_iterations per training step); metrics rows and
+evaluations by training step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from maxtext.checkpoint_conversion import orbax_checkpoint
+from maxtext.configs import pyconfig
+from maxtext.integration.tunix import metrics
+
+log = logging.getLogger("maxtext.train_rl")
+
+class RunFolder:
+  """The run folder of cfg (cfg.run_dir)."""
+
+  def __init__(self, cfg):
+    self.path = cfg.run_dir
+    self.metrics = os.path.join(self.path, "metrics.jsonl")
+    self.evaluations = os.path.join(self.path, "eval.json")
+    self._actor = os.path.join(self.path, "checkpoints", "actor")
+    self._set_aside = os.path.join(self.path, "checkpoints", "set_aside")
+    self._iterations = cfg.rl.num_iterations
+
+  def write_config(self, cfg) -> None:
+    os.makedirs(self.path, exist_ok=True)
+    pyconfig.write_yaml(cfg, os.path.join(self.path, "config.yml"))
+
+  def saved_steps(self) -> list[int]:
+    """The training steps with a complete checkpoint, oldest first."""
+    return [s // self._iterations for s in orbax_checkpoint.steps(self._actor) if s % self._iterations == 0]
+
+  def keep_checkpoints_through(self, step: int) -> list[int]:
+    """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not
+    deleted), so Tunix's restore of the latest one finds `step`'s; returns the moved updates."""
+    return orbax_checkpoint.set_aside(self._actor, step * self._iterations, self._set_aside)
+
+  def resume(self) -> int:
+    """Prepares a rerun to resume from the latest complete checkpoint whose steps all reached
+    metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step): newer
+    checkpoints are set aside and metrics.jsonl is cut back to that step, which is returned (0: a
+    fresh run). Tunix then restores the model, optimizer and step and fast-forwards the data."""
+    saved = self.saved_steps()
+    if not saved:
+      return 0
+    logged = metrics.logged_steps(self.metrics)
+    complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+    step = complete[-1] if complete else 0
+    moved = self.keep_checkpoints_through(step)
+    dropped = metrics.truncate_after(self.metrics, step)
+    log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
+             "dropped)", step, moved, dropped)
+    return step
+
+  def previous_results(self, resumed: int) -> dict:
+    """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and
+    during it up to that step (a fresh run starts empty)."""
+    results = {"before": None, "during": [], "after": None, "gain": None}
+    if resumed and os.path.isfile(self.evaluations):
+      with open(self.evaluations, encoding="utf-8") as f:
+        previous = json.load(f)
+      results.update(before=previous.get("before"),
+                     during=[d for d in previous.get("during") or [] if d["step"] <= resumed])
+    return results
+
+  def write_results(self, results: dict) -> None:
+    os.makedirs(self.path, exist_ok=True)
+    with open(self.evaluations, "w", encoding="utf-8") as f:
+      json.dump(results, f, indent=1)
