@@ -7,8 +7,9 @@ Needs TRL (an optional benchmark extra, not a runtime dependency): pip install t
 Identical work: the same weights (SmolLM2-135M-Instruct from the embedded GGUF, written once as an
 HF checkpoint by our to_huggingface, float32), the same prompts in the same order (our data pipeline
 renders them; TRL gets the rendered text), the same group size, batch, micro-batch, prompt and
-response lengths, sampling (temperature, top-k, top-p), learning rate, KL coefficient, clipping
-epsilon and loss aggregation (sequence-mean-token-mean: TRL's loss_type="grpo"), and the same reward
+response lengths, sampling (temperature, top-k, top-p), optimizer (AdamW betas, weight decay,
+global-norm clipping, learning rate with linear warmup and cosine decay to 0), KL coefficient,
+clipping epsilon and loss aggregation (sequence-mean-token-mean: TRL's loss_type="grpo"), and the same reward
 (the reply's last number equals the answer, one Python function both call). By default the default
 demo's shape (rl_times_table.yml: 8 prompts x 8 samples, 12-token replies, micro-batches of 16);
 key=value arguments change it for both (e.g. the GSM8K shape: rl.yml dataset_name=gsm8k
@@ -41,7 +42,7 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "vs_trl.json")
 REWARD = '''import re
 
 
-def last_number_correct(prompts, completions, answer, tmvp_config=None, **kwargs):
+def last_number_correct(prompts, completions, tmvp_config=None, *, answer, **kwargs):
   """1.0 where the completion's last number equals the answer."""
   out = []
   for completion, truth in zip(completions, answer):
@@ -56,11 +57,13 @@ _PEAK = ("import atexit, resource, sys; atexit.register(lambda: print(f'peak_rss
 
 
 def _config_args(args, work: str) -> list[str]:
-  """train_rl's arguments for the benchmark's work (the TRL run reads the same resolved config)."""
+  """train_rl's arguments for the benchmark's work (the TRL run reads the same resolved config). No
+  evaluation (eval_batch_size back at base.yml's value, which num_test_batches=0 accepts)."""
   overrides = list(args.overrides)
   yml = overrides.pop(0) if overrides and overrides[0].endswith(".yml") else "rl_times_table.yml"
   return [yml, f"load_parameters_path={os.path.join(work, 'hf')}", "dtype=float32", "weight_dtype=float32",
-          f"num_batches={args.steps}", "num_test_batches=0", "checkpoint_period=100000", "jax_cache_dir=",
+          f"num_batches={args.steps}", "num_test_batches=0", "eval_batch_size=8", "checkpoint_period=100000",
+          "jax_cache_dir=",
           f"reward_functions_path={os.path.join(work, 'reward.py')}", "reward_functions=[last_number_correct]",
           f"base_output_directory={work}", *overrides]
 
@@ -91,7 +94,8 @@ def _prepare(args, work: str) -> dict:
           "temperature": cfg.decode_sampling_temperature, "top_k": cfg.decode_sampling_top_k,
           "top_p": cfg.decode_sampling_top_p, "learning_rate": cfg.learning_rate, "beta": rl.grpo_beta,
           "epsilon": rl.grpo_epsilon, "kl_loss_mode": rl.kl_loss_mode, "adam_weight_decay": cfg.adam_weight_decay,
-          "gradient_clipping_threshold": cfg.gradient_clipping_threshold, "model": cfg.model_name,
+          "gradient_clipping_threshold": cfg.gradient_clipping_threshold, "adam_b1": cfg.adam_b1,
+          "adam_b2": cfg.adam_b2, "warmup_steps": int(cfg.warmup_steps_fraction * args.steps), "model": cfg.model_name,
           "rollout_engine": cfg.rollout_engine, "remat_policy": cfg.remat_policy}
 
 
@@ -154,7 +158,8 @@ def _trl_worker(spec: dict) -> None:
       max_completion_length=spec["max_response_length"], temperature=spec["temperature"],
       top_k=spec["top_k"], top_p=spec["top_p"], learning_rate=spec["learning_rate"], beta=spec["beta"],
       epsilon=spec["epsilon"], loss_type="grpo", weight_decay=spec["adam_weight_decay"],
-      max_grad_norm=spec["gradient_clipping_threshold"], lr_scheduler_type="constant",
+      max_grad_norm=spec["gradient_clipping_threshold"], adam_beta1=spec["adam_b1"], adam_beta2=spec["adam_b2"],
+      lr_scheduler_type="cosine", warmup_steps=spec["warmup_steps"],  # optax's warmup-cosine to 0, as ours
   )
   model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(spec["work"], "hf"), dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.join(spec["work"], "hf"))
