@@ -60,6 +60,22 @@ def test_unknown_key_suggests_closest(arg, message):
   assert message in str(e.value)
 
 
+def test_a_recipe_key_ignored_by_a_later_choice_is_reported_not_refused(tmp_path, caplog):
+  """The demo recipe sets eval_batch_size; num_test_batches=0 on the command line turns evaluation off:
+  the run goes on and says the recipe's key is unused. Set in the same layer, it is still refused."""
+  with caplog.at_level("WARNING"):
+    cfg = pyconfig.initialize(["x", "rl_times_table.yml", "num_test_batches=0"])
+  assert cfg.num_test_batches == 0
+  assert "eval_batch_size=50 (from " in caplog.text and "rl_times_table.yml) is not used" in caplog.text
+  assert "num_test_batches=0 from command line" in caplog.text
+  with pytest.raises(pyconfig.ConfigError, match="eval_batch_size=4: standard GRPO .*num_test_batches=0 runs no"):
+    pyconfig.initialize(["x", "rl_times_table.yml", "num_test_batches=0", "eval_batch_size=4"])
+  recipe = tmp_path / "mine.yml"
+  recipe.write_text("base_config: base.yml\nnum_test_batches: 0\neval_batch_size: 4\n")
+  with pytest.raises(pyconfig.ConfigError, match="eval_batch_size=4"):
+    pyconfig.initialize(["x", str(recipe)])
+
+
 def test_unknown_key_in_yaml_names_file(tmp_path):
   bad = tmp_path / "my.yml"
   bad.write_text("base_config: base.yml\nrl:\n  num_generaton: 3\n")

@@ -9,6 +9,7 @@ one-item list).
 from __future__ import annotations
 
 import difflib
+import logging
 import importlib.util
 import os
 from typing import Any
@@ -18,6 +19,8 @@ import yaml
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.utils import errors
 from maxtext.utils.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 CONFIG_DIR = os.path.dirname(os.path.abspath(__file__))
 BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
@@ -176,14 +179,18 @@ class _Merger:
     self.defaults = defaults
     self.values = dict(defaults)
     self.set_by: dict[str, str] = {}
+    self.layer: dict[str, int] = {}  # key -> the index of the apply() call that last set it
+    self._applied = 0
 
   def apply(self, flat: dict[str, Any], source: str) -> None:
+    self._applied += 1
     for key, value in flat.items():
       key = KEY_ALIASES.get(key, key)
       if key not in self.defaults:
         raise _unknown_key(key, list(self.defaults), source)
       self.values[key] = _check_value(key, value, self.defaults[key], source)
       self.set_by[key] = source
+      self.layer[key] = self._applied
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -242,34 +249,44 @@ TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match
                    "penalty_incorrect_format", "penalty_incorrect_answer")
 
 
-def _check_modes(v: dict[str, Any], changed: list[str]) -> None:
+def _check_modes(v: dict[str, Any], changed: list[str], merger: "_Merger") -> None:
   """Every changed key must take effect in the run's mode: one the mode ignores is an error naming
-  the key and the mode."""
+  the key and the mode. Except where the key was set in an earlier layer (a recipe's YAML) than the
+  setting that made the mode ignore it (e.g. num_test_batches=0 on the command line against the
+  recipe's eval_batch_size): the later choice wins and the key is reported as unused."""
   agentic = v["rl.use_agentic_rollout"]
   mode = "agentic GRPO (rl.use_agentic_rollout=true)" if agentic else "standard GRPO (rl.use_agentic_rollout=false)"
-  ignored = {}
+  ignored = {}  # key -> (reason, the key whose value makes it ignored)
   if not agentic:
-    ignored.update({k: "only agentic GRPO reads it" for k in AGENTIC_ONLY_KEYS})
+    ignored.update({k: ("only agentic GRPO reads it", "rl.use_agentic_rollout") for k in AGENTIC_ONLY_KEYS})
   else:
-    ignored["eval_interval"] = "evaluation during training runs in standard GRPO only"
-    ignored["rl.num_iterations"] = "its learner trains each batch once"
+    ignored["eval_interval"] = ("evaluation during training runs in standard GRPO only", "rl.use_agentic_rollout")
+    ignored["rl.num_iterations"] = ("its learner trains each batch once", "rl.use_agentic_rollout")
   if v["num_test_batches"] == 0:
-    ignored.update({k: "num_test_batches=0 runs no evaluation" for k in EVAL_KEYS})
+    ignored.update({k: ("num_test_batches=0 runs no evaluation", "num_test_batches") for k in EVAL_KEYS})
   tools = v["rl.tools"]
   tool_users = {"rl.max_turns": bool(tools), "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
                 "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools,
                 "rl.tool_sandbox": "python" in tools}
   for key, used in tool_users.items():
     if not used:
-      ignored.setdefault(key, f"no tool it limits is in rl.tools={tools}")
+      ignored.setdefault(key, (f"no tool it limits is in rl.tools={tools}", "rl.tools"))
   if v["rollout_engine"] != "batched":
-    ignored.setdefault("rl.logp_check_period", "only the batched engine returns sampler log-probs to check")
-    ignored.setdefault("rollout_max_batch_size", "only rollout_engine=batched has decode slots")
+    ignored.setdefault("rl.logp_check_period",
+                       ("only the batched engine returns sampler log-probs to check", "rollout_engine"))
+    ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
   if v["answer_format"] == "last_number":
-    ignored.update({k: "answer_format=last_number rewards the last number only" for k in TAG_REWARD_KEYS})
+    ignored.update({k: ("answer_format=last_number rewards the last number only", "answer_format")
+                    for k in TAG_REWARD_KEYS})
   for key in changed:
-    if key in ignored:
-      raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({ignored[key]}); remove it or change the mode")
+    if key not in ignored:
+      continue
+    reason, decider = ignored[key]
+    if merger.layer.get(key, -1) < merger.layer.get(decider, -1):
+      log.warning("%s=%r (from %s) is not used: %s (%s=%r from %s)", key, v[key], merger.set_by[key], reason,
+                  decider, v[decider], merger.set_by[decider])
+      continue
+    raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({reason}); remove it or change the mode")
 
 
 def _validate(v: dict[str, Any]) -> None:
@@ -411,7 +428,7 @@ def initialize(argv: list[str]) -> ResolvedConfig:
 
   _apply_length_aliases(merger)
   _validate(merger.values)
-  _check_modes(merger.values, [k for k in merger.set_by if merger.values[k] != defaults[k]])
+  _check_modes(merger.values, [k for k in merger.set_by if merger.values[k] != defaults[k]], merger)
   overridden = {
       k: (merger.values[k], merger.set_by.get(k, "derived"))
       for k in merger.values
