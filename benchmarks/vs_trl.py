@@ -19,7 +19,7 @@ Each trainer runs in its own process, alternating (ours, TRL, ours, ...) for --r
 compilation cache, so our first step includes compiling. TRL keeps its defaults where they are not
 the work (e.g. gradient checkpointing, which it turns on by default). Per run: total training time,
 median step time after the first step, compile time (ours), peak RSS of the process, and each
-step's mean reward. Prints a table with the ratios (ours / TRL) and writes
+step's mean reward and gradient norm (before clipping). Prints a table with the ratios (ours / TRL) and writes
 benchmarks/results/vs_trl.json (or --output).
 """
 
@@ -116,6 +116,7 @@ def _run_ours(args, work: str, name: str) -> dict:
     rows = [json.loads(line) for line in f]
   return {"trainer": "ours", "process_s": wall, "step_s": [r["step_time_s"] for r in rows],
           "compile_s": sum(r.get("compile_s", 0.0) for r in rows), "rewards": [r["rewards/mean"] for r in rows],
+          "grad_norms": [r.get("grad_norm") for r in rows],
           "peak_rss_gb": _peak_gb(proc.stderr)}
 
 
@@ -177,9 +178,11 @@ def _trl_worker(spec: dict) -> None:
                             train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
                             callbacks=[StepClock()])
   trainer.train()
-  rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+  history = trainer.state.log_history
   with open(spec["out"], "w", encoding="utf-8") as f:
-    json.dump({"step_s": [b - a for a, b in zip(step_ends, step_ends[1:])], "rewards": rewards,
+    json.dump({"step_s": [b - a for a, b in zip(step_ends, step_ends[1:])],
+               "rewards": [h["reward"] for h in history if "reward" in h],
+               "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
                "versions": {"trl": trl.__version__, "torch": torch.__version__,
                             "transformers": transformers.__version__}}, f)
 
