@@ -9,8 +9,8 @@ one-item list).
 from __future__ import annotations
 
 import difflib
-import logging
 import importlib.util
+import logging
 import os
 from typing import Any
 
@@ -249,11 +249,12 @@ TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match
                    "penalty_incorrect_format", "penalty_incorrect_answer")
 
 
-def _check_modes(v: dict[str, Any], changed: list[str], merger: "_Merger") -> None:
+def _check_modes(merger: _Merger, changed: list[str]) -> None:
   """Every changed key must take effect in the run's mode: one the mode ignores is an error naming
   the key and the mode. Except where the key was set in an earlier layer (a recipe's YAML) than the
   setting that made the mode ignore it (e.g. num_test_batches=0 on the command line against the
   recipe's eval_batch_size): the later choice wins and the key is reported as unused."""
+  v = merger.values
   agentic = v["rl.use_agentic_rollout"]
   mode = "agentic GRPO (rl.use_agentic_rollout=true)" if agentic else "standard GRPO (rl.use_agentic_rollout=false)"
   ignored = {}  # key -> (reason, the key whose value makes it ignored)
@@ -428,7 +429,7 @@ def initialize(argv: list[str]) -> ResolvedConfig:
 
   _apply_length_aliases(merger)
   _validate(merger.values)
-  _check_modes(merger.values, [k for k in merger.set_by if merger.values[k] != defaults[k]], merger)
+  _check_modes(merger, [k for k in merger.set_by if merger.values[k] != defaults[k]])
   overridden = {
       k: (merger.values[k], merger.set_by.get(k, "derived"))
       for k in merger.values

@@ -19,8 +19,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
   logs trainer/idle_fraction (the share of the step spent generating and scoring samples),
-  frac_reward_zero_std (the share of groups with equal rewards) and
-  rollout_metrics."""
+  frac_reward_zero_std (the share of groups with equal rewards) and step_metrics.rollout_metrics."""
 
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
     super().__init__(*args, **kwargs)

@@ -298,20 +298,20 @@ def rollout_engine(cfg):
 def rollout_configs(cfg, eos_id: int) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
   log-probs for agentic runs on the batched engine) and for evaluation (eval_sampling_strategy)."""
-  common = dict(
+  shared = dict(
       max_tokens_to_generate=cfg.max_response_length,
       max_prompt_length=cfg.max_prompt_length,
       kv_cache_size=cfg.kv_cache_size,
       eos_tokens=[eos_id],
   )
   if cfg.rollout_engine == "vllm":
-    common["rollout_vllm_model_version"] = cfg.load_parameters_path
-  greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **common)
+    shared["rollout_vllm_model_version"] = cfg.load_parameters_path
+  greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **shared)
   train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
-      top_k=cfg.decode_sampling_top_k or None, **common,
+      top_k=cfg.decode_sampling_top_k or None, **shared,
   )
-  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **common)
+  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **shared)
   if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
     train, evaluation = (dataclasses.replace(c, return_logprobs=True) for c in (train, evaluation))
   return {Mode.TRAIN: train, Mode.EVAL: evaluation}

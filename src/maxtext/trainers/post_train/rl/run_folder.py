@@ -20,6 +20,7 @@ from maxtext.integration.tunix import metrics
 
 log = logging.getLogger("maxtext.train_rl")
 
+
 class RunFolder:
   """The run folder of cfg (cfg.run_dir)."""
 

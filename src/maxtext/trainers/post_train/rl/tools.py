@@ -100,7 +100,6 @@ class CalculatorTool(_OneArgumentTool):
 def python_tool(cfg) -> type[base_tool.BaseTool]:
   """A python tool class with the run's sandbox and limits (Tunix instantiates tool classes itself).
   ConfigError where rl.tool_sandbox=bwrap cannot start here."""
-
   rl = cfg.rl
   if rl.tool_sandbox == "bwrap":
     try:
@@ -153,7 +152,6 @@ def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_
 
 def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
-
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
   if not isinstance(found, dict) or not all(
       isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()):
@@ -164,7 +162,6 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
   config error."""
-
   available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
   if cfg.rl.tools_path:
     mine = user_tools(cfg.rl.tools_path)
