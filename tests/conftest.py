@@ -44,3 +44,19 @@ def _release_compiled_programs():
 
   jax.clear_caches()
   gc.collect()
+
+
+def hf_greedy_tokens(hf_dir, prompt: str, max_new_tokens: int) -> list[int]:
+  """transformers' greedy completion (token ids) of the chat-templated prompt by the HF checkpoint in
+  hf_dir: the independent reference for an exported model."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+
+  tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
+  model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+  ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                return_tensors="pt", return_dict=True)["input_ids"]
+  with torch.no_grad():
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+  return out[0, ids.shape[1]:].tolist()

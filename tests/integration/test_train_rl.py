@@ -7,8 +7,6 @@ import signal
 
 import numpy as np
 import pytest
-import torch
-import transformers
 import yaml
 from flax import nnx
 from PIL import Image
@@ -20,7 +18,7 @@ from maxtext.models import builder, load
 from maxtext.models.builder import param_name
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
-from tests.conftest import make_config
+from tests.conftest import hf_greedy_tokens, make_config
 
 TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "rl.num_generations=2",
         "max_response_length=16", "num_test_batches=1", "eval_batch_size=2", "adam_weight_decay=0",
@@ -79,18 +77,11 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert all(key.encode() in logged for key in ("rewards/mean", "kl", "step_time_s"))
 
   # The HF export is the trained policy: transformers' greedy decode equals ours of the checkpoint.
-  tok = transformers.AutoTokenizer.from_pretrained(run / "hf")
-  hf_model = transformers.AutoModelForCausalLM.from_pretrained(run / "hf")
   capsys.readouterr()
   assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", f"load_parameters_path={run / 'checkpoints'}",
                       "prompt=What is 2+3?", "max_response_length=8", "decode_sampling_temperature=0"]) == 0
   ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-  ids = tok.apply_chat_template([{"role": "user", "content": "What is 2+3?"}], add_generation_prompt=True,
-                                return_tensors="pt", return_dict=True)["input_ids"]
-  with torch.no_grad():
-    ref = hf_model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=tok.eos_token_id,
-                            pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
-  assert ours["token_ids"] == ref
+  assert ours["token_ids"] == hf_greedy_tokens(run / "hf", "What is 2+3?", 8)
 
 
 def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys):

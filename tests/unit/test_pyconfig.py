@@ -171,3 +171,22 @@ def test_unreadable_yaml_names_the_file(tmp_path):
   bad.write_text("rl: [unclosed\n")
   with pytest.raises(pyconfig.ConfigError, match=r"bad.yml: not valid YAML"):
     make_config(yaml=str(bad))
+
+
+@pytest.mark.parametrize("arg", ["lora_alpha=32", "lora_module_path=layers\\.0\\..*", "lora_input_adapters_path=x"])
+def test_lora_keys_are_refused_without_adapters(arg):
+  key = arg.split("=")[0]
+  assert getattr(make_config(arg, "lora_rank=8"), key) == pyconfig.initialize(
+      ["x", "rl.yml", arg, "lora_rank=8"]).flat()[key]
+  with pytest.raises(pyconfig.ConfigError, match=f"{key}=.*lora_rank=0 trains the full weights"):
+    make_config(arg)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["lora_rank=-1"], "lora_rank=-1, lora_alpha=16.0: expected lora_rank >= 0"),
+    (["lora_rank=4", "lora_alpha=0"], "lora_alpha=0.0: expected lora_rank >= 0 .* and lora_alpha > 0"),
+    (["lora_rank=4", "lora_module_path=layers.(("], "lora_module_path='layers.\\(\\(': not a regular expression"),
+])
+def test_bad_lora_settings_name_the_key(args, message):
+  with pytest.raises(pyconfig.ConfigError, match=message):
+    make_config(*args)

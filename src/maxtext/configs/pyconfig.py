@@ -12,6 +12,7 @@ import difflib
 import importlib.util
 import logging
 import os
+import re
 from typing import Any
 
 import yaml
@@ -240,10 +241,12 @@ AGENTIC_ONLY_KEYS = ("rl.max_concurrency", "rl.off_policy_steps", "rl.system_pro
                      "rl.sampler_is_threshold", "rl.logp_check_period", "rl.filter_zero_variance_groups",
                      "rl.tools", "rl.tools_path", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
                      "rl.tool_output_max_chars", "rl.tool_sandbox")
-# Keys the format-tag rewards read; answer_format=last_number refuses them.
+# Keys that configure LoRA adapters; lora_rank=0 (full fine-tuning) refuses them.
+LORA_KEYS = ("lora_alpha", "lora_module_path", "lora_input_adapters_path")
 # Keys only evaluation reads; num_test_batches=0 (no evaluation) refuses them.
 EVAL_KEYS = ("eval_dataset_name", "eval_split", "eval_batch_size", "eval_sampling_strategy", "num_eval_passes",
              "eval_mode", "eval_interval", "eval_make_lst")
+# Keys the format-tag rewards read; answer_format=last_number refuses them.
 TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match", "reward_partial_format_match",
                    "reward_ratio_guess_to_answer_high", "reward_ratio_guess_to_answer_low",
                    "penalty_incorrect_format", "penalty_incorrect_answer")
@@ -276,6 +279,8 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
     ignored.setdefault("rl.logp_check_period",
                        ("only the batched engine returns sampler log-probs to check", "rollout_engine"))
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
+  if v["lora_rank"] == 0:
+    ignored.update({k: ("lora_rank=0 trains the full weights, without adapters", "lora_rank") for k in LORA_KEYS})
   if v["answer_format"] == "last_number":
     ignored.update({k: ("answer_format=last_number rewards the last number only", "answer_format")
                     for k in TAG_REWARD_KEYS})
@@ -348,6 +353,13 @@ def _validate(v: dict[str, Any]) -> None:
                       f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)")
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
+  if v["lora_rank"] < 0 or v["lora_alpha"] <= 0:
+    raise ConfigError(f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
+                      "fine-tuning) and lora_alpha > 0")
+  try:
+    re.compile(v["lora_module_path"])
+  except re.error as e:
+    raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
 
 
 def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from maxtext.models.decoder import Decoder, ModelConfig
+from maxtext.models.decoder import LORA_INPUT_AXES, Decoder, ModelConfig
 from maxtext.utils import errors
 
 
@@ -57,6 +59,72 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
   return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 
 
+def _mesh_of(model: Decoder) -> Mesh:
+  return jax.tree.leaves(nnx.state(model))[0].sharding.mesh
+
+
+def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
+  """`base` with LoRA adapters (mcfg.lora_*) on the weights mcfg.lora_module_path names; the base
+  weights are the same arrays as base's (no copy), the adapters seeded, B at zero."""
+  weights = [param_name(p) for p, _ in nnx.to_flat_state(nnx.state(base, nnx.Param))]
+  if not any(mcfg.adapts(w) for w in weights):
+    adaptable = [w for w in weights if w.rsplit(".", 1)[-1] in LORA_INPUT_AXES]
+    raise errors.ConfigError(f"lora_module_path={mcfg.lora_module_path!r} matches no weight that takes a LoRA "
+                             f"adapter (dotted names such as {', '.join(adaptable[:7])})")
+  mesh = _mesh_of(base)
+  graphdef, abstract, _ = _abstract(mcfg, mesh)
+  lora_shardings = nnx.get_named_sharding(nnx.filter_state(abstract, nnx.LoRAParam), mesh)
+
+  @jax.jit
+  def init():
+    return jax.lax.with_sharding_constraint(nnx.state(Decoder(mcfg, rngs=nnx.Rngs(seed)), nnx.LoRAParam),
+                                            lora_shardings)
+
+  with jax.set_mesh(mesh):
+    return nnx.merge(graphdef, nnx.state(base), init())
+
+
+def base_of(model: Decoder) -> Decoder:
+  """The frozen base of an adapted decoder: its base weights (the same arrays) without adapters."""
+  mcfg = dataclasses.replace(model.config, lora_rank=0)
+  graphdef, _, _ = _abstract(mcfg, _mesh_of(model))
+  return nnx.merge(graphdef, nnx.state(model, nnx.Not(nnx.LoRAParam)))
+
+
+def adapters(model: Decoder) -> dict[str, np.ndarray]:
+  """Dotted adapter name (layers.0.attn.q_proj_lora_a) -> host array."""
+  return {param_name(path): np.asarray(var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+
+
+def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> None:
+  """Replaces the model's adapters with `arrays` (dotted name -> array, as `adapters` returns)."""
+  current = dict(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
+  names = {param_name(p): p for p in current}
+  missing, unexpected = set(names) - set(arrays), set(arrays) - set(names)
+  if missing or unexpected:
+    raise errors.InputError(f"{source}: LoRA adapters do not match lora_rank/lora_module_path; missing "
+                            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+  leaves = []
+  for name, path in names.items():
+    var = current[path]
+    if tuple(arrays[name].shape) != tuple(var.shape):
+      raise errors.InputError(f"{source}: adapter {name} has shape {tuple(arrays[name].shape)}, lora_rank="
+                              f"{model.config.lora_rank} expects {tuple(var.shape)}")
+    leaves.append((path, var.replace(jax.device_put(np.asarray(arrays[name], var.dtype), var[...].sharding))))
+  nnx.update(model, nnx.from_flat_state(leaves))
+
+
 def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
-  """Dotted parameter name -> host array (gathered from the mesh); the inverse of `from_arrays`."""
-  return {param_name(path): np.asarray(var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  """Dotted parameter name -> host array (gathered from the mesh), adapters merged into their
+  weights (W + alpha / rank A B): the inverse of `from_arrays` for the plain decoder."""
+  flat = {param_name(path): var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+  out = {}
+  scale = model.config.lora_alpha / model.config.lora_rank if model.config.lora_rank else 0.0
+  for name, value in flat.items():
+    if name.endswith(("_lora_a", "_lora_b")):
+      continue
+    if f"{name}_lora_a" in flat:
+      delta = jax.numpy.tensordot(flat[f"{name}_lora_a"], flat[f"{name}_lora_b"], 1) * scale
+      value = (value.astype(np.float32) + delta).astype(value.dtype)
+    out[name] = np.asarray(value)
+  return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Any
 
 from flax import nnx
@@ -44,6 +45,9 @@ class ModelConfig:
   weight_dtype: Any
   remat: bool
   logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
+  lora_rank: int = 0  # 0: no adapters
+  lora_alpha: float = 0.0
+  lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
 
   @classmethod
   def from_config(cls, cfg) -> "ModelConfig":
@@ -66,12 +70,52 @@ class ModelConfig:
         weight_dtype=jnp.dtype(cfg.weight_dtype),
         remat=cfg.remat_policy == "full",
         logical_axis_rules=tuple((name, tuple(axes)) for name, axes in cfg.logical_axis_rules),
+        lora_rank=cfg.lora_rank,
+        lora_alpha=float(cfg.lora_alpha),
+        lora_module_path=cfg.lora_module_path,
     )
+
+  def adapts(self, weight_name: str) -> bool:
+    """Whether the weight (dotted name) gets a LoRA adapter."""
+    return self.lora_rank > 0 and re.fullmatch(self.lora_module_path, weight_name) is not None
 
 
 def _param(cfg: ModelConfig, rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
   value = init(rngs.params(), shape, cfg.weight_dtype)
   return nnx.Param(value, out_sharding=axes, sharding_rules=cfg.logical_axis_rules)
+
+
+# Weights that may take a LoRA adapter, with the number of their leading (input) axes.
+LORA_INPUT_AXES = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 2, "gate_proj": 1, "up_proj": 1, "down_proj": 1}
+
+
+class _Projections(nnx.Module):
+  """A module of projection weights, each optionally with a LoRA adapter: W + (alpha / rank) A B with
+  A [inputs..., rank] and B [rank, outputs...] as nnx.LoRAParam (Tunix trains only those when any
+  exist), stored beside the weight as <name>_lora_a / <name>_lora_b. B starts at zero, so an adapted
+  model starts as its base."""
+
+  def _weight(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str, name: str, shape, axes) -> None:
+    setattr(self, name, _param(cfg, rngs, nnx.initializers.lecun_normal(), shape, axes))
+    if not cfg.adapts(f"{path}.{name}"):
+      return
+    n_in = LORA_INPUT_AXES[name]
+    init_a = nnx.initializers.he_uniform(in_axis=tuple(range(n_in)), out_axis=-1)
+    lora = lambda value, lora_axes: nnx.LoRAParam(value, out_sharding=lora_axes, sharding_rules=cfg.logical_axis_rules)
+    setattr(self, f"{name}_lora_a", lora(init_a(rngs.params(), (*shape[:n_in], cfg.lora_rank), jnp.float32),
+                                         (*axes[:n_in], None)))
+    setattr(self, f"{name}_lora_b", lora(jnp.zeros((cfg.lora_rank, *shape[n_in:]), jnp.float32),
+                                         (None, *axes[n_in:])))
+
+  def _project(self, cfg: ModelConfig, name: str, equation: str, x: jax.Array) -> jax.Array:
+    """einsum(equation, x, weight) plus the adapter's (alpha / rank) x A B where it has one."""
+    dt = cfg.dtype
+    y = jnp.einsum(equation, x, getattr(self, name)[...].astype(dt))
+    if not hasattr(self, f"{name}_lora_a"):
+      return y
+    a, b = getattr(self, f"{name}_lora_a")[...], getattr(self, f"{name}_lora_b")[...]
+    down = jnp.tensordot(x, a.astype(dt), LORA_INPUT_AXES[name])
+    return y + jnp.tensordot(down, b.astype(dt), 1) * (cfg.lora_alpha / cfg.lora_rank)
 
 
 class RMSNorm(nnx.Module):
@@ -117,17 +161,16 @@ def _write_rows(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Arra
   return jax.vmap(lambda buf, n, i: jax.lax.dynamic_update_slice(buf, n, (i, 0, 0)))(buffer, new, start)
 
 
-class Attention(nnx.Module):
+class Attention(_Projections):
   """Grouped-query attention with optional per-head q/k RMSNorm and a KV cache."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
     self.cfg = cfg
-    init = nnx.initializers.lecun_normal()
     e, hq, hkv, d = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    self.q_proj = _param(cfg, rngs, init, (e, hq, d), ("embed", "q_heads", "kv"))
-    self.k_proj = _param(cfg, rngs, init, (e, hkv, d), ("embed", "kv_heads", "kv"))
-    self.v_proj = _param(cfg, rngs, init, (e, hkv, d), ("embed", "kv_heads", "kv"))
-    self.o_proj = _param(cfg, rngs, init, (hq, d, e), ("heads", "kv", "embed"))
+    self._weight(cfg, rngs, path, "q_proj", (e, hq, d), ("embed", "q_heads", "kv"))
+    self._weight(cfg, rngs, path, "k_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self._weight(cfg, rngs, path, "v_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self._weight(cfg, rngs, path, "o_proj", (hq, d, e), ("heads", "kv", "embed"))
     if cfg.use_qk_norm:
       self.q_norm = RMSNorm(d, cfg, rngs)
       self.k_norm = RMSNorm(d, cfg, rngs)
@@ -135,9 +178,9 @@ class Attention(nnx.Module):
   def __call__(self, x, positions, layer_cache, attention_mask):
     cfg = self.cfg
     dt = cfg.dtype
-    q = jnp.einsum("bte,ehd->bthd", x, self.q_proj[...].astype(dt))
-    k = jnp.einsum("bte,ehd->bthd", x, self.k_proj[...].astype(dt))
-    v = jnp.einsum("bte,ehd->bthd", x, self.v_proj[...].astype(dt))
+    q = self._project(cfg, "q_proj", "bte,ehd->bthd", x)
+    k = self._project(cfg, "k_proj", "bte,ehd->bthd", x)
+    v = self._project(cfg, "v_proj", "bte,ehd->bthd", x)
     if cfg.use_qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inverse_frequencies(cfg)
@@ -158,32 +201,31 @@ class Attention(nnx.Module):
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, hq, d)
-    return jnp.einsum("bthd,hde->bte", out, self.o_proj[...].astype(dt)), new_cache
+    return self._project(cfg, "o_proj", "bthd,hde->bte", out), new_cache
 
 
-class MLP(nnx.Module):
+class MLP(_Projections):
   """SwiGLU feed-forward block."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
-    init = nnx.initializers.lecun_normal()
-    self.dtype = cfg.dtype
-    self.gate_proj = _param(cfg, rngs, init, (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
-    self.up_proj = _param(cfg, rngs, init, (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
-    self.down_proj = _param(cfg, rngs, init, (cfg.mlp_dim, cfg.emb_dim), ("mlp", "embed"))
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
+    self.cfg = cfg
+    self._weight(cfg, rngs, path, "gate_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self._weight(cfg, rngs, path, "up_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self._weight(cfg, rngs, path, "down_proj", (cfg.mlp_dim, cfg.emb_dim), ("mlp", "embed"))
 
   def __call__(self, x):
-    dt = self.dtype
-    h = jax.nn.silu(x @ self.gate_proj[...].astype(dt)) * (x @ self.up_proj[...].astype(dt))
-    return h @ self.down_proj[...].astype(dt)
+    cfg = self.cfg
+    h = jax.nn.silu(self._project(cfg, "gate_proj", "bte,em->btm", x)) * self._project(cfg, "up_proj", "bte,em->btm", x)
+    return self._project(cfg, "down_proj", "btm,me->bte", h)
 
 
 class DecoderLayer(nnx.Module):
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
     self.attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
-    self.attn = Attention(cfg, rngs)
+    self.attn = Attention(cfg, rngs, f"{path}.attn")
     self.mlp_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
-    self.mlp = MLP(cfg, rngs)
+    self.mlp = MLP(cfg, rngs, f"{path}.mlp")
 
   def __call__(self, x, positions, layer_cache, attention_mask):
     h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask)
@@ -197,7 +239,7 @@ class Decoder(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.embed = _param(cfg, rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"))
-    self.layers = nnx.List([DecoderLayer(cfg, rngs) for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([DecoderLayer(cfg, rngs, f"layers.{i}") for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = _param(cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"))

@@ -3,10 +3,12 @@ Orbax checkpoint), the model's embedded default, or a seeded random init."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 
 import numpy as np
+import yaml
 from jax.sharding import Mesh
 
 from maxtext import assets
@@ -64,7 +66,11 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
   if hf_config.is_hf_checkpoint(path):
     return hf_layout.hf_to_maxtext(hf_checkpoint.read_state_dict(path), mcfg)
   if orbax_checkpoint.is_orbax_checkpoint(path):
-    return orbax_checkpoint.restore_arrays(path)
+    arrays = orbax_checkpoint.restore_arrays(path)
+    if arrays and all(_is_adapter(name) for name in arrays):
+      raise ConfigError(f"load_parameters_path={path}: holds LoRA adapters only; set lora_input_adapters_path={path} "
+                        "(with the run's lora_rank) and load_parameters_path to the base weights they were trained on")
+    return arrays
   if not os.path.exists(path):
     raise errors.MissingInputError(f"load_parameters_path={path}: no such file or directory")
   raise ConfigError(
@@ -73,11 +79,55 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
   )
 
 
+def _is_adapter(name: str) -> bool:
+  return name.endswith(("_lora_a", "_lora_b"))
+
+
+def _check_adapters_config(path: str, cfg) -> None:
+  """Adapters inside a run folder must be read with the LoRA settings of that run's config.yml."""
+  folder = os.path.abspath(path)
+  for _ in range(5):
+    saved = os.path.join(folder, "config.yml")
+    if os.path.isfile(saved):
+      with open(saved, encoding="utf-8") as f:
+        trained = yaml.safe_load(f) or {}
+      diffs = [f"{key}={getattr(cfg, key)!r} but the adapters were trained with {key}={trained[key]!r}"
+               for key in ("lora_rank", "lora_alpha", "lora_module_path")
+               if key in trained and trained[key] != getattr(cfg, key)]
+      if diffs:
+        raise ConfigError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
+      return
+    folder = os.path.dirname(folder)
+
+
+def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:
+  """Dotted adapter names -> arrays from an Orbax checkpoint (a LoRA run's checkpoints/ or one step)."""
+  if not orbax_checkpoint.is_orbax_checkpoint(path):
+    raise errors.MissingInputError(f"lora_input_adapters_path={path}: no Orbax checkpoint there (expected a run's "
+                                   "checkpoints/ folder or one <step> folder of it)")
+  _check_adapters_config(path, cfg)
+  adapters = {k: v for k, v in orbax_checkpoint.restore_arrays(path).items() if _is_adapter(k)}
+  if not adapters:
+    raise errors.InputError(f"lora_input_adapters_path={path}: the checkpoint holds no LoRA adapters "
+                            "(a full fine-tuning run's checkpoint loads through load_parameters_path)")
+  return adapters
+
+
 def load_model(cfg, mesh: Mesh) -> Decoder:
+  """The run's decoder: its weights, with LoRA adapters (fresh, or lora_input_adapters_path's) when
+  lora_rank > 0."""
   mcfg = ModelConfig.from_config(cfg)
+  base_cfg = dataclasses.replace(mcfg, lora_rank=0)
   path = parameters_path(cfg)
   if not path:
     log.info("Initialising %s randomly (seed %d)", cfg.model_name, cfg.init_weights_seed)
-    return builder.init_random(mcfg, mesh, cfg.init_weights_seed)
-  log.info("Loading weights from %s", path)
-  return builder.from_arrays(mcfg, mesh, read_arrays(path, cfg), path)
+    model = builder.init_random(base_cfg, mesh, cfg.init_weights_seed)
+  else:
+    log.info("Loading weights from %s", path)
+    model = builder.from_arrays(base_cfg, mesh, read_arrays(path, cfg), path)
+  if not mcfg.lora_rank:
+    return model
+  model = builder.with_lora(model, mcfg, cfg.init_weights_seed)
+  if cfg.lora_input_adapters_path:
+    builder.set_adapters(model, read_adapters(cfg.lora_input_adapters_path, cfg), cfg.lora_input_adapters_path)
+  return model

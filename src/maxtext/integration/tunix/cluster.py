@@ -14,8 +14,10 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import metrics_logger
+from tunix.sft import utils as sft_utils
 
 from maxtext.integration.tunix import metrics, rollout
+from maxtext.models import builder
 from maxtext.utils.mesh import DATA_AXES
 
 Role = rl_cluster_lib.Role
@@ -46,9 +48,19 @@ def optimizer(cfg) -> optax.GradientTransformation:
   return adamw
 
 
+def reference_model(cfg, actor: nnx.Module) -> nnx.Module | None:
+  """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
+  weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor."""
+  if cfg.rl.grpo_beta == 0.0:
+    return None
+  return builder.base_of(actor) if cfg.lora_rank else nnx.clone(actor)
+
+
 def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
                   sinks: metrics.MetricSinks) -> rl_cluster_lib.RLCluster:
-  reference = nnx.clone(actor) if cfg.rl.grpo_beta != 0.0 else None
+  """Tunix's RLCluster; with LoRA adapters in the actor (lora_rank > 0) Tunix trains, syncs and
+  checkpoints only those."""
+  reference = reference_model(cfg, actor)
   training = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=optimizer(cfg),
       eval_every_n_steps=updates(cfg) + 1,
@@ -83,12 +95,13 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
 
 
 def save_checkpoint(cluster: rl_cluster_lib.RLCluster) -> int:
-  """Saves the actor (model and optimizer) between global steps unless its step is saved already,
-  with the global step Tunix restores the data position from (a rerun resumes there); returns the
-  step."""
+  """Saves the actor (model, or its LoRA adapters only, and optimizer) between global steps unless
+  its step is saved already, with the global step Tunix restores the data position from (a rerun
+  resumes there); returns the step."""
   trainer = cluster.actor_trainer
   step = trainer.train_steps
   if (trainer.checkpoint_manager.latest_step() or 0) < step:
     trainer.checkpoint_manager.save(step, trainer.model, trainer.optimizer, force=True,
+                                    save_only_lora_params=sft_utils.is_lora_enabled(trainer.model),
                                     custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value})
   return step
