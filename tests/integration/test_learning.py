@@ -4,8 +4,8 @@ does about one time in eight). Rewarded for replies that start with a digit, a f
 standard GRPO, and of agentic GRPO with rl.off_policy_steps 0 and 1, make it answer with a digit
 greedily (train_rl's own greedy evaluation of the held-out prompts, before and after); with the
 reward negated the same run moves the other way. Every test here fails with the advantage's sign
-flipped. A slow test trains agentic GRPO on a reward that needs the calculator (two demonstrated
-calls in the data template's EXAMPLES). Each training runs in a fresh Python process (as
+flipped. Slow tests train LoRA adapters the same way, and agentic GRPO on a reward that needs the
+calculator (two demonstrated calls in the data template's EXAMPLES). Each training runs in a fresh Python process (as
 `python -m ...train_rl` does), so the suite's memory does not pile up across them."""
 
 import json
@@ -96,6 +96,23 @@ def test_standard_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
 def test_agentic_grpo_learns(tmp_path, off_policy_steps):
   _check_learned(_in_fresh_process(_learn, tmp_path, 1.0, [
       "rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy_steps}", "rl.max_concurrency=32"]))
+
+
+# Measured: sampled digit replies per step 0.06, 0.88, 0.97 (greedy 0.0 -> 1.0); negated 0.06, 0.0, 0.0
+# (greedy 0.0 -> 0.0); 2-3.5 minutes per run, peak RSS 6.6-6.9 GB. In the slow suite: the fast suite
+# has LoRA's mechanics (test_lora) and full fine-tuning's learning.
+@pytest.mark.slow
+def test_lora_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
+  """The same task and runs, training rank-16 LoRA adapters instead of the full weights."""
+  runs = {}
+  for sign in (1.0, -1.0):
+    folder = tmp_path / f"sign{sign:+.0f}"
+    folder.mkdir()
+    runs[sign] = _in_fresh_process(_learn, folder, sign, ["rl.use_agentic_rollout=false", "lora_rank=16",
+                                                          "lora_alpha=32", "learning_rate=5e-4"])
+  _check_learned(runs[1.0])
+  assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
+  assert runs[-1.0]["after"] == 0.0
 
 
 def _learn_tool_use(folder, sign: float) -> list[dict]:
