@@ -2,15 +2,17 @@
 
     python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [key=value ...]
 
-Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0.
+Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0 (and
+peft==0.21.2 for lora_rank > 0).
 
 Identical work: the same weights (SmolLM2-135M-Instruct from the embedded GGUF, written once as an
 HF checkpoint by our to_huggingface, float32), the same prompts in the same order (our data pipeline
 renders them; TRL gets the rendered text), the same group size, batch, micro-batch, prompt and
 response lengths, sampling (temperature, top-k, top-p), optimizer (AdamW betas, weight decay,
 global-norm clipping, learning rate with linear warmup and cosine decay to 0), KL coefficient,
-clipping epsilon and loss aggregation (sequence-mean-token-mean: TRL's loss_type="grpo"), and the same reward
-(the reply's last number equals the answer, one Python function both call). By default the default
+clipping epsilon and loss aggregation (sequence-mean-token-mean: TRL's loss_type="grpo"), the same reward
+(the reply's last number equals the answer, one Python function both call), and with lora_rank > 0
+the same LoRA adapters (rank, alpha, on every attention and MLP projection; TRL through PEFT). By default the default
 demo's shape (rl_times_table.yml: 8 prompts x 8 samples, 12-token replies, micro-batches of 16);
 key=value arguments change it for both (e.g. the GSM8K shape: rl.yml dataset_name=gsm8k
 max_response_length=128 batch_size=2 rl.num_generations=4 ...: pass the yml first).
@@ -88,6 +90,9 @@ def _prepare(args, work: str) -> dict:
   rl = cfg.rl
   if rl.loss_agg_mode != "sequence-mean-token-mean" or rl.num_iterations != 1 or rl.loss_algo != "grpo":
     raise SystemExit("vs_trl maps only loss_agg_mode=sequence-mean-token-mean, rl.num_iterations=1, rl.loss_algo=grpo")
+  default_targets = pyconfig.initialize(["vs_trl", "base.yml"]).lora_module_path
+  if cfg.lora_rank and cfg.lora_module_path != default_targets:
+    raise SystemExit("vs_trl maps only the default lora_module_path (every attention and MLP projection)")
   return {"steps": args.steps, "prompts_per_step": cfg.batch_size, "num_generations": rl.num_generations,
           "micro_batch_sequences": (cfg.train_micro_batch_size or cfg.batch_size) * rl.num_generations,
           "max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length,
@@ -96,7 +101,8 @@ def _prepare(args, work: str) -> dict:
           "epsilon": rl.grpo_epsilon, "kl_loss_mode": rl.kl_loss_mode, "adam_weight_decay": cfg.adam_weight_decay,
           "gradient_clipping_threshold": cfg.gradient_clipping_threshold, "adam_b1": cfg.adam_b1,
           "adam_b2": cfg.adam_b2, "warmup_steps": int(cfg.warmup_steps_fraction * args.steps), "model": cfg.model_name,
-          "rollout_engine": cfg.rollout_engine, "remat_policy": cfg.remat_policy}
+          "rollout_engine": cfg.rollout_engine, "remat_policy": cfg.remat_policy,
+          "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha}
 
 
 def _peak_gb(stderr: str) -> float:
@@ -174,9 +180,15 @@ def _trl_worker(spec: dict) -> None:
     def on_step_end(self, *_, **__):
       step_ends.append(time.perf_counter())
 
+  peft_config = None
+  if spec["lora_rank"]:
+    import peft
+    peft_config = peft.LoraConfig(r=spec["lora_rank"], lora_alpha=spec["lora_alpha"], lora_dropout=0.0,
+                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                  "down_proj"])
   trainer = trl.GRPOTrainer(model=model, reward_funcs=last_number_correct, args=config,
                             train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                            callbacks=[StepClock()])
+                            callbacks=[StepClock()], peft_config=peft_config)
   trainer.train()
   history = trainer.state.log_history
   with open(spec["out"], "w", encoding="utf-8") as f:
@@ -184,7 +196,8 @@ def _trl_worker(spec: dict) -> None:
                "rewards": [h["reward"] for h in history if "reward" in h],
                "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
                "versions": {"trl": trl.__version__, "torch": torch.__version__,
-                            "transformers": transformers.__version__}}, f)
+                            "transformers": transformers.__version__,
+                            **({"peft": peft.__version__} if peft_config else {})}}, f)
 
 
 def _summary(run: dict) -> dict:

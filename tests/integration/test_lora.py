@@ -6,6 +6,7 @@ ours of the adapted model. With trainer and sampler on separate devices, the sam
 after training equal the trainer's (the adapters reach the sampler every step)."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -37,7 +38,8 @@ def _buffers(model) -> dict:
           for p, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.LoRAParam)))}
 
 
-def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(tmp_path, capsys, monkeypatch):
+def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(tmp_path, capsys, monkeypatch, caplog):
+  caplog.set_level(logging.INFO)
   (tmp_path / "reward.py").write_text(REWARD)
   args = [*LORA, f"reward_functions_path={tmp_path / 'reward.py'}", f"base_output_directory={tmp_path}",
           "run_name=lora"]
@@ -46,6 +48,8 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   monkeypatch.setattr(cluster_lib, "build_cluster", lambda *a, **k: clusters.append(build(*a, **k)) or clusters[-1])
   assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=2", "export_hf=true"]) == 0
   run = tmp_path / "lora"
+  # The expected memory at start (adapters' optimizer state, no reference copy) and the peak at the end.
+  assert "AdamW moments (adapters)" in caplog.text and "Peak memory (RSS)" in caplog.text
   cluster = clusters[0]
   actor = cluster.actor_trainer.model
 

@@ -44,13 +44,14 @@ def run(cfg) -> dict:
   from maxtext.integration.tunix import agentic, chat_parser, cluster as cluster_lib, learner as learner_lib
   from maxtext.integration.tunix import metrics, rollout, trajectories
   from maxtext.models.load import load_model
-  from maxtext.trainers.post_train.rl import evaluate_rl, tools, utils_rl
+  from maxtext.trainers.post_train.rl import evaluate_rl, footprint, tools, utils_rl
   from maxtext.trainers.post_train.rl.run_folder import RunFolder
   from maxtext.utils import mesh as mesh_lib
   # pylint: enable=import-outside-toplevel
 
   folder = RunFolder(cfg)
   folder.write_config(cfg)
+  expected = footprint.log_estimate(cfg)
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
@@ -127,6 +128,7 @@ def run(cfg) -> dict:
     guard(trained)  # a non-finite value at the last step: no later step boundary saw it
     log.info("Trained %d steps in %.1f s (%.1f s of it compiling)", trained,
              time.time() - start, sinks.compile_clock() - compiled)
+    footprint.log_peak(expected)
     results["after"] = evaluate("eval after")
     results["gain"] = evaluate_rl.paired_gain(results["before"], results["after"])
     if results["gain"]:

@@ -1,0 +1,128 @@
+"""The memory a run is expected to need, from its config alone, logged at start so a user knows
+before loading anything whether it fits; and the process's peak memory, logged at the end beside
+the estimate.
+
+Counted: the weights; the KL reference's copy (none at rl.grpo_beta=0, none with LoRA, whose
+reference is the frozen base); Tunix's per-step snapshot of the policy (RLCluster.sync_weights keeps
+the weights of the samples' policy in host memory); AdamW's two moments, the gradient and, with
+train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
+the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
+temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
+activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
+layer's). Not counted: the runtime and compiled programs (about 0.5 GB on CPU), and on CPU XLA's
+and the allocator's overheads, which the end-of-run line shows against the estimate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import resource
+import sys
+
+log = logging.getLogger(__name__)
+
+GB = 1e9
+# Projections that can take LoRA adapters: name -> (inputs, outputs) in terms of the architecture.
+_PROJECTIONS = {
+    "attn.q_proj": lambda c: (c.emb_dim, c.num_query_heads * c.head_dim),
+    "attn.k_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
+    "attn.v_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
+    "attn.o_proj": lambda c: (c.num_query_heads * c.head_dim, c.emb_dim),
+    "mlp.gate_proj": lambda c: (c.emb_dim, c.mlp_dim),
+    "mlp.up_proj": lambda c: (c.emb_dim, c.mlp_dim),
+    "mlp.down_proj": lambda c: (c.mlp_dim, c.emb_dim),
+}
+
+
+def parameter_count(cfg) -> int:
+  """Weights of the decoder (without LoRA adapters)."""
+  e, layers = cfg.emb_dim, cfg.num_decoder_layers
+  per_layer = sum(i * o for i, o in (f(cfg) for f in _PROJECTIONS.values())) + 2 * e
+  if cfg.use_qk_norm:
+    per_layer += 2 * cfg.head_dim
+  head = 0 if cfg.logits_via_embedding else e * cfg.vocab_size
+  return cfg.vocab_size * e + layers * per_layer + e + head
+
+
+def adapter_count(cfg) -> int:
+  """LoRA adapter parameters (A and B of every weight lora_module_path names); 0 without LoRA."""
+  if not cfg.lora_rank:
+    return 0
+  pattern = re.compile(cfg.lora_module_path)
+  return sum(cfg.lora_rank * sum(f(cfg))
+             for layer in range(cfg.num_decoder_layers)
+             for name, f in _PROJECTIONS.items() if pattern.fullmatch(f"layers.{layer}.{name}"))
+
+
+def _sampler_rows(cfg) -> int:
+  """The most sequences the sampler decodes at once (training rollouts or evaluation)."""
+  demand = cfg.rl.max_concurrency if cfg.rl.use_agentic_rollout else cfg.batch_size * cfg.rl.num_generations
+  if cfg.num_test_batches:
+    demand = max(demand, cfg.eval_batch_size)
+  return min(demand, cfg.rollout_max_batch_size) if cfg.rollout_engine == "batched" else demand
+
+
+def _activation_values_per_token(cfg, length: int) -> int:
+  """Values the backward pass keeps per token and layer without remat: norm inputs and outputs,
+  q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate,
+  up, activation and product, and the residual stream."""
+  hq_d, hkv_d = cfg.num_query_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+  return 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 4 * cfg.mlp_dim
+
+
+@dataclasses.dataclass(frozen=True)
+class Footprint:
+  parts: dict[str, float]  # name -> bytes
+
+  @property
+  def total(self) -> float:
+    return sum(self.parts.values())
+
+  def table(self) -> str:
+    rows = [f"  {name:<36} {size / GB:7.2f} GB" for name, size in self.parts.items()]
+    return "\n".join([*rows, f"  {'total':<36} {self.total / GB:7.2f} GB"])
+
+
+def estimate(cfg) -> Footprint:
+  weight_bytes = 2 if cfg.weight_dtype == "bfloat16" else 4
+  act_bytes = 2 if cfg.dtype == "bfloat16" else 4
+  n = parameter_count(cfg)
+  lora = adapter_count(cfg)
+  trained, trained_bytes = (lora, 4) if lora else (n, weight_bytes)  # adapters are float32
+  sequences = (cfg.train_micro_batch_size or cfg.batch_size) * cfg.rl.num_generations
+  length = cfg.max_target_length
+  per_token = (cfg.num_decoder_layers * cfg.emb_dim + _activation_values_per_token(cfg, length)
+               if cfg.remat_policy == "full" else cfg.num_decoder_layers * _activation_values_per_token(cfg, length))
+  kv = 2 * cfg.num_decoder_layers * cfg.num_kv_heads * cfg.head_dim * act_bytes
+  rows = _sampler_rows(cfg)
+  parts = {
+      f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"):
+          n * weight_bytes + lora * 4,
+      "KL reference copy": n * weight_bytes if cfg.rl.grpo_beta != 0 and not lora else 0,
+      "policy snapshot (Tunix, host)": n * weight_bytes + lora * 4,
+      f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
+      "gradient": trained * trained_bytes,
+      "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
+      f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
+      f"logits, micro-batch of {sequences} x {length}": 3 * sequences * length * cfg.vocab_size * 4,
+      f"activations, micro-batch (remat {cfg.remat_policy})": sequences * length * per_token * act_bytes,
+  }
+  return Footprint(parts)
+
+
+def peak_rss_bytes() -> float:
+  """The process's peak resident memory so far."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+
+
+def log_estimate(cfg) -> Footprint:
+  footprint = estimate(cfg)
+  log.info("Expected memory (runtime and compiled programs not included):\n%s", footprint.table())
+  return footprint
+
+
+def log_peak(footprint: Footprint) -> None:
+  log.info("Peak memory (RSS) %.2f GB; estimated at start %.2f GB", peak_rss_bytes() / GB, footprint.total / GB)

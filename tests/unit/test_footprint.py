@@ -1,0 +1,87 @@
+"""The memory estimate logged at start: its parts against the real objects (the decoder's parameters
+and adapters, optax's AdamW state, the decoder's KV cache) and its training-step temporaries against
+XLA's own figure for a compiled forward and backward pass."""
+
+import jax
+import jax.numpy as jnp
+import optax
+import pytest
+from flax import nnx
+
+from maxtext.models import builder
+from maxtext.models.decoder import ModelConfig
+from maxtext.trainers.post_train.rl import footprint
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+
+def _nbytes(tree) -> int:
+  return sum(x.nbytes for x in jax.tree.leaves(tree))
+
+
+@pytest.mark.parametrize("args", [
+    ("model_name=qwen3-tiny",), ("model_name=llama-tiny",),
+    ("model_name=qwen3-tiny", "lora_rank=4"),
+    ("model_name=llama-tiny", "lora_rank=3", r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)"),
+])
+def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):
+  cfg = make_config(*args)
+  mesh = create_meshes(cfg)[0]
+  base = builder.init_random(ModelConfig.from_config(make_config(args[0])), mesh, 0)
+  model = builder.with_lora(base, ModelConfig.from_config(cfg), 0) if cfg.lora_rank else base
+  weights = nnx.state(model, nnx.Not(nnx.LoRAParam))
+  adapters = nnx.state(model, nnx.LoRAParam)
+  assert footprint.parameter_count(cfg) == sum(x.size for x in jax.tree.leaves(weights))
+  assert footprint.adapter_count(cfg) == sum(x.size for x in jax.tree.leaves(adapters))
+  parts = footprint.estimate(cfg).parts
+  trained = adapters if cfg.lora_rank else weights
+  moments = [v for k, v in parts.items() if k.startswith("AdamW moments")][0]
+  assert moments == _nbytes(optax.adamw(1e-3).init(trained)) - 4  # less AdamW's step count
+  assert parts["gradient"] == _nbytes(trained)
+  assert [v for k, v in parts.items() if k.startswith("weights")][0] == _nbytes(weights) + _nbytes(adapters)
+
+
+def test_kl_reference_copy_only_for_full_fine_tuning_with_kl():
+  copy = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts["KL reference copy"]
+  assert copy("rl.grpo_beta=0") == 0
+  assert copy("rl.grpo_beta=0.04") == footprint.parameter_count(make_config("model_name=qwen3-tiny")) * 4
+  assert copy("rl.grpo_beta=0.04", "lora_rank=8") == 0  # the frozen base is the reference
+
+
+def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
+  cfg = make_config("model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8",
+                    "num_test_batches=0")
+  model = builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0)
+  cache = model.init_cache(8, cfg.kv_cache_size, jnp.float32)  # min(4 x 4 prompts' samples, 8 slots)
+  expected = sum(layer["k"].nbytes + layer["v"].nbytes for layer in cache.values())
+  parts = footprint.estimate(cfg).parts
+  assert parts[f"sampler KV cache (8 rows x {cfg.kv_cache_size})"] == expected
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
+  """logits + activations + gradient against the temporaries XLA allocates for the gradient of the
+  sampled tokens' mean log-probability over one micro-batch (what the GRPO loss differentiates)."""
+  cfg = make_config("model_name=llama-tiny", "vocab_size=4096", "emb_dim=256", "mlp_dim=1024", "num_decoder_layers=4",
+                    "num_query_heads=8", "num_kv_heads=2", "head_dim=32", "batch_size=2", "rl.num_generations=4",
+                    "train_micro_batch_size=1", "max_prompt_length=96", "max_response_length=32",
+                    f"remat_policy={remat}")
+  model = builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0)
+  graphdef, params = nnx.split(model)
+  sequences, length = cfg.rl.num_generations, cfg.max_target_length
+  tokens = jnp.zeros((sequences, length), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length), (sequences, length))
+  mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (sequences, length, length))
+
+  def loss(p):
+    logits, _ = nnx.merge(graphdef, p)(tokens, positions, None, mask)
+    logps = jax.nn.log_softmax(logits, axis=-1)
+    return jnp.take_along_axis(logps, tokens[..., None], axis=-1).mean()
+
+  compiled = jax.jit(jax.grad(loss)).lower(params).compile()
+  xla = compiled.memory_analysis().temp_size_in_bytes + compiled.memory_analysis().output_size_in_bytes
+  parts = footprint.estimate(cfg).parts
+  ours = sum(v for k, v in parts.items() if k.startswith(("logits", "activations", "gradient")))
+  ours -= parts["gradient accumulator"]
+  print(f"estimate {ours / 1e6:.1f} MB, XLA {xla / 1e6:.1f} MB")
+  assert xla / 2 <= ours <= 2 * xla
