@@ -21,6 +21,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -87,6 +88,7 @@ def main() -> None:
     json.dump({"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cpus": os.cpu_count(),
                "device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "base_args": common,
                "results": results}, f, indent=1)
+  shutil.rmtree(work)  # the runs' checkpoints
   print(f"wrote {output}")
 
 
