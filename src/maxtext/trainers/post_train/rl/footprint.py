@@ -81,8 +81,8 @@ class Footprint:
     return sum(self.parts.values())
 
   def table(self) -> str:
-    rows = [f"  {name:<36} {size / GB:7.2f} GB" for name, size in self.parts.items()]
-    return "\n".join([*rows, f"  {'total':<36} {self.total / GB:7.2f} GB"])
+    rows = [f"  {name:<48} {size / GB:7.2f} GB" for name, size in self.parts.items()]
+    return "\n".join([*rows, f"  {'total':<48} {self.total / GB:7.2f} GB"])
 
 
 def estimate(cfg) -> Footprint:
