@@ -27,9 +27,9 @@ import subprocess
 import sys
 import tempfile
 
+from vs_trl import PEAK_PRELUDE, peak_gb  # this folder's vs_trl.py (sys.path[0] when run as a script)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_PEAK = ("import atexit, resource, sys; atexit.register(lambda: print(f'peak_rss_kb="
-         "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)); ")
 
 
 def _variants(kind: str, base: dict) -> dict[str, list[str]]:
@@ -41,7 +41,7 @@ def _variants(kind: str, base: dict) -> dict[str, list[str]]:
 
 
 def _run(args: list[str], work: str, name: str) -> dict:
-  code = _PEAK + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+  code = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
                   "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
   proc = subprocess.run([sys.executable, "-c", code, *args, f"base_output_directory={work}", f"run_name={name}"],
                         capture_output=True, text=True, check=False, cwd=ROOT)
@@ -50,8 +50,7 @@ def _run(args: list[str], work: str, name: str) -> dict:
   with open(os.path.join(work, name, "metrics.jsonl"), encoding="utf-8") as f:
     steps = [json.loads(line)["step_time_s"] for line in f]
   estimate = [line for line in proc.stderr.splitlines() if line.strip().startswith("total ")]
-  peak_kb = int([line for line in proc.stderr.splitlines() if line.startswith("peak_rss_kb=")][-1].split("=")[1])
-  return {"step_s": steps, "warm_step_s": statistics.median(steps[1:] or steps), "peak_rss_gb": peak_kb * 1024 / 1e9,
+  return {"step_s": steps, "warm_step_s": statistics.median(steps[1:] or steps), "peak_rss_gb": peak_gb(proc.stderr),
           "estimate_gb": float(estimate[0].split()[1]) if estimate else None}
 
 

@@ -53,8 +53,8 @@ def last_number_correct(prompts, completions, tmvp_config=None, *, answer, **kwa
   return out
 '''
 
-# Reports the process's peak RSS on exit.
-_PEAK = ("import atexit, resource, sys; atexit.register(lambda: print(f'peak_rss_kb="
+# Prepended to a `python -c` program: reports the process's peak RSS on exit (read back by peak_gb).
+PEAK_PRELUDE = ("import atexit, resource, sys; atexit.register(lambda: print(f'peak_rss_kb="
          "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)); ")
 
 
@@ -105,12 +105,13 @@ def _prepare(args, work: str) -> dict:
           "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha}
 
 
-def _peak_gb(stderr: str) -> float:
-  return int([line for line in stderr.splitlines() if line.startswith("peak_rss_kb=")][-1].split("=")[1]) / 2**20
+def peak_gb(stderr: str) -> float:
+  """The peak RSS (GB, 1e9 bytes) a PEAK_PRELUDE program reported on stderr."""
+  return int([line for line in stderr.splitlines() if line.startswith("peak_rss_kb=")][-1].split("=")[1]) * 1024 / 1e9
 
 
 def _run_ours(args, work: str, name: str) -> dict:
-  code = _PEAK + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+  code = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
                   "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
   start = time.perf_counter()
   proc = subprocess.run([sys.executable, "-c", code, *_config_args(args, work), f"run_name={name}"],
@@ -123,13 +124,13 @@ def _run_ours(args, work: str, name: str) -> dict:
   return {"trainer": "ours", "process_s": wall, "step_s": [r["step_time_s"] for r in rows],
           "compile_s": sum(r.get("compile_s", 0.0) for r in rows), "rewards": [r["rewards/mean"] for r in rows],
           "grad_norms": [r.get("grad_norm") for r in rows],
-          "peak_rss_gb": _peak_gb(proc.stderr)}
+          "peak_rss_gb": peak_gb(proc.stderr)}
 
 
 def _run_trl(work: str, shape: dict, name: str) -> dict:
   out = os.path.join(work, name + ".json")
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-c", _PEAK + "import runpy; sys.argv = sys.argv[1:]; "
+  proc = subprocess.run([sys.executable, "-c", PEAK_PRELUDE + "import runpy; sys.argv = sys.argv[1:]; "
                          f"runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')",
                          os.path.abspath(__file__), "--trl-worker", json.dumps({**shape, "work": work, "out": out})],
                         capture_output=True, text=True, check=False, cwd=ROOT)
@@ -138,7 +139,7 @@ def _run_trl(work: str, shape: dict, name: str) -> dict:
     raise RuntimeError(f"TRL failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   with open(out, encoding="utf-8") as f:
     result = json.load(f)
-  return {"trainer": "trl", "process_s": wall, **result, "compile_s": 0.0, "peak_rss_gb": _peak_gb(proc.stderr)}
+  return {"trainer": "trl", "process_s": wall, **result, "compile_s": 0.0, "peak_rss_gb": peak_gb(proc.stderr)}
 
 
 def _trl_worker(spec: dict) -> None:

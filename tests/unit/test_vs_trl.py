@@ -1,17 +1,24 @@
-"""benchmarks/vs_trl.py's shared reward, called the way each trainer calls it."""
+"""benchmarks/vs_trl.py's shared reward, called the way each trainer calls it, and its peak-RSS reading
+(shared with train_cost.py)."""
 
 import importlib.util
 import os
+import subprocess
+import sys
 
 BENCHMARKS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
 
 
-def _reward():
+def _vs_trl():
   spec = importlib.util.spec_from_file_location("vs_trl", os.path.join(BENCHMARKS, "vs_trl.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module
+
+
+def _reward():
   namespace = {}
-  exec(module.REWARD, namespace)  # pylint: disable=exec-used
+  exec(_vs_trl().REWARD, namespace)  # pylint: disable=exec-used
   return namespace["last_number_correct"]
 
 
@@ -25,3 +32,11 @@ def test_the_reward_scores_the_last_number_under_both_calling_conventions():
   # TRL: every argument by keyword, with its own extras
   assert reward(prompts=["p"] * 5, completions=completions, completion_ids=[[1]] * 5, answer=answers,
                 trainer_state=None) == expected
+
+
+def test_peak_rss_is_read_back_in_decimal_gigabytes():
+  module = _vs_trl()
+  code = module.PEAK_PRELUDE + "x = bytearray(300 * 10**6)"
+  proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+  assert 0.3 < module.peak_gb(proc.stderr) < 0.5  # 300 MB buffer plus the interpreter
+  assert module.peak_gb("peak_rss_kb=1000000\n") == 1.024
