@@ -59,6 +59,11 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
   return nnx.merge(graphdef, nnx.from_flat_state(leaves))
 
 
+def is_adapter(name: str) -> bool:
+  """Whether a dotted parameter name is a LoRA adapter's (layers.0.attn.q_proj_lora_a)."""
+  return name.endswith(("_lora_a", "_lora_b"))
+
+
 def _mesh_of(model: Decoder) -> Mesh:
   return jax.tree.leaves(nnx.state(model))[0].sharding.mesh
 
@@ -119,12 +124,11 @@ def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
   weights (W + alpha / rank A B): the inverse of `from_arrays` for the plain decoder."""
   flat = {param_name(path): var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out = {}
-  scale = model.config.lora_alpha / model.config.lora_rank if model.config.lora_rank else 0.0
   for name, value in flat.items():
-    if name.endswith(("_lora_a", "_lora_b")):
+    if is_adapter(name):
       continue
     if f"{name}_lora_a" in flat:
-      delta = jax.numpy.tensordot(flat[f"{name}_lora_a"], flat[f"{name}_lora_b"], 1) * scale
+      delta = jax.numpy.tensordot(flat[f"{name}_lora_a"], flat[f"{name}_lora_b"], 1) * model.config.lora_scale
       value = (value.astype(np.float32) + delta).astype(value.dtype)
     out[name] = np.asarray(value)
   return out

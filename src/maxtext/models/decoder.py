@@ -75,6 +75,11 @@ class ModelConfig:
         lora_module_path=cfg.lora_module_path,
     )
 
+  @property
+  def lora_scale(self) -> float:
+    """alpha / rank: what an adapter's A B is multiplied by (0 without adapters)."""
+    return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+
   def adapts(self, weight_name: str) -> bool:
     """Whether the weight (dotted name) gets a LoRA adapter."""
     return self.lora_rank > 0 and re.fullmatch(self.lora_module_path, weight_name) is not None
@@ -115,7 +120,7 @@ class _Projections(nnx.Module):
       return y
     a, b = getattr(self, f"{name}_lora_a")[...], getattr(self, f"{name}_lora_b")[...]
     down = jnp.tensordot(x, a.astype(dt), LORA_INPUT_AXES[name])
-    return y + jnp.tensordot(down, b.astype(dt), 1) * (cfg.lora_alpha / cfg.lora_rank)
+    return y + jnp.tensordot(down, b.astype(dt), 1) * cfg.lora_scale
 
 
 class RMSNorm(nnx.Module):

@@ -67,7 +67,7 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
     return hf_layout.hf_to_maxtext(hf_checkpoint.read_state_dict(path), mcfg)
   if orbax_checkpoint.is_orbax_checkpoint(path):
     arrays = orbax_checkpoint.restore_arrays(path)
-    if arrays and all(_is_adapter(name) for name in arrays):
+    if arrays and all(builder.is_adapter(name) for name in arrays):
       raise ConfigError(f"load_parameters_path={path}: holds LoRA adapters only; set lora_input_adapters_path={path} "
                         "(with the run's lora_rank) and load_parameters_path to the base weights they were trained on")
     return arrays
@@ -77,10 +77,6 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
       f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
       "*.safetensors) or an Orbax checkpoint (<step>/model_params)"
   )
-
-
-def _is_adapter(name: str) -> bool:
-  return name.endswith(("_lora_a", "_lora_b"))
 
 
 def _check_adapters_config(path: str, cfg) -> None:
@@ -106,7 +102,7 @@ def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:
     raise errors.MissingInputError(f"lora_input_adapters_path={path}: no Orbax checkpoint there (expected a run's "
                                    "checkpoints/ folder or one <step> folder of it)")
   _check_adapters_config(path, cfg)
-  adapters = {k: v for k, v in orbax_checkpoint.restore_arrays(path).items() if _is_adapter(k)}
+  adapters = {k: v for k, v in orbax_checkpoint.restore_arrays(path).items() if builder.is_adapter(k)}
   if not adapters:
     raise errors.InputError(f"lora_input_adapters_path={path}: the checkpoint holds no LoRA adapters "
                             "(a full fine-tuning run's checkpoint loads through load_parameters_path)")
