@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import resource
 import sys
+
+from maxtext.models.decoder import ModelConfig
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,10 @@ def parameter_count(cfg) -> int:
 
 def adapter_count(cfg) -> int:
   """LoRA adapter parameters (A and B of every weight lora_module_path names); 0 without LoRA."""
-  if not cfg.lora_rank:
-    return 0
-  pattern = re.compile(cfg.lora_module_path)
+  mcfg = ModelConfig.from_config(cfg)
   return sum(cfg.lora_rank * sum(f(cfg))
              for layer in range(cfg.num_decoder_layers)
-             for name, f in _PROJECTIONS.items() if pattern.fullmatch(f"layers.{layer}.{name}"))
+             for name, f in _PROJECTIONS.items() if mcfg.adapts(f"layers.{layer}.{name}"))
 
 
 def _sampler_rows(cfg) -> int:
