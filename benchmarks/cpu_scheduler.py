@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 
+from vs_trl import PEAK_PRELUDE, peak_gb  # this folder's vs_trl.py (sys.path[0] when run as a script)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "cpu_scheduler.json")
 FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
@@ -34,11 +36,9 @@ CONFIGS = (  # (name, scheduler flag value, remat_policy)
     ("sequential scheduler, remat full", "false", "full"),
     ("XLA default scheduler, remat full", "true", "full"),
 )
-# Reports the process's peak RSS on exit (train_rl leaves through sys.exit).
-_WRAPPER = ("import atexit, resource, runpy, sys; "
-            "atexit.register(lambda: print(f'peak_rss_kb={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', "
-            "file=sys.stderr)); sys.argv = ['train_rl', *sys.argv[1:]]; "
-            "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
+# train_rl as a `python -c` program that reports its peak RSS on exit (it leaves through sys.exit).
+_WRAPPER = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+                           "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
 
 
 def _run(name: str, flag: str, remat: str, args, out_dir: str) -> dict:
@@ -54,7 +54,7 @@ def _run(name: str, flag: str, remat: str, args, out_dir: str) -> dict:
   with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
     later = sorted(json.loads(line)["step_time_s"] for line in f)[:-1] or [None]  # the first step compiles most
   return {"config": name, "scheduler_flag": f"{FLAG}={flag}", "remat_policy": remat,
-          "peak_rss_gb": int(re.findall(r"peak_rss_kb=(\d+)", proc.stderr)[-1]) / 2**20,
+          "peak_rss_gb": peak_gb(proc.stderr),
           "train_s": float(trained.group(2)), "compile_s": float(trained.group(3)),
           "later_step_s": later[len(later) // 2]}
 

@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -64,13 +63,15 @@ def _peak_memory() -> int:
   stats = jax.devices()[0].memory_stats() or {}
   if "peak_bytes_in_use" in stats:
     return int(stats["peak_bytes_in_use"])
-  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  from maxtext.trainers.post_train.rl import footprint  # pylint: disable=import-outside-toplevel
+  return int(footprint.peak_rss_bytes())
 
 
 def worker_train(args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from flax import nnx  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl import footprint  # pylint: disable=import-outside-toplevel
 
   cfg, mesh, model, n_params = _build(args, args.remat)
   b, t = args.batch, args.seq
@@ -86,7 +87,7 @@ def worker_train(args) -> dict:
       return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
     return nnx.value_and_grad(loss_fn)(m)
 
-  rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  rss_before = int(footprint.peak_rss_bytes())
   with jax.set_mesh(mesh):
     graphdef, state = nnx.split(model)
     planned = jax.jit(lambda s, t: step(nnx.merge(graphdef, s), t)).lower(state, tokens).compile().memory_analysis()

@@ -53,9 +53,10 @@ def last_number_correct(prompts, completions, tmvp_config=None, *, answer, **kwa
   return out
 '''
 
-# Prepended to a `python -c` program: reports the process's peak RSS on exit (read back by peak_gb).
-PEAK_PRELUDE = ("import atexit, resource, sys; atexit.register(lambda: print(f'peak_rss_kb="
-         "{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}', file=sys.stderr)); ")
+# Prepended to a `python -c` program: reports the process's peak RSS on exit (read back by peak_gb). Linux's
+# VmHWM, not getrusage's ru_maxrss, which keeps the parent's peak across exec.
+PEAK_PRELUDE = ("import atexit, sys; atexit.register(lambda: print('peak_rss_kb=' + next(line.split()[1] for line "
+                "in open('/proc/self/status') if line.startswith('VmHWM:')), file=sys.stderr)); ")
 
 
 def _config_args(args, work: str) -> list[str]:

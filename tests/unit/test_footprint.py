@@ -2,6 +2,9 @@
 and adapters, optax's AdamW state, the decoder's KV cache) and its training-step temporaries against
 XLA's own figure for a compiled forward and backward pass."""
 
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -85,3 +88,13 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
   ours -= parts["gradient accumulator"]
   print(f"estimate {ours / 1e6:.1f} MB, XLA {xla / 1e6:.1f} MB")
   assert xla / 2 <= ours <= 2 * xla
+
+
+def test_peak_memory_is_the_processes_own_not_its_parents():
+  parent = bytearray(2 * 10**9)  # getrusage's ru_maxrss would hand this parent's peak to the child across exec
+  code = ("import sys; from maxtext.trainers.post_train.rl import footprint; before = footprint.peak_rss_bytes(); "
+          "x = bytearray(500 * 10**6); print(before, footprint.peak_rss_bytes())")
+  before, after = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                            check=True).stdout.split())
+  assert before < 1.5e9 and 0.45e9 < after - before < 0.6e9
+  del parent

@@ -34,9 +34,11 @@ def test_the_reward_scores_the_last_number_under_both_calling_conventions():
                 trainer_state=None) == expected
 
 
-def test_peak_rss_is_read_back_in_decimal_gigabytes():
+def test_peak_rss_is_read_back_in_decimal_gigabytes_and_is_the_childs_own():
   module = _vs_trl()
+  parent = bytearray(10**9)  # getrusage's ru_maxrss would hand this parent's peak to the child across exec
   code = module.PEAK_PRELUDE + "x = bytearray(300 * 10**6)"
   proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
   assert 0.3 < module.peak_gb(proc.stderr) < 0.5  # 300 MB buffer plus the interpreter
   assert module.peak_gb("peak_rss_kb=1000000\n") == 1.024
+  del parent

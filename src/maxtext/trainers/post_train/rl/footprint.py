@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import resource
-import sys
 
 from maxtext.models.decoder import ModelConfig
 
@@ -112,9 +112,12 @@ def estimate(cfg) -> Footprint:
 
 
 def peak_rss_bytes() -> float:
-  """The process's peak resident memory so far."""
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB on Linux
+  """The process's peak resident memory so far: Linux's VmHWM (getrusage's ru_maxrss would keep a
+  parent's larger peak across exec), else ru_maxrss (bytes on macOS)."""
+  if os.path.exists("/proc/self/status"):
+    with open("/proc/self/status", encoding="ascii") as f:
+      return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def log_estimate(cfg) -> Footprint:
