@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
@@ -65,6 +66,8 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   reference = cluster.inference_worker.get_model("reference")
   assert _buffers(reference) == _buffers(actor)
   assert not builder.adapters(reference)
+  # The standard learner keeps no host copy of the weights after a sync (Tunix's policy snapshot).
+  assert not [a for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"]
 
   # Checkpoints hold the adapters (the trained ones), not the base.
   saved = orbax_checkpoint.restore_arrays(str(run / "checkpoints"))

@@ -51,6 +51,13 @@ def test_kl_reference_copy_only_for_full_fine_tuning_with_kl():
   assert copy("rl.grpo_beta=0.04", "lora_rank=8") == 0  # the frozen base is the reference
 
 
+def test_policy_snapshot_only_for_the_agentic_learner():
+  snapshot = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts[
+      "policy snapshot (Tunix, host; agentic)"]
+  assert snapshot("rl.use_agentic_rollout=false") == 0
+  assert snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny")) * 4
+
+
 def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
   cfg = make_config("model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8",
                     "num_test_batches=0")

@@ -19,7 +19,11 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
   logs trainer/idle_fraction (the share of the step spent generating and scoring samples),
-  frac_reward_zero_std (the share of groups with equal rewards) and step_metrics.rollout_metrics."""
+  frac_reward_zero_std (the share of groups with equal rewards) and step_metrics.rollout_metrics.
+
+  RLCluster keeps a host copy of the actor's weights from every weight sync for the agentic
+  learner's old-policy log-probs; this learner takes its old log-probs from the sampler and never
+  reads it, so the copy is dropped after each sync (a full copy of the weights less at the peak)."""
 
   def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
     super().__init__(*args, **kwargs)
@@ -28,6 +32,14 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
     self._last_iter_step //= self.algo_config.num_iterations
+    sync = self.rl_cluster.sync_weights
+
+    def sync_without_snapshot():
+      sync()
+      self.rl_cluster._anchor_policy_state = None  # pylint: disable=protected-access
+
+    self.rl_cluster.sync_weights = sync_without_snapshot
+    self.rl_cluster._anchor_policy_state = None  # pylint: disable=protected-access
 
   def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
     self._idle.wait_starts()

@@ -42,6 +42,9 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_save_last_checkpoint", "replace", ("self",),
                       "cluster.py", "Tunix's end-of-training save omits the global step a rerun restores the data "
                       "position from, so a resumed run would repeat data"),
+    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "learner.py",
+                      "the standard learner never reads the host copy of the weights Tunix keeps from every "
+                      "weight sync (only get_actor_per_token_logps does, which it does not call): dropped"),
     PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "agentic.py",
                       "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
                       "sampler check must use the weights the samples came from"),

@@ -3,8 +3,9 @@ before loading anything whether it fits; and the process's peak memory, logged a
 the estimate.
 
 Counted: the weights; the KL reference's copy (none at rl.grpo_beta=0, none with LoRA, whose
-reference is the frozen base); Tunix's per-step snapshot of the policy (RLCluster.sync_weights keeps
-the weights of the samples' policy in host memory); AdamW's two moments, the gradient and, with
+reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step snapshot of the policy
+(RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the standard learner
+drops it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
 the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
 temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
@@ -100,7 +101,7 @@ def estimate(cfg) -> Footprint:
       f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"):
           n * weight_bytes + lora * 4,
       "KL reference copy": n * weight_bytes if cfg.rl.grpo_beta != 0 and not lora else 0,
-      "policy snapshot (Tunix, host)": n * weight_bytes + lora * 4,
+      "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.rl.use_agentic_rollout else 0,
       f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
       "gradient": trained * trained_bytes,
       "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
