@@ -13,11 +13,12 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.sft import metrics_logger
+from tunix.sft import hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
 from maxtext.integration.tunix import metrics, rollout
 from maxtext.models import builder
+from maxtext.utils import heap
 from maxtext.utils.mesh import DATA_AXES
 
 Role = rl_cluster_lib.Role
@@ -56,6 +57,30 @@ def reference_model(cfg, actor: nnx.Module) -> nnx.Module | None:
   return builder.base_of(actor) if cfg.lora_rank else nnx.clone(actor)
 
 
+class ReleaseFreedMemory(hooks.TrainingHooks):
+  """Before each training micro-batch, hands the heap pages freed since (the last micro-batch's
+  XLA temporaries, the rollout's) back to the system: without it the default demo's peak RSS was 11.7
+  GB, with it 5.9 GB, at the same step time (see maxtext.utils.heap)."""
+
+  def on_train_step_start(self, train_ctx):
+    heap.release()
+
+  def on_train_start(self, train_ctx):
+    pass
+
+  def on_train_end(self, train_ctx):
+    pass
+
+  def on_train_step_end(self, train_ctx, train_step, train_loss):
+    pass
+
+  def on_eval_step_start(self, train_ctx):
+    pass
+
+  def on_eval_step_end(self, train_ctx, eval_loss):
+    pass
+
+
 def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
                   sinks: metrics.MetricSinks) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster; with LoRA adapters in the actor (lora_rank > 0) Tunix trains, syncs and
@@ -89,6 +114,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
                                      cluster_config=cluster_config)
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   cluster.actor_trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
+  cluster.actor_trainer.with_training_hooks(ReleaseFreedMemory())
   if hasattr(cluster.rollout, "keys"):
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster

@@ -1,0 +1,22 @@
+"""Giving freed heap memory back to the system.
+
+On CPU, XLA allocates each step's temporaries (many of 1 to 8 MiB) with malloc; glibc keeps what is
+freed in its heaps, spread over up to 8 arenas per core, and returns to the system only what sits at
+a heap's top. Over a run's training micro-batches these freed but kept pages add up: the default
+demo's peak RSS was 11.7 GB with 2.8 GB of live arrays. `release()` hands them back
+(glibc's malloc_trim); the trainer calls it before each micro-batch (cluster.py). Elsewhere (no glibc)
+it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import platform
+
+_LIBC = ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
+
+
+def release() -> None:
+  """Returns the free pages of every malloc arena to the system."""
+  if _LIBC is not None:
+    _LIBC.malloc_trim(0)
