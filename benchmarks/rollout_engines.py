@@ -12,7 +12,12 @@ on the same prompts:
 Per engine and pattern: median round seconds, generated tokens/s, ms per generated position (round
 time / new tokens: one decode step of the whole batch, prefill included) and, for the batched
 engine, its decode steps per round. On a GPU, decode tokens/s is compared with the HBM roofline
-(every weight and the cache rows of one decode step read once per step). Prints a table and writes
+(every weight and the cache rows of one decode step read once per step).
+
+Then a decode step by busy rows (1, 2, 4, 8): the continuous batcher's own timing of its decode
+steps (ContinuousBatcher.decode_rate, compiling steps excluded) with as many requests as rows, beside
+the model's forward for the same rows without a cache (the projections and output layer alone: the
+part of a step that reads every weight), each as ms and as a ratio to 1 row. Prints tables and writes
 benchmarks/results/rollout_engines.json (or --output).
 """
 
@@ -68,6 +73,43 @@ def _round(engine, prompts, rollout, pattern: str) -> int:
   return sum(len(t) for out in outs for t in out.tokens)
 
 
+def _decode_by_rows(cfg, model, rollout, rows_list=(1, 2, 4, 8), new_tokens: int = 32) -> list[dict]:
+  """Per busy-row count: ms per decode step of the batcher, and of the model's cacheless forward."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from flax import nnx  # pylint: disable=import-outside-toplevel
+  from maxtext.inference import continuous_batching  # pylint: disable=import-outside-toplevel
+
+  params = continuous_batching.SamplingParams(max_new_tokens=new_tokens, temperature=rollout.temperature,
+                                             top_p=rollout.top_p or 1.0, top_k=rollout.top_k)
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(
+      tokens, jnp.zeros_like(tokens), None, jnp.ones((*tokens.shape, 1), bool))[0])
+  rng = np.random.default_rng(1)
+  out = []
+  for rows in rows_list:
+    batcher = continuous_batching.ContinuousBatcher(model, cfg.kv_cache_size, rows)
+    for _ in range(2):  # the first round compiles; decode_rate leaves compiling steps out
+      prompts = [rng.integers(100, cfg.vocab_size - 100, cfg.max_prompt_length) for _ in range(rows)]
+      for future in batcher.submit_many(prompts, params, list(jax.random.split(jax.random.PRNGKey(rows), rows))):
+        future.result()
+    batcher.close()
+    tokens = jnp.ones((rows, 1), jnp.int32)
+    jax.block_until_ready(forward(state, tokens))
+    times = []
+    for _ in range(20):
+      started = time.perf_counter()
+      jax.block_until_ready(forward(state, tokens))
+      times.append(time.perf_counter() - started)
+    out.append({"rows": rows, "decode_step_ms": 1e3 * rows / batcher.decode_rate()[0],
+                "forward_no_cache_ms": 1e3 * statistics.median(times)})
+  for r in out:
+    r["decode_step_ratio"] = r["decode_step_ms"] / out[0]["decode_step_ms"]
+    r["forward_no_cache_ratio"] = r["forward_no_cache_ms"] / out[0]["forward_no_cache_ms"]
+  return out
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--model", default="smollm2-135m")
@@ -118,12 +160,15 @@ def main() -> None:
     base = next(x for x in results if x["pattern"] == r["pattern"] and x["engine"] == "vanilla")
     r["ratio_to_vanilla"] = r["round_s"] / base["round_s"]
 
+  by_rows = _decode_by_rows(cfg, engines["batched"].model(), rollout)
+
   from importlib import metadata  # pylint: disable=import-outside-toplevel
   report = {
       "date": datetime.date.today().isoformat(), "device": device, "cpu_count": os.cpu_count(),
       "python": platform.python_version(),
       "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")},
       "arguments": vars(args), "params": n_params, "results": results,
+      "decode_by_rows": by_rows,
   }
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
@@ -138,6 +183,11 @@ def main() -> None:
           f"{r['ms_per_position']:.1f} | {fmt(r['decode_steps_per_round'], '.0f')} | "
           f"{fmt(r['roofline_tokens_per_s'], '.0f')} | "
           f"{r['ratio_to_vanilla']:.2f} |")
+  print("\n| busy rows | decode step ms | / 1 row | forward without cache ms | / 1 row |")
+  print("| --- | --- | --- | --- | --- |")
+  for r in by_rows:
+    print(f"| {r['rows']} | {r['decode_step_ms']:.1f} | {r['decode_step_ratio']:.2f} | "
+          f"{r['forward_no_cache_ms']:.1f} | {r['forward_no_cache_ratio']:.2f} |")
   print(f"wrote {args.output}")
 
 
