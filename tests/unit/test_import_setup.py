@@ -7,8 +7,9 @@ import sys
 
 
 def _xla_flags_after_import(flags: str) -> list[str]:
-  return subprocess.run([sys.executable, "-c", "import os, maxtext; print(os.environ['XLA_FLAGS'])"],
-                        capture_output=True, text=True, check=True, env={**os.environ, "XLA_FLAGS": flags}).stdout.split()
+  code = "import os, maxtext; print(os.environ['XLA_FLAGS'])"
+  return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                        env={**os.environ, "XLA_FLAGS": flags}).stdout.split()
 
 
 def test_xla_gets_the_sequential_cpu_scheduler_unless_xla_flags_set_it():
