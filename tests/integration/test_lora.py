@@ -21,7 +21,7 @@ from safetensors.numpy import load_file
 from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.configs import pyconfig
 from maxtext.inference import decode
-from maxtext.integration.tunix import cluster as cluster_lib
+from maxtext.integration.tunix import cluster as cluster_lib, prefix_sharing
 from maxtext.models import builder, load
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
@@ -70,6 +70,8 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   # the trainer gives freed heap back before each micro-batch.
   assert not [a for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"]
   assert isinstance(cluster.actor_trainer.training_hooks, cluster_lib.ReleaseFreedMemory)
+  # The policy loss scores each group's prompt once (tests/unit/test_shared_prefix.py).
+  assert isinstance(cluster.actor_trainer.loss_fn, prefix_sharing.SharedPrefixLoss)
 
   # Checkpoints hold the adapters (the trained ones), not the base.
   saved = orbax_checkpoint.restore_arrays(str(run / "checkpoints"))

@@ -13,6 +13,7 @@ from flax import nnx
 
 from maxtext.models import builder
 from maxtext.models.decoder import ModelConfig
+from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import footprint
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
@@ -71,12 +72,14 @@ def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
 @pytest.mark.parametrize("remat", ["none", "full"])
 def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
   """logits + activations + gradient against the temporaries XLA allocates for the gradient of the
-  sampled tokens' mean log-probability over one micro-batch (what the GRPO loss differentiates)."""
+  sampled tokens' mean log-probability over one micro-batch (what the GRPO loss differentiates):
+  scored with each group's prompt once, as both learners do."""
   cfg = make_config("model_name=llama-tiny", "vocab_size=4096", "emb_dim=256", "mlp_dim=1024", "num_decoder_layers=4",
                     "num_query_heads=8", "num_kv_heads=2", "head_dim=32", "batch_size=2", "rl.num_generations=4",
                     "train_micro_batch_size=1", "max_prompt_length=96", "max_response_length=32",
                     f"remat_policy={remat}")
-  model = builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0)
+  model = SharedPrefix(builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0),
+                       cfg.max_prompt_length, cfg.rl.num_generations)
   graphdef, params = nnx.split(model)
   sequences, length = cfg.rl.num_generations, cfg.max_target_length
   tokens = jnp.zeros((sequences, length), jnp.int32)
@@ -85,8 +88,9 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
 
   def loss(p):
     logits, _ = nnx.merge(graphdef, p)(tokens, positions, None, mask)
+    logits = logits[:, -cfg.max_response_length - 1:-1]
     logps = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logps, tokens[..., None], axis=-1).mean()
+    return jnp.take_along_axis(logps, tokens[:, -cfg.max_response_length:, None], axis=-1).mean()
 
   compiled = jax.jit(jax.grad(loss)).lower(params).compile()
   xla = compiled.memory_analysis().temp_size_in_bytes + compiled.memory_analysis().output_size_in_bytes

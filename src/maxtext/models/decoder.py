@@ -259,10 +259,12 @@ class Decoder(nnx.Module):
       positions: jax.Array,
       cache: Cache | None,
       attention_mask: jax.Array,
+      logits_from: int = 0,
   ) -> tuple[jax.Array, Cache | None]:
     """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
 
-    Returns float32 logits [B, T, V] and the updated cache (None without a cache).
+    Returns float32 logits [B, T - logits_from, V] (of positions logits_from and later) and the
+    updated cache (None without a cache).
     """
     cfg = self.config
     x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
@@ -270,13 +272,13 @@ class Decoder(nnx.Module):
     for i, layer in enumerate(self.layers):
       name = f"layer_{i}"
       layer_cache = None if cache is None else cache[name]
-      if cfg.remat and cache is None:
-        x, updated = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions, None, attention_mask)
+      if cfg.remat:
+        x, updated = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions, layer_cache, attention_mask)
       else:
         x, updated = layer(x, positions, layer_cache, attention_mask)
       if new_cache is not None:
         new_cache[name] = updated
-    x = self.final_norm(x)
+    x = self.final_norm(x[:, logits_from:])
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
     logits = jnp.einsum("bte,ev->btv", x, head.astype(cfg.dtype), preferred_element_type=jnp.float32)
     return logits, new_cache

@@ -46,7 +46,7 @@ from tunix.rl import utils as rl_utils
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
-from maxtext.integration.tunix import metrics, step_metrics
+from maxtext.integration.tunix import metrics, prefix_sharing, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (TrajectoryEngine, agent_kwargs, joined_assistant_turns,
@@ -82,6 +82,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     logp_check_period: see _trainer_recomputes."""
     super().__init__(*args, **kwargs)
     self._before_step = before_step
+    prefix_sharing.install(self.rl_cluster.actor_trainer, self.algo_config.num_generations)
     self._logp_check_period = logp_check_period
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
@@ -223,6 +224,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
         self._checked_step = self.rl_cluster.actor_trainer.train_steps
         if self._before_step is not None:
           self._before_step(self._checked_step)
+      prefix_sharing.check_groups(np.concatenate([ex.prompt_ids for ex in batch]), self.algo_config.num_generations)
       versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
                   if getattr(ex, "policy_version", None) is not None]
       if versions:

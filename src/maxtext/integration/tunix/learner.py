@@ -11,7 +11,7 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import cluster as cluster_lib, metrics, step_metrics
+from maxtext.integration.tunix import cluster as cluster_lib, metrics, prefix_sharing, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 
 
@@ -20,6 +20,8 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
   logs trainer/idle_fraction (the share of the step spent generating and scoring samples),
   frac_reward_zero_std (the share of groups with equal rewards) and step_metrics.rollout_metrics.
+
+  The policy loss scores each group's prompt once (prefix_sharing.py).
 
   RLCluster keeps a host copy of the actor's weights from every weight sync for the agentic
   learner's old-policy log-probs; this learner takes its old log-probs from the sampler and never
@@ -32,6 +34,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
     self._last_iter_step //= self.algo_config.num_iterations
+    prefix_sharing.install(self.rl_cluster.actor_trainer, self.algo_config.num_generations)
     sync = self.rl_cluster.sync_weights
 
     def sync_without_snapshot():
@@ -47,6 +50,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
       example = super()._generate_and_compute_advantage(training_input, mode)
     finally:
       self._idle.wait_ends()
+    prefix_sharing.check_groups(example.prompt_ids, self.algo_config.num_generations)
     if mode == rl_cluster_lib.Mode.TRAIN:
       zero, groups = step_metrics.zero_signal_groups(example.advantages, self.algo_config.num_generations)
       self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN)

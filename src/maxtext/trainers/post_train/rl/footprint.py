@@ -10,7 +10,7 @@ train_micro_batch_size set, the gradient accumulator, each of the trained weight
 the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
 temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
-layer's). Not counted: the runtime and compiled programs (about 0.5 GB on CPU), and on CPU XLA's
+layer's), for each group's prompt once and every completion (models/shared_prefix.py). Not counted: the runtime and compiled programs (about 0.5 GB on CPU), and on CPU XLA's
 and the allocator's overheads, which the end-of-run line shows against the estimate.
 """
 
@@ -91,8 +91,11 @@ def estimate(cfg) -> Footprint:
   n = parameter_count(cfg)
   lora = adapter_count(cfg)
   trained, trained_bytes = (lora, 4) if lora else (n, weight_bytes)  # adapters are float32
-  sequences = (cfg.train_micro_batch_size or cfg.batch_size) * cfg.rl.num_generations
+  prompts = cfg.train_micro_batch_size or cfg.batch_size
+  sequences = prompts * cfg.rl.num_generations
   length = cfg.max_target_length
+  tokens = prompts * cfg.max_prompt_length + sequences * cfg.max_response_length
+  scored = cfg.max_response_length + 1  # positions whose logits the loss reads
   per_token = (cfg.num_decoder_layers * cfg.emb_dim + _activation_values_per_token(cfg, length)
                if cfg.remat_policy == "full" else cfg.num_decoder_layers * _activation_values_per_token(cfg, length))
   kv = 2 * cfg.num_decoder_layers * cfg.num_kv_heads * cfg.head_dim * act_bytes
@@ -106,8 +109,8 @@ def estimate(cfg) -> Footprint:
       "gradient": trained * trained_bytes,
       "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
       f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
-      f"logits, micro-batch of {sequences} x {length}": 3 * sequences * length * cfg.vocab_size * 4,
-      f"activations, micro-batch (remat {cfg.remat_policy})": sequences * length * per_token * act_bytes,
+      f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * cfg.vocab_size * 4,
+      f"activations, micro-batch of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
   }
   return Footprint(parts)
 

@@ -1,0 +1,110 @@
+"""Scoring each GRPO group's prompt once (models/shared_prefix.py, the standard learner's loss): the same
+logits, loss and gradients as Tunix's loss on whole sequences, for a fraction of the work."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from tunix.rl import algo_core
+from tunix.rl.grpo import grpo_learner
+
+from maxtext.integration.tunix import algorithm, prefix_sharing
+from maxtext.models import builder, load
+from maxtext.models.shared_prefix import SharedPrefix
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+GROUP, PROMPT, COMPLETION, PAD, EOS = 4, 24, 8, 0, 1
+
+
+def _example(seed=0, prompts=2):
+  """prompts x GROUP samples: left-padded prompts repeated GROUP times, right-padded completions."""
+  rng = np.random.default_rng(seed)
+  prompt = rng.integers(2, 500, (prompts, PROMPT))
+  prompt[0, :5] = PAD
+  prompt_ids = np.repeat(prompt, GROUP, axis=0)
+  completion_ids = rng.integers(2, 500, (prompts * GROUP, COMPLETION))
+  completion_ids[1, 3:] = PAD
+  completion_ids[6, 6:] = PAD
+  return grpo_learner.TrainExample(
+      prompt_ids=jnp.asarray(prompt_ids, jnp.int32), prompt_mask=jnp.asarray(prompt_ids != PAD),
+      completion_ids=jnp.asarray(completion_ids, jnp.int32), completion_mask=jnp.asarray(completion_ids != PAD),
+      advantages=jnp.asarray(rng.normal(size=prompts * GROUP), jnp.float32),
+      ref_per_token_logps=None, old_per_token_logps=None)
+
+
+def _model(*overrides):
+  cfg = make_config(*overrides)
+  return cfg, load.load_model(cfg, create_meshes(cfg)[0])
+
+
+def _loss(cfg, shared: bool):
+  config = algorithm.grpo_config(cfg)
+  config.temperature = 0.9
+  tunix_loss = lambda m, ex, algo: algo_core.grpo_loss_fn(m, ex, algo, pad_id=PAD, eos_id=EOS)
+  loss = prefix_sharing.SharedPrefixLoss(tunix_loss, GROUP) if shared else tunix_loss
+  return lambda model, example: loss(model, example, config)[0]
+
+
+@pytest.mark.parametrize("overrides", [
+    ("model_name=qwen3-tiny",),
+    ("model_name=llama-tiny", "remat_policy=full"),
+    ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"),
+])
+def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
+  cfg, model = _model(*overrides, f"rl.num_generations={GROUP}")
+  if cfg.lora_rank:  # adapters that start at zero would leave their B gradient-free
+    builder.set_adapters(model, {n: np.random.default_rng(1).normal(0, 0.1, a.shape).astype(a.dtype)
+                                 for n, a in builder.adapters(model).items()}, "test")
+  example = _example()
+  tokens = jnp.concatenate([example.prompt_ids, example.completion_ids], axis=1)
+  mask = jnp.concatenate([example.prompt_mask, example.completion_mask], axis=1)
+  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+  attention = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None] & mask[:, None, :]
+  whole, _ = model(tokens, positions, None, attention)
+  shared, _ = SharedPrefix(model, PROMPT, GROUP)(tokens, positions, None, attention)
+  assert shared.shape == (len(tokens), COMPLETION + 1, cfg.vocab_size)
+  np.testing.assert_allclose(shared, whole[:, PROMPT - 1:], rtol=1e-5, atol=1e-5)
+
+  wrt = nnx.LoRAParam if cfg.lora_rank else nnx.Param
+  results = [nnx.value_and_grad(_loss(cfg, s), argnums=nnx.DiffState(0, wrt))(model, example) for s in (False, True)]
+  (want, want_grads), (got, got_grads) = results
+  assert abs(float(got) - float(want)) < 1e-6 * max(1.0, abs(float(want))) and float(want) != 0
+  largest = max(float(jnp.abs(w).max()) for w in jax.tree.leaves(want_grads))
+  assert largest > 1e-3
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * largest)
+
+
+def test_a_fraction_of_the_work():
+  """The compiled loss and gradient take fewer FLOPs in proportion to the tokens the decoder sees:
+  2 x 24 prompt tokens and 8 x 8 completion tokens instead of 8 x 32, 0.44 of them."""
+  cfg, model = _model("model_name=qwen3-tiny", f"rl.num_generations={GROUP}")
+  graphdef, state = nnx.split(model)
+  example = _example()
+  flops = {}
+  for shared in (False, True):
+    loss = _loss(cfg, shared)
+    step = jax.jit(lambda s, ex: nnx.grad(loss)(nnx.merge(graphdef, s), ex))  # pylint: disable=cell-var-from-loop
+    flops[shared] = step.lower(state, example).compile().cost_analysis()["flops"]
+  assert flops[True] < 0.6 * flops[False], flops
+
+
+def test_check_groups_refuses_a_batch_whose_prompts_do_not_repeat_in_runs():
+  prompts = np.arange(4 * PROMPT).reshape(4, PROMPT)
+  prefix_sharing.check_groups(np.repeat(prompts, GROUP, axis=0), GROUP)
+  with pytest.raises(RuntimeError, match="each prompt 4 times in a row"):
+    prefix_sharing.check_groups(np.tile(prompts, (GROUP, 1)), GROUP)
+  with pytest.raises(RuntimeError, match="6 samples"):
+    prefix_sharing.check_groups(np.repeat(prompts, GROUP, axis=0)[:6], GROUP)
+
+
+def test_refuses_a_cache_and_rows_that_are_not_whole_groups():
+  _, model = _model("model_name=qwen3-tiny")
+  tokens = jnp.zeros((6, PROMPT + COMPLETION), jnp.int32)
+  attention = jnp.ones((6, PROMPT + COMPLETION, PROMPT + COMPLETION), bool)
+  with pytest.raises(ValueError, match="does not hold groups of 4"):
+    SharedPrefix(model, PROMPT, GROUP)(tokens, tokens, None, attention)
+  with pytest.raises(ValueError, match="no KV cache"):
+    SharedPrefix(model, PROMPT, GROUP)(tokens, tokens, {}, attention)
