@@ -23,6 +23,7 @@ from maxtext.configs import pyconfig
 from maxtext.inference import decode
 from maxtext.integration.tunix import cluster as cluster_lib, prefix_sharing
 from maxtext.models import builder, load
+from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import hf_greedy_tokens, make_config
@@ -64,6 +65,8 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   assert all(not np.array_equal(adapters_before[n], adapters_after[n]) for n in adapters_after if n.endswith("_b"))
   # The KL reference is the base itself: the actor's base arrays, not a copy, and without adapters.
   reference = cluster.inference_worker.get_model("reference")
+  assert isinstance(reference, SharedPrefix)  # it scores each group's prompt once
+  reference = reference.model
   assert _buffers(reference) == _buffers(actor)
   assert not builder.adapters(reference)
   # The standard learner keeps no host copy of the weights after a sync (Tunix's policy snapshot), and

@@ -6,10 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tunix.rl import algo_core
+from tunix.rl import algo_core, common
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import algorithm, prefix_sharing
+from maxtext.integration.tunix import algorithm, cluster, prefix_sharing
 from maxtext.models import builder, load
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils.mesh import create_meshes
@@ -75,6 +75,19 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
   assert largest > 1e-3
   for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * largest)
+
+
+def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
+  """The KL reference wraps the model in SharedPrefix over max_prompt_length tokens; a batch whose
+  prompts are padded wider (the rollout pads to at least max_prompt_length) scores the same."""
+  cfg, model = _model("model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04",
+                      f"max_prompt_length={PROMPT - 6}")
+  reference = cluster.reference_model(cfg, model)
+  assert isinstance(reference, SharedPrefix) and reference.prompt_length == PROMPT - 6
+  example = _example(seed=3)
+  logps = [common.compute_per_token_logps(*nnx.split(m), example.prompt_ids, example.completion_ids, PAD, EOS,
+                                          temperature=0.9) for m in (model, reference)]
+  np.testing.assert_allclose(logps[1], logps[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_fraction_of_the_work():

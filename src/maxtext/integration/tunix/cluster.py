@@ -18,6 +18,7 @@ from tunix.sft import utils as sft_utils
 
 from maxtext.integration.tunix import metrics, rollout
 from maxtext.models import builder
+from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap
 from maxtext.utils.mesh import DATA_AXES
 
@@ -51,10 +52,13 @@ def optimizer(cfg) -> optax.GradientTransformation:
 
 def reference_model(cfg, actor: nnx.Module) -> nnx.Module | None:
   """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
-  weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor."""
+  weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
+  group's prompt once (SharedPrefix over the first max_prompt_length tokens, which the group's samples
+  share: both learners pad prompts to at least that length)."""
   if cfg.rl.grpo_beta == 0.0:
     return None
-  return builder.base_of(actor) if cfg.lora_rank else nnx.clone(actor)
+  base = builder.base_of(actor) if cfg.lora_rank else nnx.clone(actor)
+  return SharedPrefix(base, cfg.max_prompt_length, cfg.rl.num_generations)
 
 
 class ReleaseFreedMemory(hooks.TrainingHooks):

@@ -110,7 +110,7 @@ def estimate(cfg) -> Footprint:
       "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
       f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
       f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * cfg.vocab_size * 4,
-      f"activations, micro-batch of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
+      f"activations of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
   }
   return Footprint(parts)
 
