@@ -247,7 +247,8 @@ class Decoder(nnx.Module):
     self.layers = nnx.List([DecoderLayer(cfg, rngs, f"layers.{i}") for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     if not cfg.tie_embeddings:
-      self.lm_head = _param(cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab"))
+      self.lm_head = _param(cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size),
+                            ("embed", "vocab"))
 
   @property
   def num_embed(self) -> int:

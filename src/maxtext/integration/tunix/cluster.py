@@ -117,8 +117,9 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
                                      cluster_config=cluster_config)
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
-  cluster.actor_trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
-  cluster.actor_trainer.with_training_hooks(ReleaseFreedMemory())
+  trainer = cluster.actor_trainer
+  trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
+  trainer.with_training_hooks(ReleaseFreedMemory())
   if hasattr(cluster.rollout, "keys"):
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster

@@ -10,8 +10,10 @@ train_micro_batch_size set, the gradient accumulator, each of the trained weight
 the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
 temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
-layer's), for each group's prompt once and every completion (models/shared_prefix.py). Not counted: the runtime and compiled programs (about 0.5 GB on CPU), and on CPU XLA's
-and the allocator's overheads, which the end-of-run line shows against the estimate.
+layer's), of each group's prompt once and every completion (models/shared_prefix.py). Not counted:
+the optimizer update's own temporaries, the runtime and the compiled programs (together 2-3 GB on CPU
+for the default demo; benchmarks/RESULTS.md, "Where the memory goes"), and the allocator's
+overheads, which the end-of-run line shows against the estimate.
 """
 
 from __future__ import annotations
