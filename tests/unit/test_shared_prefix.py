@@ -1,5 +1,6 @@
-"""Scoring each GRPO group's prompt once (models/shared_prefix.py, the standard learner's loss): the same
-logits, loss and gradients as Tunix's loss on whole sequences, for a fraction of the work."""
+"""Scoring each GRPO group's prompt once (models/shared_prefix.py; both learners' loss and the KL
+reference): the same logits, loss and gradients as Tunix's loss on whole sequences, for a fraction of
+the work."""
 
 import jax
 import jax.numpy as jnp
@@ -58,10 +59,8 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
     builder.set_adapters(model, {n: np.random.default_rng(1).normal(0, 0.1, a.shape).astype(a.dtype)
                                  for n, a in builder.adapters(model).items()}, "test")
   example = _example()
-  tokens = jnp.concatenate([example.prompt_ids, example.completion_ids], axis=1)
-  mask = jnp.concatenate([example.prompt_mask, example.completion_mask], axis=1)
-  positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-  attention = jnp.tril(jnp.ones((tokens.shape[1],) * 2, bool))[None] & mask[:, None, :]
+  # The tokens, positions and causal padding mask Tunix's loss hands the model.
+  tokens, positions, attention, _ = common.process_ids(example.prompt_ids, example.completion_ids, PAD, EOS)
   whole, _ = model(tokens, positions, None, attention)
   shared, _ = SharedPrefix(model, PROMPT, GROUP)(tokens, positions, None, attention)
   assert shared.shape == (len(tokens), COMPLETION + 1, cfg.vocab_size)
