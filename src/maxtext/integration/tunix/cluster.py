@@ -16,7 +16,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
-from maxtext.integration.tunix import metrics, rollout
+from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap
@@ -120,6 +120,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   trainer = cluster.actor_trainer
   trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
   trainer.with_training_hooks(ReleaseFreedMemory())
+  accumulation.install(trainer, training.actor_optimizer)
   if hasattr(cluster.rollout, "keys"):
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster

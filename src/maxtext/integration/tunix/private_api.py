@@ -42,6 +42,10 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_save_last_checkpoint", "replace", ("self",),
                       "cluster.py", "Tunix's end-of-training save omits the global step a rerun restores the data "
                       "position from, so a resumed run would repeat data"),
+    PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_has_aux", "read", None, "accumulation.py",
+                      "the in-place accumulating train step calls the loss as Tunix's own step does (with_loss_fn "
+                      "sets it; there is no getter); Tunix's MultiSteps step writes a copy of the weights every "
+                      "micro-batch"),
     PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "learner.py",
                       "the standard learner never reads the host copy of the weights Tunix keeps from every "
                       "weight sync (only get_actor_per_token_logps does, which it does not call): dropped"),

@@ -1,0 +1,95 @@
+"""Gradient accumulation that leaves the trained weights alone until a step's last micro-batch.
+
+Tunix accumulates micro-batches with optax.MultiSteps, which on every micro-batch runs the whole
+optimizer update and writes a new copy of the trained weights (jnp.where keeps the old values until
+the last micro-batch), so each micro-batch's program holds the gradient, the update's
+parameter-sized intermediates and the new weights at once. Installed on the actor trainer, a
+micro-batch's program only adds its gradient into MultiSteps' own accumulator (the same running mean,
+in place: Tunix donates the optimizer state) and the optimizer update runs once per optimizer step,
+as a small program of its own, right after the step's last micro-batch (before Tunix counts the step,
+checkpoints or syncs the sampler). The optimizer state keeps MultiSteps' layout and values, so
+checkpoints, resumption and the trained weights are those of MultiSteps.
+
+The private Tunix members used here are listed, with why, in private_api.py.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from tunix.sft import utils as sft_utils
+
+
+def install(trainer, tx: optax.GradientTransformation) -> None:
+  """Makes the trainer accumulate in place; `tx` is the optimizer Tunix wrapped in optax.MultiSteps
+  (nothing to do where it did not: no micro-batching)."""
+  if not isinstance(trainer.optimizer.tx, optax.MultiSteps):
+    return
+  every = trainer.config.gradient_accumulation_steps
+  update = nnx.jit(_updater(tx), donate_argnames=("optimizer",), graph_updates=False)
+  tunix_jit = trainer.jit_train_and_eval_step
+
+  def jit_train_and_eval_step(skip_jit: bool = False, cache_nnx_graph: bool = False):
+    del cache_nnx_graph  # nnx.cached_partial needs graph updates
+    with nnx.set_graph_updates(False):  # a program returns the variables it changed, not copies of all
+      train_step, eval_step = tunix_jit(skip_jit, False)
+    return _ThenUpdate(train_step, trainer, update, every), eval_step
+
+  trainer.create_train_step_fn = lambda: _accumulator(trainer)
+  trainer.jit_train_and_eval_step = jit_train_and_eval_step
+
+
+def _accumulator(trainer):
+  """Tunix's train step (loss, gradient, its norm) with MultiSteps' accumulation and nothing else."""
+
+  def accumulate(model, optimizer, inputs):
+    inputs = trainer.gen_model_input_fn(inputs)
+    has_aux = trainer._has_aux  # pylint: disable=protected-access
+    argnums = nnx.DiffState(0, nnx.LoRAParam) if sft_utils.is_lora_enabled(model) else 0
+    out, grads = nnx.value_and_grad(trainer.loss_fn, argnums=argnums, has_aux=has_aux)(model, **inputs)
+    grads = nnx.as_pure(nnx.state(grads, optimizer.wrt, graph=optimizer.graph))
+    state = nnx.as_pure(optimizer.opt_state)
+    count = state.mini_step + 1
+    acc = jax.tree.map(lambda a, g: (a + (g - a) / count).astype(a.dtype), state.acc_grads, grads)
+    nnx.update(optimizer.opt_state, nnx.state(state._replace(acc_grads=acc, mini_step=count), graph=optimizer.graph))
+    optimizer.step[...] += 1
+    loss, aux = out if has_aux else (out, None)
+    return loss, aux, optax.global_norm(grads)
+
+  return accumulate
+
+
+def _updater(tx: optax.GradientTransformation):
+  """The optimizer update from the accumulated gradient, as MultiSteps makes it on its last
+  micro-batch (the accumulator emptied, its counters advanced)."""
+
+  def update(model, optimizer):
+    state = nnx.as_pure(optimizer.opt_state)
+    params = nnx.as_pure(nnx.state(model, optimizer.wrt, graph=optimizer.graph))
+    updates, inner = tx.update(state.acc_grads, state.inner_opt_state, params)
+    nnx.update(model, optax.apply_updates(params, updates))
+    state = state._replace(mini_step=jnp.zeros_like(state.mini_step), gradient_step=state.gradient_step + 1,
+                           inner_opt_state=inner, acc_grads=jax.tree.map(jnp.zeros_like, state.acc_grads))
+    nnx.update(optimizer.opt_state, nnx.state(state, graph=optimizer.graph))
+
+  return update
+
+
+class _ThenUpdate:
+  """The train step Tunix's loop calls per micro-batch; after a step's last one, the update."""
+
+  def __init__(self, train_step, trainer, update, every: int):
+    self.train_step, self.trainer, self.update, self.every = train_step, trainer, update, every
+
+  @property
+  def func(self):
+    """Tunix's train() reads the jitted function's compile-cache size through this."""
+    return self.train_step.func
+
+  def __call__(self, *args):
+    out = self.train_step(*args)
+    if (self.trainer.iter_steps + 1) % self.every == 0:  # Tunix counts the micro-batch after this returns
+      self.update(self.trainer.model, self.trainer.optimizer)
+    return out

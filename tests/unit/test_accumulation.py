@@ -1,0 +1,88 @@
+"""In-place gradient accumulation on Tunix's trainer (integration/tunix/accumulation.py): the weights
+and optimizer state optax.MultiSteps produces, with the weights written once per optimizer step
+instead of once per micro-batch."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from tunix.sft import hooks, peft_trainer
+
+from maxtext.integration.tunix import accumulation
+from maxtext.models import load
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+MICRO, STEPS = 3, 2
+
+
+def _loss(model, tokens):
+  """Next-token cross-entropy, with an aux output as the RL losses have."""
+  inputs = tokens[:, :-1]
+  length = inputs.shape[1]
+  causal = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (len(inputs), length, length))
+  logits = model(inputs, jnp.broadcast_to(jnp.arange(length), inputs.shape), None, causal)[0]
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), tokens[:, 1:]).mean()
+  return loss, {"loss": loss}
+
+
+class _Watch(hooks.TrainingHooks):
+  """Before each micro-batch: a weight's value and the buffer that holds it."""
+
+  def __init__(self, read):
+    self.read, self.seen = read, []
+
+  def on_train_step_start(self, train_ctx):
+    weight = self.read(train_ctx.model)
+    self.seen.append((np.asarray(weight).copy(), weight.unsafe_buffer_pointer()))
+
+  def on_train_start(self, train_ctx): ...
+  def on_train_end(self, train_ctx): ...
+  def on_train_step_end(self, train_ctx, train_step, train_loss): ...
+  def on_eval_step_start(self, train_ctx): ...
+  def on_eval_step_end(self, train_ctx, eval_loss): ...
+
+
+def _train(overrides, in_place: bool, tmp_path):
+  cfg = make_config(*overrides)
+  mesh = create_meshes(cfg)[0]
+  model = load.load_model(cfg, mesh)
+  tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2, weight_decay=0.1))
+  config = peft_trainer.TrainingConfig(eval_every_n_steps=1000, max_steps=STEPS, gradient_accumulation_steps=MICRO,
+                                       checkpoint_root_directory=str(tmp_path / ("in_place" if in_place else "multi")))
+  with jax.set_mesh(mesh):
+    trainer = peft_trainer.PeftTrainer(model, tx, config).with_loss_fn(_loss, has_aux=True)
+  trained = nnx.LoRAParam if cfg.lora_rank else nnx.Param  # a weight the optimizer trains
+  watch = _Watch(lambda m: jax.tree.leaves(nnx.state(m, trained))[0])
+  trainer.with_training_hooks(watch)
+  if in_place:
+    accumulation.install(trainer, tx)
+  rng = np.random.default_rng(0)
+  with jax.set_mesh(mesh):
+    trainer.train([{"tokens": jnp.asarray(rng.integers(2, 500, (2, 9)), jnp.int32)} for _ in range(MICRO * STEPS)])
+  return trainer, watch.seen
+
+
+@pytest.mark.parametrize("overrides", [("model_name=qwen3-tiny",),
+                                       ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8")])
+def test_same_training_as_multisteps_with_one_weight_write_per_step(overrides, tmp_path):
+  multi, multi_seen = _train(overrides, False, tmp_path)
+  ours, ours_seen = _train(overrides, True, tmp_path)
+  assert not isinstance(ours._jitted_train_step_fn, type(None))  # Tunix jitted our accumulating step
+  for a, b in zip(jax.tree.leaves(multi.optimizer.opt_state), jax.tree.leaves(ours.optimizer.opt_state)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(multi.model), jax.tree.leaves(ours.model)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
+  assert int(ours.optimizer.opt_state.gradient_step[...]) == STEPS and int(ours.optimizer.step[...]) == MICRO * STEPS
+  assert not np.asarray(jax.tree.leaves(ours.optimizer.opt_state.acc_grads)[0]).any()
+  # The trained weights change once per optimizer step, after its last micro-batch, in both.
+  for seen in (multi_seen, ours_seen):
+    values = [v for v, _ in seen]
+    assert all(np.array_equal(values[0], v) for v in values[:MICRO])
+    assert not np.array_equal(values[MICRO - 1], values[MICRO])
+  # MultiSteps writes a new copy of the weights every micro-batch; in place, only the update does.
+  multi_buffers, ours_buffers = [p for _, p in multi_seen], [p for _, p in ours_seen]
+  assert len(set(multi_buffers[:MICRO])) == MICRO
+  assert len(set(ours_buffers[:MICRO])) == 1 and ours_buffers[MICRO - 1] != ours_buffers[MICRO]
