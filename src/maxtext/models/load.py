@@ -15,7 +15,7 @@ from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, orbax_checkpoint
 from maxtext.models import builder, hf_layout
 from maxtext.models.decoder import Decoder, ModelConfig
-from maxtext.utils import errors
+from maxtext.utils import errors, heap
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -121,9 +121,9 @@ def load_model(cfg, mesh: Mesh) -> Decoder:
   else:
     log.info("Loading weights from %s", path)
     model = builder.from_arrays(base_cfg, mesh, read_arrays(path, cfg), path)
-  if not mcfg.lora_rank:
-    return model
-  model = builder.with_lora(model, mcfg, cfg.init_weights_seed)
-  if cfg.lora_input_adapters_path:
-    builder.set_adapters(model, read_adapters(cfg.lora_input_adapters_path, cfg), cfg.lora_input_adapters_path)
+  if mcfg.lora_rank:
+    model = builder.with_lora(model, mcfg, cfg.init_weights_seed)
+    if cfg.lora_input_adapters_path:
+      builder.set_adapters(model, read_adapters(cfg.lora_input_adapters_path, cfg), cfg.lora_input_adapters_path)
+  heap.release()  # the pages of the host arrays read and converted (0.45 GB on the demo)
   return model

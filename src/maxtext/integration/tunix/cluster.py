@@ -51,6 +51,13 @@ def optimizer(cfg) -> optax.GradientTransformation:
   return adamw
 
 
+def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
+  """Every `interval` updates (and on preemption); Orbax's default also saves the first update, a
+  copy of the whole training state held in host memory during the next step's rollout."""
+  managers = ocp.checkpoint_managers
+  return managers.AnySavePolicy([managers.FixedIntervalPolicy(interval), managers.PreemptionCheckpointingPolicy()])
+
+
 def reference_model(cfg, actor: nnx.Module) -> nnx.Module | None:
   """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
   weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
@@ -98,7 +105,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
       max_steps=updates(cfg),
       checkpoint_root_directory=os.path.join(cfg.run_dir, "checkpoints"),
       checkpointing_options=ocp.CheckpointManagerOptions(
-          save_interval_steps=cfg.checkpoint_period * cfg.rl.num_iterations,
+          save_decision_policy=save_policy(cfg.checkpoint_period * cfg.rl.num_iterations),
           max_to_keep=cfg.max_num_checkpoints_to_keep
       ),
       metrics_logging_options=metrics_logger.MetricsLoggerOptions(
