@@ -4,14 +4,17 @@ On CPU, XLA allocates each step's temporaries (many of 1 to 8 MiB) with malloc; 
 freed in its heaps, spread over up to 8 arenas per core, and returns to the system only what sits at
 a heap's top. Over a run's training micro-batches these freed but kept pages add up: the default
 demo's peak RSS was 11.7 GB with 2.8 GB of live arrays. `release()` hands them back
-(glibc's malloc_trim); the trainer calls it before each micro-batch (cluster.py). Elsewhere (no glibc)
-it does nothing.
+(glibc's malloc_trim); the trainer calls it before each micro-batch and after each step's training
+(cluster.py), train_rl after every XLA compile (the compiler's working memory: up to 1.2 GB held
+through the demo's first rollout otherwise). Elsewhere (no glibc) it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import platform
+
+import jax
 
 _LIBC = ctypes.CDLL(None) if platform.libc_ver()[0] == "glibc" else None
 
@@ -20,3 +23,21 @@ def release() -> None:
   """Returns the free pages of every malloc arena to the system."""
   if _LIBC is not None:
     _LIBC.malloc_trim(0)
+
+
+_COMPILED = "/jax/core/compile/backend_compile_duration"
+
+
+def release_after_compiling() -> None:
+  """Calls release() after every XLA compile from now on in this process (once, however often called)."""
+  try:
+    jax.monitoring.unregister_event_duration_listener(_after_compile)
+  except AssertionError:  # not registered
+    pass
+  jax.monitoring.register_event_duration_secs_listener(_after_compile)
+
+
+def _after_compile(event: str, duration: float, **kwargs) -> None:
+  del duration, kwargs
+  if event == _COMPILED:
+    release()

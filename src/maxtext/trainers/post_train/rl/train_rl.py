@@ -46,12 +46,13 @@ def run(cfg) -> dict:
   from maxtext.models.load import load_model
   from maxtext.trainers.post_train.rl import evaluate_rl, footprint, tools, utils_rl
   from maxtext.trainers.post_train.rl.run_folder import RunFolder
-  from maxtext.utils import mesh as mesh_lib
+  from maxtext.utils import heap, mesh as mesh_lib
   # pylint: enable=import-outside-toplevel
 
   folder = RunFolder(cfg)
   folder.write_config(cfg)
   expected = footprint.log_estimate(cfg)
+  heap.release_after_compiling()
   mesh_lib.maybe_initialize_distributed()
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
