@@ -53,7 +53,7 @@ def optimizer(cfg) -> optax.GradientTransformation:
 
 def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
   """Every `interval` updates (and on preemption); Orbax's default also saves the first update, a
-  copy of the whole training state held in host memory during the next step's rollout."""
+  checkpoint nobody asked for whose write overlapped the next step's rollout."""
   managers = ocp.checkpoint_managers
   return managers.AnySavePolicy([managers.FixedIntervalPolicy(interval), managers.PreemptionCheckpointingPolicy()])
 
@@ -81,7 +81,7 @@ class ReleaseFreedMemory(hooks.TrainingHooks):
     pass
 
   def on_train_end(self, train_ctx):
-    train_ctx.optimizer.step[...].block_until_ready()  # the step's last update has run
+    jax.block_until_ready(nnx.state(train_ctx.optimizer))  # the step's optimizer update has run
     heap.release()
 
   def on_train_step_end(self, train_ctx, train_step, train_loss):

@@ -48,7 +48,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
                       "micro-batch"),
     PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_shard_optimizer", "replace", ("self", "mesh"),
                       "cluster.py", "Tunix's eager sharding constraint copies the whole optimizer state before the "
-                      "first step even where it is laid out already (1.6 GB on the demo, the run's peak)"),
+                      "first step even where it is laid out already (a 1.6 GB transient on the demo)"),
     PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "learner.py",
                       "the standard learner never reads the host copy of the weights Tunix keeps from every "
                       "weight sync (only get_actor_per_token_logps does, which it does not call): dropped"),
