@@ -70,7 +70,7 @@ def _train(overrides, in_place: bool, tmp_path):
 def test_same_training_as_multisteps_with_one_weight_write_per_step(overrides, tmp_path):
   multi, multi_seen = _train(overrides, False, tmp_path)
   ours, ours_seen = _train(overrides, True, tmp_path)
-  assert not isinstance(ours._jitted_train_step_fn, type(None))  # Tunix jitted our accumulating step
+  assert ours._jitted_train_step_fn is not None  # Tunix jitted our accumulating step
   for a, b in zip(jax.tree.leaves(multi.optimizer.opt_state), jax.tree.leaves(ours.optimizer.opt_state)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)
   for a, b in zip(jax.tree.leaves(multi.model), jax.tree.leaves(ours.model)):

@@ -1,5 +1,5 @@
 """Checkpoints every checkpoint_period steps (cluster.save_policy): Orbax's default policy also saves
-the first step, a host copy of the whole training state during the next step."""
+the first step, a checkpoint nobody asked for whose write overlapped the next step's rollout."""
 
 import numpy as np
 import orbax.checkpoint as ocp
