@@ -20,10 +20,26 @@ from maxtext.utils import errors
 _ITEM = "model_params"
 
 
+class CheckpointManager(checkpoint_manager.CheckpointManager):
+  """Tunix's checkpoint manager (same items and layout), writing arrays without zstd compression.
+  Orbax compresses every chunk in memory before writing it: saving the default demo's trainer state
+  (2.15 GB of float32 weights and AdamW state) took 1.3 GB of buffers beyond the state and was the
+  run's peak memory; uncompressed it takes 0.03 GB, for about 10% more disk (float32 training state
+  hardly compresses). Compressed and uncompressed checkpoints restore alike."""
+
+  def __init__(self, root_directory: str, options: ocp.CheckpointManagerOptions):
+    super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here
+    use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")  # as Tunix's: Pathways writes without OCDBT
+    arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
+    self._checkpoint_manager = ocp.CheckpointManager(
+        root_directory, options=options,
+        item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()})
+
+
 def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
   """Writes the model's parameters as step `step` under `root`; returns the step folder."""
   root = os.path.abspath(root)  # Orbax writes only to absolute paths
-  manager = checkpoint_manager.CheckpointManager(root, ocp.CheckpointManagerOptions(max_to_keep=None))
+  manager = CheckpointManager(root, ocp.CheckpointManagerOptions(max_to_keep=None))
   manager.save(step, model, force=True)
   manager.close()
   return os.path.join(root, str(step))

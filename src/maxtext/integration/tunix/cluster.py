@@ -17,6 +17,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.shared_prefix import SharedPrefix
@@ -127,6 +128,9 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
                                      cluster_config=cluster_config)
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   trainer = cluster.actor_trainer
+  trainer.checkpoint_manager.close()  # it has restored the latest checkpoint, if any
+  trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(trainer.config.checkpoint_root_directory,
+                                                                  trainer.config.checkpointing_options)
   trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)  # pylint: disable=protected-access
   trainer.with_training_hooks(ReleaseFreedMemory())
