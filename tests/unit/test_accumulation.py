@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from tunix.sft import hooks, peft_trainer
+from tunix.sft import hooks, metrics_logger, peft_trainer
 
 from maxtext.integration.tunix import accumulation
 from maxtext.models import load
@@ -45,13 +45,31 @@ class _Watch(hooks.TrainingHooks):
   def on_eval_step_end(self, train_ctx, eval_loss): ...
 
 
+class _GradNorms:
+  """A metrics backend keeping the logged grad_norm of each optimizer step."""
+
+  def __init__(self):
+    self.by_step = {}
+
+  def log_scalar(self, event, value, **kwargs):
+    if event.endswith("grad_norm"):
+      self.by_step[kwargs["step"]] = float(np.asarray(value))
+
+  def close(self): ...
+
+
 def _train(overrides, in_place: bool, tmp_path):
   cfg = make_config(*overrides)
   mesh = create_meshes(cfg)[0]
   model = load.load_model(cfg, mesh)
   tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2, weight_decay=0.1))
-  config = peft_trainer.TrainingConfig(eval_every_n_steps=1000, max_steps=STEPS, gradient_accumulation_steps=MICRO,
-                                       checkpoint_root_directory=str(tmp_path / ("in_place" if in_place else "multi")))
+  norms = _GradNorms()
+  name = "in_place" if in_place else "multi"
+  config = peft_trainer.TrainingConfig(
+      eval_every_n_steps=1000, max_steps=STEPS, gradient_accumulation_steps=MICRO,
+      checkpoint_root_directory=str(tmp_path / name),
+      metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+          log_dir=str(tmp_path / f"{name}_logs"), backend_kwargs={"custom_backend": [lambda *a, **k: norms]}))
   with jax.set_mesh(mesh):
     trainer = peft_trainer.PeftTrainer(model, tx, config).with_loss_fn(_loss, has_aux=True)
   trained = nnx.LoRAParam if cfg.lora_rank else nnx.Param  # a weight the optimizer trains
@@ -62,14 +80,18 @@ def _train(overrides, in_place: bool, tmp_path):
   rng = np.random.default_rng(0)
   with jax.set_mesh(mesh):
     trainer.train([{"tokens": jnp.asarray(rng.integers(2, 500, (2, 9)), jnp.int32)} for _ in range(MICRO * STEPS)])
-  return trainer, watch.seen
+  trainer.close()  # writes the last step's metrics
+  return trainer, watch.seen, [v for _, v in sorted(norms.by_step.items())]
 
 
 @pytest.mark.parametrize("overrides", [("model_name=qwen3-tiny",),
                                        ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8")])
 def test_same_training_as_multisteps_with_one_weight_write_per_step(overrides, tmp_path):
-  multi, multi_seen = _train(overrides, False, tmp_path)
-  ours, ours_seen = _train(overrides, True, tmp_path)
+  multi, multi_seen, multi_norms = _train(overrides, False, tmp_path)
+  ours, ours_seen, ours_norms = _train(overrides, True, tmp_path)
+  # The logged gradient norm (Tunix's: the mean of the micro-batches' norms) is Tunix's, summed in another order.
+  assert len(ours_norms) == STEPS and min(ours_norms) > 0
+  np.testing.assert_allclose(ours_norms, multi_norms, rtol=1e-5)
   assert ours._jitted_train_step_fn is not None  # Tunix jitted our accumulating step
   for a, b in zip(jax.tree.leaves(multi.optimizer.opt_state), jax.tree.leaves(ours.optimizer.opt_state)):
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-7)

@@ -86,8 +86,11 @@ class ModelConfig:
 
 
 def _param(cfg: ModelConfig, rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
+  """A parameter annotated with its logical axes. The builder lays the values out on the mesh;
+  without eager sharding, state made from a parameter (the optimizer's zeros_like, which keep its
+  layout) is not copied by one sharding constraint per array (1.1 GB of RSS on the default demo)."""
   value = init(rngs.params(), shape, cfg.weight_dtype)
-  return nnx.Param(value, out_sharding=axes, sharding_rules=cfg.logical_axis_rules)
+  return nnx.Param(value, out_sharding=axes, sharding_rules=cfg.logical_axis_rules, eager_sharding=False)
 
 
 # Weights that may take a LoRA adapter, with the number of their leading (input) axes.
@@ -106,7 +109,8 @@ class _Projections(nnx.Module):
       return
     n_in = LORA_INPUT_AXES[name]
     init_a = nnx.initializers.he_uniform(in_axis=tuple(range(n_in)), out_axis=-1)
-    lora = lambda value, lora_axes: nnx.LoRAParam(value, out_sharding=lora_axes, sharding_rules=cfg.logical_axis_rules)
+    lora = lambda value, lora_axes: nnx.LoRAParam(value, out_sharding=lora_axes, sharding_rules=cfg.logical_axis_rules,
+                                                  eager_sharding=False)
     setattr(self, f"{name}_lora_a", lora(init_a(rngs.params(), (*shape[:n_in], cfg.lora_rank), jnp.float32),
                                          (*axes[:n_in], None)))
     setattr(self, f"{name}_lora_b", lora(jnp.zeros((cfg.lora_rank, *shape[n_in:]), jnp.float32),

@@ -56,9 +56,17 @@ def _accumulator(trainer):
     nnx.update(optimizer.opt_state, nnx.state(state._replace(acc_grads=acc, mini_step=count), graph=optimizer.graph))
     optimizer.step[...] += 1
     loss, aux = out if has_aux else (out, None)
-    return loss, aux, optax.global_norm(grads)
+    return loss, aux, _global_norm(grads)
 
   return accumulate
+
+
+def _global_norm(grads) -> jax.Array:
+  """optax.global_norm, summed from the last parameter to the first: backward produces gradients
+  roughly in reverse order of the parameters, and XLA computes the squares in the order the sum
+  takes them, so each gradient can be freed once added in. In parameter order the demo's micro-batch
+  program kept most gradients alive (0.94 GB of temporaries; 0.70 GB in reverse, 0.55 GB with no norm)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in reversed(jax.tree.leaves(grads))))
 
 
 def _updater(tx: optax.GradientTransformation):
