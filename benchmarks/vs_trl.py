@@ -1,6 +1,6 @@
 """Our GRPO trainer against TRL's GRPOTrainer on identical work, in one invocation.
 
-    python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [key=value ...]
+    python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [--work-dir D] [key=value ...]
 
 Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0 (and
 peft==0.21.2 for lora_rank > 0).
@@ -22,7 +22,8 @@ compilation cache, so our first step includes compiling. TRL keeps its defaults 
 the work (e.g. gradient checkpointing, which it turns on by default). Per run: total training time,
 median step time after the first step, compile time (ours), peak RSS of the process, and each
 step's mean reward and gradient norm (before clipping). Prints a table with the ratios (ours / TRL) and writes
-benchmarks/results/vs_trl.json (or --output).
+benchmarks/results/vs_trl.json (or --output). The work (HF export, prompts, both trainers' run folders) goes to
+a temporary folder, deleted at the end, or to --work-dir, kept (a later invocation reuses its HF export).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -219,13 +221,17 @@ def main() -> None:
   parser.add_argument("overrides", nargs="*", help="key=value for both trainers (a .yml first replaces the base)")
   args = parser.parse_args()
   work = args.work_dir or tempfile.mkdtemp(prefix="vs_trl_")
-  shape = _prepare(args, work)
-  runs = []
-  for r in range(args.rounds):
-    for trainer in ("ours", "trl"):
-      name = f"{trainer}_{r}"
-      print(f"round {r}: {trainer} ...", file=sys.stderr, flush=True)
-      runs.append(_summary(_run_ours(args, work, name) if trainer == "ours" else _run_trl(work, shape, name)))
+  try:
+    shape = _prepare(args, work)
+    runs = []
+    for r in range(args.rounds):
+      for trainer in ("ours", "trl"):
+        name = f"{trainer}_{r}"
+        print(f"round {r}: {trainer} ...", file=sys.stderr, flush=True)
+        runs.append(_summary(_run_ours(args, work, name) if trainer == "ours" else _run_trl(work, shape, name)))
+  finally:
+    if not args.work_dir:  # (an HF export and every run's checkpoints: gigabytes per invocation)
+      shutil.rmtree(work, ignore_errors=True)
   ours = [x for x in runs if x["trainer"] == "ours"]
   trl_runs = [x for x in runs if x["trainer"] == "trl"]
   med = lambda rs, k: statistics.median(x[k] for x in rs)
