@@ -1,6 +1,7 @@
 """Our GRPO trainer against TRL's GRPOTrainer on identical work, in one invocation.
 
-    python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [--work-dir D] [key=value ...]
+    python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [--work-dir D] [--ours-without-torch]
+        [key=value ...]
 
 Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0 (and
 peft==0.21.2 for lora_rank > 0).
@@ -24,6 +25,8 @@ median step time after the first step, compile time (ours), peak RSS of the proc
 step's mean reward and gradient norm (before clipping). Prints a table with the ratios (ours / TRL) and writes
 benchmarks/results/vs_trl.json (or --output). The work (HF export, prompts, both trainers' run folders) goes to
 a temporary folder, deleted at the end, or to --work-dir, kept (a later invocation reuses its HF export).
+With --ours-without-torch our process runs as where PyTorch is not installed (train_rl needs none, but
+transformers imports it with any tokenizer where it is: about 0.28 GB of our peak RSS here).
 """
 
 from __future__ import annotations
@@ -113,9 +116,15 @@ def peak_gb(stderr: str) -> float:
   return int([line for line in stderr.splitlines() if line.startswith("peak_rss_kb=")][-1].split("=")[1]) * 1024 / 1e9
 
 
+# Makes `import torch` fail in our process, as where PyTorch is not installed: train_rl needs none (requirements.txt
+# has none; this environment has it for the tests and TRL), but transformers 5 imports it with any tokenizer.
+WITHOUT_TORCH = "sys.modules['torch'] = None; "
+
+
 def _run_ours(args, work: str, name: str) -> dict:
-  code = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
-                  "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
+  code = PEAK_PRELUDE + (WITHOUT_TORCH if args.ours_without_torch else "") + (
+      "import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+      "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
   start = time.perf_counter()
   proc = subprocess.run([sys.executable, "-c", code, *_config_args(args, work), f"run_name={name}"],
                         capture_output=True, text=True, check=False, cwd=ROOT)
@@ -218,6 +227,8 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--work-dir", default="")
   parser.add_argument("--output", default=RESULTS)
+  parser.add_argument("--ours-without-torch", action="store_true",
+                      help="run ours as where PyTorch is not installed (train_rl needs none)")
   parser.add_argument("overrides", nargs="*", help="key=value for both trainers (a .yml first replaces the base)")
   args = parser.parse_args()
   work = args.work_dir or tempfile.mkdtemp(prefix="vs_trl_")
@@ -243,8 +254,8 @@ def main() -> None:
   print("ours / TRL: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
   versions = trl_runs[0].get("versions", {})
   result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "versions": versions, "shape": shape, "runs": runs,
-            "ratios_ours_over_trl": ratios}
+            "python": platform.python_version(), "versions": versions, "shape": shape,
+            "ours_without_torch": args.ours_without_torch, "runs": runs, "ratios_ours_over_trl": ratios}
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)

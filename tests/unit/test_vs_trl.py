@@ -42,3 +42,11 @@ def test_peak_rss_is_read_back_in_decimal_gigabytes_and_is_the_childs_own():
   assert 0.3 < module.peak_gb(proc.stderr) < 0.5  # 300 MB buffer plus the interpreter
   assert module.peak_gb("peak_rss_kb=1000000\n") == 1.024
   del parent
+
+
+def test_without_torch_our_process_cannot_import_torch():
+  """--ours-without-torch: our process runs as where PyTorch is not installed."""
+  code = _vs_trl().WITHOUT_TORCH + "import torch"
+  proc = subprocess.run([sys.executable, "-c", "import sys; " + code], capture_output=True, text=True, check=False)
+  assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
+  assert subprocess.run([sys.executable, "-c", "import torch"], check=False).returncode == 0
