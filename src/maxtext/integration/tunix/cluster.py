@@ -126,11 +126,12 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   )
   cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
                                      cluster_config=cluster_config)
-  # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   trainer = cluster.actor_trainer
-  trainer.checkpoint_manager.close()  # it has restored the latest checkpoint, if any
+  # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
+  trainer.checkpoint_manager.close()
   trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(trainer.config.checkpoint_root_directory,
                                                                   trainer.config.checkpointing_options)
+  # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)  # pylint: disable=protected-access
   trainer.with_training_hooks(ReleaseFreedMemory())
