@@ -105,8 +105,8 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     # Checkpoints (checkpoint_conversion/orbax_checkpoint.py)
     PrivateDependency("tunix.sft.checkpoint_manager.CheckpointManager", "_checkpoint_manager", "write", None,
                       "orbax_checkpoint.py", "the Orbax manager with uncompressed array handlers (Tunix builds its "
-                      "handlers with zstd compression, whose buffers took 1.3 GB beyond the demo's trainer state "
-                      "while saving); the class's save, restore and close use it"),
+                      "handlers with zstd compression, whose buffers raised the demo's RSS by 0.85 GB while saving "
+                      "its trainer state); the class's save, restore and close use it"),
     # Rollout (rollout.py)
     PrivateDependency("tunix.rl.rollout.vanilla_rollout.VanillaRollout", "_sampler", "write", None, "rollout.py",
                       "VanillaRollout's constructor only builds its sampler; ours takes token prompts, so the "
