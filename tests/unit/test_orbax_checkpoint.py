@@ -47,6 +47,7 @@ import sys, numpy as np, jax, orbax.checkpoint as ocp
 from flax import nnx
 from tunix.sft import checkpoint_manager
 from maxtext.checkpoint_conversion import orbax_checkpoint
+from maxtext.trainers.post_train.rl.footprint import peak_rss_bytes
 class Big(nnx.Module):
   def __init__(self):
     self.w = nnx.List([nnx.Param(jax.random.normal(jax.random.key(i), (1024, 1024))) for i in range(100)])
@@ -54,12 +55,11 @@ model = Big()  # 100 float32 arrays of 4 MiB: 420 MB of incompressible values
 jax.block_until_ready(nnx.state(model))
 cls = orbax_checkpoint.CheckpointManager if sys.argv[2] == "ours" else checkpoint_manager.CheckpointManager
 manager = cls(sys.argv[1], ocp.CheckpointManagerOptions())
-rss = lambda key: int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith(key))) * 1024
-before = rss("VmRSS:")
-open("/proc/self/clear_refs", "w").write("5")  # VmHWM back to the current RSS
+before = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS:"))) * 1024
+open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) back to the current RSS
 manager.save(1, model, force=True)
 manager.close()
-print(rss("VmHWM:") - before)
+print(int(peak_rss_bytes() - before))
 """
 
 
