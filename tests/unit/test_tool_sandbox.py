@@ -241,3 +241,35 @@ def test_tool_sandbox_is_refused_without_the_python_tool():
     make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.tool_sandbox=none")
   with pytest.raises(pyconfig.ConfigError, match="rl.tool_sandbox='docker'"):
     make_config("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.tool_sandbox=docker")
+
+
+def test_python_tool_from_a_venv_under_tmp():
+  """A virtual environment in a folder under /tmp (a clone's .venv there is ordinary) runs the python
+  tool sandboxed: the interpreter is visible read-only, the working folder is empty, and nothing else
+  of the host's /tmp (a file beside the venv, another folder) is visible."""
+  with tempfile.TemporaryDirectory(dir="/tmp", prefix="venv_probe_") as folder:
+    venv = os.path.join(folder, "venv")
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", venv],
+                   check=True)
+    site = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+                          check=True, capture_output=True, text=True).stdout.strip()
+    project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open(os.path.join(site, "host.pth"), "w", encoding="utf-8") as f:  # this run's packages and project
+      f.write("\n".join([*(p for p in sys.path if p.endswith("site-packages")), os.path.join(project, "src"), project]))
+    secret = os.path.join(folder, "secret.txt")
+    with open(secret, "w", encoding="utf-8") as f:
+      f.write(TOKEN)
+    probe = ("import os, sys\n"
+             f"print(repr((sys.prefix, os.getcwd(), os.listdir('.'), os.path.exists({secret!r}), "
+             f"os.path.exists({folder + '/venv/bin/python'!r}), os.access({venv!r}, os.W_OK), "
+             f"sorted(os.listdir('/tmp')))))")
+    script = ("from maxtext.trainers.post_train.rl import tools\nfrom tests.conftest import make_config\n"
+              "cfg = make_config('rl.use_agentic_rollout=true', 'rl.tools=[python]')\n"
+              f"print(tools.tool_map(cfg)['python']('python', 'run python').apply(code={probe!r}).output)")
+    result = subprocess.run([os.path.join(venv, "bin", "python"), "-c", script], cwd=folder, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    prefix, cwd, listing, sees_secret, sees_python, venv_writable, tmp = eval(result.stdout.strip().splitlines()[-1])  # pylint: disable=eval-used
+    assert prefix == venv and sees_python and not venv_writable
+    assert listing == [] and not sees_secret
+    assert cwd.startswith("/tmp") and tmp == sorted({os.path.basename(folder), os.path.basename(cwd)})

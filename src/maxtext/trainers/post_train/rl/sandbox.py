@@ -7,8 +7,10 @@ libseccomp through pyseccomp):
   with its own /proc (the trainer's processes are not there), a network namespace with only its own
   loopback, and new ipc, uts and cgroup namespaces; a new terminal session.
 - files: the root is an empty tmpfs; the interpreter's prefixes (sys.base_prefix, sys.prefix) and
-  the shared libraries (/usr/lib, /lib, /lib64) are read-only; /tmp (the working folder and HOME) is
-  a private tmpfs of _DISK_MB; /dev holds only null, zero, random, urandom, tty and shm.
+  the shared libraries (/usr/lib, /lib, /lib64) are read-only, wherever they live (under /tmp too);
+  /tmp is a private tmpfs of _DISK_MB holding the working folder and HOME (empty at the start: /tmp
+  itself, or a folder in it when a prefix lives there); /dev holds only null, zero, random, urandom,
+  tty and shm.
   Nothing else of the host (/etc, /home, /root, the project, other calls' files) is visible.
 - seccomp: no new processes (fork, vfork, clone without CLONE_THREAD; clone3 answers ENOSYS so
   threads fall back to clone), no sockets but AF_UNIX, no ptrace, process_vm_*, mount, namespaces,
@@ -95,14 +97,32 @@ def _system_paths() -> list[str]:
   return args
 
 
+def _prefixes() -> list[str]:
+  """The interpreter's prefixes (sys.base_prefix, sys.prefix), each as named and as resolved."""
+  return list(dict.fromkeys(f(p) for p in (sys.base_prefix, sys.prefix) for f in (os.path.abspath, os.path.realpath)))
+
+
+def _working_folder(prefixes: list[str]) -> str:
+  """The call's working folder and HOME: /tmp, or a folder inside it that holds no prefix where a
+  prefix lives under /tmp (a venv or a clone there), so the folder is empty when the call starts."""
+  folder = "/tmp"
+  while any(p == folder or p.startswith(folder + "/") for p in prefixes):
+    folder += "/call"
+  return folder
+
+
 def bwrap_command(seccomp_fd: int) -> list[str]:
-  """The bwrap command line up to the interpreter (whose arguments follow)."""
-  prefixes = dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix))
+  """The bwrap command line up to the interpreter (whose arguments follow). The mounts that replace a
+  folder (/tmp, /proc, /dev) come first and the read-only binds after, so an interpreter that lives
+  under one of them stays visible in it."""
+  prefixes = _prefixes()
+  work = _working_folder(prefixes)
   return [
       _bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+      "--size", str(_DISK_MB << 20), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
       *_system_paths(), *(a for p in prefixes for a in ("--ro-bind", p, p)),
-      "--proc", "/proc", "--dev", "/dev", "--size", str(_DISK_MB << 20), "--tmpfs", "/tmp", "--chdir", "/tmp",
-      "--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "PATH", "/usr/bin:/bin",
+      "--dir", work, "--chdir", work,
+      "--clearenv", "--setenv", "HOME", work, "--setenv", "PATH", "/usr/bin:/bin",
       "--seccomp", str(seccomp_fd), "--",
   ]
 
@@ -169,7 +189,7 @@ def run(code: str, sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int
   command = [sys.executable, "-I", "-c", _limits(cpu_s, memory_mb) + code]
   pass_fds, read_fd, folder = (), None, None
   try:
-    if sandboxed:  # the working folder is the sandbox's own /tmp
+    if sandboxed:  # the working folder is in the sandbox's own /tmp
       read_fd, write_fd = os.pipe()
       with os.fdopen(write_fd, "wb") as f:
         f.write(_seccomp_program())
