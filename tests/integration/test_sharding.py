@@ -87,8 +87,8 @@ def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path):
 
 _DISTRIBUTED = textwrap.dedent("""
     import json, jax
-    from maxtext.utils.mesh import maybe_initialize_distributed
-    maybe_initialize_distributed()
+    from maxtext.utils import distributed
+    distributed.initialize()
     print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count()}))
 """)
 

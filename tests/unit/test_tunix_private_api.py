@@ -89,3 +89,22 @@ def test_no_private_tunix_member_is_used_without_an_entry():
           (base.__name__, name) in listed for owner in owners for base in tunix_classes[owner].__mro__):
         unlisted.setdefault(path.name, set()).add(f"{'/'.join(sorted(owners))}.{name}")
   assert not unlisted, f"private Tunix members used but not listed in private_api.DEPENDENCIES: {unlisted}"
+
+
+def test_shard_input_leaves_global_batches_as_they_are():
+  """cluster.feed_global_batches relies on Tunix's shard_input returning arrays already laid out by
+  mesh.global_batch (batch dimension over the data axes) untouched, instead of taking them for this
+  process's share."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from tunix.sft import sharding_utils  # pylint: disable=import-outside-toplevel
+
+  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), mesh_lib.MESH_AXES)
+  placed = mesh_lib.global_batch({"ids": np.arange(12).reshape(4, 3)}, mesh)
+  with mesh:  # shard_input reads the mesh of this context (Tunix's trainer sets it)
+    out = sharding_utils.shard_input(placed, (mesh_lib.DATA_AXES,))
+    local = sharding_utils.shard_input({"ids": np.arange(12).reshape(4, 3)}, (mesh_lib.DATA_AXES,))
+  assert out["ids"] is placed["ids"]
+  assert isinstance(local["ids"], jax.Array)  # a host array it does place (so the mesh was seen)

@@ -19,23 +19,27 @@ log = logging.getLogger(__name__)
 
 
 def export(model, cfg, tokenizer, path: str) -> None:
-  """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory."""
+  """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory: every process
+  gathers the weights, process 0 writes them."""
   from maxtext.checkpoint_conversion import hf_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.models import builder, hf_layout  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed  # pylint: disable=import-outside-toplevel
 
   state = hf_layout.maxtext_to_hf(builder.to_arrays(model), model.config)
-  hf_checkpoint.write(path, state, cfg, tokenizer)
+  if distributed.is_main():
+    hf_checkpoint.write(path, state, cfg, tokenizer)
+  distributed.barrier("hf_export")
   log.info("Wrote HF checkpoint %s", path)
 
 
 def convert(cfg) -> None:
   from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
   if not cfg.hf_output_path:
     raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
-  mesh_lib.maybe_initialize_distributed()
+  distributed.initialize()
   trainer_mesh, _ = mesh_lib.create_meshes(cfg)
   export(load_model(cfg, trainer_mesh), cfg, tokenizer_for(cfg), cfg.hf_output_path)
 

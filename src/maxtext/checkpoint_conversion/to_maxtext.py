@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 def convert(cfg) -> None:
   from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
-  mesh_lib.maybe_initialize_distributed()
+  distributed.initialize()
   trainer_mesh, _ = mesh_lib.create_meshes(cfg)
   step_dir = orbax_checkpoint.save_params(cfg.base_output_directory, load_model(cfg, trainer_mesh))
   pyconfig.write_yaml(cfg, os.path.join(cfg.base_output_directory, "config.yml"))

@@ -316,14 +316,15 @@ def _validate(v: dict[str, Any]) -> None:
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
   choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1"),
-             "rollout_engine": ("batched", "vanilla", "vllm"), "rl.tool_sandbox": ("bwrap", "none")}
+             "rollout_engine": ("batched", "vanilla"), "rl.tool_sandbox": ("bwrap", "none")}
+  if v["rollout_engine"] == "vllm":
+    raise ConfigError("rollout_engine='vllm': not supported (nothing maps this program's parameters to vLLM's or "
+                      "syncs them after each step); expected one of batched, vanilla")
   for key, allowed in choices.items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
-  if v["rollout_engine"] == "vllm" and importlib.util.find_spec("vllm") is None:
-    raise ConfigError("rollout_engine='vllm': the vllm package is not installed; use batched or vanilla")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
     if v[key] < 1:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")

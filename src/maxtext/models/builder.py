@@ -10,7 +10,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from maxtext.models.decoder import LORA_INPUT_AXES, Decoder, ModelConfig
-from maxtext.utils import errors
+from maxtext.utils import distributed, errors
 
 
 def param_name(path) -> str:
@@ -98,7 +98,8 @@ def base_of(model: Decoder) -> Decoder:
 
 def adapters(model: Decoder) -> dict[str, np.ndarray]:
   """Dotted adapter name (layers.0.attn.q_proj_lora_a) -> host array."""
-  return {param_name(path): np.asarray(var[...]) for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+  return {param_name(path): distributed.host_array(var[...])
+          for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
 
 
 def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> None:
@@ -120,7 +121,7 @@ def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> 
 
 
 def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
-  """Dotted parameter name -> host array (gathered from the mesh), adapters merged into their
+  """Dotted parameter name -> host array (gathered from the mesh; every process calls it), adapters merged into their
   weights (W + alpha / rank A B): the inverse of `from_arrays` for the plain decoder."""
   flat = {param_name(path): var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out = {}
@@ -130,5 +131,5 @@ def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
     if f"{name}_lora_a" in flat:
       delta = jax.numpy.tensordot(flat[f"{name}_lora_a"], flat[f"{name}_lora_b"], 1) * model.config.lora_scale
       value = (value.astype(np.float32) + delta).astype(value.dtype)
-    out[name] = np.asarray(value)
+    out[name] = distributed.host_array(value)
   return out

@@ -3,38 +3,16 @@
 from __future__ import annotations
 
 import math
-import os
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from maxtext.utils.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes that split the batch of training examples.
 DATA_AXES = ("data", "fsdp")
-
-# Environment variables of the usual cluster launchers; when one is set, jax.distributed starts.
-_COORDINATOR_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
-
-
-def maybe_initialize_distributed() -> None:
-  """Starts multi-host JAX when a coordinator address is in the environment.
-
-  JAX_COORDINATOR_ADDRESS (host:port) with JAX_NUM_PROCESSES and JAX_PROCESS_ID start it
-  explicitly; otherwise jax.distributed detects the cluster itself (Cloud TPU / GKE via XPK,
-  SLURM, Open MPI).
-  """
-  if not any(os.environ.get(v) for v in _COORDINATOR_VARIABLES):
-    return
-  explicit = {}
-  if os.environ.get("JAX_NUM_PROCESSES"):
-    explicit = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-                    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                    process_id=int(os.environ["JAX_PROCESS_ID"]))
-  jax.distributed.initialize(**explicit)
-
 
 def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) sizes for num_devices; one -1 entry fills the remaining devices."""
@@ -70,6 +48,12 @@ def create_meshes(cfg) -> tuple[Mesh, Mesh]:
   if tf == 1.0 and sf == 1.0:
     mesh = _mesh(cfg, devices)
     return mesh, mesh
+  if jax.process_count() > 1:
+    raise ConfigError(
+        f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: trainer and sampler on separate devices "
+        f"are not supported across {jax.process_count()} processes (each program would run on some processes' "
+        "devices only, while every process runs every program); leave both at 1.0"
+    )
   n_train, n_sample = int(len(devices) * tf), int(len(devices) * sf)
   if n_train < 1 or n_sample < 1 or n_train + n_sample > len(devices):
     raise ConfigError(
@@ -77,3 +61,20 @@ def create_meshes(cfg) -> tuple[Mesh, Mesh]:
         f"and no more than the {len(devices)} available (got {n_train} + {n_sample})"
     )
   return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train:n_train + n_sample])
+
+
+def global_batch(tree, mesh: Mesh):
+  """tree's arrays, which every process holds whole and alike (the global batch: every process runs
+  the sampler on all of it), as global arrays whose first dimension is split over the data axes
+  (replicated where it does not divide); each process places only the rows its own devices hold, so
+  every example reaches the trainer once. Arrays already spanning processes are left as they are."""
+  parts = math.prod(mesh.shape[a] for a in DATA_AXES)
+
+  def place(x):
+    if not isinstance(x, (np.ndarray, jax.Array)) or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+      return x
+    split = x.ndim >= 1 and x.shape[0] % parts == 0
+    sharding = NamedSharding(mesh, PartitionSpec(DATA_AXES) if split else PartitionSpec())
+    return jax.make_array_from_process_local_data(sharding, x, x.shape)
+
+  return jax.tree.map(place, tree)

@@ -22,7 +22,7 @@ from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap
-from maxtext.utils.mesh import DATA_AXES
+from maxtext.utils import mesh as mesh_lib
 
 Role = rl_cluster_lib.Role
 
@@ -114,7 +114,7 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
           run_name=cfg.run_name,
           backend_kwargs={"custom_backend": sinks.factories()},
       ),
-      data_sharding_axis=DATA_AXES,
+      data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
       mini_batch_size=cfg.batch_size,
       train_micro_batch_size=cfg.train_micro_batch_size or None,
   )
@@ -136,9 +136,26 @@ def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)  # pylint: disable=protected-access
   trainer.with_training_hooks(ReleaseFreedMemory())
   accumulation.install(trainer, training.actor_optimizer)
+  feed_global_batches(cluster, trainer_mesh)
   if hasattr(cluster.rollout, "keys"):
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster
+
+
+def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
+  """Every process holds the whole batch (the sampler runs on every process's devices), while Tunix
+  takes each process's arrays for its share of the batch: the reference's and the trainer's inputs
+  become global arrays first (mesh_lib.global_batch), which Tunix then leaves as they are."""
+  reference_logps, update_actor = cluster.get_ref_per_token_logps, cluster.update_actor
+
+  def global_reference_logps(prompt_tokens, completion_tokens, *args, **kwargs):
+    return reference_logps(mesh_lib.global_batch(prompt_tokens, mesh), mesh_lib.global_batch(completion_tokens, mesh),
+                           *args, **kwargs)
+
+  def global_update_actor(train_ds, eval_ds, skip_jit=False):
+    return update_actor(mesh_lib.global_batch(train_ds, mesh), eval_ds, skip_jit)
+
+  cluster.get_ref_per_token_logps, cluster.update_actor = global_reference_logps, global_update_actor
 
 
 def shard_optimizer(trainer, mesh) -> None:

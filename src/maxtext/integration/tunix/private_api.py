@@ -60,6 +60,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
                        "temperature"),
                       "agentic.py", "skips the trainer's recomputation of the old policy's log-probs where the "
                       "sampler's are used (Tunix always recomputes them, doubling the forward passes)"),
+    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "get_ref_per_token_logps", "replace",
+                      ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
+                      "cluster.py", "Tunix's shard_input takes each process's arrays as its share of the batch, "
+                      "while every process holds the whole batch: the inputs become global arrays first, which "
+                      "shard_input leaves as they are (tests/unit/test_tunix_private_api.py checks that)"),
+    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "update_actor", "replace", ("self", "train_ds", "eval_ds",
+                                                                                    "skip_jit"),
+                      "cluster.py", "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input "
+                      "path of its own)"),
     # Agentic GRPO (agentic.py)
     PrivateDependency(_AGENTIC, "_model_call", "override", ("self", "chat_lists", "env", "max_generation_steps"),
                       "agentic.py", "token in, token out (later turns continue the sampled token stream, Tunix "

@@ -286,13 +286,10 @@ EVAL_SAMPLING = {
 
 
 def rollout_engine(cfg):
-  """ClusterConfig.rollout_engine for cfg.rollout_engine: our engines bound to their settings, or
-  Tunix's vLLM engine by name."""
+  """ClusterConfig.rollout_engine for cfg.rollout_engine: our engine bound to its settings."""
   if cfg.rollout_engine == "batched":
     return functools.partial(BatchedRolloutEngine, seed=cfg.decode_seed, max_batch_size=cfg.rollout_max_batch_size)
-  if cfg.rollout_engine == "vanilla":
-    return functools.partial(RolloutEngine, seed=cfg.decode_seed)
-  return "vllm"
+  return functools.partial(RolloutEngine, seed=cfg.decode_seed)
 
 
 def rollout_configs(cfg, eos_id: int) -> dict:
@@ -304,8 +301,6 @@ def rollout_configs(cfg, eos_id: int) -> dict:
       kv_cache_size=cfg.kv_cache_size,
       eos_tokens=[eos_id],
   )
-  if cfg.rollout_engine == "vllm":
-    shared["rollout_vllm_model_version"] = cfg.load_parameters_path
   greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **shared)
   train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
       temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
@@ -322,12 +317,9 @@ def load_sampler(cfg, mode: Mode) -> tuple[Callable, object]:
   cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says."""
   from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
   from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
 
-  if cfg.rollout_engine == "vllm":
-    raise errors.ConfigError("rollout_engine='vllm' serves RL rollouts only; decoding and evaluation on their own "
-                             "take rollout_engine=vanilla or batched")
-  mesh_lib.maybe_initialize_distributed()
+  distributed.initialize()
   _, mesh = mesh_lib.create_meshes(cfg)
   tokenizer = tokenizer_for(cfg)
   config = rollout_configs(cfg, tokenizer.eos_token_id)[mode]

@@ -5,7 +5,8 @@ keeps, and the evaluations it has written.
     tensorboard/  report.md  plots/  hf/
 
 Checkpoints are named by optimizer update (rl.num_iterations per training step); metrics rows and
-evaluations by training step.
+evaluations by training step. Process 0 writes and moves the files; Orbax checkpoints are written by
+every process.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import metrics
+from maxtext.utils import distributed
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -33,6 +35,8 @@ class RunFolder:
     self._iterations = cfg.rl.num_iterations
 
   def write_config(self, cfg) -> None:
+    if not distributed.is_main():
+      return
     os.makedirs(self.path, exist_ok=True)
     pyconfig.write_yaml(cfg, os.path.join(self.path, "config.yml"))
 
@@ -42,22 +46,31 @@ class RunFolder:
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
     """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not
-    deleted), so Tunix's restore of the latest one finds `step`'s; returns the moved updates."""
-    return orbax_checkpoint.set_aside(self._actor, step * self._iterations, self._set_aside)
+    deleted), so Tunix's restore of the latest one finds `step`'s; returns the moved updates. Every
+    process calls it; process 0 moves them."""
+    moved = []
+    if distributed.is_main():
+      moved = orbax_checkpoint.set_aside(self._actor, step * self._iterations, self._set_aside)
+    distributed.barrier("keep_checkpoints_through")
+    return moved
 
   def resume(self) -> int:
     """Prepares a rerun to resume from the latest complete checkpoint whose steps all reached
     metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step): newer
     checkpoints are set aside and metrics.jsonl is cut back to that step, which is returned (0: a
-    fresh run). Tunix then restores the model, optimizer and step and fast-forwards the data."""
-    saved = self.saved_steps()
-    if not saved:
+    fresh run). Tunix then restores the model, optimizer and step and fast-forwards the data. Process
+    0 decides; every process returns its step."""
+    step = -1  # no checkpoint at all
+    saved = self.saved_steps() if distributed.is_main() else []
+    if saved:
+      logged = metrics.logged_steps(self.metrics)
+      complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+      step = complete[-1] if complete else 0
+    step = distributed.from_main(step)
+    if step < 0:
       return 0
-    logged = metrics.logged_steps(self.metrics)
-    complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
-    step = complete[-1] if complete else 0
     moved = self.keep_checkpoints_through(step)
-    dropped = metrics.truncate_after(self.metrics, step)
+    dropped = metrics.truncate_after(self.metrics, step) if distributed.is_main() else 0
     log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
              "dropped)", step, moved, dropped)
     return step
@@ -74,6 +87,8 @@ class RunFolder:
     return results
 
   def write_results(self, results: dict) -> None:
+    if not distributed.is_main():
+      return
     os.makedirs(self.path, exist_ok=True)
     with open(self.evaluations, "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)

@@ -17,6 +17,7 @@ import time
 
 from maxtext.configs import cli
 from maxtext.utils import shutdown
+from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -38,6 +39,7 @@ def run(cfg) -> dict:
   # Heavy imports after config validation, so config errors come back at once.
   # pylint: disable=import-outside-toplevel
   import jax
+  import numpy as np
 
   from maxtext.checkpoint_conversion import to_huggingface
   from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib
@@ -46,14 +48,18 @@ def run(cfg) -> dict:
   from maxtext.models.load import load_model
   from maxtext.trainers.post_train.rl import evaluate_rl, footprint, tools, utils_rl
   from maxtext.trainers.post_train.rl.run_folder import RunFolder
-  from maxtext.utils import heap, mesh as mesh_lib
+  from maxtext.utils import distributed, heap, mesh as mesh_lib
   # pylint: enable=import-outside-toplevel
 
+  distributed.initialize()  # before anything asks JAX about its devices
   folder = RunFolder(cfg)
   folder.write_config(cfg)
   expected = footprint.log_estimate(cfg)
   heap.release_after_compiling()
-  mesh_lib.maybe_initialize_distributed()
+  if cfg.rl.use_agentic_rollout and jax.process_count() > 1:
+    raise ConfigError(f"rl.use_agentic_rollout=true: not supported across {jax.process_count()} processes (its "
+                      "rollouts run on threads whose order differs between processes, while every process must run "
+                      "the sampler's programs in the same order); use rl.use_agentic_rollout=false")
   trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
   log.info("Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape))
 
@@ -70,7 +76,7 @@ def run(cfg) -> dict:
 
   results = folder.previous_results(folder.resume())
   wandb = None
-  if cfg.wandb_project and jax.process_index() == 0:
+  if cfg.wandb_project and distributed.is_main():
     wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
   sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2, wandb=wandb,
                               updates_per_step=cfg.rl.num_iterations)
@@ -91,15 +97,18 @@ def run(cfg) -> dict:
     stop = shutdown.GracefulStop()
 
     def guard(steps_done: int) -> None:
-      """Between steps: stop on a non-finite loss, KL or reward, or on a signal."""
+      """Between steps: stop on a non-finite loss, KL or reward (process 0 logs them), or on a signal to
+      any process; every process takes the same branch."""
       bad = sinks.nonfinite()
-      if bad:
-        name, step = bad
+      flags = distributed.gather(np.array([bad[1] if bad else 0, stop.signum or 0]))
+      step, signum = int(flags[0, 0]), int(flags[:, 1].max())
+      if step:
         cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
         folder.keep_checkpoints_through(step - 1)
-        raise shutdown.NonFiniteError(name, step, max(folder.saved_steps(), default=0))
-      if stop.signum is not None:
-        raise shutdown.Interrupted(stop.signum, steps_done)
+        raise shutdown.NonFiniteError(bad[0] if bad else "a watched value (see process 0)", step,
+                                      max(folder.saved_steps(), default=0))
+      if signum:
+        raise shutdown.Interrupted(signum, steps_done)
 
     def before_step(steps_done: int) -> None:
       guard(steps_done)
@@ -143,7 +152,7 @@ def run(cfg) -> dict:
                             cfg.hf_output_path or os.path.join(cfg.run_dir, "hf"))
   finally:
     sinks.close()
-    if jax.process_index() == 0:
+    if distributed.is_main():
       _write_report(cfg.run_dir)
   return {
       "before": evaluate_rl.summary_of(results["before"]),

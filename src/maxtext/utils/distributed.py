@@ -1,0 +1,81 @@
+"""JAX's multi-controller runtime: every process runs the same program on its own devices.
+
+`initialize` starts it from the environment a cluster sets (see its docstring). The rest are the
+agreements a run needs where processes could otherwise take different branches and then wait for each
+other forever: a run's text files are written by process 0 alone (`is_main`), and a decision one
+process sees (a signal, a non-finite metric only process 0 logs) is shared before anyone acts on it.
+Each is a no-op in a single process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+# Environment variables of the usual cluster launchers; when one is set, jax.distributed starts.
+_COORDINATOR_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEGASCALE_COORDINATOR_ADDRESS")
+# A process that stops sending heartbeats (killed, its host lost) ends the job after this long.
+HEARTBEAT_TIMEOUT_S = 30
+
+
+def initialize() -> None:
+  """Starts multi-host JAX when a coordinator address is in the environment.
+
+  JAX_COORDINATOR_ADDRESS (host:port) with JAX_NUM_PROCESSES and JAX_PROCESS_ID start it
+  explicitly; otherwise jax.distributed detects the cluster itself (Cloud TPU / GKE via XPK,
+  SLURM, Open MPI). CPU processes talk over gloo unless JAX_CPU_COLLECTIVES_IMPLEMENTATION says
+  otherwise (without it they cannot run a collective at all). A process whose peer dies ends within
+  HEARTBEAT_TIMEOUT_S plus the coordination service's polling, with the service's error.
+  """
+  if not any(os.environ.get(v) for v in _COORDINATOR_VARIABLES) or jax.distributed.is_initialized():
+    return
+  if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  explicit = {}
+  if os.environ.get("JAX_NUM_PROCESSES"):
+    explicit = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
+                    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
+                    process_id=int(os.environ["JAX_PROCESS_ID"]))
+  jax.distributed.initialize(**explicit, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  log.info("Process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count())
+
+
+def is_main() -> bool:
+  """Whether this process writes the run's text files (config, metrics, evaluations, report)."""
+  return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+  """Waits until every process reaches the barrier of this name."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    multihost_utils.sync_global_devices(name)
+
+
+def gather(values: np.ndarray) -> np.ndarray:
+  """Every process's `values` (same shape and dtype everywhere), stacked in process order."""
+  if jax.process_count() == 1:
+    return np.asarray(values)[None]
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+  return np.asarray(multihost_utils.process_allgather(np.asarray(values)))
+
+
+def from_main(value: int) -> int:
+  """Process 0's value of an integer, on every process."""
+  return int(gather(np.array([value], np.int64))[0, 0])
+
+
+def host_array(x: jax.Array) -> np.ndarray:
+  """The whole of a (possibly multi-process) array on this host; every process must call it."""
+  if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+  return np.asarray(x)
