@@ -3,18 +3,21 @@
 
     scripts/submit_xpk.py --cluster C --docker-image IMG (--tpu-type v5p-16 | --device-type h100-80gb-8)
         [--num-slices N | --num-nodes N] [--project P] [--zone Z] [--workload NAME] [--dry-run]
-        -- rl.yml model_name=qwen3-0.6b base_output_directory=gs://BUCKET/runs [key=value ...]
+        -- rl.yml model_name=qwen3-0.6b base_output_directory=/gcs/BUCKET/runs [key=value ...]
 
 The train_rl arguments after `--` are checked here first (an unknown key or a bad value fails before
 anything is submitted). Every host of the workload runs the same command; jax.distributed starts
 from what XPK sets up (TPU slices and GPU nodes are detected by JAX; elsewhere set
-JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID). base_output_directory should be a
-bucket every host can write (gs://...). --dry-run prints the xpk command line and exits.
+JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID). base_output_directory must be a
+folder every host shares (a bucket mounted on every host, e.g. through GKE's Cloud Storage FUSE CSI
+driver): every process writes its part of each checkpoint there. --dry-run prints the xpk command
+line and exits.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import shutil
@@ -80,9 +83,10 @@ def main(argv: list[str]) -> int:
   except pyconfig.ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
-  if not cfg.base_output_directory.startswith("gs://"):
-    print(f"warning: base_output_directory={cfg.base_output_directory!r} is not a gs:// bucket; the run folder "
-          "lands on each host's disk and is lost with the pod", file=sys.stderr)
+  if not os.path.isabs(cfg.base_output_directory):
+    print(f"warning: base_output_directory={cfg.base_output_directory!r} is relative: the run folder lands in each "
+          "host's working directory and is lost with the pod; give a folder every host shares (a mounted bucket)",
+          file=sys.stderr)
   cmd = xpk_command(opts, train_args, cfg.run_name)
   if opts.dry_run:
     print(shlex.join(cmd))

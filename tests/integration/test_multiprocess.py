@@ -116,7 +116,7 @@ def test_killed_process_ends_its_peers_and_a_rerun_resumes(tmp_path):
   within a bounded time through the coordination service's heartbeat; the same command, rerun,
   resumes from the last checkpoint and logs every step once."""
   args = [*TINY, "num_batches=4", f"base_output_directory={tmp_path}", "run_name=killed"]
-  port = launch_local._free_port()  # pylint: disable=protected-access
+  port = launch_local.free_port()
   procs = [subprocess.Popen([*TRAIN_RL, *args], env=launch_local.environment(_ENV, k, 2, port, 2),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for k in range(2)]
   actor = tmp_path / "killed" / "checkpoints" / "actor"

@@ -8,6 +8,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+from maxtext.utils import launch_local
+
 
 _ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
 
@@ -93,13 +97,22 @@ _DISTRIBUTED = textwrap.dedent("""
 """)
 
 
-def test_multi_host_start_up_through_jax_distributed():
-  """Two processes on this machine find each other through the coordinator variables."""
-  port = 20000 + os.getpid() % 20000
+_LAUNCHERS = {  # rank, port -> the variables each sets
+    "jax": lambda rank, port: dict(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
+                                   JAX_PROCESS_ID=str(rank)),
+    "xpk_gpu": lambda rank, port: dict(JAX_COORDINATOR_ADDRESS="localhost", JAX_COORDINATOR_PORT=str(port),
+                                       NNODES="2", NODE_RANK=str(rank), GPUS_PER_NODE="1"),
+}
+
+
+@pytest.mark.parametrize("launcher", _LAUNCHERS)
+def test_multi_host_start_up_through_jax_distributed(launcher):
+  """Two processes on this machine find each other through the coordinator variables: JAX's own, or
+  those XPK sets on a GPU node pool (its TPU slices JAX detects by itself)."""
+  port = launch_local.free_port()
   procs = []
   for rank in range(2):
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-               JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", **_LAUNCHERS[launcher](rank, port))
     procs.append(subprocess.Popen([sys.executable, "-c", _DISTRIBUTED], env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True))
   results = []

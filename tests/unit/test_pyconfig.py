@@ -1,6 +1,7 @@
 """Config precedence, aliases, type checks and unknown keys."""
 
 import os
+import re
 
 import pytest
 import yaml
@@ -190,3 +191,11 @@ def test_lora_keys_are_refused_without_adapters(arg):
 def test_bad_lora_settings_name_the_key(args, message):
   with pytest.raises(pyconfig.ConfigError, match=message):
     make_config(*args)
+
+
+@pytest.mark.parametrize("key", pyconfig.PATH_KEYS)
+def test_url_paths_are_refused_naming_the_key(key):
+  """Every path is opened as a local file, so a bucket URL is a config error at start, not a local
+  folder named 'gs:'."""
+  with pytest.raises(pyconfig.ConfigError, match=rf"{re.escape(key)}='gs://b/x': gs:// paths are not supported"):
+    make_config(f"{key}=gs://b/x")

@@ -13,7 +13,7 @@ def _run(*args):
 
 
 def test_dry_run_prints_the_workload_command_with_the_train_rl_arguments():
-  train = ["rl.yml", "model_name=qwen3-0.6b", "run_name=Qwen3_GRPO.run", "base_output_directory=gs://b/runs",
+  train = ["rl.yml", "model_name=qwen3-0.6b", "run_name=Qwen3_GRPO.run", "base_output_directory=/gcs/b/runs",
            "rl.use_agentic_rollout=true", "rl.system_prompt=Think, then answer."]
   proc = _run("--cluster", "c1", "--docker-image", "gcr.io/p/maxtext-rl:1", "--tpu-type", "v5p-16",
               "--num-slices", "2", "--project", "p", "--zone", "us-east5-a", "--dry-run", "--", *train)
@@ -33,7 +33,10 @@ def test_gpu_nodes_and_a_local_output_folder_warn():
               "--dry-run", "--", "rl.yml")
   assert proc.returncode == 0, proc.stderr
   assert "--device-type h100-80gb-8 --num-nodes 4" in proc.stdout
-  assert "not a gs:// bucket" in proc.stderr
+  assert "is relative" in proc.stderr and "a mounted bucket" in proc.stderr
+  proc = _run("--cluster", "c", "--docker-image", "img", "--tpu-type", "v6e-8", "--dry-run", "--", "rl.yml",
+              "base_output_directory=gs://b/runs")
+  assert proc.returncode == 2 and "base_output_directory='gs://b/runs': gs:// paths are not supported" in proc.stderr
 
 
 def test_bad_input_is_refused_before_submitting():

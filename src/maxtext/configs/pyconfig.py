@@ -295,7 +295,24 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
     raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({reason}); remove it or change the mode")
 
 
+# Keys naming a file or folder the program reads or writes, with os-level file access.
+PATH_KEYS = ("base_output_directory", "jax_cache_dir", "load_parameters_path", "tokenizer_path", "hf_output_path",
+             "lora_input_adapters_path", "tfds_data_dir", "dataset_processor_path", "data_template_path",
+             "reward_functions_path", "rl.tools_path", "dataset_name", "eval_dataset_name")
+
+
+def _check_paths(v: dict[str, Any]) -> None:
+  """A URL (gs://, s3://, ...) in a path key is refused: every path is opened as a local file."""
+  for key in PATH_KEYS:
+    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", str(v[key] or ""))
+    if scheme:
+      raise ConfigError(f"{key}={v[key]!r}: {scheme.group(1)}:// paths are not supported (every path is opened "
+                        "as a local file); give a local folder, or mount the bucket as one (on GKE, the Cloud "
+                        "Storage FUSE CSI driver) and give its path, the same on every host")
+
+
 def _validate(v: dict[str, Any]) -> None:
+  _check_paths(v)
   for key in ("max_prompt_length", "max_response_length", "batch_size", "num_batches",
               "eval_batch_size", "checkpoint_period", "num_epoch"):
     if v[key] <= 0:

@@ -27,8 +27,9 @@ def initialize() -> None:
   """Starts multi-host JAX when a coordinator address is in the environment.
 
   JAX_COORDINATOR_ADDRESS (host:port) with JAX_NUM_PROCESSES and JAX_PROCESS_ID start it
-  explicitly; otherwise jax.distributed detects the cluster itself (Cloud TPU / GKE via XPK,
-  SLURM, Open MPI). CPU processes talk over gloo unless JAX_CPU_COLLECTIVES_IMPLEMENTATION says
+  explicitly, as do the variables XPK sets on GKE GPU node pools (JAX_COORDINATOR_ADDRESS and
+  JAX_COORDINATOR_PORT, NNODES, NODE_RANK); otherwise jax.distributed detects the cluster itself
+  (Cloud TPU slices, SLURM, Open MPI). CPU processes talk over gloo unless JAX_CPU_COLLECTIVES_IMPLEMENTATION says
   otherwise (without it they cannot run a collective at all). A process whose peer dies ends within
   HEARTBEAT_TIMEOUT_S plus the coordination service's polling, with the service's error.
   """
@@ -36,13 +37,19 @@ def initialize() -> None:
     return
   if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  explicit = {}
-  if os.environ.get("JAX_NUM_PROCESSES"):
-    explicit = dict(coordinator_address=os.environ["JAX_COORDINATOR_ADDRESS"],
-                    num_processes=int(os.environ["JAX_NUM_PROCESSES"]),
-                    process_id=int(os.environ["JAX_PROCESS_ID"]))
-  jax.distributed.initialize(**explicit, heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
+  jax.distributed.initialize(**_explicit(os.environ), heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   log.info("Process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count())
+
+
+def _explicit(env) -> dict:
+  """jax.distributed.initialize's arguments from the environment; none where JAX detects the cluster."""
+  if env.get("JAX_NUM_PROCESSES"):
+    return dict(coordinator_address=env["JAX_COORDINATOR_ADDRESS"], num_processes=int(env["JAX_NUM_PROCESSES"]),
+                process_id=int(env["JAX_PROCESS_ID"]))
+  if env.get("NNODES") and env.get("NODE_RANK"):  # XPK's GPU workloads
+    return dict(coordinator_address=f"{env['JAX_COORDINATOR_ADDRESS']}:{env.get('JAX_COORDINATOR_PORT', '1234')}",
+                num_processes=int(env["NNODES"]), process_id=int(env["NODE_RANK"]))
+  return {}
 
 
 def is_main() -> bool:

@@ -23,7 +23,7 @@ import threading
 import time
 
 
-def _free_port() -> int:
+def free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
@@ -52,7 +52,7 @@ def _exit_code(returncode: int) -> int:
 def launch(command: list[str], processes: int, devices: int | None = None, port: int | None = None,
            grace_s: float = 30.0) -> int:
   """Runs command as `processes` processes; returns the launcher's exit code (see the module docstring)."""
-  port = port or _free_port()
+  port = port or free_port()
   lock = threading.Lock()
   procs = []
   for k in range(processes):
