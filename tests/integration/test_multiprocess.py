@@ -77,6 +77,20 @@ def test_each_process_places_its_own_rows_of_the_global_batch():
   assert p0["odd_replicated"] and p1["odd_replicated"]
 
 
+def test_launcher_ends_every_process_when_one_fails():
+  """One process exits 3 while the other would run for a minute: the launcher ends it and exits 3,
+  each process's output behind its prefix."""
+  code = ("import os, sys, time\nrank = int(os.environ['JAX_PROCESS_ID'])\n"
+          "print('rank', rank, 'of', os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_COORDINATOR_ADDRESS'])\n"
+          "sys.stdout.flush()\ntime.sleep(0.5)\nsys.exit(3) if rank == 1 else time.sleep(60)")
+  start = time.monotonic()
+  proc = subprocess.run([sys.executable, "-m", "maxtext.utils.launch_local", "--processes", "2", "--port", "1234",
+                         "--", sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+  assert proc.returncode == 3 and time.monotonic() - start < 30, proc.stderr
+  assert "[p0] rank 0 of 2 127.0.0.1:1234" in proc.stdout and "[p1] rank 1 of 2 127.0.0.1:1234" in proc.stdout
+  assert "process 1 ended with exit code 3" in proc.stderr
+
+
 def test_two_processes_train_as_one_process_does(tmp_path):
   """Standard GRPO, 2 processes x 2 devices against 1 process x 4 devices, same seeds: the same
   rewards and completion lengths at every step (the second step samples from trained weights), the

@@ -54,24 +54,31 @@ def launch(command: list[str], processes: int, devices: int | None = None, port:
   """Runs command as `processes` processes; returns the launcher's exit code (see the module docstring)."""
   port = port or free_port()
   lock = threading.Lock()
-  procs = []
+  procs, forwarders = [], []
   for k in range(processes):
     proc = subprocess.Popen(command, env=environment(dict(os.environ), k, processes, port, devices),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    threading.Thread(target=_forward, args=(proc.stdout, f"[p{k}] ", lock), daemon=True).start()
+    forwarders.append(threading.Thread(target=_forward, args=(proc.stdout, f"[p{k}] ", lock), daemon=True))
+    forwarders[-1].start()
     procs.append(proc)
 
-  def signal_all(signum, _frame=None):
+  def signal_all(signum):
     for p in procs:
       if p.poll() is None:
         os.killpg(p.pid, signum)
 
-  previous = {s: signal.signal(s, signal_all) for s in (signal.SIGINT, signal.SIGTERM)}
+  forwarded = []
+
+  def forward(signum, _frame):  # every process stops on its own; a second signal would abandon its step
+    forwarded.append(signum)
+    signal_all(signum)
+
+  previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
   failure = None
   try:
     while any(p.poll() is None for p in procs):
       failed = [p for p in procs if p.poll() not in (None, 0)]
-      if failed and failure is None:
+      if failed and failure is None and not forwarded:
         failure = failed[0]
         print(f"[launcher] process {procs.index(failure)} ended with exit code {_exit_code(failure.returncode)}; "
               "ending the others", file=sys.stderr, flush=True)
@@ -87,6 +94,8 @@ def launch(command: list[str], processes: int, devices: int | None = None, port:
     signal_all(signal.SIGKILL)
     for p in procs:
       p.wait()
+    for t in forwarders:  # the last lines of every process
+      t.join(timeout=10)
   failure = failure or next((p for p in procs if p.returncode != 0), None)
   return _exit_code(failure.returncode) if failure else 0
 
