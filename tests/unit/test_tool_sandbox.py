@@ -269,7 +269,8 @@ def test_python_tool_from_a_venv_under_tmp():
     result = subprocess.run([os.path.join(venv, "bin", "python"), "-c", script], cwd=folder, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
-    prefix, cwd, listing, sees_secret, sees_python, venv_writable, tmp = eval(result.stdout.strip().splitlines()[-1])  # pylint: disable=eval-used
+    report = result.stdout.strip().splitlines()[-1]
+    prefix, cwd, listing, sees_secret, sees_python, venv_writable, tmp = eval(report)  # pylint: disable=eval-used
     assert prefix == venv and sees_python and not venv_writable
     assert listing == [] and not sees_secret
     assert cwd.startswith("/tmp") and tmp == sorted({os.path.basename(folder), os.path.basename(cwd)})

@@ -121,8 +121,8 @@ def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> 
 
 
 def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
-  """Dotted parameter name -> host array (gathered from the mesh; every process calls it), adapters merged into their
-  weights (W + alpha / rank A B): the inverse of `from_arrays` for the plain decoder."""
+  """Dotted parameter name -> host array (gathered from the mesh; every process calls it), adapters
+  merged into their weights (W + alpha / rank A B): the inverse of `from_arrays` for the plain decoder."""
   flat = {param_name(path): var[...] for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
   out = {}
   for name, value in flat.items():
