@@ -3,15 +3,14 @@
 
     scripts/submit_xpk.py --cluster C --docker-image IMG (--tpu-type v5p-16 | --device-type h100-80gb-8)
         [--num-slices N | --num-nodes N] [--project P] [--zone Z] [--workload NAME] [--dry-run]
-        -- rl.yml model_name=qwen3-0.6b base_output_directory=/gcs/BUCKET/runs [key=value ...]
+        -- rl.yml model_name=qwen3-0.6b base_output_directory=gs://BUCKET/runs [key=value ...]
 
 The train_rl arguments after `--` are checked here first (an unknown key or a bad value fails before
 anything is submitted). Every host of the workload runs the same command; jax.distributed starts
 from what XPK sets up (TPU slices and GPU nodes are detected by JAX; elsewhere set
 JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID). base_output_directory must be a
-folder every host shares (a bucket mounted on every host, e.g. through GKE's Cloud Storage FUSE CSI
-driver): every process writes its part of each checkpoint there. --dry-run prints the xpk command
-line and exits.
+place every host reaches: a gs:// bucket path, or a folder every host shares; every process writes
+its part of each checkpoint there. --dry-run prints the xpk command line and exits.
 """
 
 from __future__ import annotations
@@ -77,15 +76,16 @@ def main(argv: list[str]) -> int:
     print("error: give the train_rl arguments after --, e.g. -- rl.yml model_name=qwen3-0.6b", file=sys.stderr)
     return 2
   from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import storage  # pylint: disable=import-outside-toplevel
 
   try:
     cfg = pyconfig.initialize(["train_rl", *train_args])
   except pyconfig.ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
-  if not os.path.isabs(cfg.base_output_directory):
+  if not os.path.isabs(cfg.base_output_directory) and not storage.is_url(cfg.base_output_directory):
     print(f"warning: base_output_directory={cfg.base_output_directory!r} is relative: the run folder lands in each "
-          "host's working directory and is lost with the pod; give a folder every host shares (a mounted bucket)",
+          "host's working directory and is lost with the pod; give gs://BUCKET/PATH (or a folder every host shares)",
           file=sys.stderr)
   cmd = xpk_command(opts, train_args, cfg.run_name)
   if opts.dry_run:

@@ -194,8 +194,14 @@ def test_bad_lora_settings_name_the_key(args, message):
 
 
 @pytest.mark.parametrize("key", pyconfig.PATH_KEYS)
-def test_url_paths_are_refused_naming_the_key(key):
-  """Every path is opened as a local file, so a bucket URL is a config error at start, not a local
-  folder named 'gs:'."""
-  with pytest.raises(pyconfig.ConfigError, match=rf"{re.escape(key)}='gs://b/x': gs:// paths are not supported"):
-    make_config(f"{key}=gs://b/x")
+def test_unsupported_url_schemes_are_refused_naming_the_key(key):
+  """A path key takes a local path or gs://; another scheme is a config error at start, not a local
+  folder named 's3:'."""
+  with pytest.raises(pyconfig.ConfigError,
+                     match=rf"{re.escape(key)}='s3://b/x': s3:// is not supported; expected a local path or gs://"):
+    make_config(f"{key}=s3://b/x")
+
+
+def test_the_compilation_cache_stays_on_the_machine():
+  with pytest.raises(pyconfig.ConfigError, match=r"jax_cache_dir='gs://b/c': expected a local folder"):
+    make_config("jax_cache_dir=gs://b/c")

@@ -33,10 +33,13 @@ def test_gpu_nodes_and_a_local_output_folder_warn():
               "--dry-run", "--", "rl.yml")
   assert proc.returncode == 0, proc.stderr
   assert "--device-type h100-80gb-8 --num-nodes 4" in proc.stdout
-  assert "is relative" in proc.stderr and "a mounted bucket" in proc.stderr
+  assert "is relative" in proc.stderr and "gs://BUCKET/PATH" in proc.stderr
   proc = _run("--cluster", "c", "--docker-image", "img", "--tpu-type", "v6e-8", "--dry-run", "--", "rl.yml",
               "base_output_directory=gs://b/runs")
-  assert proc.returncode == 2 and "base_output_directory='gs://b/runs': gs:// paths are not supported" in proc.stderr
+  assert proc.returncode == 0 and "warning" not in proc.stderr and "base_output_directory=gs://b/runs" in proc.stdout
+  proc = _run("--cluster", "c", "--docker-image", "img", "--tpu-type", "v6e-8", "--dry-run", "--", "rl.yml",
+              "base_output_directory=s3://b/runs")
+  assert proc.returncode == 2 and "base_output_directory='s3://b/runs': s3:// is not supported" in proc.stderr
 
 
 def test_bad_input_is_refused_before_submitting():

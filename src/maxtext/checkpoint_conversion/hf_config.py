@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
-from maxtext.utils import errors
+from etils import epath
+
+from maxtext.utils import errors, storage
 
 # Model-YAML keys that define the architecture, in the order they are reported.
 ARCHITECTURE_KEYS = (
@@ -18,8 +19,14 @@ _FAMILIES = {"llama": "llama", "qwen3": "qwen3"}
 _LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+def _config_json(path: str) -> epath.Path:
+  """<path>/config.json, local or on a bucket."""
+  storage.use_emulator()
+  return epath.Path(path) / "config.json"
+
+
 def is_hf_checkpoint(path: str) -> bool:
-  return os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json"))
+  return bool(path) and not str(path).endswith(".gguf") and _config_json(path).is_file()
 
 
 def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, float] | None]:
@@ -36,10 +43,9 @@ def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, float] | Non
 
 def architecture(path: str) -> dict[str, Any]:
   """Our architecture keys read from `<path>/config.json`."""
-  where = os.path.join(path, "config.json")
+  where = _config_json(path)
   try:
-    with open(where, encoding="utf-8") as f:
-      hf = json.load(f)
+    hf = json.loads(where.read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise errors.InputError(f"{where}: cannot read the model config ({e})") from e
   family = _FAMILIES.get(hf.get("model_type"))

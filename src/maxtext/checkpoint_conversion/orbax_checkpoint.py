@@ -1,4 +1,5 @@
-"""Orbax parameter checkpoints in the layout train_rl writes: `<root>/<step>/model_params`.
+"""Orbax parameter checkpoints in the layout train_rl writes: `<root>/<step>/model_params`, in a
+local folder or on a bucket (gs://).
 
 train_rl's checkpoints (through Tunix) and `to_maxtext` share this layout, so either loads
 through `load_parameters_path`.
@@ -12,10 +13,11 @@ import time
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 from flax import nnx
 from tunix.sft import checkpoint_manager
 
-from maxtext.utils import errors
+from maxtext.utils import errors, storage
 
 _ITEM = "model_params"
 
@@ -36,21 +38,27 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
         item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()})
 
 
+def _path(path: str) -> epath.Path:
+  """Orbax reads and writes only absolute paths; a gs:// URL is one."""
+  storage.use_emulator()
+  return epath.Path(storage.join(path))
+
+
 def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
   """Writes the model's parameters as step `step` under `root`; returns the step folder."""
-  root = os.path.abspath(root)  # Orbax writes only to absolute paths
-  manager = CheckpointManager(root, ocp.CheckpointManagerOptions(max_to_keep=None))
+  manager = CheckpointManager(str(_path(root)), ocp.CheckpointManagerOptions(max_to_keep=None))
   manager.save(step, model, force=True)
   manager.close()
-  return os.path.join(root, str(step))
+  return str(_path(root) / str(step))
 
 
 def steps(root: str) -> list[int]:
   """The complete steps under a checkpoint root, oldest first (a save cut short leaves only a
   temporary folder, which is not a step)."""
-  if not os.path.isdir(root):
+  root = _path(root)
+  if not root.is_dir():
     return []
-  return sorted(int(d) for d in os.listdir(root) if d.isdigit() and os.path.isdir(os.path.join(root, d, _ITEM)))
+  return sorted(int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / _ITEM).is_dir())
 
 
 def set_aside(root: str, after: int, folder: str) -> list[int]:
@@ -58,29 +66,29 @@ def set_aside(root: str, after: int, folder: str) -> list[int]:
   the latest step finds `after`."""
   moved = [s for s in steps(root) if s > after]
   if moved:
-    os.makedirs(folder, exist_ok=True)
+    _path(folder).mkdir(parents=True, exist_ok=True)
   for s in moved:
-    os.replace(os.path.join(root, str(s)), os.path.join(folder, f"{s}_{int(time.time())}"))
+    (_path(root) / str(s)).rename(_path(folder) / f"{s}_{int(time.time())}")
   return moved
 
 
 def is_orbax_checkpoint(path: str) -> bool:
-  return os.path.isdir(path) and (
-      os.path.isdir(os.path.join(path, _ITEM)) or bool(steps(path)) or os.path.isdir(os.path.join(path, "actor"))
-  )
+  path = _path(path)
+  return path.is_dir() and ((path / _ITEM).is_dir() or bool(steps(str(path))) or (path / "actor").is_dir())
 
 
 def resolve(path: str) -> str:
   """The model_params folder of a step folder, or of the latest step under a checkpoint root
   (a run's checkpoints/ folder holds the policy under actor/)."""
-  if os.path.isdir(os.path.join(path, _ITEM)):
-    return os.path.join(path, _ITEM)
-  if os.path.isdir(os.path.join(path, "actor")):
-    return resolve(os.path.join(path, "actor"))
-  saved = steps(path)
+  path = _path(path)
+  if (path / _ITEM).is_dir():
+    return str(path / _ITEM)
+  if (path / "actor").is_dir():
+    return resolve(str(path / "actor"))
+  saved = steps(str(path))
   if not saved:
     raise errors.MissingInputError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
-  return os.path.join(path, str(saved[-1]), _ITEM)
+  return str(path / str(saved[-1]) / _ITEM)
 
 
 def _flatten(tree, prefix=()):
@@ -93,7 +101,7 @@ def _flatten(tree, prefix=()):
 
 def restore_arrays(path: str) -> dict[str, np.ndarray]:
   """Dotted parameter name -> host array, as saved."""
-  folder = os.path.abspath(resolve(path))  # Orbax reads only from absolute paths
+  folder = resolve(path)
   checkpointer = ocp.PyTreeCheckpointer()
   metadata = checkpointer.metadata(folder).item_metadata.tree
   as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), metadata)

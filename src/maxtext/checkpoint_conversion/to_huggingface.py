@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import tempfile
 
 from maxtext.configs import cli
 from maxtext.utils import errors
@@ -19,14 +20,18 @@ log = logging.getLogger(__name__)
 
 
 def export(model, cfg, tokenizer, path: str) -> None:
-  """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory: every process
-  gathers the weights, process 0 writes them."""
+  """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory (local or
+  gs://): every process gathers the weights, process 0 writes them."""
   from maxtext.checkpoint_conversion import hf_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.models import builder, hf_layout  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed, storage  # pylint: disable=import-outside-toplevel
 
   state = hf_layout.maxtext_to_hf(builder.to_arrays(model), model.config)
-  if distributed.is_main():
+  if distributed.is_main() and storage.is_url(path):
+    with tempfile.TemporaryDirectory() as local:
+      hf_checkpoint.write(local, state, cfg, tokenizer)
+      storage.upload(local, path)
+  elif distributed.is_main():
     hf_checkpoint.write(path, state, cfg, tokenizer)
   distributed.barrier("hf_export")
   log.info("Wrote HF checkpoint %s", path)

@@ -2,7 +2,7 @@
 an Orbax checkpoint.
 
     python -m maxtext.checkpoint_conversion.to_maxtext rl.yml load_parameters_path=SRC \\
-        base_output_directory=DIR [weight_dtype=bfloat16]
+        base_output_directory=DIR [weight_dtype=bfloat16]   (DIR local or gs://)
 
 Writes DIR/0/model_params (the layout train_rl's checkpoints use) and DIR/config.yml; pass DIR as
 load_parameters_path to use it.
@@ -11,7 +11,6 @@ load_parameters_path to use it.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 from maxtext.configs import cli, pyconfig
@@ -22,12 +21,13 @@ log = logging.getLogger(__name__)
 def convert(cfg) -> None:
   from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
   from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import distributed, mesh as mesh_lib, storage  # pylint: disable=import-outside-toplevel
 
   distributed.initialize()
   trainer_mesh, _ = mesh_lib.create_meshes(cfg)
   step_dir = orbax_checkpoint.save_params(cfg.base_output_directory, load_model(cfg, trainer_mesh))
-  pyconfig.write_yaml(cfg, os.path.join(cfg.base_output_directory, "config.yml"))
+  if distributed.is_main():
+    pyconfig.write_yaml(cfg, storage.join(cfg.base_output_directory, "config.yml"))
   log.info("Wrote %s", step_dir)
 
 

@@ -46,7 +46,7 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
     return 0
   try:
     cfg = pyconfig.initialize(argv)
-  except errors.ConfigError as e:
+  except errors.InputError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
   logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
@@ -57,6 +57,7 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
     import jax  # pylint: disable=import-outside-toplevel
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
   try:
+    cfg = pyconfig.with_local_inputs(cfg)
     with contextlib.redirect_stdout(sys.stderr):
       records = job(cfg)
   except errors.InputError as e:  # a config or input error; anything else keeps its traceback

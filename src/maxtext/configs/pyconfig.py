@@ -13,12 +13,13 @@ import importlib.util
 import logging
 import os
 import re
+import tempfile
 from typing import Any
 
 import yaml
 
 from maxtext.checkpoint_conversion import hf_config
-from maxtext.utils import errors
+from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,9 @@ class Config:
 
   @property
   def run_dir(self) -> str:
-    """Absolute, as Orbax needs: a relative base_output_directory is under the working directory."""
-    return os.path.abspath(os.path.join(self.base_output_directory, self.run_name))
+    """Absolute, as Orbax needs (a relative base_output_directory is under the working directory),
+    or a gs:// URL."""
+    return storage.join(self.base_output_directory, self.run_name)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -299,16 +301,17 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
 PATH_KEYS = ("base_output_directory", "jax_cache_dir", "load_parameters_path", "tokenizer_path", "hf_output_path",
              "lora_input_adapters_path", "tfds_data_dir", "dataset_processor_path", "data_template_path",
              "reward_functions_path", "rl.tools_path", "dataset_name", "eval_dataset_name")
+# Inputs that a program reads from a local copy when they are on a bucket (with_local_inputs).
+_COPIED_INPUTS = ("load_parameters_path", "tokenizer_path", "tfds_data_dir", "dataset_processor_path",
+                  "data_template_path", "reward_functions_path", "rl.tools_path", "dataset_name", "eval_dataset_name")
 
 
 def _check_paths(v: dict[str, Any]) -> None:
-  """A URL (gs://, s3://, ...) in a path key is refused: every path is opened as a local file."""
   for key in PATH_KEYS:
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", str(v[key] or ""))
-    if scheme:
-      raise ConfigError(f"{key}={v[key]!r}: {scheme.group(1)}:// paths are not supported (every path is opened "
-                        "as a local file); give a local folder, or mount the bucket as one (on GKE, the Cloud "
-                        "Storage FUSE CSI driver) and give its path, the same on every host")
+    storage.check(key, v[key])
+  if storage.is_url(v["jax_cache_dir"]):
+    raise ConfigError(f"jax_cache_dir={v['jax_cache_dir']!r}: expected a local folder (the compilation cache "
+                      "belongs to the machine)")
 
 
 def _validate(v: dict[str, Any]) -> None:
@@ -417,11 +420,28 @@ def known_models() -> list[str]:
 
 
 class ResolvedConfig(Config):
-  """The run config plus the keys set away from base.yml's defaults."""
+  """The run config plus the keys set away from base.yml's defaults, and the URLs of the inputs
+  replaced by local copies (with_local_inputs)."""
 
-  def __init__(self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]]):
+  def __init__(self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]],
+               urls: dict[str, str] | None = None):
     super().__init__(values)
     object.__setattr__(self, "overridden", overridden)
+    object.__setattr__(self, "urls", urls or {})
+
+
+def with_local_inputs(cfg: ResolvedConfig) -> ResolvedConfig:
+  """cfg with every input on a bucket replaced by a local copy, but Orbax checkpoints, which Orbax
+  reads where they are; config.yml keeps recording the URLs."""
+  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
+
+  flat, urls = cfg.flat(), {}
+  for key in _COPIED_INPUTS:
+    url = flat[key]
+    if not storage.is_url(url) or (key == "load_parameters_path" and orbax_checkpoint.is_orbax_checkpoint(url)):
+      continue
+    urls[key], flat[key] = url, storage.local_copy(key, url)
+  return ResolvedConfig(_unflatten(flat), cfg.overridden, {**cfg.urls, **urls}) if urls else cfg
 
 
 def initialize(argv: list[str]) -> ResolvedConfig:
@@ -442,6 +462,9 @@ def initialize(argv: list[str]) -> ResolvedConfig:
 
   cli = {KEY_ALIASES.get(k, k): v for k, v in cli.items()}
   hf_path = str(cli.get("load_parameters_path", merger.values["load_parameters_path"]) or "")
+  storage.check("load_parameters_path", hf_path)
+  if storage.is_url(hf_path) and not storage.exists("load_parameters_path", hf_path):
+    raise ConfigError(f"load_parameters_path={hf_path}: no such object or folder in the bucket")
   hf_arch = hf_config.architecture(hf_path) if hf_config.is_hf_checkpoint(hf_path) else None
   if hf_arch is not None and "model_name" not in cli:
     hf_source = os.path.join(hf_path, "config.json")
@@ -469,6 +492,13 @@ def initialize(argv: list[str]) -> ResolvedConfig:
 
 
 def write_yaml(config: Config, path: str) -> None:
+  """Writes config as YAML to a local path or a gs:// URL."""
+  if storage.is_url(path):
+    with tempfile.TemporaryDirectory() as folder:
+      write_yaml(config, os.path.join(folder, "config.yml"))
+      storage.upload(os.path.join(folder, "config.yml"), path)
+    return
+  values = {**config.flat(), **getattr(config, "urls", {})}
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
-    yaml.safe_dump(config.to_dict(), f, sort_keys=False)
+    yaml.safe_dump(_unflatten(values), f, sort_keys=False)

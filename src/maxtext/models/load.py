@@ -9,13 +9,14 @@ import os
 
 import numpy as np
 import yaml
+from etils import epath
 from jax.sharding import Mesh
 
 from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, orbax_checkpoint
 from maxtext.models import builder, hf_layout
 from maxtext.models.decoder import Decoder, ModelConfig
-from maxtext.utils import errors, heap
+from maxtext.utils import errors, heap, storage
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -81,19 +82,20 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
 
 def _check_adapters_config(path: str, cfg) -> None:
   """Adapters inside a run folder must be read with the LoRA settings of that run's config.yml."""
-  folder = os.path.abspath(path)
+  folder = epath.Path(storage.join(path))
   for _ in range(5):
-    saved = os.path.join(folder, "config.yml")
-    if os.path.isfile(saved):
-      with open(saved, encoding="utf-8") as f:
-        trained = yaml.safe_load(f) or {}
+    saved = folder / "config.yml"
+    if saved.is_file():
+      trained = yaml.safe_load(saved.read_text()) or {}
       diffs = [f"{key}={getattr(cfg, key)!r} but the adapters were trained with {key}={trained[key]!r}"
                for key in ("lora_rank", "lora_alpha", "lora_module_path")
                if key in trained and trained[key] != getattr(cfg, key)]
       if diffs:
         raise ConfigError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
       return
-    folder = os.path.dirname(folder)
+    if folder == folder.parent or str(folder.parent) == "gs://":  # the root, or a bucket
+      return
+    folder = folder.parent
 
 
 def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:

@@ -7,7 +7,6 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import optax
@@ -96,21 +95,21 @@ class ReleaseFreedMemory(hooks.TrainingHooks):
 
 
 def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
-                  sinks: metrics.MetricSinks) -> rl_cluster_lib.RLCluster:
-  """Tunix's RLCluster; with LoRA adapters in the actor (lora_rank > 0) Tunix trains, syncs and
-  checkpoints only those."""
+                  sinks: metrics.MetricSinks, checkpoints: str) -> rl_cluster_lib.RLCluster:
+  """Tunix's RLCluster, checkpointing under `checkpoints` (a local folder or gs://); with LoRA
+  adapters in the actor (lora_rank > 0) Tunix trains, syncs and checkpoints only those."""
   reference = reference_model(cfg, actor)
   training = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=optimizer(cfg),
       eval_every_n_steps=updates(cfg) + 1,
       max_steps=updates(cfg),
-      checkpoint_root_directory=os.path.join(cfg.run_dir, "checkpoints"),
+      checkpoint_root_directory=checkpoints,
       checkpointing_options=ocp.CheckpointManagerOptions(
           save_decision_policy=save_policy(cfg.checkpoint_period * cfg.rl.num_iterations),
           max_to_keep=cfg.max_num_checkpoints_to_keep
       ),
       metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-          log_dir=os.path.join(cfg.run_dir, "tensorboard"),
+          log_dir=sinks.log_dir,
           run_name=cfg.run_name,
           backend_kwargs={"custom_backend": sinks.factories()},
       ),

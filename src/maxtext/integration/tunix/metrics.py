@@ -243,9 +243,10 @@ class MetricSinks:
     updates_per_step: optimizer updates per training step (rl.num_iterations)."""
     self._wandb = wandb
     self.compile_clock = CompileClock()
+    self.log_dir = os.path.join(run_dir, "tensorboard")
     on_row = wandb.log if wandb is not None else None
     self._makers = {
-        "tensorboard": lambda: TensorboardBackend(log_dir=os.path.join(run_dir, "tensorboard"), flush_every_n_steps=1),
+        "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
         "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock,
                                       updates_per_step),
     }

@@ -7,18 +7,26 @@ keeps, and the evaluations it has written.
 Checkpoints are named by optimizer update (rl.num_iterations per training step); metrics rows and
 evaluations by training step. Process 0 writes and moves the files; Orbax checkpoints are written by
 every process.
+
+On a bucket (gs://), Orbax writes the checkpoints there; the other files are written to a local copy
+of the folder (`path`), fetched from the bucket at start by every process and uploaded by process 0
+whenever `save` is called (between training steps and at the end), so a rerun resumes from what the
+bucket holds.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
+import shutil
+import tempfile
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import metrics
-from maxtext.utils import distributed
+from maxtext.utils import distributed, storage
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -27,18 +35,49 @@ class RunFolder:
   """The run folder of cfg (cfg.run_dir)."""
 
   def __init__(self, cfg):
-    self.path = cfg.run_dir
+    self.url = cfg.run_dir
+    self.path = self.url
+    if storage.is_url(self.url):
+      self.path = tempfile.mkdtemp(prefix="maxtext-run-")
+      atexit.register(shutil.rmtree, self.path, ignore_errors=True)
+      if storage.exists("base_output_directory", self.url):
+        storage.download("base_output_directory", self.url, self.path, skip="checkpoints")
+    self.checkpoints = storage.join(self.url, "checkpoints")
     self.metrics = os.path.join(self.path, "metrics.jsonl")
     self.evaluations = os.path.join(self.path, "eval.json")
-    self._actor = os.path.join(self.path, "checkpoints", "actor")
-    self._set_aside = os.path.join(self.path, "checkpoints", "set_aside")
+    self._actor = storage.join(self.checkpoints, "actor")
+    self._set_aside = storage.join(self.checkpoints, "set_aside")
     self._iterations = cfg.rl.num_iterations
+    self._in_bucket = self._local_files() if self.path != self.url else {}  # as fetched
+
+  def _local_files(self) -> dict[str, tuple[int, int]]:
+    """Relative path -> (size, mtime) of the files in the local copy."""
+    files = {}
+    for root, _, names in os.walk(self.path):
+      for name in names:
+        stat = os.stat(os.path.join(root, name))
+        files[os.path.relpath(os.path.join(root, name), self.path)] = (stat.st_size, stat.st_mtime_ns)
+    return files
+
+  def save(self) -> None:
+    """On a bucket, makes the bucket's files (but checkpoints/) those of the local copy: uploads the
+    ones that changed since the last call and deletes the ones removed (process 0)."""
+    if self.path == self.url or not distributed.is_main():
+      return
+    now = self._local_files()
+    for rel, stat in now.items():
+      if self._in_bucket.get(rel) != stat:
+        storage.upload(os.path.join(self.path, rel), storage.join(self.url, rel))
+    for rel in self._in_bucket.keys() - now.keys():
+      storage.remove(storage.join(self.url, rel))
+    self._in_bucket = now
 
   def write_config(self, cfg) -> None:
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)
     pyconfig.write_yaml(cfg, os.path.join(self.path, "config.yml"))
+    self.save()
 
   def saved_steps(self) -> list[int]:
     """The training steps with a complete checkpoint, oldest first."""
@@ -71,6 +110,7 @@ class RunFolder:
       return 0
     moved = self.keep_checkpoints_through(step)
     dropped = metrics.truncate_after(self.metrics, step) if distributed.is_main() else 0
+    self.save()
     log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
              "dropped)", step, moved, dropped)
     return step
@@ -92,3 +132,4 @@ class RunFolder:
     os.makedirs(self.path, exist_ok=True)
     with open(self.evaluations, "w", encoding="utf-8") as f:
       json.dump(results, f, indent=1)
+    self.save()

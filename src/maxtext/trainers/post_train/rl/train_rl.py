@@ -77,12 +77,12 @@ def run(cfg) -> dict:
   results = folder.previous_results(folder.resume())
   wandb = None
   if cfg.wandb_project and distributed.is_main():
-    wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_dir, cfg.to_dict())
-  sinks = metrics.MetricSinks(cfg.run_dir, lag=cfg.rl.off_policy_steps + 2, wandb=wandb,
+    wandb = metrics.WandbRun(cfg.wandb_project, folder.path, cfg.to_dict())
+  sinks = metrics.MetricSinks(folder.path, lag=cfg.rl.off_policy_steps + 2, wandb=wandb,
                               updates_per_step=cfg.rl.num_iterations)
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
-      cluster = cluster_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks)
+      cluster = cluster_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks, folder.checkpoints)
 
     def evaluate(desc: str) -> dict | None:
       """The evaluation's result; None with num_test_batches=0 (no evaluation)."""
@@ -98,7 +98,8 @@ def run(cfg) -> dict:
 
     def guard(steps_done: int) -> None:
       """Between steps: stop on a non-finite loss, KL or reward (process 0 logs them), or on a signal to
-      any process; every process takes the same branch."""
+      any process; every process takes the same branch. On a bucket, the run folder is uploaded."""
+      folder.save()
       bad = sinks.nonfinite()
       flags = distributed.gather(np.array([bad[1] if bad else 0, stop.signum or 0]))
       step, signum = int(flags[0, 0]), int(flags[:, 1].max())
@@ -149,11 +150,12 @@ def run(cfg) -> dict:
     folder.write_results(results)
     if cfg.export_hf:
       to_huggingface.export(cluster.actor_trainer.model, cfg, tokenizer,
-                            cfg.hf_output_path or os.path.join(cfg.run_dir, "hf"))
+                            cfg.hf_output_path or os.path.join(folder.path, "hf"))
   finally:
     sinks.close()
     if distributed.is_main():
-      _write_report(cfg.run_dir)
+      _write_report(folder.path)
+    folder.save()
   return {
       "before": evaluate_rl.summary_of(results["before"]),
       "during": [evaluate_rl.summary_of(r) for r in results["during"]],

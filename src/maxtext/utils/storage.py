@@ -1,0 +1,139 @@
+"""Paths that name a local file or folder, or an object prefix in a Google Cloud Storage bucket
+(`gs://bucket/path`).
+
+Orbax reads and writes gs:// itself (TensorStore for arrays, etils.epath for the rest). Every other
+reader and writer works on local files: inputs on a bucket are copied to a local folder once
+(`local_copy`), and a run folder on a bucket is written locally and uploaded (`upload`). An
+emulator is used by setting the standard STORAGE_EMULATOR_HOST=http://host:port; `use_emulator`
+passes it on to the clients that read their own variable.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import re
+import shutil
+import tempfile
+
+from maxtext.utils import errors
+
+log = logging.getLogger(__name__)
+
+SCHEMES = ("gs",)
+
+
+def scheme(path: str) -> str | None:
+  match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", str(path or ""))
+  return match.group(1) if match else None
+
+
+def is_url(path: str) -> bool:
+  return scheme(path) is not None
+
+
+def check(key: str, path: str) -> None:
+  """Refuses a URL of a scheme other than gs://, naming the key."""
+  found = scheme(path)
+  if found and found not in SCHEMES:
+    raise errors.ConfigError(f"{key}={path!r}: {found}:// is not supported; expected a local path or "
+                             + " or ".join(f"{s}://bucket/path" for s in SCHEMES))
+
+
+def use_emulator() -> None:
+  """With STORAGE_EMULATOR_HOST set, TensorStore (Orbax's array store) writes to the same server,
+  and gcsfs does not ask the emulator for bucket layouts it cannot serve (it retries for minutes)."""
+  host = os.environ.get("STORAGE_EMULATOR_HOST")
+  if host:
+    os.environ.setdefault("TENSORSTORE_GCS_HTTP_URL", host if is_url(host) else f"http://{host}")
+    os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def join(base: str, *parts: str) -> str:
+  """os.path.join that keeps a URL's `//`; a local path is made absolute (Orbax needs it)."""
+  if is_url(base):
+    return "/".join([base.rstrip("/"), *(p.strip("/") for p in parts)])
+  return os.path.abspath(os.path.join(base, *parts))
+
+
+def _fs(url: str):
+  use_emulator()
+  import fsspec  # pylint: disable=import-outside-toplevel
+
+  return fsspec.core.url_to_fs(url)
+
+
+def _failed(key: str, url: str, e: Exception) -> errors.InputError:
+  if isinstance(e, FileNotFoundError):
+    return errors.MissingInputError(f"{key}={url}: no such object or folder in the bucket")
+  return errors.InputError(f"{key}={url}: the bucket cannot be reached ({type(e).__name__}: {e})")
+
+
+def exists(key: str, url: str) -> bool:
+  try:
+    fs, path = _fs(url)
+    return fs.exists(path)
+  except Exception as e:  # pylint: disable=broad-except
+    raise _failed(key, url, e) from e
+
+
+def download(key: str, url: str, local: str, skip: str | None = None) -> None:
+  """Copies the object or folder `url` to the local path `local` (replacing what is there), leaving
+  out a folder's subfolder `skip`."""
+  try:
+    fs, path = _fs(url)
+    if not fs.exists(path):
+      raise FileNotFoundError(url)
+    shutil.rmtree(local, ignore_errors=True)
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    if fs.isdir(path):
+      os.makedirs(local, exist_ok=True)
+      for remote in fs.find(path):
+        rel = os.path.relpath(remote, path)
+        if skip and rel.split("/")[0] == skip:
+          continue
+        target = os.path.join(local, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        fs.get_file(remote, target)
+    else:
+      fs.get_file(path, local)
+  except errors.InputError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise _failed(key, url, e) from e
+
+
+def upload(local: str, url: str) -> None:
+  """Copies the local file, or every file under the local folder, to `url`."""
+  fs, path = _fs(url)
+  if os.path.isfile(local):
+    fs.put_file(local, path)
+    return
+  for root, _, names in os.walk(local):
+    for name in names:
+      fs.put_file(os.path.join(root, name), f"{path}/{os.path.relpath(os.path.join(root, name), local)}")
+
+
+def remove(url: str) -> None:
+  fs, path = _fs(url)
+  fs.rm_file(path)
+
+
+def local_copy(key: str, url: str) -> str:
+  """A local copy of the input `url` (a file or folder), fresh for this process and removed at its
+  exit; a local path is returned as it is."""
+  if not is_url(url):
+    return url
+  global _inputs
+  if _inputs is None:
+    _inputs = tempfile.mkdtemp(prefix="maxtext-inputs-")
+    atexit.register(shutil.rmtree, _inputs, ignore_errors=True)
+  local = os.path.join(_inputs, url.replace("://", "/", 1).rstrip("/"))
+  if not os.path.exists(local):
+    download(key, url, local)
+    log.info("%s: copied %s to %s", key, url, local)
+  return local
+
+
+_inputs: str | None = None
