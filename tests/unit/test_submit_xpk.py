@@ -1,6 +1,7 @@
 """scripts/submit_xpk.py in dry-run mode: the xpk command line it builds, and what it refuses."""
 
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -51,3 +52,15 @@ def test_bad_input_is_refused_before_submitting():
   proc = _run("--cluster", "c", "--docker-image", "img", "--tpu-type", "v6e-8", "--device-type", "h100-80gb-8",
               "--", "rl.yml")
   assert proc.returncode == 2 and "not allowed with argument" in proc.stderr
+
+
+def test_the_image_installs_the_pins_make_install_does():
+  """The Dockerfile installs requirements.txt, the package and the same asset pins as the Makefile."""
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  with open(os.path.join(root, "Dockerfile"), encoding="utf-8") as f:
+    dockerfile = f.read()
+  with open(os.path.join(root, "Makefile"), encoding="utf-8") as f:
+    assets = re.search(r"^ASSETS := (.*)$", f.read(), re.M).group(1).split()
+  assert "pip install --no-cache-dir -r requirements.txt" in dockerfile
+  assert "pip install --no-cache-dir --no-deps -e ." in dockerfile
+  assert f"--no-deps {' '.join(assets)}" in dockerfile

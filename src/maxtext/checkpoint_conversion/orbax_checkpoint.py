@@ -53,22 +53,21 @@ def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
 
 
 def steps(root: str) -> list[int]:
-  """The complete steps under a checkpoint root, oldest first (a save cut short leaves only a
-  temporary folder, which is not a step)."""
+  """The complete steps under a checkpoint root, oldest first (a save cut short leaves a temporary
+  folder, or on a bucket a step folder without Orbax's commit marker: neither is a step)."""
   root = _path(root)
   if not root.is_dir():
     return []
-  return sorted(int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / _ITEM).is_dir())
+  return sorted(int(d.name) for d in root.iterdir()
+                if d.name.isdigit() and (d / _ITEM).is_dir() and ocp.step.is_path_finalized(d))
 
 
 def set_aside(root: str, after: int, folder: str) -> list[int]:
   """Moves the steps newer than `after` from root into folder (kept, not deleted), so a restore of
   the latest step finds `after`."""
   moved = [s for s in steps(root) if s > after]
-  if moved:
-    _path(folder).mkdir(parents=True, exist_ok=True)
   for s in moved:
-    (_path(root) / str(s)).rename(_path(folder) / f"{s}_{int(time.time())}")
+    storage.move(str(_path(root) / str(s)), str(_path(folder) / f"{s}_{int(time.time())}"))
   return moved
 
 

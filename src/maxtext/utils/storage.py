@@ -115,6 +115,17 @@ def upload(local: str, url: str) -> None:
       fs.put_file(os.path.join(root, name), f"{path}/{os.path.relpath(os.path.join(root, name), local)}")
 
 
+def move(source: str, target: str) -> None:
+  """Renames a file or folder (on a bucket: copies every object, then deletes the originals)."""
+  if not is_url(source):
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    os.replace(source, target)
+    return
+  fs, path = _fs(source)
+  fs.mv(path, _fs(target)[1], recursive=True)
+  fs.invalidate_cache()  # the instance is shared (Orbax's epath uses it): no stale listings of `source`
+
+
 def remove(url: str) -> None:
   fs, path = _fs(url)
   fs.rm_file(path)
