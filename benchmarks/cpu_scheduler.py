@@ -31,32 +31,50 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "cpu_scheduler.json")
 FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 CONFIGS = (  # (name, scheduler flag value, remat_policy)
-    ("XLA default scheduler, no remat", "true", "none"),
-    ("sequential scheduler, no remat", "false", "none"),
-    ("sequential scheduler, remat full", "false", "full"),
-    ("XLA default scheduler, remat full", "true", "full"),
+  ("XLA default scheduler, no remat", "true", "none"),
+  ("sequential scheduler, no remat", "false", "none"),
+  ("sequential scheduler, remat full", "false", "full"),
+  ("XLA default scheduler, remat full", "true", "full"),
 )
 # train_rl as a `python -c` program that reports its peak RSS on exit (it leaves through sys.exit).
-_WRAPPER = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
-                           "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
+_WRAPPER = PEAK_PRELUDE + (
+  "import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+  "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')"
+)
 
 
 def _run(name: str, flag: str, remat: str, args, out_dir: str) -> dict:
   run_name = re.sub(r"[^a-z0-9]+", "_", name.lower())
   env = {**os.environ, "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} {FLAG}={flag}".strip()}
-  cmd = [sys.executable, "-c", _WRAPPER, "rl_times_table.yml", f"num_batches={args.steps}", "num_test_batches=1",
-         "checkpoint_period=1000", "jax_cache_dir=", f"remat_policy={remat}", f"base_output_directory={out_dir}",
-         f"run_name={run_name}", *args.overrides]
+  cmd = [
+    sys.executable,
+    "-c",
+    _WRAPPER,
+    "rl_times_table.yml",
+    f"num_batches={args.steps}",
+    "num_test_batches=1",
+    "checkpoint_period=1000",
+    "jax_cache_dir=",
+    f"remat_policy={remat}",
+    f"base_output_directory={out_dir}",
+    f"run_name={run_name}",
+    *args.overrides,
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env)
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
   with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
     later = sorted(json.loads(line)["step_time_s"] for line in f)[:-1] or [None]  # the first step compiles most
-  return {"config": name, "scheduler_flag": f"{FLAG}={flag}", "remat_policy": remat,
-          "peak_rss_gb": peak_gb(proc.stderr),
-          "train_s": float(trained.group(2)), "compile_s": float(trained.group(3)),
-          "later_step_s": later[len(later) // 2]}
+  return {
+    "config": name,
+    "scheduler_flag": f"{FLAG}={flag}",
+    "remat_policy": remat,
+    "peak_rss_gb": peak_gb(proc.stderr),
+    "train_s": float(trained.group(2)),
+    "compile_s": float(trained.group(3)),
+    "later_step_s": later[len(later) // 2],
+  }
 
 
 def main() -> None:
@@ -69,17 +87,26 @@ def main() -> None:
   with tempfile.TemporaryDirectory() as out_dir:
     for name, flag, remat in CONFIGS:
       results.append(_run(name, flag, remat, args, out_dir))
-      print(f"  done: {name}: {results[-1]['peak_rss_gb']:.2f} GB, {results[-1]['train_s']:.1f} s", file=sys.stderr,
-            flush=True)
+      print(
+        f"  done: {name}: {results[-1]['peak_rss_gb']:.2f} GB, {results[-1]['train_s']:.1f} s",
+        file=sys.stderr,
+        flush=True,
+      )
   first = results[0]
   for r in results:
     r["rss_ratio"] = r["peak_rss_gb"] / first["peak_rss_gb"]
     r["train_ratio"] = r["train_s"] / first["train_s"]
-  from importlib import metadata  # pylint: disable=import-outside-toplevel
-  report = {"date": datetime.date.today().isoformat(), "device": "cpu", "cpu_count": os.cpu_count(),
-            "python": platform.python_version(),
-            "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")},
-            "arguments": [f"num_batches={args.steps}", *args.overrides], "results": results}
+  from importlib import metadata
+
+  report = {
+    "date": datetime.date.today().isoformat(),
+    "device": "cpu",
+    "cpu_count": os.cpu_count(),
+    "python": platform.python_version(),
+    "versions": {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")},
+    "arguments": [f"num_batches={args.steps}", *args.overrides],
+    "results": results,
+  }
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
@@ -87,8 +114,10 @@ def main() -> None:
   print("| --- " * 7 + "|")
   for r in results:
     later = "-" if r["later_step_s"] is None else f"{r['later_step_s']:.1f}"
-    print(f"| {r['config']} | {r['peak_rss_gb']:.2f} | {r['rss_ratio']:.2f} | {r['train_s']:.1f} | "
-          f"{r['train_ratio']:.2f} | {r['compile_s']:.1f} | {later} |")
+    print(
+      f"| {r['config']} | {r['peak_rss_gb']:.2f} | {r['rss_ratio']:.2f} | {r['train_s']:.1f} | "
+      f"{r['train_ratio']:.2f} | {r['compile_s']:.1f} | {later} |"
+    )
   print(f"wrote {args.output}")
 
 

@@ -65,21 +65,27 @@ def main() -> None:
   for mode, sandboxed in (("bwrap", True), ("none", False), ("bwrap ", True), ("none ", False)):
     with concurrent.futures.ThreadPoolExecutor(args.concurrent) as pool:
       start = time.perf_counter()
-      list(pool.map(lambda _: _call(sandboxed), range(args.concurrent)))  # pylint: disable=cell-var-from-loop
+      list(pool.map(lambda _, sandboxed=sandboxed: _call(sandboxed), range(args.concurrent)))
       concurrent_s.setdefault(mode.strip(), []).append(time.perf_counter() - start)
   report = {
-      "date": datetime.date.today().isoformat(), "device": f"CPU, {os.cpu_count()} cores",
-      "python": platform.python_version(), "code": CODE, "per_call": per_call,
-      "overhead_median_s": per_call["bwrap"]["median_s"] - per_call["none"]["median_s"],
-      "concurrent_calls": args.concurrent, "concurrent_total_s": {k: min(v) for k, v in concurrent_s.items()},
+    "date": datetime.date.today().isoformat(),
+    "device": f"CPU, {os.cpu_count()} cores",
+    "python": platform.python_version(),
+    "code": CODE,
+    "per_call": per_call,
+    "overhead_median_s": per_call["bwrap"]["median_s"] - per_call["none"]["median_s"],
+    "concurrent_calls": args.concurrent,
+    "concurrent_total_s": {k: min(v) for k, v in concurrent_s.items()},
   }
   report["concurrent_ratio"] = report["concurrent_total_s"]["bwrap"] / report["concurrent_total_s"]["none"]
   print("| mode | median ms per call | p90 ms |\n| --- | --- | --- |")
   for name, s in per_call.items():
     print(f"| {name} | {s['median_s'] * 1e3:.1f} | {s['p90_s'] * 1e3:.1f} |")
   print(f"sandbox overhead (median): {report['overhead_median_s'] * 1e3:.1f} ms per call")
-  print(f"{args.concurrent} concurrent calls: bwrap {report['concurrent_total_s']['bwrap']:.2f} s, "
-        f"none {report['concurrent_total_s']['none']:.2f} s (ratio {report['concurrent_ratio']:.2f})")
+  print(
+    f"{args.concurrent} concurrent calls: bwrap {report['concurrent_total_s']['bwrap']:.2f} s, "
+    f"none {report['concurrent_total_s']['none']:.2f} s (ratio {report['concurrent_ratio']:.2f})"
+  )
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)

@@ -35,23 +35,37 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _variants(kind: str, base: dict) -> dict[str, list[str]]:
   if kind == "lora":
     return {"full fine-tuning": [], "LoRA rank 16": ["lora_rank=16", "lora_alpha=32"]}
-  return {"base": [], "2x group size": [f"rl.num_generations={2 * base['rl.num_generations']}"],
-          "2x prompts per step": [f"batch_size={2 * base['batch_size']}"],
-          "2x response length": [f"max_response_length={2 * base['max_response_length']}"]}
+  return {
+    "base": [],
+    "2x group size": [f"rl.num_generations={2 * base['rl.num_generations']}"],
+    "2x prompts per step": [f"batch_size={2 * base['batch_size']}"],
+    "2x response length": [f"max_response_length={2 * base['max_response_length']}"],
+  }
 
 
 def _run(args: list[str], work: str, name: str) -> dict:
-  code = PEAK_PRELUDE + ("import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
-                  "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
-  proc = subprocess.run([sys.executable, "-c", code, *args, f"base_output_directory={work}", f"run_name={name}"],
-                        capture_output=True, text=True, check=False, cwd=ROOT)
+  code = PEAK_PRELUDE + (
+    "import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
+    "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')"
+  )
+  proc = subprocess.run(
+    [sys.executable, "-c", code, *args, f"base_output_directory={work}", f"run_name={name}"],
+    capture_output=True,
+    text=True,
+    check=False,
+    cwd=ROOT,
+  )
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   with open(os.path.join(work, name, "metrics.jsonl"), encoding="utf-8") as f:
     steps = [json.loads(line)["step_time_s"] for line in f]
   estimate = [line for line in proc.stderr.splitlines() if line.strip().startswith("total ")]
-  return {"step_s": steps, "warm_step_s": statistics.median(steps[1:] or steps), "peak_rss_gb": peak_gb(proc.stderr),
-          "estimate_gb": float(estimate[0].split()[1]) if estimate else None}
+  return {
+    "step_s": steps,
+    "warm_step_s": statistics.median(steps[1:] or steps),
+    "peak_rss_gb": peak_gb(proc.stderr),
+    "estimate_gb": float(estimate[0].split()[1]) if estimate else None,
+  }
 
 
 def main() -> None:
@@ -62,12 +76,19 @@ def main() -> None:
   parser.add_argument("overrides", nargs="*", help="key=value for every run (a .yml first replaces the recipe)")
   args = parser.parse_args()
   sys.path.insert(0, os.path.join(ROOT, "src"))
-  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
+  from maxtext.configs import pyconfig
 
   overrides = list(args.overrides)
   yml = overrides.pop(0) if overrides and overrides[0].endswith(".yml") else "rl_times_table.yml"
-  common = [yml, f"num_batches={args.steps}", "num_test_batches=0", "eval_batch_size=8", "checkpoint_period=100000",
-            "jax_cache_dir=", *overrides]
+  common = [
+    yml,
+    f"num_batches={args.steps}",
+    "num_test_batches=0",
+    "eval_batch_size=8",
+    "checkpoint_period=100000",
+    "jax_cache_dir=",
+    *overrides,
+  ]
   flat = pyconfig.initialize(["train_cost", *common]).flat()
   work = tempfile.mkdtemp(prefix="train_cost_")
   results = {}
@@ -78,15 +99,28 @@ def main() -> None:
   print(f"\n{'variant':22} {'warm step s':>12} {'x base':>7} {'peak RSS GB':>12} {'x base':>7} {'estimate GB':>12}")
   for name, r in results.items():
     r["step_ratio"], r["rss_ratio"] = r["warm_step_s"] / base["warm_step_s"], r["peak_rss_gb"] / base["peak_rss_gb"]
-    print(f"{name:22} {r['warm_step_s']:12.2f} {r['step_ratio']:7.2f} {r['peak_rss_gb']:12.2f} {r['rss_ratio']:7.2f} "
-          f"{r['estimate_gb'] or float('nan'):12.2f}")
-  import jax  # pylint: disable=import-outside-toplevel
+    print(
+      f"{name:22} {r['warm_step_s']:12.2f} {r['step_ratio']:7.2f} {r['peak_rss_gb']:12.2f} {r['rss_ratio']:7.2f} "
+      f"{r['estimate_gb'] or float('nan'):12.2f}"
+    )
+  import jax
+
   output = args.output or os.path.join(ROOT, "benchmarks", "results", f"train_cost_{args.variants}.json")
   os.makedirs(os.path.dirname(output), exist_ok=True)
   with open(output, "w", encoding="utf-8") as f:
-    json.dump({"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cpus": os.cpu_count(),
-               "device": str(jax.devices()[0].device_kind), "jax": jax.__version__, "base_args": common,
-               "results": results}, f, indent=1)
+    json.dump(
+      {
+        "date": datetime.date.today().isoformat(),
+        "machine": platform.platform(),
+        "cpus": os.cpu_count(),
+        "device": str(jax.devices()[0].device_kind),
+        "jax": jax.__version__,
+        "base_args": common,
+        "results": results,
+      },
+      f,
+      indent=1,
+    )
   shutil.rmtree(work)  # the runs' checkpoints
   print(f"wrote {output}")
 

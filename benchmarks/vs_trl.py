@@ -60,8 +60,10 @@ def last_number_correct(prompts, completions, tmvp_config=None, *, answer, **kwa
 
 # Prepended to a `python -c` program: reports the process's peak RSS on exit (read back by peak_gb). Linux's
 # VmHWM, not getrusage's ru_maxrss, which keeps the parent's peak across exec.
-PEAK_PRELUDE = ("import atexit, sys; atexit.register(lambda: print('peak_rss_kb=' + next(line.split()[1] for line "
-                "in open('/proc/self/status') if line.startswith('VmHWM:')), file=sys.stderr)); ")
+PEAK_PRELUDE = (
+  "import atexit, sys; atexit.register(lambda: print('peak_rss_kb=' + next(line.split()[1] for line "
+  "in open('/proc/self/status') if line.startswith('VmHWM:')), file=sys.stderr)); "
+)
 
 
 def _config_args(args, work: str) -> list[str]:
@@ -69,11 +71,21 @@ def _config_args(args, work: str) -> list[str]:
   evaluation (eval_batch_size back at base.yml's value, which num_test_batches=0 accepts)."""
   overrides = list(args.overrides)
   yml = overrides.pop(0) if overrides and overrides[0].endswith(".yml") else "rl_times_table.yml"
-  return [yml, f"load_parameters_path={os.path.join(work, 'hf')}", "dtype=float32", "weight_dtype=float32",
-          f"num_batches={args.steps}", "num_test_batches=0", "eval_batch_size=8", "checkpoint_period=100000",
-          "jax_cache_dir=",
-          f"reward_functions_path={os.path.join(work, 'reward.py')}", "reward_functions=[last_number_correct]",
-          f"base_output_directory={work}", *overrides]
+  return [
+    yml,
+    f"load_parameters_path={os.path.join(work, 'hf')}",
+    "dtype=float32",
+    "weight_dtype=float32",
+    f"num_batches={args.steps}",
+    "num_test_batches=0",
+    "eval_batch_size=8",
+    "checkpoint_period=100000",
+    "jax_cache_dir=",
+    f"reward_functions_path={os.path.join(work, 'reward.py')}",
+    "reward_functions=[last_number_correct]",
+    f"base_output_directory={work}",
+    *overrides,
+  ]
 
 
 def _prepare(args, work: str) -> dict:
@@ -81,12 +93,24 @@ def _prepare(args, work: str) -> dict:
   hf = os.path.join(work, "hf")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     model_args = [a for a in _config_args(args, work) if a.split("=")[0] in ("model_name",) or a.endswith(".yml")]
-    subprocess.run([sys.executable, "-m", "maxtext.checkpoint_conversion.to_huggingface", *model_args,
-                    f"hf_output_path={hf}", "dtype=float32", "weight_dtype=float32"], check=True, cwd=ROOT)
+    subprocess.run(
+      [
+        sys.executable,
+        "-m",
+        "maxtext.checkpoint_conversion.to_huggingface",
+        *model_args,
+        f"hf_output_path={hf}",
+        "dtype=float32",
+        "weight_dtype=float32",
+      ],
+      check=True,
+      cwd=ROOT,
+    )
   with open(os.path.join(work, "reward.py"), "w", encoding="utf-8") as f:
     f.write(REWARD)
-  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline import datasets, tokenizer as tokenizer_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.configs import pyconfig
+  from maxtext.input_pipeline import datasets
+  from maxtext.input_pipeline import tokenizer as tokenizer_lib
 
   cfg = pyconfig.initialize(["vs_trl", *_config_args(args, work), "run_name=prepare"])
   batches = list(datasets.train_batches(cfg, tokenizer_lib.tokenizer_for(cfg)))
@@ -99,16 +123,31 @@ def _prepare(args, work: str) -> dict:
   default_targets = pyconfig.initialize(["vs_trl", "base.yml"]).lora_module_path
   if cfg.lora_rank and cfg.lora_module_path != default_targets:
     raise SystemExit("vs_trl maps only the default lora_module_path (every attention and MLP projection)")
-  return {"steps": args.steps, "prompts_per_step": cfg.batch_size, "num_generations": rl.num_generations,
-          "micro_batch_sequences": (cfg.train_micro_batch_size or cfg.batch_size) * rl.num_generations,
-          "max_prompt_length": cfg.max_prompt_length, "max_response_length": cfg.max_response_length,
-          "temperature": cfg.decode_sampling_temperature, "top_k": cfg.decode_sampling_top_k,
-          "top_p": cfg.decode_sampling_top_p, "learning_rate": cfg.learning_rate, "beta": rl.grpo_beta,
-          "epsilon": rl.grpo_epsilon, "kl_loss_mode": rl.kl_loss_mode, "adam_weight_decay": cfg.adam_weight_decay,
-          "gradient_clipping_threshold": cfg.gradient_clipping_threshold, "adam_b1": cfg.adam_b1,
-          "adam_b2": cfg.adam_b2, "warmup_steps": int(cfg.warmup_steps_fraction * args.steps), "model": cfg.model_name,
-          "rollout_engine": cfg.rollout_engine, "remat_policy": cfg.remat_policy,
-          "lora_rank": cfg.lora_rank, "lora_alpha": cfg.lora_alpha}
+  return {
+    "steps": args.steps,
+    "prompts_per_step": cfg.batch_size,
+    "num_generations": rl.num_generations,
+    "micro_batch_sequences": (cfg.train_micro_batch_size or cfg.batch_size) * rl.num_generations,
+    "max_prompt_length": cfg.max_prompt_length,
+    "max_response_length": cfg.max_response_length,
+    "temperature": cfg.decode_sampling_temperature,
+    "top_k": cfg.decode_sampling_top_k,
+    "top_p": cfg.decode_sampling_top_p,
+    "learning_rate": cfg.learning_rate,
+    "beta": rl.grpo_beta,
+    "epsilon": rl.grpo_epsilon,
+    "kl_loss_mode": rl.kl_loss_mode,
+    "adam_weight_decay": cfg.adam_weight_decay,
+    "gradient_clipping_threshold": cfg.gradient_clipping_threshold,
+    "adam_b1": cfg.adam_b1,
+    "adam_b2": cfg.adam_b2,
+    "warmup_steps": int(cfg.warmup_steps_fraction * args.steps),
+    "model": cfg.model_name,
+    "rollout_engine": cfg.rollout_engine,
+    "remat_policy": cfg.remat_policy,
+    "lora_rank": cfg.lora_rank,
+    "lora_alpha": cfg.lora_alpha,
+  }
 
 
 def peak_gb(stderr: str) -> float:
@@ -122,30 +161,56 @@ WITHOUT_TORCH = "sys.modules['torch'] = None; "
 
 
 def _run_ours(args, work: str, name: str) -> dict:
-  code = PEAK_PRELUDE + (WITHOUT_TORCH if args.ours_without_torch else "") + (
+  code = (
+    PEAK_PRELUDE
+    + (WITHOUT_TORCH if args.ours_without_torch else "")
+    + (
       "import runpy; sys.argv = ['train_rl', *sys.argv[1:]]; "
-      "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')")
+      "runpy.run_module('maxtext.trainers.post_train.rl.train_rl', run_name='__main__')"
+    )
+  )
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-c", code, *_config_args(args, work), f"run_name={name}"],
-                        capture_output=True, text=True, check=False, cwd=ROOT)
+  proc = subprocess.run(
+    [sys.executable, "-c", code, *_config_args(args, work), f"run_name={name}"],
+    capture_output=True,
+    text=True,
+    check=False,
+    cwd=ROOT,
+  )
   wall = time.perf_counter() - start
   if proc.returncode != 0:
     raise RuntimeError(f"ours failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   with open(os.path.join(work, name, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
-  return {"trainer": "ours", "process_s": wall, "step_s": [r["step_time_s"] for r in rows],
-          "compile_s": sum(r.get("compile_s", 0.0) for r in rows), "rewards": [r["rewards/mean"] for r in rows],
-          "grad_norms": [r.get("grad_norm") for r in rows],
-          "peak_rss_gb": peak_gb(proc.stderr)}
+  return {
+    "trainer": "ours",
+    "process_s": wall,
+    "step_s": [r["step_time_s"] for r in rows],
+    "compile_s": sum(r.get("compile_s", 0.0) for r in rows),
+    "rewards": [r["rewards/mean"] for r in rows],
+    "grad_norms": [r.get("grad_norm") for r in rows],
+    "peak_rss_gb": peak_gb(proc.stderr),
+  }
 
 
 def _run_trl(work: str, shape: dict, name: str) -> dict:
   out = os.path.join(work, name + ".json")
   start = time.perf_counter()
-  proc = subprocess.run([sys.executable, "-c", PEAK_PRELUDE + "import runpy; sys.argv = sys.argv[1:]; "
-                         f"runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')",
-                         os.path.abspath(__file__), "--trl-worker", json.dumps({**shape, "work": work, "out": out})],
-                        capture_output=True, text=True, check=False, cwd=ROOT)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      PEAK_PRELUDE + "import runpy; sys.argv = sys.argv[1:]; "
+      f"runpy.run_path({os.path.abspath(__file__)!r}, run_name='__main__')",
+      os.path.abspath(__file__),
+      "--trl-worker",
+      json.dumps({**shape, "work": work, "out": out}),
+    ],
+    capture_output=True,
+    text=True,
+    check=False,
+    cwd=ROOT,
+  )
   wall = time.perf_counter() - start
   if proc.returncode != 0:
     raise RuntimeError(f"TRL failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -156,7 +221,6 @@ def _run_trl(work: str, shape: dict, name: str) -> dict:
 
 def _trl_worker(spec: dict) -> None:
   """One TRL GRPOTrainer run of the prepared work; writes step times and rewards to spec["out"]."""
-  # pylint: disable=import-outside-toplevel
   import datasets
   import torch
   import transformers
@@ -171,15 +235,33 @@ def _trl_worker(spec: dict) -> None:
   per_micro = spec["micro_batch_sequences"]
   accumulation = spec["prompts_per_step"] * spec["num_generations"] // per_micro
   config = trl.GRPOConfig(
-      output_dir=os.path.join(spec["work"], "trl_out"), use_cpu=True, bf16=False, report_to="none",
-      save_strategy="no", logging_steps=1, seed=0, shuffle_dataset=False, max_steps=spec["steps"],
-      per_device_train_batch_size=per_micro, gradient_accumulation_steps=accumulation,
-      steps_per_generation=accumulation, num_generations=spec["num_generations"],
-      max_completion_length=spec["max_response_length"], temperature=spec["temperature"],
-      top_k=spec["top_k"], top_p=spec["top_p"], learning_rate=spec["learning_rate"], beta=spec["beta"],
-      epsilon=spec["epsilon"], loss_type="grpo", weight_decay=spec["adam_weight_decay"],
-      max_grad_norm=spec["gradient_clipping_threshold"], adam_beta1=spec["adam_b1"], adam_beta2=spec["adam_b2"],
-      lr_scheduler_type="cosine", warmup_steps=spec["warmup_steps"],  # optax's warmup-cosine to 0, as ours
+    output_dir=os.path.join(spec["work"], "trl_out"),
+    use_cpu=True,
+    bf16=False,
+    report_to="none",
+    save_strategy="no",
+    logging_steps=1,
+    seed=0,
+    shuffle_dataset=False,
+    max_steps=spec["steps"],
+    per_device_train_batch_size=per_micro,
+    gradient_accumulation_steps=accumulation,
+    steps_per_generation=accumulation,
+    num_generations=spec["num_generations"],
+    max_completion_length=spec["max_response_length"],
+    temperature=spec["temperature"],
+    top_k=spec["top_k"],
+    top_p=spec["top_p"],
+    learning_rate=spec["learning_rate"],
+    beta=spec["beta"],
+    epsilon=spec["epsilon"],
+    loss_type="grpo",
+    weight_decay=spec["adam_weight_decay"],
+    max_grad_norm=spec["gradient_clipping_threshold"],
+    adam_beta1=spec["adam_b1"],
+    adam_beta2=spec["adam_b2"],
+    lr_scheduler_type="cosine",
+    warmup_steps=spec["warmup_steps"],  # optax's warmup-cosine to 0, as ours
   )
   model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(spec["work"], "hf"), dtype=torch.float32)
   tokenizer = transformers.AutoTokenizer.from_pretrained(os.path.join(spec["work"], "hf"))
@@ -196,21 +278,39 @@ def _trl_worker(spec: dict) -> None:
   peft_config = None
   if spec["lora_rank"]:
     import peft
-    peft_config = peft.LoraConfig(r=spec["lora_rank"], lora_alpha=spec["lora_alpha"], lora_dropout=0.0,
-                                  target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                  "down_proj"])
-  trainer = trl.GRPOTrainer(model=model, reward_funcs=last_number_correct, args=config,
-                            train_dataset=datasets.Dataset.from_list(rows), processing_class=tokenizer,
-                            callbacks=[StepClock()], peft_config=peft_config)
+
+    peft_config = peft.LoraConfig(
+      r=spec["lora_rank"],
+      lora_alpha=spec["lora_alpha"],
+      lora_dropout=0.0,
+      target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
+  trainer = trl.GRPOTrainer(
+    model=model,
+    reward_funcs=last_number_correct,
+    args=config,
+    train_dataset=datasets.Dataset.from_list(rows),
+    processing_class=tokenizer,
+    callbacks=[StepClock()],
+    peft_config=peft_config,
+  )
   trainer.train()
   history = trainer.state.log_history
   with open(spec["out"], "w", encoding="utf-8") as f:
-    json.dump({"step_s": [b - a for a, b in zip(step_ends, step_ends[1:])],
-               "rewards": [h["reward"] for h in history if "reward" in h],
-               "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
-               "versions": {"trl": trl.__version__, "torch": torch.__version__,
-                            "transformers": transformers.__version__,
-                            **({"peft": peft.__version__} if peft_config else {})}}, f)
+    json.dump(
+      {
+        "step_s": [b - a for a, b in zip(step_ends, step_ends[1:])],
+        "rewards": [h["reward"] for h in history if "reward" in h],
+        "grad_norms": [h["grad_norm"] for h in history if "grad_norm" in h],
+        "versions": {
+          "trl": trl.__version__,
+          "torch": torch.__version__,
+          "transformers": transformers.__version__,
+          **({"peft": peft.__version__} if peft_config else {}),
+        },
+      },
+      f,
+    )
 
 
 def _summary(run: dict) -> dict:
@@ -227,8 +327,9 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--work-dir", default="")
   parser.add_argument("--output", default=RESULTS)
-  parser.add_argument("--ours-without-torch", action="store_true",
-                      help="run ours as where PyTorch is not installed (train_rl needs none)")
+  parser.add_argument(
+    "--ours-without-torch", action="store_true", help="run ours as where PyTorch is not installed (train_rl needs none)"
+  )
   parser.add_argument("overrides", nargs="*", help="key=value for both trainers (a .yml first replaces the base)")
   args = parser.parse_args()
   work = args.work_dir or tempfile.mkdtemp(prefix="vs_trl_")
@@ -249,13 +350,23 @@ def main() -> None:
   ratios = {k: med(ours, k) / med(trl_runs, k) for k in ("train_s", "warm_step_s", "peak_rss_gb")}
   print(f"\n{'trainer':8} {'train s':>9} {'warm step s':>12} {'compile s':>10} {'peak RSS GB':>12}  rewards per step")
   for x in runs:
-    print(f"{x['trainer']:8} {x['train_s']:9.1f} {x['warm_step_s']:12.2f} {x['compile_s']:10.1f} "
-          f"{x['peak_rss_gb']:12.2f}  {[round(v, 2) for v in x['rewards']]}")
+    print(
+      f"{x['trainer']:8} {x['train_s']:9.1f} {x['warm_step_s']:12.2f} {x['compile_s']:10.1f} "
+      f"{x['peak_rss_gb']:12.2f}  {[round(v, 2) for v in x['rewards']]}"
+    )
   print("ours / TRL: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
   versions = trl_runs[0].get("versions", {})
-  result = {"date": datetime.date.today().isoformat(), "machine": platform.platform(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "versions": versions, "shape": shape,
-            "ours_without_torch": args.ours_without_torch, "runs": runs, "ratios_ours_over_trl": ratios}
+  result = {
+    "date": datetime.date.today().isoformat(),
+    "machine": platform.platform(),
+    "cpus": os.cpu_count(),
+    "python": platform.python_version(),
+    "versions": versions,
+    "shape": shape,
+    "ours_without_torch": args.ours_without_torch,
+    "runs": runs,
+    "ratios_ours_over_trl": ratios,
+  }
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1)

@@ -27,8 +27,9 @@ TRAIN_RL = ["python3", "-m", "maxtext.trainers.post_train.rl.train_rl"]
 
 
 def _parser() -> argparse.ArgumentParser:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                              usage="submit_xpk.py [options] -- rl.yml [key=value ...]")
+  p = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], usage="submit_xpk.py [options] -- rl.yml [key=value ...]"
+  )
   p.add_argument("--cluster", required=True, help="XPK/GKE cluster name")
   p.add_argument("--docker-image", required=True, help="image with this program installed")
   accel = p.add_mutually_exclusive_group(required=True)
@@ -53,8 +54,17 @@ def workload_name(name: str) -> str:
 
 def xpk_command(opts: argparse.Namespace, train_args: list[str], run_name: str) -> list[str]:
   """The `xpk workload create` argv that runs train_rl with train_args on every host."""
-  cmd = ["xpk", "workload", "create", "--cluster", opts.cluster, "--workload",
-         workload_name(opts.workload or run_name), "--docker-image", opts.docker_image]
+  cmd = [
+    "xpk",
+    "workload",
+    "create",
+    "--cluster",
+    opts.cluster,
+    "--workload",
+    workload_name(opts.workload or run_name),
+    "--docker-image",
+    opts.docker_image,
+  ]
   if opts.tpu_type:
     cmd += ["--tpu-type", opts.tpu_type, "--num-slices", str(opts.num_slices)]
   else:
@@ -68,15 +78,15 @@ def xpk_command(opts: argparse.Namespace, train_args: list[str], run_name: str) 
 def main(argv: list[str]) -> int:
   if "--" in argv:
     split = argv.index("--")
-    own, train_args = argv[:split], argv[split + 1:]
+    own, train_args = argv[:split], argv[split + 1 :]
   else:
     own, train_args = argv, []
   opts = _parser().parse_args(own)
   if not train_args:
     print("error: give the train_rl arguments after --, e.g. -- rl.yml model_name=qwen3-0.6b", file=sys.stderr)
     return 2
-  from maxtext.configs import pyconfig  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import storage  # pylint: disable=import-outside-toplevel
+  from maxtext.configs import pyconfig
+  from maxtext.utils import storage
 
   try:
     cfg = pyconfig.initialize(["train_rl", *train_args])
@@ -84,9 +94,11 @@ def main(argv: list[str]) -> int:
     print(f"config error: {e}", file=sys.stderr)
     return 2
   if not os.path.isabs(cfg.base_output_directory) and not storage.is_url(cfg.base_output_directory):
-    print(f"warning: base_output_directory={cfg.base_output_directory!r} is relative: the run folder lands in each "
-          "host's working directory and is lost with the pod; give gs://BUCKET/PATH (or a folder every host shares)",
-          file=sys.stderr)
+    print(
+      f"warning: base_output_directory={cfg.base_output_directory!r} is relative: the run folder lands in each "
+      "host's working directory and is lost with the pod; give gs://BUCKET/PATH (or a folder every host shares)",
+      file=sys.stderr,
+    )
   cmd = xpk_command(opts, train_args, cfg.run_name)
   if opts.dry_run:
     print(shlex.join(cmd))

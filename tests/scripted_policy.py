@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import functools
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from tunix.generate import tokenizer_adapter
@@ -48,15 +48,20 @@ class ScriptedRollout(base_rollout.BaseRollout):
       self.calls += len(texts)
     eos = (rollout_config.eos_tokens or [self.eos_id()])[0]
     budget = rollout_config.max_tokens_to_generate
-    tokens = [np.asarray(self._tokenizer.encode(self._script(t, n)) + [eos], np.int32)[:budget]
-              for t, n in zip(texts, ns)]
+    tokens = [
+      np.asarray(self._tokenizer.encode(self._script(t, n)) + [eos], np.int32)[:budget] for t, n in zip(texts, ns)
+    ]
     width = max(rollout_config.max_prompt_length, *(len(i) for i in ids))
     padded = np.full((len(ids), width), self.pad_id(), np.int32)
     for row, i in zip(padded, ids):
-      row[width - len(i):] = i
+      row[width - len(i) :] = i
     return base_rollout.RolloutOutput(
-        text=[self._tokenizer.decode((t[:-1] if t[-1] == eos else t).tolist()) for t in tokens],
-        logits=None, tokens=tokens, left_padded_prompt_tokens=padded, logprobs=None)
+      text=[self._tokenizer.decode((t[:-1] if t[-1] == eos else t).tolist()) for t in tokens],
+      logits=None,
+      tokens=tokens,
+      left_padded_prompt_tokens=padded,
+      logprobs=None,
+    )
 
   def get_per_token_logps(self, prompt_tokens, completion_tokens):
     raise NotImplementedError("a scripted policy has no log-probs; the trainer computes them")

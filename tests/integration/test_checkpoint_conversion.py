@@ -31,11 +31,31 @@ def write_hf_like(model_name, path, dtype=torch.float32):
 def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype):
   write_hf_like("qwen3-tiny", tmp_path / "hf", dtype)
   common = ["model_name=qwen3-tiny", f"weight_dtype={weight_dtype}"]
-  assert to_maxtext.main(["to_maxtext", "rl.yml", *common, f"load_parameters_path={tmp_path / 'hf'}",
-                          f"base_output_directory={tmp_path / 'orbax'}"]) == 0
+  assert (
+    to_maxtext.main(
+      [
+        "to_maxtext",
+        "rl.yml",
+        *common,
+        f"load_parameters_path={tmp_path / 'hf'}",
+        f"base_output_directory={tmp_path / 'orbax'}",
+      ]
+    )
+    == 0
+  )
   assert (tmp_path / "orbax" / "0" / "model_params").is_dir()
-  assert to_huggingface.main(["to_huggingface", "rl.yml", *common, f"load_parameters_path={tmp_path / 'orbax'}",
-                              f"hf_output_path={tmp_path / 'out'}"]) == 0
+  assert (
+    to_huggingface.main(
+      [
+        "to_huggingface",
+        "rl.yml",
+        *common,
+        f"load_parameters_path={tmp_path / 'orbax'}",
+        f"hf_output_path={tmp_path / 'out'}",
+      ]
+    )
+    == 0
+  )
   original = load_file(tmp_path / "hf" / "model.safetensors")
   exported = load_file(tmp_path / "out" / "model.safetensors")
   assert set(original) == set(exported)
@@ -56,21 +76,37 @@ def test_decode_cli_matches_transformers_greedy(tmp_path, engine):
   hf = write_hf_like("llama-tiny", tmp_path / "hf")
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   proc = subprocess.run(
-      [sys.executable, "-m", "maxtext.inference.decode", "rl.yml", f"load_parameters_path={tmp_path / 'hf'}",
-       f"tokenizer_path={assets.smollm2_gguf()}", 'prompt=["What is 2+3?", "Name a colour."]',
-       "max_response_length=12", "decode_sampling_temperature=0", f"rollout_engine={engine}"],
-      capture_output=True, text=True, env=env, timeout=300, check=False)
+    [
+      sys.executable,
+      "-m",
+      "maxtext.inference.decode",
+      "rl.yml",
+      f"load_parameters_path={tmp_path / 'hf'}",
+      f"tokenizer_path={assets.smollm2_gguf()}",
+      'prompt=["What is 2+3?", "Name a colour."]',
+      "max_response_length=12",
+      "decode_sampling_temperature=0",
+      f"rollout_engine={engine}",
+    ],
+    capture_output=True,
+    text=True,
+    env=env,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
   records = [json.loads(line) for line in lines]
   assert [r["prompt"] for r in records] == ["What is 2+3?", "Name a colour."]
   tok = load_tokenizer(assets.smollm2_gguf())
   for r in records:
-    ids = tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+      [{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     with torch.no_grad():
-      ref = hf.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id,
-                        pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+      ref = hf.generate(
+        ids, max_new_tokens=12, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+      )[0, ids.shape[1] :].tolist()
     assert r["token_ids"] == ref
     assert r["completion"] == tok.decode([t for t in ref if t != tok.eos_token_id])
 
@@ -82,8 +118,17 @@ def test_to_huggingface_needs_an_output_path(capsys):
 
 def test_unknown_weights_format_is_an_error(tmp_path, capsys):
   (tmp_path / "weights.bin").write_bytes(b"x")
-  assert to_maxtext.main(["to_maxtext", "rl.yml", f"load_parameters_path={tmp_path / 'weights.bin'}",
-                          f"base_output_directory={tmp_path / 'o'}"]) == 2
+  assert (
+    to_maxtext.main(
+      [
+        "to_maxtext",
+        "rl.yml",
+        f"load_parameters_path={tmp_path / 'weights.bin'}",
+        f"base_output_directory={tmp_path / 'o'}",
+      ]
+    )
+    == 2
+  )
   assert "expected a .gguf file, an HF checkpoint directory" in capsys.readouterr().err
 
 
@@ -93,7 +138,11 @@ def test_gguf_export_reproduces_greedy_decode_in_transformers(tmp_path):
   assert to_huggingface.main(["to_huggingface", "rl.yml", f"hf_output_path={tmp_path}"]) == 0
   tok = transformers.AutoTokenizer.from_pretrained(tmp_path)
   model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path)
-  ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
-  out = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1]:]
+  ids = tok.apply_chat_template(
+    [{"role": "user", "content": "What is the capital of France?"}],
+    add_generation_prompt=True,
+    return_tensors="pt",
+    return_dict=True,
+  )["input_ids"]
+  out = model.generate(ids, max_new_tokens=16, do_sample=False)[0, ids.shape[1] :]
   assert tok.decode(out, skip_special_tokens=True) == "The capital of France is Paris."

@@ -19,13 +19,34 @@ import pytest
 from maxtext.trainers.post_train.rl import train_rl
 
 SYSTEM = "You are a random number generator. Output one digit from 0 to 9 and nothing else."
-TRAIN = ["Random digit:", "Give me a random digit:", "Digit, please:", "One random digit:", "A random digit:",
-         "Random digit, please:", "Your random digit:", "Quick, a random digit:"]
+TRAIN = [
+  "Random digit:",
+  "Give me a random digit:",
+  "Digit, please:",
+  "One random digit:",
+  "A random digit:",
+  "Random digit, please:",
+  "Your random digit:",
+  "Quick, a random digit:",
+]
 HELD_OUT = ["Random number:", "Some digit:", "Say a random digit:", "Random digit now:"]
-COMMON = ["max_response_length=3", "max_prompt_length=40", "batch_size=4", "rl.num_generations=8",
-          "num_batches=3", "learning_rate=5e-5", "warmup_steps_fraction=0", "rl.grpo_beta=0",
-          "adam_weight_decay=0", "num_test_batches=2", "eval_batch_size=4", "eval_sampling_strategy=greedy",
-          "checkpoint_period=100", "answer_format=last_number", "num_epoch=2"]
+COMMON = [
+  "max_response_length=3",
+  "max_prompt_length=40",
+  "batch_size=4",
+  "rl.num_generations=8",
+  "num_batches=3",
+  "learning_rate=5e-5",
+  "warmup_steps_fraction=0",
+  "rl.grpo_beta=0",
+  "adam_weight_decay=0",
+  "num_test_batches=2",
+  "eval_batch_size=4",
+  "eval_sampling_strategy=greedy",
+  "checkpoint_period=100",
+  "answer_format=last_number",
+  "num_epoch=2",
+]
 
 
 def starts_with_digit(text: str) -> bool:
@@ -38,12 +59,18 @@ def _setup(folder, sign: float) -> list[str]:
   (folder / "eval.jsonl").write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in HELD_OUT * 5))
   (folder / "template.json").write_text(json.dumps({"SYSTEM_PROMPT": SYSTEM, "TEMPLATE": "{question}"}))
   (folder / "reward.py").write_text(
-      "import re\n"
-      "def digit_first(prompts, completions, tmvp_config, **kwargs):\n"
-      f"  return [{sign} * float(bool(re.match(r'\\s*\\d', c))) for c in completions]\n")
-  return [f"dataset_name={folder / 'train.jsonl'}", f"eval_dataset_name={folder / 'eval.jsonl'}",
-          f"data_template_path={folder / 'template.json'}", f"reward_functions_path={folder / 'reward.py'}",
-          "reward_functions=[digit_first]", f"base_output_directory={folder}"]
+    "import re\n"
+    "def digit_first(prompts, completions, tmvp_config, **kwargs):\n"
+    f"  return [{sign} * float(bool(re.match(r'\\s*\\d', c))) for c in completions]\n"
+  )
+  return [
+    f"dataset_name={folder / 'train.jsonl'}",
+    f"eval_dataset_name={folder / 'eval.jsonl'}",
+    f"data_template_path={folder / 'template.json'}",
+    f"reward_functions_path={folder / 'reward.py'}",
+    "reward_functions=[digit_first]",
+    f"base_output_directory={folder}",
+  ]
 
 
 def _learn(folder, sign: float, mode: list[str]) -> dict:
@@ -57,8 +84,11 @@ def _learn(folder, sign: float, mode: list[str]) -> dict:
     return sum(map(starts_with_digit, replies)) / len(replies)
 
   rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
-  return {"before": greedy_share(evals["before"]), "after": greedy_share(evals["after"]),
-          "sampled": [abs(r["rewards/mean"]) for r in rows]}
+  return {
+    "before": greedy_share(evals["before"]),
+    "after": greedy_share(evals["after"]),
+    "sampled": [abs(r["rewards/mean"]) for r in rows],
+  }
 
 
 def _in_fresh_process(fn, *args):
@@ -68,8 +98,10 @@ def _in_fresh_process(fn, *args):
 
 
 def _check_learned(run: dict) -> None:
-  print(f"greedy share of digit replies: {run['before']:.2f} before, {run['after']:.2f} after; "
-        f"sampled share per step {run['sampled']}")
+  print(
+    f"greedy share of digit replies: {run['before']:.2f} before, {run['after']:.2f} after; "
+    f"sampled share per step {run['sampled']}"
+  )
   assert run["before"] <= 0.25 and run["after"] >= 0.75
   assert run["sampled"][-1] > run["sampled"][0] + 0.3  # the reward curve rises
 
@@ -82,20 +114,62 @@ def test_standard_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
     folder = tmp_path / f"sign{sign:+.0f}"
     folder.mkdir()
     runs[sign] = _in_fresh_process(_learn, folder, sign, ["rl.use_agentic_rollout=false"])
-  print(f"share of sampled digit replies per step: rewarded {runs[1.0]['sampled']}, "
-        f"penalised {runs[-1.0]['sampled']}")
+  print(f"share of sampled digit replies per step: rewarded {runs[1.0]['sampled']}, penalised {runs[-1.0]['sampled']}")
   _check_learned(runs[1.0])
   assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
   assert runs[1.0]["sampled"][-1] > runs[-1.0]["sampled"][-1] + 0.3
   assert runs[-1.0]["after"] == 0.0
 
 
+def test_rloo_advantages_with_the_cispo_loss_learn(tmp_path):
+  """A non-default estimator and loss together (leave-one-out advantages, CISPO's truncated importance
+  weights) learn the rare behaviour as the default does."""
+  _check_learned(
+    _in_fresh_process(
+      _learn, tmp_path, 1.0, ["rl.use_agentic_rollout=false", "rl.advantage_estimator=rloo", "rl.policy_loss_fn=cispo"]
+    )
+  )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "variant",
+  [
+    ["rl.advantage_estimator=dr_grpo"],
+    ["rl.advantage_estimator=rloo"],
+    ["rl.advantage_estimator=reinforce_pp"],
+    ["rl.policy_loss_fn=cispo"],
+    ["rl.loss_algo=gspo-token"],
+  ],
+  ids=["dr_grpo", "rloo", "reinforce_pp", "cispo", "gspo_token"],
+)
+def test_each_algorithm_variant_moves_with_the_reward_sign(tmp_path, variant):
+  """Per estimator and loss family: the rewarded and the negated run move apart."""
+  runs = {}
+  for sign in (1.0, -1.0):
+    folder = tmp_path / f"sign{sign:+.0f}"
+    folder.mkdir()
+    runs[sign] = _in_fresh_process(_learn, folder, sign, ["rl.use_agentic_rollout=false", *variant])
+  print(
+    f"{variant}: sampled digit replies per step: rewarded {runs[1.0]['sampled']}, penalised {runs[-1.0]['sampled']}"
+  )
+  _check_learned(runs[1.0])
+  assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
+  assert runs[1.0]["sampled"][-1] > runs[-1.0]["sampled"][-1] + 0.3
+
+
 # off_policy_steps=0 in the slow suite: the fast suite shows its loss equals standard GRPO's
 # (test_scripted_policy) and that both standard and off-policy agentic GRPO learn.
 @pytest.mark.parametrize("off_policy_steps", [pytest.param(0, marks=pytest.mark.slow), 1])
 def test_agentic_grpo_learns(tmp_path, off_policy_steps):
-  _check_learned(_in_fresh_process(_learn, tmp_path, 1.0, [
-      "rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy_steps}", "rl.max_concurrency=32"]))
+  _check_learned(
+    _in_fresh_process(
+      _learn,
+      tmp_path,
+      1.0,
+      ["rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy_steps}", "rl.max_concurrency=32"],
+    )
+  )
 
 
 # Measured: sampled digit replies per step 0.06, 0.88, 0.97 (greedy 0.0 -> 1.0); negated 0.06, 0.0, 0.0
@@ -108,8 +182,9 @@ def test_lora_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
   for sign in (1.0, -1.0):
     folder = tmp_path / f"sign{sign:+.0f}"
     folder.mkdir()
-    runs[sign] = _in_fresh_process(_learn, folder, sign, ["rl.use_agentic_rollout=false", "lora_rank=16",
-                                                          "lora_alpha=32", "learning_rate=5e-4"])
+    runs[sign] = _in_fresh_process(
+      _learn, folder, sign, ["rl.use_agentic_rollout=false", "lora_rank=16", "lora_alpha=32", "learning_rate=5e-4"]
+    )
   _check_learned(runs[1.0])
   assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
   assert runs[-1.0]["after"] == 0.0
@@ -124,29 +199,59 @@ def _learn_tool_use(folder, sign: float) -> list[dict]:
   Returns metrics.jsonl's rows (no evaluation: train_rl's evaluation samples one turn without tools)."""
   rng = random.Random(0)
   pairs = [(rng.randint(1000, 9999), rng.randint(11, 99)) for _ in range(40)]
-  (folder / "train.jsonl").write_text("".join(json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)})
-                                              + "\n" for a, b in pairs))
+  (folder / "train.jsonl").write_text(
+    "".join(json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n" for a, b in pairs)
+  )
   examples = []
   for a, b in [(2317, 48), (6154, 23)]:
-    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%d * %d"}}\n</tool_call>' % (a, b)
-    examples += [{"role": "user", "content": f"What is {a} * {b}?"}, {"role": "assistant", "content": call},
-                 {"role": "tool", "content": f"Tool returned result: {a * b}"},
-                 {"role": "assistant", "content": str(a * b)}]
-  (folder / "template.json").write_text(json.dumps({"SYSTEM_PROMPT": "Answer with the product. Use the calculator.",
-                                                    "TEMPLATE": "{question}", "EXAMPLES": examples}))
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
+    examples += [
+      {"role": "user", "content": f"What is {a} * {b}?"},
+      {"role": "assistant", "content": call},
+      {"role": "tool", "content": f"Tool returned result: {a * b}"},
+      {"role": "assistant", "content": str(a * b)},
+    ]
+  (folder / "template.json").write_text(
+    json.dumps(
+      {"SYSTEM_PROMPT": "Answer with the product. Use the calculator.", "TEMPLATE": "{question}", "EXAMPLES": examples}
+    )
+  )
   (folder / "reward.py").write_text(
-      "import re\n"
-      "def exact_product(prompts, completions, tmvp_config, answer, **kwargs):\n"
-      "  last = [re.findall(r'\\d+', c.split('</tool_call>')[-1])[-1:] for c in completions]\n"
-      f"  return [{sign} * float(n == [str(a)]) for n, a in zip(last, answer)]\n")
-  args = ["train_rl", "rl.yml", f"dataset_name={folder / 'train.jsonl'}", "train_fraction=0.9",
-          f"data_template_path={folder / 'template.json'}", f"reward_functions_path={folder / 'reward.py'}",
-          "reward_functions=[exact_product]", "answer_format=last_number", f"base_output_directory={folder}",
-          "run_name=run", "rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.max_turns=2",
-          "rl.off_policy_steps=1", "rl.max_concurrency=16", "max_prompt_length=440", "max_response_length=80",
-          "batch_size=2", "rl.num_generations=8", "num_batches=6", "learning_rate=5e-5", "warmup_steps_fraction=0",
-          "rl.grpo_beta=0", "adam_weight_decay=0", "num_test_batches=0", "checkpoint_period=100",
-          "remat_policy=full", "train_micro_batch_size=1"]
+    "import re\n"
+    "def exact_product(prompts, completions, tmvp_config, answer, **kwargs):\n"
+    "  last = [re.findall(r'\\d+', c.split('</tool_call>')[-1])[-1:] for c in completions]\n"
+    f"  return [{sign} * float(n == [str(a)]) for n, a in zip(last, answer)]\n"
+  )
+  args = [
+    "train_rl",
+    "rl.yml",
+    f"dataset_name={folder / 'train.jsonl'}",
+    "train_fraction=0.9",
+    f"data_template_path={folder / 'template.json'}",
+    f"reward_functions_path={folder / 'reward.py'}",
+    "reward_functions=[exact_product]",
+    "answer_format=last_number",
+    f"base_output_directory={folder}",
+    "run_name=run",
+    "rl.use_agentic_rollout=true",
+    "rl.tools=[calculator]",
+    "rl.max_turns=2",
+    "rl.off_policy_steps=1",
+    "rl.max_concurrency=16",
+    "max_prompt_length=440",
+    "max_response_length=80",
+    "batch_size=2",
+    "rl.num_generations=8",
+    "num_batches=6",
+    "learning_rate=5e-5",
+    "warmup_steps_fraction=0",
+    "rl.grpo_beta=0",
+    "adam_weight_decay=0",
+    "num_test_batches=0",
+    "checkpoint_period=100",
+    "remat_policy=full",
+    "train_micro_batch_size=1",
+  ]
   assert train_rl.main(args) == 0
   return [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
 

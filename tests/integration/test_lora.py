@@ -21,30 +21,49 @@ from safetensors.numpy import load_file
 from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.configs import pyconfig
 from maxtext.inference import decode
-from maxtext.integration.tunix import cluster as cluster_lib, prefix_sharing
+from maxtext.integration.tunix import cluster as cluster_lib
+from maxtext.integration.tunix import prefix_sharing
 from maxtext.models import builder, load
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import hf_greedy_tokens, make_config
 
-LORA = ["model_name=qwen3-tiny", "batch_size=2", "rl.num_generations=4", "max_response_length=16",
-        "num_test_batches=0", "adam_weight_decay=0", "learning_rate=1e-2", "warmup_steps_fraction=0",
-        "lora_rank=4", "lora_alpha=8", "rl.grpo_beta=0.04", "checkpoint_period=1", "reward_functions=[brevity]"]
+LORA = [
+  "model_name=qwen3-tiny",
+  "batch_size=2",
+  "rl.num_generations=4",
+  "max_response_length=16",
+  "num_test_batches=0",
+  "adam_weight_decay=0",
+  "learning_rate=1e-2",
+  "warmup_steps_fraction=0",
+  "lora_rank=4",
+  "lora_alpha=8",
+  "rl.grpo_beta=0.04",
+  "checkpoint_period=1",
+  "reward_functions=[brevity]",
+]
 # Shorter completions score higher, so the groups' rewards differ and every step has a gradient.
 REWARD = "def brevity(prompts, completions, tmvp_config, **kwargs):\n  return [-len(c) / 50 for c in completions]\n"
 
 
 def _buffers(model) -> dict:
-  return {builder.param_name(p): v[...].unsafe_buffer_pointer()
-          for p, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.LoRAParam)))}
+  return {
+    builder.param_name(p): v[...].unsafe_buffer_pointer()
+    for p, v in nnx.to_flat_state(nnx.state(model, nnx.Not(nnx.LoRAParam)))
+  }
 
 
 def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(tmp_path, capsys, monkeypatch, caplog):
   caplog.set_level(logging.INFO)
   (tmp_path / "reward.py").write_text(REWARD)
-  args = [*LORA, f"reward_functions_path={tmp_path / 'reward.py'}", f"base_output_directory={tmp_path}",
-          "run_name=lora"]
+  args = [
+    *LORA,
+    f"reward_functions_path={tmp_path / 'reward.py'}",
+    f"base_output_directory={tmp_path}",
+    "run_name=lora",
+  ]
   clusters = []
   build = cluster_lib.build_cluster
   monkeypatch.setattr(cluster_lib, "build_cluster", lambda *a, **k: clusters.append(build(*a, **k)) or clusters[-1])
@@ -87,19 +106,51 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
     load.read_adapters(str(run / "checkpoints"), make_config(*args, "lora_alpha=4"))
 
   # The export merges the adapters: transformers' greedy decode of it equals ours of base + adapters.
-  assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8",
-                      f"lora_input_adapters_path={run / 'checkpoints'}", "prompt=What is 2+3?",
-                      "max_response_length=12", "decode_sampling_temperature=0"]) == 0
+  assert (
+    decode.main(
+      [
+        "decode",
+        "rl.yml",
+        "model_name=qwen3-tiny",
+        "lora_rank=4",
+        "lora_alpha=8",
+        f"lora_input_adapters_path={run / 'checkpoints'}",
+        "prompt=What is 2+3?",
+        "max_response_length=12",
+        "decode_sampling_temperature=0",
+      ]
+    )
+    == 0
+  )
   ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   ref = hf_greedy_tokens(run / "hf", "What is 2+3?", 12)
   assert ours["token_ids"] == ref
-  base_greedy = decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", "prompt=What is 2+3?",
-                             "max_response_length=12", "decode_sampling_temperature=0"])
+  base_greedy = decode.main(
+    [
+      "decode",
+      "rl.yml",
+      "model_name=qwen3-tiny",
+      "prompt=What is 2+3?",
+      "max_response_length=12",
+      "decode_sampling_temperature=0",
+    ]
+  )
   assert base_greedy == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"] != ref
   # to_huggingface merges the checkpoint's adapters into the same weights.
-  assert to_huggingface.main(["to_huggingface", "rl.yml", "model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8",
-                              f"lora_input_adapters_path={run / 'checkpoints'}",
-                              f"hf_output_path={tmp_path / 'merged'}"]) == 0
+  assert (
+    to_huggingface.main(
+      [
+        "to_huggingface",
+        "rl.yml",
+        "model_name=qwen3-tiny",
+        "lora_rank=4",
+        "lora_alpha=8",
+        f"lora_input_adapters_path={run / 'checkpoints'}",
+        f"hf_output_path={tmp_path / 'merged'}",
+      ]
+    )
+    == 0
+  )
   exported, merged = load_file(run / "hf" / "model.safetensors"), load_file(tmp_path / "merged" / "model.safetensors")
   assert set(exported) == set(merged) and all(np.array_equal(exported[k], merged[k]) for k in exported)
 
@@ -150,11 +201,25 @@ def test_lora_adapters_reach_a_sampler_on_other_devices(tmp_path):
   """Trainer and sampler on one host device each: Tunix syncs only the adapters; afterwards the
   sampler's model scores sampled completions as the trainer's does, and unlike the initial model."""
   (tmp_path / "reward.py").write_text(REWARD)
-  args = [*LORA, f"reward_functions_path={tmp_path / 'reward.py'}", f"base_output_directory={tmp_path}",
-          "run_name=split", "num_batches=2", "trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"]
+  args = [
+    *LORA,
+    f"reward_functions_path={tmp_path / 'reward.py'}",
+    f"base_output_directory={tmp_path}",
+    "run_name=split",
+    "num_batches=2",
+    "trainer_devices_fraction=0.5",
+    "sampler_devices_fraction=0.5",
+  ]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
-  proc = subprocess.run([sys.executable, "-c", _SPLIT, json.dumps(args)], env=env, capture_output=True, text=True,
-                        timeout=600, check=False, cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+  proc = subprocess.run(
+    [sys.executable, "-c", _SPLIT, json.dumps(args)],
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   result = json.loads(proc.stdout.strip().splitlines()[-1])
   print(result)

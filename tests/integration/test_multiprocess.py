@@ -15,18 +15,54 @@ import pytest
 
 from maxtext.utils import launch_local
 
-TINY = ["rl.yml", "model_name=qwen3-tiny", "batch_size=2", "rl.num_generations=2", "max_response_length=8",
-        "num_test_batches=1", "eval_batch_size=4", "learning_rate=1e-3", "warmup_steps_fraction=0",
-        "adam_weight_decay=0", "checkpoint_period=1"]
+TINY = [
+  "rl.yml",
+  "model_name=qwen3-tiny",
+  "batch_size=2",
+  "rl.num_generations=2",
+  "max_response_length=8",
+  "num_test_batches=1",
+  "eval_batch_size=4",
+  "learning_rate=1e-3",
+  "warmup_steps_fraction=0",
+  "adam_weight_decay=0",
+  "checkpoint_period=1",
+]
 TRAIN_RL = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl"]
 _ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 _ENV.pop("XLA_FLAGS", None)
 
 
-def _launch(processes: int, devices: int, args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-  command = [sys.executable, "-m", "maxtext.utils.launch_local", "--processes", str(processes),
-             "--devices-per-process", str(devices), "--", *TRAIN_RL, *args]
-  return subprocess.run(command, env=_ENV, capture_output=True, text=True, timeout=timeout, check=False)
+def launcher(processes: int, devices: int, command: list[str]) -> list[str]:
+  """The command line that runs `command` as `processes` processes of `devices` CPU devices each."""
+  return [
+    sys.executable,
+    "-m",
+    "maxtext.utils.launch_local",
+    "--processes",
+    str(processes),
+    "--devices-per-process",
+    str(devices),
+    "--",
+    *command,
+  ]
+
+
+def _launch(
+  processes: int, devices: int, args: list[str], timeout: int = 600, env: dict | None = None
+) -> subprocess.CompletedProcess:
+  command = launcher(processes, devices, [*TRAIN_RL, *args])
+  return subprocess.run(command, env=env or _ENV, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def assert_same_training(one: list[dict], other: list[dict]) -> None:
+  """metrics.jsonl rows of two runs of the same job: equal rewards and lengths, the loss within float
+  tolerance."""
+  for a, b in zip(one, other, strict=True):
+    assert {k: v for k, v in a.items() if k.startswith(("rewards/", "completions/"))} == {
+      k: v for k, v in b.items() if k.startswith(("rewards/", "completions/"))
+    }
+    assert np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
 
 
 def _rows(run_dir) -> list[dict]:
@@ -37,8 +73,9 @@ def _rows(run_dir) -> list[dict]:
 def _reward_file(tmp_path) -> str:
   """A reward with spread inside groups (the random model's completions differ), so training moves."""
   path = tmp_path / "rewards.py"
-  path.write_text("def variety(prompts, completions, tmvp_config, **kwargs):\n"
-                  "  return [len(set(c)) / 10 for c in completions]\n")
+  path.write_text(
+    "def variety(prompts, completions, tmvp_config, **kwargs):\n  return [len(set(c)) / 10 for c in completions]\n"
+  )
   return str(path)
 
 
@@ -60,9 +97,14 @@ def test_each_process_places_its_own_rows_of_the_global_batch():
   """Every process holds the whole batch; the global array takes each row from the process whose
   devices hold it: the processes' rows are disjoint and cover the batch, and a global sum counts
   every row once."""
-  proc = subprocess.run([sys.executable, "-m", "maxtext.utils.launch_local", "--processes", "2",
-                         "--devices-per-process", "2", "--", sys.executable, "-c", _PLACEMENT],
-                        env=_ENV, capture_output=True, text=True, timeout=300, check=False)
+  proc = subprocess.run(
+    launcher(2, 2, [sys.executable, "-c", _PLACEMENT]),
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   reports = {}
   for line in proc.stdout.splitlines():
@@ -80,12 +122,31 @@ def test_each_process_places_its_own_rows_of_the_global_batch():
 def test_launcher_ends_every_process_when_one_fails():
   """One process exits 3 while the other would run for a minute: the launcher ends it and exits 3,
   each process's output behind its prefix."""
-  code = ("import os, sys, time\nrank = int(os.environ['JAX_PROCESS_ID'])\n"
-          "print('rank', rank, 'of', os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_COORDINATOR_ADDRESS'])\n"
-          "sys.stdout.flush()\ntime.sleep(0.5)\nsys.exit(3) if rank == 1 else time.sleep(60)")
+  code = (
+    "import os, sys, time\nrank = int(os.environ['JAX_PROCESS_ID'])\n"
+    "print('rank', rank, 'of', os.environ['JAX_NUM_PROCESSES'], os.environ['JAX_COORDINATOR_ADDRESS'])\n"
+    "sys.stdout.flush()\ntime.sleep(0.5)\nsys.exit(3) if rank == 1 else time.sleep(60)"
+  )
   start = time.monotonic()
-  proc = subprocess.run([sys.executable, "-m", "maxtext.utils.launch_local", "--processes", "2", "--port", "1234",
-                         "--", sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+  proc = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "maxtext.utils.launch_local",
+      "--processes",
+      "2",
+      "--port",
+      "1234",
+      "--",
+      sys.executable,
+      "-c",
+      code,
+    ],
+    capture_output=True,
+    text=True,
+    timeout=60,
+    check=False,
+  )
   assert proc.returncode == 3 and time.monotonic() - start < 30, proc.stderr
   assert "[p0] rank 0 of 2 127.0.0.1:1234" in proc.stdout and "[p1] rank 1 of 2 127.0.0.1:1234" in proc.stdout
   assert "process 1 ended with exit code 3" in proc.stderr
@@ -96,13 +157,19 @@ def test_two_processes_train_as_one_process_does(tmp_path):
   rewards and completion lengths at every step (the second step samples from trained weights), the
   same loss within float tolerance, the same evaluation of every question once; process 0 alone
   writes the text files, every process writes its part of the checkpoints."""
-  args = [*TINY, "num_batches=2", f"reward_functions_path={_reward_file(tmp_path)}", "reward_functions=[variety]",
-          f"base_output_directory={tmp_path}"]
+  args = [
+    *TINY,
+    "num_batches=2",
+    f"reward_functions_path={_reward_file(tmp_path)}",
+    "reward_functions=[variety]",
+    f"base_output_directory={tmp_path}",
+  ]
   multi = _launch(2, 2, [*args, "run_name=multi"])
   assert multi.returncode == 0, multi.stdout[-4000:]
   env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  single = subprocess.run([*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+  single = subprocess.run(
+    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
+  )
   assert single.returncode == 0, single.stderr[-4000:]
   assert "Process 0 of 2" in multi.stdout and "Process 1 of 2" in multi.stdout
   one, two = _rows(tmp_path / "single"), _rows(tmp_path / "multi")
@@ -131,8 +198,16 @@ def test_killed_process_ends_its_peers_and_a_rerun_resumes(tmp_path):
   resumes from the last checkpoint and logs every step once."""
   args = [*TINY, "num_batches=4", f"base_output_directory={tmp_path}", "run_name=killed"]
   port = launch_local.free_port()
-  procs = [subprocess.Popen([*TRAIN_RL, *args], env=launch_local.environment(_ENV, k, 2, port, 2),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for k in range(2)]
+  procs = [
+    subprocess.Popen(
+      [*TRAIN_RL, *args],
+      env=launch_local.environment(_ENV, k, 2, port, 2),
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    for k in range(2)
+  ]
   actor = tmp_path / "killed" / "checkpoints" / "actor"
   deadline = time.monotonic() + 600
   while not (actor / "2").is_dir() and time.monotonic() < deadline and procs[0].poll() is None:
@@ -158,17 +233,20 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(tmp_path):
   """A preemption (SIGTERM to every process, here through the launcher) checkpoints the finished steps
   and exits 143; a rerun resumes."""
   args = [*TINY, "num_batches=4", "checkpoint_period=100", f"base_output_directory={tmp_path}", "run_name=term"]
-  command = [sys.executable, "-m", "maxtext.utils.launch_local", "--processes", "2", "--devices-per-process", "2",
-             "--", *TRAIN_RL, *args]
-  launcher = subprocess.Popen(command, env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  launched = subprocess.Popen(
+    launcher(2, 2, [*TRAIN_RL, *args]), env=_ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+  )
   metrics = tmp_path / "term" / "metrics.jsonl"
   deadline = time.monotonic() + 600
-  while time.monotonic() < deadline and launcher.poll() is None and not (
-      metrics.exists() and metrics.read_text().count("\n") >= 1):
+  while (
+    time.monotonic() < deadline
+    and launched.poll() is None
+    and not (metrics.exists() and metrics.read_text().count("\n") >= 1)
+  ):
     time.sleep(0.5)
-  launcher.send_signal(signal.SIGTERM)
-  out, _ = launcher.communicate(timeout=300)
-  assert launcher.returncode == 143, out[-4000:]
+  launched.send_signal(signal.SIGTERM)
+  out, _ = launched.communicate(timeout=300)
+  assert launched.returncode == 143, out[-4000:]
   assert "stopped by SIGTERM" in out
   rerun = _launch(2, 2, args)
   assert rerun.returncode == 0, rerun.stdout[-4000:]
@@ -182,24 +260,30 @@ def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   1 process x 4 devices: the same rewards and lengths, the loss within float tolerance."""
   extra = ["lora_rank=4", "lora_alpha=8"] if layout.startswith("lora") else []
   processes, devices = (2, 2) if layout.endswith("2x2") else (4, 1)
-  args = [*TINY, *extra, "num_batches=2", f"reward_functions_path={_reward_file(tmp_path)}",
-          "reward_functions=[variety]", f"base_output_directory={tmp_path}"]
+  args = [
+    *TINY,
+    *extra,
+    "num_batches=2",
+    f"reward_functions_path={_reward_file(tmp_path)}",
+    "reward_functions=[variety]",
+    f"base_output_directory={tmp_path}",
+  ]
   multi = _launch(processes, devices, [*args, "run_name=multi"], timeout=900)
   assert multi.returncode == 0, multi.stdout[-4000:]
   env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  single = subprocess.run([*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True,
-                          timeout=600, check=False)
+  single = subprocess.run(
+    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
+  )
   assert single.returncode == 0, single.stderr[-4000:]
-  for a, b in zip(_rows(tmp_path / "single"), _rows(tmp_path / "multi"), strict=True):
-    assert {k: v for k, v in a.items() if k.startswith(("rewards/", "completions/"))} == \
-        {k: v for k, v in b.items() if k.startswith(("rewards/", "completions/"))}
-    assert np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
+  assert_same_training(_rows(tmp_path / "single"), _rows(tmp_path / "multi"))
 
 
 def test_agentic_and_split_meshes_are_refused_across_processes(tmp_path):
   """What does not run across processes is a config error at start that says why (exit 2)."""
-  for extra, key in ((["rl.use_agentic_rollout=true"], "rl.use_agentic_rollout"),
-                     (["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"], "trainer_devices_fraction")):
+  for extra, key in (
+    (["rl.use_agentic_rollout=true"], "rl.use_agentic_rollout"),
+    (["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"], "trainer_devices_fraction"),
+  ):
     proc = _launch(2, 1, [*TINY, "num_batches=1", *extra, f"base_output_directory={tmp_path}"], timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert key in proc.stdout and "processes" in proc.stdout

@@ -14,9 +14,17 @@ from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 from tests.scripted_policy import use_script
 
-TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "num_test_batches=1", "eval_batch_size=2",
-        "adam_weight_decay=0", "learning_rate=1e-3", "warmup_steps_fraction=0",
-        "rollout_engine=vanilla"]  # the script replaces the engine and, like vanilla, returns no log-probs
+TINY = [
+  "model_name=qwen3-tiny",
+  "num_batches=2",
+  "batch_size=2",
+  "num_test_batches=1",
+  "eval_batch_size=2",
+  "adam_weight_decay=0",
+  "learning_rate=1e-3",
+  "warmup_steps_fraction=0",
+  "rollout_engine=vanilla",
+]  # the script replaces the engine and, like vanilla, returns no log-probs
 CALL = '<tool_call>{{"name": "python", "arguments": {{"code": "{}"}}}}</tool_call>'
 
 
@@ -43,18 +51,25 @@ def tool_script(prompt, n):
   reads /etc/passwd); after a tool result, the answer."""
   if "Tool returned result" in prompt:
     return "<answer>5</answer>"
-  return ["<answer>5</answer>", CALL.format("print(2 + 3)"),
-          CALL.format("print(open('/etc/passwd').read())")][n % 3]
+  return ["<answer>5</answer>", CALL.format("print(2 + 3)"), CALL.format("print(open('/etc/passwd').read())")][n % 3]
 
 
 def test_scripted_tool_calls_are_counted_and_trained(tmp_path, monkeypatch):
   """Through the sandboxed python tool, 2 of 3 conversations call a tool and 1 of those 2 calls
   fails: call frequency 2/3, failure frequency 1/2 at every step, and the parameters change."""
   use_script(monkeypatch, tool_script)
-  args = [*TINY, "rl.num_generations=3", "max_prompt_length=512", "max_response_length=96",
-          "rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2",
-          *_reward_file(tmp_path, "[float('<tool_call>' in c) for c in completions]"),
-          f"base_output_directory={tmp_path}", "run_name=tools"]
+  args = [
+    *TINY,
+    "rl.num_generations=3",
+    "max_prompt_length=512",
+    "max_response_length=96",
+    "rl.use_agentic_rollout=true",
+    "rl.tools=[python]",
+    "rl.max_turns=2",
+    *_reward_file(tmp_path, "[float('<tool_call>' in c) for c in completions]"),
+    f"base_output_directory={tmp_path}",
+    "run_name=tools",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _rows(tmp_path / "tools" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2]
@@ -71,11 +86,21 @@ def test_agentic_without_staleness_reproduces_standard_grpo_loss(tmp_path, monke
   """rl.off_policy_steps=0: the agentic learner trains on what standard GRPO trains on (same data,
   seed and completions), so its per-step loss, KL and rewards equal standard GRPO's."""
   use_script(monkeypatch, lambda prompt, n: ["<answer>72</answer>", "It is 72, I think.", "no idea"][n % 3])
-  common = [*TINY, "rl.num_generations=3", "rl.grpo_beta=0.04", "rl.loss_agg_mode=token-mean",
-            *_reward_file(tmp_path, "[len(c) / 20 for c in completions]"), f"base_output_directory={tmp_path}"]
+  common = [
+    *TINY,
+    "rl.num_generations=3",
+    "rl.grpo_beta=0.04",
+    "rl.loss_agg_mode=token-mean",
+    *_reward_file(tmp_path, "[len(c) / 20 for c in completions]"),
+    f"base_output_directory={tmp_path}",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *common, "run_name=standard"]) == 0
-  assert train_rl.main(["train_rl", "rl.yml", *common, "run_name=agentic", "rl.use_agentic_rollout=true",
-                        "rl.off_policy_steps=0"]) == 0
+  assert (
+    train_rl.main(
+      ["train_rl", "rl.yml", *common, "run_name=agentic", "rl.use_agentic_rollout=true", "rl.off_policy_steps=0"]
+    )
+    == 0
+  )
   standard, agentic = _rows(tmp_path / "standard" / "metrics.jsonl"), _rows(tmp_path / "agentic" / "metrics.jsonl")
   assert [r["step"] for r in standard] == [r["step"] for r in agentic] == [1, 2]
   for s, a in zip(standard, agentic):
@@ -122,13 +147,30 @@ def test_flaky_tool_under_high_concurrency(tmp_path, monkeypatch):
   crashes in 30 % of calls: the run finishes and the failed calls are counted."""
   log = tmp_path / "outcomes.txt"
   (tmp_path / "flaky.py").write_text(f"LOG = {str(log)!r}\n" + FLAKY_TOOL)
-  use_script(monkeypatch, lambda prompt, n: "<answer>1</answer>" if "Tool returned result" in prompt
-             else '<tool_call>{"name": "flaky", "arguments": {"x": 1}}</tool_call>')
-  args = [*TINY, "num_batches=4", "batch_size=2", "rl.num_generations=4", "max_prompt_length=256",
-          "max_response_length=64", "rl.use_agentic_rollout=true", "rl.max_concurrency=256", "rl.off_policy_steps=2",
-          "rl.tools=[flaky]", f"rl.tools_path={tmp_path / 'flaky.py'}", "rl.tool_timeout_s=2", "rl.max_turns=2",
-          *_reward_file(tmp_path, "[float('<tool_call>' in c) for c in completions]"),
-          f"base_output_directory={tmp_path}", "run_name=flaky"]
+  use_script(
+    monkeypatch,
+    lambda prompt, n: "<answer>1</answer>"
+    if "Tool returned result" in prompt
+    else '<tool_call>{"name": "flaky", "arguments": {"x": 1}}</tool_call>',
+  )
+  args = [
+    *TINY,
+    "num_batches=4",
+    "batch_size=2",
+    "rl.num_generations=4",
+    "max_prompt_length=256",
+    "max_response_length=64",
+    "rl.use_agentic_rollout=true",
+    "rl.max_concurrency=256",
+    "rl.off_policy_steps=2",
+    "rl.tools=[flaky]",
+    f"rl.tools_path={tmp_path / 'flaky.py'}",
+    "rl.tool_timeout_s=2",
+    "rl.max_turns=2",
+    *_reward_file(tmp_path, "[float('<tool_call>' in c) for c in completions]"),
+    f"base_output_directory={tmp_path}",
+    "run_name=flaky",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _rows(tmp_path / "flaky" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -143,8 +185,13 @@ def test_gradient_accumulation_trains_like_the_whole_batch(tmp_path, monkeypatch
   """train_micro_batch_size=1 (one prompt's group per micro-batch, gradients accumulated) gives the
   whole batch's loss, gradient norm and parameters."""
   use_script(monkeypatch, lambda prompt, n: ["<answer>72</answer>", "It is 72, I think.", "no idea"][n % 3])
-  common = [*TINY, "num_batches=1", "rl.num_generations=3", *_reward_file(tmp_path, "[len(c) / 20 for c in completions]"),
-            f"base_output_directory={tmp_path}"]
+  common = [
+    *TINY,
+    "num_batches=1",
+    "rl.num_generations=3",
+    *_reward_file(tmp_path, "[len(c) / 20 for c in completions]"),
+    f"base_output_directory={tmp_path}",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *common, "run_name=whole"]) == 0
   assert train_rl.main(["train_rl", "rl.yml", *common, "run_name=micro", "train_micro_batch_size=1"]) == 0
   [whole], [micro] = _rows(tmp_path / "whole" / "metrics.jsonl"), _rows(tmp_path / "micro" / "metrics.jsonl")
@@ -161,7 +208,12 @@ def test_an_engine_without_log_probs_fails_where_the_sampler_s_are_trained_on(tm
   """With rollout_engine=batched the agentic learner trains on the sampler's log-probs; an engine
   that returns none (the script) fails the run instead of training against zeros."""
   use_script(monkeypatch, lambda prompt, n: "<answer>5</answer>")
-  args = [*TINY, "rollout_engine=batched", "rl.use_agentic_rollout=true", f"base_output_directory={tmp_path}",
-          "run_name=no_logps"]
+  args = [
+    *TINY,
+    "rollout_engine=batched",
+    "rl.use_agentic_rollout=true",
+    f"base_output_directory={tmp_path}",
+    "run_name=no_logps",
+  ]
   with pytest.raises(agentic.RolloutError, match="ScriptedRollout returned none"):
     train_rl.main(["train_rl", "rl.yml", *args])

@@ -12,7 +12,6 @@ import pytest
 
 from maxtext.utils import launch_local
 
-
 _ENV = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
 
 _LAYOUT_CHECK = textwrap.dedent("""
@@ -58,8 +57,14 @@ _LAYOUT_CHECK = textwrap.dedent("""
 
 
 def test_layouts_match_one_device_and_shard_parameters():
-  proc = subprocess.run([sys.executable, "-c", _LAYOUT_CHECK, "1x4x2", "2x2x2", "1x8x1", "8x1x1"],
-                        env=_ENV, capture_output=True, text=True, timeout=600, check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", _LAYOUT_CHECK, "1x4x2", "2x2x2", "1x8x1", "8x1x1"],
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   for layout, r in report.items():
@@ -75,13 +80,29 @@ def test_layouts_match_one_device_and_shard_parameters():
 
 
 def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path):
-  args = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "rl.num_generations=2",
-          "max_response_length=8", "num_test_batches=1", "eval_batch_size=2",
-          "trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5",
-          "ici_fsdp_parallelism=2", "ici_tensor_parallelism=2",
-          f"base_output_directory={tmp_path}", "run_name=split"]
-  proc = subprocess.run([sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *args],
-                        env=_ENV, capture_output=True, text=True, timeout=600, check=False)
+  args = [
+    "model_name=qwen3-tiny",
+    "num_batches=2",
+    "batch_size=2",
+    "rl.num_generations=2",
+    "max_response_length=8",
+    "num_test_batches=1",
+    "eval_batch_size=2",
+    "trainer_devices_fraction=0.5",
+    "sampler_devices_fraction=0.5",
+    "ici_fsdp_parallelism=2",
+    "ici_tensor_parallelism=2",
+    f"base_output_directory={tmp_path}",
+    "run_name=split",
+  ]
+  proc = subprocess.run(
+    [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *args],
+    env=_ENV,
+    capture_output=True,
+    text=True,
+    timeout=600,
+    check=False,
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "trainer mesh {'data': 1, 'fsdp': 2, 'tensor': 2}" in proc.stderr
   assert "sampler mesh {'data': 1, 'fsdp': 2, 'tensor': 2}" in proc.stderr
@@ -98,10 +119,16 @@ _DISTRIBUTED = textwrap.dedent("""
 
 
 _LAUNCHERS = {  # rank, port -> the variables each sets
-    "jax": lambda rank, port: dict(JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2",
-                                   JAX_PROCESS_ID=str(rank)),
-    "xpk_gpu": lambda rank, port: dict(JAX_COORDINATOR_ADDRESS="localhost", JAX_COORDINATOR_PORT=str(port),
-                                       NNODES="2", NODE_RANK=str(rank), GPUS_PER_NODE="1"),
+  "jax": lambda rank, port: dict(
+    JAX_COORDINATOR_ADDRESS=f"localhost:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(rank)
+  ),
+  "xpk_gpu": lambda rank, port: dict(
+    JAX_COORDINATOR_ADDRESS="localhost",
+    JAX_COORDINATOR_PORT=str(port),
+    NNODES="2",
+    NODE_RANK=str(rank),
+    GPUS_PER_NODE="1",
+  ),
 }
 
 
@@ -113,8 +140,11 @@ def test_multi_host_start_up_through_jax_distributed(launcher):
   procs = []
   for rank in range(2):
     env = dict(os.environ, JAX_PLATFORMS="cpu", **_LAUNCHERS[launcher](rank, port))
-    procs.append(subprocess.Popen([sys.executable, "-c", _DISTRIBUTED], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True))
+    procs.append(
+      subprocess.Popen(
+        [sys.executable, "-c", _DISTRIBUTED], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+      )
+    )
   results = []
   for p in procs:
     out, err = p.communicate(timeout=120)
@@ -163,8 +193,9 @@ _SHARD_OPTIMIZER = textwrap.dedent("""
 def test_optimizer_state_laid_out_by_its_specs_without_copying_what_is_in_place():
   """cluster.shard_optimizer (in place of Tunix's, which copies the whole optimizer state): an array
   off its partition spec moves onto it, an array on it stays the same buffer."""
-  proc = subprocess.run([sys.executable, "-c", _SHARD_OPTIMIZER], env=_ENV, capture_output=True, text=True,
-                        timeout=600, check=False)
+  proc = subprocess.run(
+    [sys.executable, "-c", _SHARD_OPTIMIZER], env=_ENV, capture_output=True, text=True, timeout=600, check=False
+  )
   assert proc.returncode == 0, proc.stderr[-3000:]
   report = json.loads(proc.stdout.strip().splitlines()[-1])
   assert report["moved_on_spec"] and report["kept_on_spec"] and not report["moved_replicated"]

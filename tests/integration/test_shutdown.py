@@ -14,9 +14,18 @@ import pytest
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.trainers.post_train.rl import train_rl
 
-TINY = ["rl.yml", "model_name=qwen3-tiny", "batch_size=2", "rl.num_generations=2", "max_response_length=16",
-        "num_test_batches=1", "eval_batch_size=2", "checkpoint_period=100", "learning_rate=1e-3",
-        "warmup_steps_fraction=0"]
+TINY = [
+  "rl.yml",
+  "model_name=qwen3-tiny",
+  "batch_size=2",
+  "rl.num_generations=2",
+  "max_response_length=16",
+  "num_test_batches=1",
+  "eval_batch_size=2",
+  "checkpoint_period=100",
+  "learning_rate=1e-3",
+  "warmup_steps_fraction=0",
+]
 
 
 def _rows(run):
@@ -26,8 +35,13 @@ def _rows(run):
 
 def _start(args):
   env = dict(os.environ, JAX_PLATFORMS="cpu")
-  return subprocess.Popen([sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", *args], env=env,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  return subprocess.Popen(
+    [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", *args],
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
 
 
 def _terminate_after_first_step(proc, run):
@@ -66,21 +80,36 @@ def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_p
     assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
     straight = _rows(str(tmp_path / "straight"))
     # Timings, and the prefix reuse so far in the process (the resumed one began at the resume).
-    timing = ("step_time_s", "compile_s", "trainer/idle_fraction", "rollout/prefix_reuse_fraction",
-              "rollout/decode_tokens_per_s", "rollout/decode_gb_per_s")
+    timing = (
+      "step_time_s",
+      "compile_s",
+      "trainer/idle_fraction",
+      "rollout/prefix_reuse_fraction",
+      "rollout/decode_tokens_per_s",
+      "rollout/decode_gb_per_s",
+    )
     for a, b in zip(resumed, straight):
       assert {k: v for k, v in a.items() if k not in timing} == {k: v for k, v in b.items() if k not in timing}
 
 
 def test_nan_reward_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
   rewards = tmp_path / "rewards.py"
-  rewards.write_text("calls = 0\n"
-                     "def flaky(prompts, completions, tmvp_config, **kwargs):\n"
-                     "  global calls\n"
-                     "  calls += 1\n"
-                     "  return [float('nan') if calls == 2 else 1.0 for _ in completions]\n")
-  args = [*TINY, "num_batches=4", "checkpoint_period=1", f"reward_functions_path={rewards}",
-          "reward_functions=[flaky]", f"base_output_directory={tmp_path}", "run_name=nan"]
+  rewards.write_text(
+    "calls = 0\n"
+    "def flaky(prompts, completions, tmvp_config, **kwargs):\n"
+    "  global calls\n"
+    "  calls += 1\n"
+    "  return [float('nan') if calls == 2 else 1.0 for _ in completions]\n"
+  )
+  args = [
+    *TINY,
+    "num_batches=4",
+    "checkpoint_period=1",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[flaky]",
+    f"base_output_directory={tmp_path}",
+    "run_name=nan",
+  ]
   assert train_rl.main(["train_rl", *args]) == 1
   err = capsys.readouterr().err
   assert "is not finite at step 2; stopped, the last good checkpoint (step 1) is kept" in err

@@ -20,9 +20,18 @@ from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import hf_greedy_tokens, make_config
 
-TINY = ["model_name=qwen3-tiny", "num_batches=2", "batch_size=2", "rl.num_generations=2",
-        "max_response_length=16", "num_test_batches=1", "eval_batch_size=2", "adam_weight_decay=0",
-        "learning_rate=1e-3", "warmup_steps_fraction=0"]
+TINY = [
+  "model_name=qwen3-tiny",
+  "num_batches=2",
+  "batch_size=2",
+  "rl.num_generations=2",
+  "max_response_length=16",
+  "num_test_batches=1",
+  "eval_batch_size=2",
+  "adam_weight_decay=0",
+  "learning_rate=1e-3",
+  "warmup_steps_fraction=0",
+]
 
 
 def _read_jsonl(path):
@@ -33,8 +42,14 @@ def _read_jsonl(path):
 def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monkeypatch):
   """Also: report.md with its plots, export_hf=true, and every row sent to an (offline) W&B run."""
   monkeypatch.setenv("WANDB_MODE", "offline")
-  args = [*TINY, f"base_output_directory={tmp_path}", "run_name=tiny", "eval_interval=1", "export_hf=true",
-          "wandb_project=maxtext-tests"]
+  args = [
+    *TINY,
+    f"base_output_directory={tmp_path}",
+    "run_name=tiny",
+    "eval_interval=1",
+    "export_hf=true",
+    "wandb_project=maxtext-tests",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   run = tmp_path / "tiny"
 
@@ -48,8 +63,16 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   rows = _read_jsonl(run / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2]
   for r in rows:
-    for key in ("rewards/mean", "rewards/match_format_exactly", "rewards/match_format_approximately",
-                "rewards/check_answer", "rewards/check_numbers", "kl", "loss", "step_time_s"):
+    for key in (
+      "rewards/mean",
+      "rewards/match_format_exactly",
+      "rewards/match_format_approximately",
+      "rewards/check_answer",
+      "rewards/check_numbers",
+      "kl",
+      "loss",
+      "step_time_s",
+    ):
       assert key in r and np.isfinite(r[key]), key
     assert 0 < r["trainer/idle_fraction"] < 1  # sampling and scoring take part of each step, never all
   assert (run / "tensorboard").is_dir() and os.listdir(run / "tensorboard")
@@ -57,8 +80,10 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert len(eval_json["after"]["examples"]) == 2
 
   cfg = make_config(*args)
-  initial = {param_name(p): np.asarray(v.get_value())
-             for p, v in nnx.to_flat_state(nnx.state(load.load_model(cfg, create_meshes(cfg)[0])))}
+  initial = {
+    param_name(p): np.asarray(v.get_value())
+    for p, v in nnx.to_flat_state(nnx.state(load.load_model(cfg, create_meshes(cfg)[0])))
+  }
   assert (run / "checkpoints" / "actor" / "2" / "model_params").is_dir()
   flat = orbax_checkpoint.restore_arrays(str(run / "checkpoints"))  # the latest step
   assert set(flat) == set(initial)
@@ -78,8 +103,20 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
 
   # The HF export is the trained policy: transformers' greedy decode equals ours of the checkpoint.
   capsys.readouterr()
-  assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", f"load_parameters_path={run / 'checkpoints'}",
-                      "prompt=What is 2+3?", "max_response_length=8", "decode_sampling_temperature=0"]) == 0
+  assert (
+    decode.main(
+      [
+        "decode",
+        "rl.yml",
+        "model_name=qwen3-tiny",
+        f"load_parameters_path={run / 'checkpoints'}",
+        "prompt=What is 2+3?",
+        "max_response_length=8",
+        "decode_sampling_temperature=0",
+      ]
+    )
+    == 0
+  )
   ours = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert ours["token_ids"] == hf_greedy_tokens(run / "hf", "What is 2+3?", 8)
 
@@ -88,14 +125,24 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsy
   """rl.num_iterations=2: num_batches=3 trains 3 batches in 6 optimizer updates; metrics.jsonl has one
   row per batch, checkpoints are taken every checkpoint_period batches, and a run stopped after 2
   batches resumes at the third, each step logged once. The runs skip evaluation (num_test_batches=0)."""
-  args = [*[a for a in TINY if not a.startswith(("num_test_batches", "eval_batch_size"))], "num_test_batches=0",
-          "rl.num_iterations=2", "checkpoint_period=1", "max_num_checkpoints_to_keep=5",
-          f"base_output_directory={tmp_path}", "run_name=mu2"]
+  args = [
+    *[a for a in TINY if not a.startswith(("num_test_batches", "eval_batch_size"))],
+    "num_test_batches=0",
+    "rl.num_iterations=2",
+    "checkpoint_period=1",
+    "max_num_checkpoints_to_keep=5",
+    f"base_output_directory={tmp_path}",
+    "run_name=mu2",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0  # num_batches=2
   run = tmp_path / "mu2"
   # num_test_batches=0: no evaluation; the summary and eval.json hold none, report.md says so.
-  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {"before": None, "during": [],
-                                                                          "after": None, "gain": None}
+  assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == {
+    "before": None,
+    "during": [],
+    "after": None,
+    "gain": None,
+  }
   assert json.loads((run / "eval.json").read_text())["after"] is None
   assert "configured without evaluation (num_test_batches=0)" in (run / "report.md").read_text()
   assert [r["step"] for r in _read_jsonl(run / "metrics.jsonl")] == [1, 2]
@@ -109,7 +156,7 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsy
 
 
 def test_evaluation_keys_are_refused_without_evaluation(capsys):
-  from maxtext.trainers.post_train.rl import evaluate_rl  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl import evaluate_rl
 
   with pytest.raises(pyconfig.ConfigError, match="eval_interval=1: .*num_test_batches=0 runs no evaluation"):
     make_config("num_test_batches=0", "eval_interval=1")
@@ -126,18 +173,26 @@ def test_config_error_exits_2_and_names_key(capsys):
 
 def test_real_model_answers_paris(smollm2_tokenizer):
   """The shipped SmolLM2 GGUF and its tokenizer decode correctly through Tunix's sampler."""
-  from maxtext.integration.tunix.rollout import RolloutEngine
   from tunix.rl.rollout import base_rollout
+
+  from maxtext.integration.tunix.rollout import RolloutEngine
 
   cfg = make_config()
   mesh, _ = create_meshes(cfg)
   model = load.load_model(cfg, mesh)
-  config = base_rollout.RolloutConfig(max_tokens_to_generate=16, max_prompt_length=64, kv_cache_size=80,
-                                      temperature=0.0, top_p=None, top_k=None,
-                                      eos_tokens=[smollm2_tokenizer.eos_token_id])
+  config = base_rollout.RolloutConfig(
+    max_tokens_to_generate=16,
+    max_prompt_length=64,
+    kv_cache_size=80,
+    temperature=0.0,
+    top_p=None,
+    top_k=None,
+    eos_tokens=[smollm2_tokenizer.eos_token_id],
+  )
   engine = RolloutEngine(model, smollm2_tokenizer, mesh, config, seed=0)
   prompt = smollm2_tokenizer.apply_chat_template(
-      [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False)
+    [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+  )
   out = engine.generate([prompt], config)
   assert out.text[0] == "The capital of France is Paris."
   assert out.tokens[0][-1] == smollm2_tokenizer.eos_token_id
@@ -164,17 +219,26 @@ def test_default_demo(tmp_path):
 def test_custom_reward_file_and_processor_end_to_end(tmp_path):
   """A user reward file and dataset processor drive a training step; their reward is logged by name."""
   rewards = tmp_path / "rewards.py"
-  rewards.write_text("def brevity(prompts, completions, tmvp_config, **kwargs):\n"
-                     "  return [1.0 / (1 + len(c)) for c in completions]\n")
+  rewards.write_text(
+    "def brevity(prompts, completions, tmvp_config, **kwargs):\n  return [1.0 / (1 + len(c)) for c in completions]\n"
+  )
   proc = tmp_path / "proc.py"
   proc.write_text(
-      "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
-      "  msgs = [{'role': 'user', 'content': 'Q: ' + x['question']}]\n"
-      "  prompt = model_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)\n"
-      "  return {'prompts': prompt, 'question': x['question'], 'answer': x['answer'].split('####')[-1].strip()}\n")
-  args = [*TINY, "num_batches=1", f"reward_functions_path={rewards}", "reward_functions=[brevity]",
-          f"dataset_processor_path={proc}", f"base_output_directory={tmp_path}", "run_name=custom",
-          "rollout_engine=vanilla"]  # the other tests train on the default engine, batched
+    "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+    "  msgs = [{'role': 'user', 'content': 'Q: ' + x['question']}]\n"
+    "  prompt = model_tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)\n"
+    "  return {'prompts': prompt, 'question': x['question'], 'answer': x['answer'].split('####')[-1].strip()}\n"
+  )
+  args = [
+    *TINY,
+    "num_batches=1",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[brevity]",
+    f"dataset_processor_path={proc}",
+    f"base_output_directory={tmp_path}",
+    "run_name=custom",
+    "rollout_engine=vanilla",
+  ]  # the other tests train on the default engine, batched
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   [row] = _read_jsonl(tmp_path / "custom" / "metrics.jsonl")
   assert 0 < row["rewards/brevity"] <= 1 and "rewards/check_numbers" not in row
@@ -185,11 +249,21 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
 def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   """rl.use_agentic_rollout=true: Tunix's agentic learner with our engine, parser and rewards."""
   rewards = tmp_path / "rewards.py"
-  rewards.write_text("def variety(prompts, completions, tmvp_config, **kwargs):\n"
-                     "  return [len(set(c)) / 10 for c in completions]\n")
-  args = [*TINY, "num_batches=3", "rl.use_agentic_rollout=true", "rl.max_concurrency=4", "rollout_engine=batched",
-          "rl.logp_check_period=2", f"reward_functions_path={rewards}",
-          "reward_functions=[variety]", f"base_output_directory={tmp_path}", "run_name=agentic"]
+  rewards.write_text(
+    "def variety(prompts, completions, tmvp_config, **kwargs):\n  return [len(set(c)) / 10 for c in completions]\n"
+  )
+  args = [
+    *TINY,
+    "num_batches=3",
+    "rl.use_agentic_rollout=true",
+    "rl.max_concurrency=4",
+    "rollout_engine=batched",
+    "rl.logp_check_period=2",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[variety]",
+    f"base_output_directory={tmp_path}",
+    "run_name=agentic",
+  ]
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   # Tunix's agentic learner installs handlers that kill the process; the caller's are put back.
@@ -222,8 +296,8 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
 
 def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monkeypatch):
   """Tunix logs a model-call exception and waits forever for the group; the run must raise it."""
-  from maxtext.integration.tunix import agentic  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix.rollout import BatchedRolloutEngine  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import agentic
+  from maxtext.integration.tunix.rollout import BatchedRolloutEngine
 
   calls = []
   real_generate = BatchedRolloutEngine.generate
@@ -235,15 +309,26 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
     return real_generate(self, prompts, rollout_config, **kwargs)
 
   monkeypatch.setattr(BatchedRolloutEngine, "generate", failing_generate)
+
   def hung(*_):
     raise TimeoutError("the run hung after a failed rollout")
+
   previous = signal.signal(signal.SIGALRM, hung)
   signal.alarm(300)
   try:
     with pytest.raises(agentic.RolloutError, match="injected sampler failure"):
-      train_rl.main(["train_rl", "rl.yml", *TINY, "rl.use_agentic_rollout=true", "rl.max_concurrency=2",
-                     "rollout_engine=batched",
-                     f"base_output_directory={tmp_path}", "run_name=failing"])
+      train_rl.main(
+        [
+          "train_rl",
+          "rl.yml",
+          *TINY,
+          "rl.use_agentic_rollout=true",
+          "rl.max_concurrency=2",
+          "rollout_engine=batched",
+          f"base_output_directory={tmp_path}",
+          "run_name=failing",
+        ]
+      )
   finally:
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
@@ -254,9 +339,19 @@ def test_failed_agentic_rollout_fails_the_run_instead_of_hanging(tmp_path, monke
 def test_agentic_at_max_concurrency_256(tmp_path):
   """Load: 16 prompts x 4 samples per step with off_policy_steps=3 puts up to 256 conversations in
   flight on the batched engine; gradient accumulation keeps the trainer's memory bounded."""
-  args = [*TINY, "num_batches=3", "batch_size=16", "rl.num_generations=4", "train_micro_batch_size=2",
-          "rl.use_agentic_rollout=true", "rl.max_concurrency=256", "rl.off_policy_steps=3", "rollout_engine=batched",
-          f"base_output_directory={tmp_path}", "run_name=load"]
+  args = [
+    *TINY,
+    "num_batches=3",
+    "batch_size=16",
+    "rl.num_generations=4",
+    "train_micro_batch_size=2",
+    "rl.use_agentic_rollout=true",
+    "rl.max_concurrency=256",
+    "rl.off_policy_steps=3",
+    "rollout_engine=batched",
+    f"base_output_directory={tmp_path}",
+    "run_name=load",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _read_jsonl(tmp_path / "load" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
@@ -267,9 +362,17 @@ def test_agentic_at_max_concurrency_256(tmp_path):
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
   """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""
   template = os.path.join(os.path.dirname(pyconfig.__file__), "templates", "tool_use_rl.json")
-  args = [*TINY, "num_batches=1", "max_prompt_length=1024", "rl.use_agentic_rollout=true",
-          "rl.tools=[calculator, python]", "rl.max_turns=2", f"data_template_path={template}",
-          f"base_output_directory={tmp_path}", "run_name=tools"]
+  args = [
+    *TINY,
+    "num_batches=1",
+    "max_prompt_length=1024",
+    "rl.use_agentic_rollout=true",
+    "rl.tools=[calculator, python]",
+    "rl.max_turns=2",
+    f"data_template_path={template}",
+    f"base_output_directory={tmp_path}",
+    "run_name=tools",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   [row] = _read_jsonl(tmp_path / "tools" / "metrics.jsonl")
   for key in ("tools/call_frequency", "tools/failure_frequency", "turns/mean"):

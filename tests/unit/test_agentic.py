@@ -20,20 +20,31 @@ from tests.conftest import make_config
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
 # assistant and tool turns; user content arrives as a numpy string.
 CONVERSATION = [
-    {"role": "system", "content": ""},
-    {"role": "user", "content": np.str_("What is 12*7?")},
-    {"role": "assistant", "content": "<tool_call>{\"name\": \"calculator\"}</tool_call>"},
-    {"role": "tool", "content": "84"},
-    {"role": "assistant", "content": "<answer>84</answer>"},
+  {"role": "system", "content": ""},
+  {"role": "user", "content": np.str_("What is 12*7?")},
+  {"role": "assistant", "content": '<tool_call>{"name": "calculator"}</tool_call>'},
+  {"role": "tool", "content": "84"},
+  {"role": "assistant", "content": "<answer>84</answer>"},
 ]
 
 
 def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
-  cfg = make_config("rl.use_agentic_rollout=true", "rl.num_generations=3",
-                    "rl.grpo_beta=0.01", "rl.grpo_epsilon=0.1", "rl.epsilon_high=0.28", "rl.loss_algo=gspo-token",
-                    "rl.loss_agg_mode=token-mean", "rl.system_prompt=Be brief.", "rl.max_concurrency=64",
-                    "rl.off_policy_steps=2", "rl.sampler_is=token", "rl.sampler_is_threshold=3.0",
-                    "rl.filter_zero_variance_groups=true", "max_response_length=96")
+  cfg = make_config(
+    "rl.use_agentic_rollout=true",
+    "rl.num_generations=3",
+    "rl.grpo_beta=0.01",
+    "rl.grpo_epsilon=0.1",
+    "rl.epsilon_high=0.28",
+    "rl.loss_algo=gspo-token",
+    "rl.loss_agg_mode=token-mean",
+    "rl.system_prompt=Be brief.",
+    "rl.max_concurrency=64",
+    "rl.off_policy_steps=2",
+    "rl.sampler_is=token",
+    "rl.sampler_is_threshold=3.0",
+    "rl.filter_zero_variance_groups=true",
+    "max_response_length=96",
+  )
   c = algorithm.grpo_config(cfg, chat_parser.for_config(cfg, smollm2_tokenizer).system_prompt)
   assert (c.num_generations, c.beta, c.epsilon, c.epsilon_high) == (3, 0.01, 0.1, 0.28)
   assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
@@ -44,23 +55,28 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   assert default.epsilon_high == default.epsilon and default.sampler_is is None
   assert default.system_prompt.startswith("You are given a problem.")  # the data template's
   assert default.use_rollout_logps  # the default engine, batched, returns the sampler's log-probs
-  assert not algorithm.grpo_config(make_config("rl.use_agentic_rollout=true", "rollout_engine=vanilla"), "S").use_rollout_logps  # vanilla returns none
+  assert not algorithm.grpo_config(
+    make_config("rl.use_agentic_rollout=true", "rollout_engine=vanilla"), "S"
+  ).use_rollout_logps  # vanilla returns none
   configs = rollout.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
   assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
   assert not rollout.rollout_configs(make_config(), eos_id=2)[rollout.Mode.TRAIN].return_logprobs
 
 
-@pytest.mark.parametrize("overrides, period, train_steps_recomputed", [
+@pytest.mark.parametrize(
+  "overrides, period, train_steps_recomputed",
+  [
     (["rollout_engine=batched"], 3, [0, 3, 6]),  # only to check the sampler's: every period
     (["rollout_engine=batched"], 0, []),
     (["rollout_engine=batched", "rl.sampler_is=token"], 0, list(range(7))),  # trained on: always
     (["rollout_engine=vanilla"], 3, list(range(7))),  # the old policy's: always
-])
+  ],
+)
 def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
   agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
   agent.algo_config = algorithm.grpo_config(make_config(*overrides, "rl.use_agentic_rollout=true"), "S")
-  agent._logp_check_period = period  # pylint: disable=protected-access
-  recomputes = agent._trainer_recomputes  # pylint: disable=protected-access
+  agent._logp_check_period = period
+  recomputes = agent._trainer_recomputes
   assert [s for s in range(7) if recomputes(rollout.Mode.TRAIN, s)] == train_steps_recomputed
   assert recomputes(rollout.Mode.EVAL, 0) == (train_steps_recomputed == list(range(7)))
 
@@ -82,7 +98,8 @@ def test_chat_parser_pieces_concatenate_to_the_template_render(smollm2_tokenizer
   parser = ConfigChatParser(smollm2_tokenizer, "SYS")
   assert not parser.prefix_preserving_variant and parser.turn_end_suffix == "\n"
   whole = smollm2_tokenizer.apply_chat_template(
-      [{"role": m["role"], "content": str(m["content"]) or "SYS"} for m in CONVERSATION], tokenize=False)
+    [{"role": m["role"], "content": str(m["content"]) or "SYS"} for m in CONVERSATION], tokenize=False
+  )
   assert _pieces(parser, CONVERSATION) + "\n" == whole  # the template's newline after the last turn
   assert "array(" not in whole and "{'role'" not in whole
 
@@ -100,14 +117,24 @@ def test_qwen3_thinking_template_falls_back_to_prefix_preserving_chatml(qwen3_to
 
 def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
   def model_call(messages, env=None, max_generation_steps=None):
-    return base_rollout.RolloutOutput(text=["<answer>42</answer>"], logits=None,
-                                      tokens=[np.arange(response_len)], left_padded_prompt_tokens=None,
-                                      logprobs=None)
+    return base_rollout.RolloutOutput(
+      text=["<answer>42</answer>"],
+      logits=None,
+      tokens=[np.arange(response_len)],
+      left_padded_prompt_tokens=None,
+      logprobs=None,
+    )
 
   agent = model_agent.ModelAgent(system_prompt="SYS")
   env = task_environment.TaskEnvironment({"prompts": "What is 6*7?", "answer": "42"})
-  engine = engine_cls(agent, env, model_call=model_call, max_response_length=budget,
-                      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"))
+  engine = engine_cls(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=budget,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"),
+  )
   asyncio.run(engine.collect(mode="Trajectory"))
   return [m["content"] for m in agent.chat_completions if m["role"] == "assistant"]
 
@@ -122,8 +149,10 @@ def test_full_length_completions_are_kept(smollm2_tokenizer, response_len):
 def _conversation(*tool_results):
   msgs = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
   for r in tool_results:
-    msgs += [{"role": "assistant", "content": "<tool_call>{}</tool_call>"},
-             {"role": "tool", "content": "Tool returned result: " + r}]
+    msgs += [
+      {"role": "assistant", "content": "<tool_call>{}</tool_call>"},
+      {"role": "tool", "content": "Tool returned result: " + r},
+    ]
   return msgs + [{"role": "assistant", "content": "<answer>84</answer>"}]
 
 
@@ -148,9 +177,10 @@ def test_rewards_see_every_assistant_turn():
 def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokenizer):
   """max_prompt_length filters on the prompt the sampler really gets: system prompt plus the tools'
   descriptions, the user turn and the generation prompt."""
-  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.agents import tool_agent  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.agents import tool_agent
+  from tunix.rl.agentic.environments import tool_environment
+
+  from maxtext.trainers.post_train.rl import tools
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
   parser = chat_parser.for_config(cfg, smollm2_tokenizer)
@@ -159,37 +189,56 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
 
   def model_call(messages, env=None, max_generation_steps=None):
     sent.append(parser.parse(messages, add_generation_prompt=True, is_first_msg=True))  # as Tunix's _model_call
-    return base_rollout.RolloutOutput(text=["<answer>1</answer>"], logits=None, tokens=[np.arange(4)],
-                                      left_padded_prompt_tokens=None, logprobs=None)
+    return base_rollout.RolloutOutput(
+      text=["<answer>1</answer>"], logits=None, tokens=[np.arange(4)], left_padded_prompt_tokens=None, logprobs=None
+    )
 
   task = {"prompts": np.str_("Solve: What is 6*7?"), "question": "What is 6*7?", "answer": "42"}
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
   # Tunix's ToolAgent takes the raw question as the user turn, not the templated user content.
   agent = tool_agent.ToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
-  asyncio.run(trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
-                                              tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-                                              chat_parser=parser).collect(mode="Trajectory"))
+  asyncio.run(
+    trajectories.TrajectoryEngine(
+      agent,
+      env,
+      model_call=model_call,
+      max_response_length=16,
+      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+      chat_parser=parser,
+    ).collect(mode="Trajectory")
+  )
   assert "Solve:" not in sent.pop()
   agent = trajectories.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
-  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=16,
-                                           tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-                                           chat_parser=parser)
+  engine = trajectories.TrajectoryEngine(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=16,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=parser,
+  )
   asyncio.run(engine.collect(mode="Trajectory"))
   expected = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
   assert sent == [expected]
   assert expected.startswith("<|im_start|>system\nSYS") and "calculator" in expected
-  plain = trajectories.first_prompt_renderer(make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser)("What is 6*7?")
-  assert plain == parser.parse([{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
-                               add_generation_prompt=True, is_first_msg=True)
+  plain = trajectories.first_prompt_renderer(
+    make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser
+  )("What is 6*7?")
+  assert plain == parser.parse(
+    [{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
+    add_generation_prompt=True,
+    is_first_msg=True,
+  )
 
 
 def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   """Token in, token out: a tool call sampled as an unusual token sequence (one token per character)
   is continued exactly as sampled, and the trained stream is the template's rendering of the
   conversation; re-rendering the text and re-tokenizing it (Tunix's way) gives other tokens."""
-  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment
+
+  from maxtext.trainers.post_train.rl import tools
 
   encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
   call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
@@ -203,19 +252,30 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
     seen.append((prompt_ids, text))
     tokens = np.asarray(turns[len(seen) - 1] + [eos])
     padded = np.asarray([[0, 0] + encode(text)])  # as an engine returns it: left-padded
-    return base_rollout.RolloutOutput(text=[smollm2_tokenizer.decode(tokens[:-1])], logits=None, tokens=[tokens],
-                                      left_padded_prompt_tokens=padded, logprobs=None)
+    return base_rollout.RolloutOutput(
+      text=[smollm2_tokenizer.decode(tokens[:-1])],
+      logits=None,
+      tokens=[tokens],
+      left_padded_prompt_tokens=padded,
+      logprobs=None,
+    )
 
   tool_map = {"calculator": tools.CalculatorTool}
   agent = trajectories.UserTurnToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
   env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
-  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
-                                    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
+  engine = trajectories.TrajectoryEngine(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=512,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=parser,
+  )
   asyncio.run(engine.collect(mode="Trajectory"))
   assert [ids is None for ids, _ in seen] == [True, False]
   stream, turn2 = engine.token_stream(), seen[1][0]
-  assert stream[:len(turn2)].tolist() == turn2.tolist()
-  assert stream[len(turn2):].tolist() == turns[1] + [eos]
+  assert stream[: len(turn2)].tolist() == turn2.tolist()
+  assert stream[len(turn2) :].tolist() == turns[1] + [eos]
   [first, second] = agent.trajectory.steps  # the loss sees the model's tokens only, not the tool's
   assert second.assistant_masks.tolist() == [1] * (len(turns[1]) + 1)
   assert first.assistant_masks.tolist() == [1] * (len(turns[0]) + 1)
@@ -232,12 +292,17 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   user turn in the first prompt the sampler gets, which is the prompt the filter measures and the
   prompt tokens the trainer trains behind; the rewarded completion and the tool metrics count only
   the model's own turns."""
-  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.environments import tool_environment
+
+  from maxtext.trainers.post_train.rl import tools
 
   demo_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>'
-  examples = [{"role": "user", "content": "What is 3*4?"}, {"role": "assistant", "content": demo_call},
-              {"role": "tool", "content": "Tool returned result: 12"}, {"role": "assistant", "content": "12"}]
+  examples = [
+    {"role": "user", "content": "What is 3*4?"},
+    {"role": "assistant", "content": demo_call},
+    {"role": "tool", "content": "Tool returned result: 12"},
+    {"role": "assistant", "content": "12"},
+  ]
   template = tmp_path / "template.json"
   template.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "Q: {question}", "EXAMPLES": examples}))
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", f"data_template_path={template}")
@@ -250,18 +315,33 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
     encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
     tokens = np.asarray(encode(replies[len(sent) - 1]) + [smollm2_tokenizer.eos_token_id])
     padded = np.asarray([[0, 0] + encode(sent[-1])])  # as an engine returns what it sampled from
-    return base_rollout.RolloutOutput(text=[replies[len(sent) - 1]], logits=None, tokens=[tokens],
-                                      left_padded_prompt_tokens=padded, logprobs=None)
+    return base_rollout.RolloutOutput(
+      text=[replies[len(sent) - 1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=padded, logprobs=None
+    )
 
   kwargs = trajectories.agent_kwargs(cfg, tool_map, parser.example_turns)
   agent = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"])
-  env = tool_environment.ToolEnvironment({"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
-  asyncio.run(trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
-                                       tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-                                       chat_parser=parser).collect(mode="Trajectory"))
+  env = tool_environment.ToolEnvironment(
+    {"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3
+  )
+  asyncio.run(
+    trajectories.TrajectoryEngine(
+      agent,
+      env,
+      model_call=model_call,
+      max_response_length=512,
+      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+      chat_parser=parser,
+    ).collect(mode="Trajectory")
+  )
   first = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Q: What is 12*7?")
   assert sent[0] == first
-  assert first.index("SYS") < first.index(demo_call) < first.index("Tool returned result: 12") < first.index("Q: What is 12*7?")
+  assert (
+    first.index("SYS")
+    < first.index(demo_call)
+    < first.index("Tool returned result: 12")
+    < first.index("Q: What is 12*7?")
+  )
   # The trainer trains behind the tokens the sampler saw (Tunix's own per-message tokenization
   # would drop the example assistant turns' openings).
   prompt = np.asarray(agent.trajectory.prompt_tokens)
@@ -275,34 +355,48 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
 
 
 @pytest.mark.parametrize("agent_class", ["tunix", "ours"])
-def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_the_rollout(agent_class, smollm2_tokenizer,
-                                                                                          caplog):
+def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_the_rollout(
+  agent_class, smollm2_tokenizer, caplog
+):
   """Model-written calls whose arguments are a string, a list, or a `finish` call with a string:
   Tunix's ToolAgent hands them to ToolEnvironment, which raises (json.loads on the string, .get on
   it); ours answers each with the tool's error text and the episode goes on to its end."""
-  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.agents import tool_agent  # pylint: disable=import-outside-toplevel
-  from tunix.rl.agentic.environments import tool_environment  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.agents import tool_agent
+  from tunix.rl.agentic.environments import tool_environment
 
-  replies = ['<tool_call>{"name": "calculator", "arguments": "12*7"}</tool_call>',
-             '<tool_call>{"name": "calculator", "arguments": [12, 7]}</tool_call>',
-             '<tool_call>{"name": "finish", "arguments": "84"}</tool_call>']
+  from maxtext.trainers.post_train.rl import tools
+
+  replies = [
+    '<tool_call>{"name": "calculator", "arguments": "12*7"}</tool_call>',
+    '<tool_call>{"name": "calculator", "arguments": [12, 7]}</tool_call>',
+    '<tool_call>{"name": "finish", "arguments": "84"}</tool_call>',
+  ]
   parser = ConfigChatParser(smollm2_tokenizer, "SYS")
   calls = []
 
   def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
     calls.append(replies[len(calls)])
-    tokens = np.asarray(smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id])
-    return base_rollout.RolloutOutput(text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None,
-                                      logprobs=None)
+    tokens = np.asarray(
+      smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
+    )
+    return base_rollout.RolloutOutput(
+      text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None, logprobs=None
+    )
 
   tool_map = {"calculator": tools.CalculatorTool}
   cls = tool_agent.ToolAgent if agent_class == "tunix" else trajectories.UserTurnToolAgent
   agent = cls(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
-  env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"},
-                                         tool_map=tool_map, max_steps=4)
-  engine = trajectories.TrajectoryEngine(agent, env, model_call=model_call, max_response_length=512,
-                                    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer), chat_parser=parser)
+  env = tool_environment.ToolEnvironment(
+    {"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=4
+  )
+  engine = trajectories.TrajectoryEngine(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=512,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=parser,
+  )
   if agent_class == "tunix":
     with pytest.raises(json.JSONDecodeError):
       asyncio.run(engine.collect(mode="Trajectory"))
@@ -312,5 +406,6 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   assert "Unknown dict observation" not in caplog.text  # the episode's empty last observation is no warning
   assert calls == replies  # all three turns ran; the finish call ended the episode
   outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]
-  assert len(outputs) == 2 and all(o.startswith("Tool returned result: Error:") and "invalid_arguments" in o
-                                   for o in outputs), outputs
+  assert len(outputs) == 2 and all(
+    o.startswith("Tool returned result: Error:") and "invalid_arguments" in o for o in outputs
+  ), outputs

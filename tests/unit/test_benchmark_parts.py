@@ -39,13 +39,20 @@ def test_two_parts_merge_into_the_table_one_run_gives(bench):
   assert all(r["ratio_to_standard_vanilla"] is None for r in parts["batched"]["results"])
   merged = bench.merge(parts["batched"], parts["vanilla"], "batched.json")
   bench.add_ratios(merged["results"], None)
+
   def rows(report):
     return [(r["config"], r["engine"]) for r in report["results"]]
+
   assert rows(merged) == rows(whole)
   for got, want in zip(merged["results"], whole["results"]):
-    for key in ("ratio_to_standard_same_engine", "ratio_to_standard_same_engine_without_compiling",
-                "ratio_to_standard_vanilla", "ratio_to_standard_vanilla_without_compiling", "wall_s",
-                "decode_tokens_per_s"):
+    for key in (
+      "ratio_to_standard_same_engine",
+      "ratio_to_standard_same_engine_without_compiling",
+      "ratio_to_standard_vanilla",
+      "ratio_to_standard_vanilla_without_compiling",
+      "wall_s",
+      "decode_tokens_per_s",
+    ):
       assert got[key] == pytest.approx(want[key]), (got["config"], got["engine"], key)
   rerun = copy.deepcopy(parts["vanilla"])  # a part run again replaces its earlier rows
   rerun["results"] = [dict(r, wall_s=r["wall_s"] * 2) for r in rerun["results"] if r["config"] == "standard"]
@@ -60,12 +67,15 @@ def test_ratios_with_compiling_left_out_match_the_table_worked_by_hand(bench):
   row = {(r["config"], r["engine"]): r for r in results}
   # (41.1 - 12.4) / (33.3 - 9.2) and (43.6 - 19.7) / (33.3 - 9.2): agentic over standard, both batched
   assert row["agentic off_policy=0", "batched"]["ratio_to_standard_same_engine_without_compiling"] == pytest.approx(
-      1.191, abs=0.005)
+    1.191, abs=0.005
+  )
   assert row["agentic off_policy=1", "batched"]["ratio_to_standard_same_engine_without_compiling"] == pytest.approx(
-      0.992, abs=0.005)
+    0.992, abs=0.005
+  )
   # (41.1 - 12.4) / (32.9 - 7.9): against standard GRPO on the vanilla engine
   assert row["agentic off_policy=0", "batched"]["ratio_to_standard_vanilla_without_compiling"] == pytest.approx(
-      1.148, abs=0.005)
+    1.148, abs=0.005
+  )
 
 
 def test_parts_of_different_work_or_devices_do_not_merge(bench):

@@ -16,6 +16,8 @@ def _saved_steps(tmp_path, options) -> list[int]:
 
 
 def test_saves_every_interval_only(tmp_path):
-  assert _saved_steps(tmp_path / "ours", ocp.CheckpointManagerOptions(save_decision_policy=cluster.save_policy(2))) \
-      == [2, 4]
+  assert _saved_steps(tmp_path / "ours", ocp.CheckpointManagerOptions(save_decision_policy=cluster.save_policy(2))) == [
+    2,
+    4,
+  ]
   assert _saved_steps(tmp_path / "orbax", ocp.CheckpointManagerOptions(save_interval_steps=2)) == [1, 2, 4]

@@ -12,11 +12,14 @@ def test_input_error_is_one_line_and_exit_2(capsys):
     raise errors.MissingInputError(f"dataset_name=/data/{cfg.run_name}.jsonl: dataset file not found")
 
   assert cli.main(["prog", "rl.yml", "run_name=gone"], job) == 2
-  assert capsys.readouterr().err.strip().splitlines()[-1] == "error: dataset_name=/data/gone.jsonl: dataset file not found"
+  assert (
+    capsys.readouterr().err.strip().splitlines()[-1] == "error: dataset_name=/data/gone.jsonl: dataset file not found"
+  )
 
 
 def test_internal_error_keeps_its_traceback():
   """A ValueError from inside JAX or Tunix (here a shape bug) is not dressed as a user error."""
+
   def job(cfg):
     raise ValueError("dot_general requires contracting dimensions to have the same shape, got (3,) and (4,)")
 
@@ -26,7 +29,7 @@ def test_internal_error_keeps_its_traceback():
 
 def test_missing_data_file_is_one_line_and_exit_2(tmp_path, capsys):
   """train_rl with a missing data file (read before any model loads): one line naming it, exit 2."""
-  from maxtext.trainers.post_train.rl import train_rl  # pylint: disable=import-outside-toplevel
+  from maxtext.trainers.post_train.rl import train_rl
 
   assert train_rl.main(["train_rl", "rl.yml", "model_name=qwen3-tiny", f"dataset_name={tmp_path / 'nope.jsonl'}"]) == 2
   err = capsys.readouterr().err

@@ -28,30 +28,32 @@ def model():
 _WIDTH = 64
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _forward(model):
   graphdef, state = nnx.split(model)
 
   @jax.jit
   def forward(tokens):  # [_WIDTH], causal: padding after the sequence does not reach it
-    logits, _ = nnx.merge(graphdef, state)(tokens[None], jnp.arange(_WIDTH)[None], None,
-                                            jnp.tril(jnp.ones((1, _WIDTH, _WIDTH), bool)))
+    logits, _ = nnx.merge(graphdef, state)(
+      tokens[None], jnp.arange(_WIDTH)[None], None, jnp.tril(jnp.ones((1, _WIDTH, _WIDTH), bool))
+    )
     return logits[0]
+
   return forward
 
 
 def _logits(model, tokens):
   """Full-sequence forward without a KV cache: [T, V] float32."""
   padded = np.zeros(_WIDTH, np.int32)
-  padded[:len(tokens)] = tokens
-  return np.asarray(_forward(model)(padded))[:len(tokens)]
+  padded[: len(tokens)] = tokens
+  return np.asarray(_forward(model)(padded))[: len(tokens)]
 
 
 def _greedy(model, prompt, n):
   tokens = list(prompt)
   for _ in range(n):
     tokens.append(int(np.argmax(_logits(model, tokens)[-1])))
-  return tokens[len(prompt):]
+  return tokens[len(prompt) :]
 
 
 def test_greedy_completions_match_the_reference_with_more_requests_than_slots(model):
@@ -102,7 +104,7 @@ def test_sampled_tokens_and_logprobs_follow_the_scaled_distribution(model):
   params = SamplingParams(6, temperature=0.7, top_k=5)
   done = batcher.submit(PROMPTS[1], params, jax.random.PRNGKey(1)).result(timeout=120)
   tokens = PROMPTS[1] + done.tokens.tolist()
-  logits = _logits(model, tokens)[len(PROMPTS[1]) - 1:-1]  # the distributions the tokens were drawn from
+  logits = _logits(model, tokens)[len(PROMPTS[1]) - 1 : -1]  # the distributions the tokens were drawn from
   for row, token, logp in zip(logits, done.tokens, done.logprobs):
     assert token in np.argsort(row)[-5:]
     np.testing.assert_allclose(logp, jax.nn.log_softmax(row / 0.7)[token], atol=1e-4)
@@ -179,7 +181,7 @@ def test_a_later_turn_prefills_only_what_follows_the_held_conversation(model):
   turn2 = batcher.submit(second, params, jax.random.PRNGKey(6)).result(timeout=120)
   # Held: the 17 prompt tokens and 5 of 6 completion tokens (the last was never fed back).
   assert batcher.reused_tokens == 17 + 5 and batcher.prompt_tokens == 17 + len(second)
-  logits = _logits(model, second + turn2.tokens.tolist())[len(second) - 1:-1]
+  logits = _logits(model, second + turn2.tokens.tolist())[len(second) - 1 : -1]
   for row, token, logp in zip(logits, turn2.tokens, turn2.logprobs):
     np.testing.assert_allclose(logp, jax.nn.log_softmax(row / 0.8)[token], atol=1e-4)
   fresh = ContinuousBatcher(model, cache_size=64, max_batch_size=2)

@@ -26,8 +26,9 @@ def test_gsm8k_splits_and_answers(smollm2_tokenizer):
   assert all("####" not in r["answer"] and "," not in r["answer"] for r in train)
 
 
-@pytest.mark.parametrize("name, total, first_answer", [("svamp", 1000, "145"), ("asdiv", 2215, "9"),
-                                                       ("mawps", 2065, "43")])
+@pytest.mark.parametrize(
+  "name, total, first_answer", [("svamp", 1000, "145"), ("asdiv", 2215, "9"), ("mawps", 2065, "43")]
+)
 def test_test_only_sets_split_by_train_fraction(smollm2_tokenizer, name, total, first_answer):
   cfg = make_config(f"dataset_name={name}", "train_fraction=0.75")
   train = datasets.load_rows(cfg, name, "train", training=True)
@@ -77,7 +78,12 @@ def test_local_parquet(tmp_path, smollm2_tokenizer):
   pq.write_table(pa.table({"question": ["a?", "b?", "c?", "d?"], "answer": ["#### 3", "4", "5", "6"]}), path)
   cfg = make_config(f"dataset_name={path}", "train_fraction=0.5")
   rows = datasets.load_rows(cfg, str(path), "train", True) + datasets.load_rows(cfg, str(path), "test", False)
-  assert sorted(e["answer"] for e in datasets.to_examples(cfg, smollm2_tokenizer, str(path), rows)) == ["3", "4", "5", "6"]
+  assert sorted(e["answer"] for e in datasets.to_examples(cfg, smollm2_tokenizer, str(path), rows)) == [
+    "3",
+    "4",
+    "5",
+    "6",
+  ]
 
 
 def test_hf_dataset_folder_with_named_splits(tmp_path, smollm2_tokenizer):
@@ -100,8 +106,10 @@ def test_tfds_array_record_source(tmp_path, smollm2_tokenizer):
     VERSION = tfds.core.Version("1.0.0")
 
     def _info(self):
-      return tfds.core.DatasetInfo(builder=self, features=tfds.features.FeaturesDict(
-          {"question": tfds.features.Text(), "answer": tfds.features.Text()}))
+      return tfds.core.DatasetInfo(
+        builder=self,
+        features=tfds.features.FeaturesDict({"question": tfds.features.Text(), "answer": tfds.features.Text()}),
+      )
 
     def _split_generators(self, dl_manager):
       return {"train": self._generate_examples(5), "test": self._generate_examples(2)}
@@ -120,10 +128,11 @@ def test_tfds_array_record_source(tmp_path, smollm2_tokenizer):
 def test_user_processor(tmp_path, smollm2_tokenizer):
   proc = tmp_path / "proc.py"
   proc.write_text(
-      "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
-      "  q = x['question'].upper()\n"
-      "  return {'prompts': template_config['TEMPLATE'].format(question=q), 'question': q,\n"
-      "          'answer': x['answer'].split('####')[-1].strip()}\n")
+    "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+    "  q = x['question'].upper()\n"
+    "  return {'prompts': template_config['TEMPLATE'].format(question=q), 'question': q,\n"
+    "          'answer': x['answer'].split('####')[-1].strip()}\n"
+  )
   cfg = make_config(f"dataset_processor_path={proc}")
   ex = _examples(cfg, smollm2_tokenizer, "gsm8k")[0]
   assert ex["prompts"] == ex["question"] and ex["question"].startswith("NATALIA SOLD CLIPS")
@@ -163,30 +172,40 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
   cfg = make_config()
   rows = [{"question": "short?", "answer": "1"}, {"question": "long " * 400, "answer": "2"}]
   with caplog.at_level("INFO"):
-    examples = datasets.fitting(datasets.to_examples(cfg, smollm2_tokenizer, "x.jsonl", rows), smollm2_tokenizer,
-                                128, "t")
+    examples = datasets.fitting(
+      datasets.to_examples(cfg, smollm2_tokenizer, "x.jsonl", rows), smollm2_tokenizer, 128, "t"
+    )
   assert [e["answer"] for e in examples] == ["1"]
   assert "1 dropped for exceeding max_prompt_length=128" in caplog.text
   shortest = len(smollm2_tokenizer.encode(examples[0]["prompts"], add_special_tokens=False))
-  with pytest.raises(ValueError, match=f"t: every prompt exceeds max_prompt_length=8; set max_prompt_length={shortest} "
-                     f"to keep them all \\(the shortest has {shortest} tokens"):
+  with pytest.raises(
+    ValueError,
+    match=f"t: every prompt exceeds max_prompt_length=8; set max_prompt_length={shortest} "
+    f"to keep them all \\(the shortest has {shortest} tokens",
+  ):
     datasets.fitting(examples, smollm2_tokenizer, 8, "t")
 
 
 def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_path, smollm2_tokenizer):
   """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
   prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
-  from maxtext.integration.tunix import chat_parser, trajectories  # pylint: disable=import-outside-toplevel
-  from maxtext.trainers.post_train.rl import tools  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import chat_parser, trajectories
+  from maxtext.trainers.post_train.rl import tools
 
   data = tmp_path / "train.jsonl"
-  data.write_text("".join(json.dumps({"question": f"What is {i} * {i + 1}?" + " Think." * i, "answer": str(i)}) + "\n"
-                          for i in range(20)))
+  data.write_text(
+    "".join(
+      json.dumps({"question": f"What is {i} * {i + 1}?" + " Think." * i, "answer": str(i)}) + "\n" for i in range(20)
+    )
+  )
 
   def batches(*overrides):
-    cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", f"dataset_name={data}",
-                      *overrides)
-    renderer = trajectories.first_prompt_renderer(cfg, chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg))
+    cfg = make_config(
+      "rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", f"dataset_name={data}", *overrides
+    )
+    renderer = trajectories.first_prompt_renderer(
+      cfg, chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg)
+    )
     return datasets.train_batches(cfg, smollm2_tokenizer, renderer)
 
   with pytest.raises(ValueError, match=r"every prompt exceeds max_prompt_length=\d+; set max_prompt_length=(\d+)") as e:
@@ -201,7 +220,9 @@ def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):
   b = list(datasets.train_batches(cfg, smollm2_tokenizer))
   assert len(a) == 4 and all(len(x["prompts"]) == 3 for x in a)
   assert [list(x["question"]) for x in a] == [list(x["question"]) for x in b]
-  other = list(datasets.train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer))
+  other = list(
+    datasets.train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer)
+  )
   assert [list(x["question"]) for x in a] != [list(x["question"]) for x in other]
 
 
@@ -228,11 +249,16 @@ def test_template_example_turns(tmp_path, smollm2_tokenizer):
   examples = [{"role": "user", "content": "What is 3*4?"}, {"role": "assistant", "content": "12"}]
   path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": examples}))
   prompt = PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer).render("What is 6*7?")
-  assert prompt == ("<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 3*4?<|im_end|>\n"
-                    "<|im_start|>assistant\n12<|im_end|>\n<|im_start|>user\nWhat is 6*7?<|im_end|>\n"
-                    "<|im_start|>assistant\n")
-  for bad, shown in (([{"role": "narrator", "content": "x"}], "EXAMPLES\\[0\\]"),
-                     ([examples[0], {"role": "user"}], "EXAMPLES\\[1\\]"), ("3*4=12", "EXAMPLES is str")):
+  assert prompt == (
+    "<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 3*4?<|im_end|>\n"
+    "<|im_start|>assistant\n12<|im_end|>\n<|im_start|>user\nWhat is 6*7?<|im_end|>\n"
+    "<|im_start|>assistant\n"
+  )
+  for bad, shown in (
+    ([{"role": "narrator", "content": "x"}], "EXAMPLES\\[0\\]"),
+    ([examples[0], {"role": "user"}], "EXAMPLES\\[1\\]"),
+    ("3*4=12", "EXAMPLES is str"),
+  ):
     path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": bad}))
     with pytest.raises(ValueError, match=f"data_template_path={path}: {shown}.*expected a list of"):
       PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer)

@@ -25,22 +25,26 @@ def _scripted(passes):
     k = calls["n"]
     calls["n"] += 1
     return [passes[k][int(p[1:])] for p in prompts]
+
   return generate
 
 
 # PASSES[k][i]: pass k of question i. q0 is right in pass 1, q1 in pass 3, q2 never (near twice).
 PASSES = [
-    [RIGHT, WRONG, NEAR],
-    [WRONG, WRONG, NEAR],
-    [WRONG, RIGHT, UNFORMATTED],
+  [RIGHT, WRONG, NEAR],
+  [WRONG, WRONG, NEAR],
+  [WRONG, RIGHT, UNFORMATTED],
 ]
 
 
-@pytest.mark.parametrize("mode, accuracy, partial, fmt", [
-    ("pass", 2 / 3, 1.0, 1.0),                      # any pass: q0 yes, q1 yes, q2 no (44 is near)
-    ("maj", 0.0, 1 / 3, 1.0),                       # majority answers: q0 7, q1 7, q2 44
+@pytest.mark.parametrize(
+  "mode, accuracy, partial, fmt",
+  [
+    ("pass", 2 / 3, 1.0, 1.0),  # any pass: q0 yes, q1 yes, q2 no (44 is near)
+    ("maj", 0.0, 1 / 3, 1.0),  # majority answers: q0 7, q1 7, q2 44
     ("pass_at_1", (1 / 3 + 1 / 3 + 0) / 3, (1 / 3 + 1 / 3 + 2 / 3) / 3, (1 + 1 + 2 / 3) / 3),
-])
+  ],
+)
 def test_eval_modes(mode, accuracy, partial, fmt):
   cfg = make_config("num_eval_passes=3", f"eval_mode={mode}", "eval_batch_size=8")
   result = evaluate_rl.evaluate(_scripted(PASSES), _examples(3), cfg, "t")
@@ -58,9 +62,19 @@ def test_eval_make_lst_false_drops_records():
 
 
 def test_evaluate_rl_command_prints_json_last(tmp_path, capsys):
-  args = ["evaluate_rl", "rl.yml", "model_name=qwen3-tiny", "num_test_batches=1", "eval_batch_size=2",
-          "max_response_length=8", "eval_sampling_strategy=standard", "num_eval_passes=2", "eval_mode=maj",
-          f"base_output_directory={tmp_path}", "run_name=ev"]
+  args = [
+    "evaluate_rl",
+    "rl.yml",
+    "model_name=qwen3-tiny",
+    "num_test_batches=1",
+    "eval_batch_size=2",
+    "max_response_length=8",
+    "eval_sampling_strategy=standard",
+    "num_eval_passes=2",
+    "eval_mode=maj",
+    f"base_output_directory={tmp_path}",
+    "run_name=ev",
+  ]
   assert evaluate_rl.main(args) == 0
   summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
   assert set(summary) >= {"accuracy", "partial_accuracy", "format_accuracy", "num_examples", "eval_mode"}

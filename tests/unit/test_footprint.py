@@ -23,11 +23,15 @@ def _nbytes(tree) -> int:
   return sum(x.nbytes for x in jax.tree.leaves(tree))
 
 
-@pytest.mark.parametrize("args", [
-    ("model_name=qwen3-tiny",), ("model_name=llama-tiny",),
+@pytest.mark.parametrize(
+  "args",
+  [
+    ("model_name=qwen3-tiny",),
+    ("model_name=llama-tiny",),
     ("model_name=qwen3-tiny", "lora_rank=4"),
     ("model_name=llama-tiny", "lora_rank=3", r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)"),
-])
+  ],
+)
 def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):
   cfg = make_config(*args)
   mesh = create_meshes(cfg)[0]
@@ -54,14 +58,16 @@ def test_kl_reference_copy_only_for_full_fine_tuning_with_kl():
 
 def test_policy_snapshot_only_for_the_agentic_learner():
   snapshot = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts[
-      "policy snapshot (Tunix, host; agentic)"]
+    "policy snapshot (Tunix, host; agentic)"
+  ]
   assert snapshot("rl.use_agentic_rollout=false") == 0
   assert snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny")) * 4
 
 
 def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
-  cfg = make_config("model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8",
-                    "num_test_batches=0")
+  cfg = make_config(
+    "model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8", "num_test_batches=0"
+  )
   model = builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0)
   cache = model.init_cache(8, cfg.kv_cache_size, jnp.float32)  # min(4 x 4 prompts' samples, 8 slots)
   expected = sum(layer["k"].nbytes + layer["v"].nbytes for layer in cache.values())
@@ -74,12 +80,27 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
   """logits + activations + gradient against the temporaries XLA allocates for the gradient of the
   sampled tokens' mean log-probability over one micro-batch (what the GRPO loss differentiates):
   scored with each group's prompt once, as both learners do."""
-  cfg = make_config("model_name=llama-tiny", "vocab_size=4096", "emb_dim=256", "mlp_dim=1024", "num_decoder_layers=4",
-                    "num_query_heads=8", "num_kv_heads=2", "head_dim=32", "batch_size=2", "rl.num_generations=4",
-                    "train_micro_batch_size=1", "max_prompt_length=96", "max_response_length=32",
-                    f"remat_policy={remat}")
-  model = SharedPrefix(builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0),
-                       cfg.max_prompt_length, cfg.rl.num_generations)
+  cfg = make_config(
+    "model_name=llama-tiny",
+    "vocab_size=4096",
+    "emb_dim=256",
+    "mlp_dim=1024",
+    "num_decoder_layers=4",
+    "num_query_heads=8",
+    "num_kv_heads=2",
+    "head_dim=32",
+    "batch_size=2",
+    "rl.num_generations=4",
+    "train_micro_batch_size=1",
+    "max_prompt_length=96",
+    "max_response_length=32",
+    f"remat_policy={remat}",
+  )
+  model = SharedPrefix(
+    builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0),
+    cfg.max_prompt_length,
+    cfg.rl.num_generations,
+  )
   graphdef, params = nnx.split(model)
   sequences, length = cfg.rl.num_generations, cfg.max_target_length
   tokens = jnp.zeros((sequences, length), jnp.int32)
@@ -88,9 +109,9 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
 
   def loss(p):
     logits, _ = nnx.merge(graphdef, p)(tokens, positions, None, mask)
-    logits = logits[:, -cfg.max_response_length - 1:-1]
+    logits = logits[:, -cfg.max_response_length - 1 : -1]
     logps = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logps, tokens[:, -cfg.max_response_length:, None], axis=-1).mean()
+    return jnp.take_along_axis(logps, tokens[:, -cfg.max_response_length :, None], axis=-1).mean()
 
   compiled = jax.jit(jax.grad(loss)).lower(params).compile()
   xla = compiled.memory_analysis().temp_size_in_bytes + compiled.memory_analysis().output_size_in_bytes
@@ -103,9 +124,12 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
 
 def test_peak_memory_is_the_processes_own_not_its_parents():
   parent = bytearray(2 * 10**9)  # getrusage's ru_maxrss would hand this parent's peak to the child across exec
-  code = ("import sys; from maxtext.trainers.post_train.rl import footprint; before = footprint.peak_rss_bytes(); "
-          "x = bytearray(500 * 10**6); print(before, footprint.peak_rss_bytes())")
-  before, after = map(float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                                            check=True).stdout.split())
+  code = (
+    "import sys; from maxtext.trainers.post_train.rl import footprint; before = footprint.peak_rss_bytes(); "
+    "x = bytearray(500 * 10**6); print(before, footprint.peak_rss_bytes())"
+  )
+  before, after = map(
+    float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+  )
   assert before < 1.5e9 and 0.45e9 < after - before < 0.6e9
   del parent

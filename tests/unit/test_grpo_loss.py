@@ -29,10 +29,14 @@ def _example(completions, ref_logps=None, old_logps=None, advantages=None):
   n = len(completions)
   completion_ids = jnp.asarray(completions, jnp.int32).reshape(n, 1)
   return grpo_learner.TrainExample(
-      prompt_ids=jnp.full((n, 1), 2, jnp.int32), prompt_mask=jnp.ones((n, 1), bool),
-      completion_ids=completion_ids, completion_mask=jnp.ones((n, 1), bool),
-      advantages=jnp.zeros(n) if advantages is None else jnp.asarray(advantages, jnp.float32),
-      ref_per_token_logps=ref_logps, old_per_token_logps=old_logps)
+    prompt_ids=jnp.full((n, 1), 2, jnp.int32),
+    prompt_mask=jnp.ones((n, 1), bool),
+    completion_ids=completion_ids,
+    completion_mask=jnp.ones((n, 1), bool),
+    advantages=jnp.zeros(n) if advantages is None else jnp.asarray(advantages, jnp.float32),
+    ref_per_token_logps=ref_logps,
+    old_per_token_logps=old_logps,
+  )
 
 
 def _loss_and_grad(cfg, model, example):

@@ -32,8 +32,9 @@ print(before, freed, rss())
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
 def test_release_returns_the_freed_blocks_that_free_kept():
-  before, freed, released = map(int, subprocess.run([sys.executable, "-c", _FRAGMENT], capture_output=True,
-                                                    text=True, check=True).stdout.split())
+  before, freed, released = map(
+    int, subprocess.run([sys.executable, "-c", _FRAGMENT], capture_output=True, text=True, check=True).stdout.split()
+  )
   assert freed > before - 100  # free() kept the 600 MB
   assert released < freed - 550
 
@@ -42,9 +43,12 @@ def test_release_returns_the_freed_blocks_that_free_kept():
 def test_release_after_compiling_returns_them_when_xla_compiles():
   """After release_after_compiling(), the next compile gives the freed blocks back (here: the 600 MB
   freed above, as a compiler's freed working memory would be)."""
-  program = _FRAGMENT.replace("heap.release()\n", "import jax\nheap.release_after_compiling()\n"
-                              "f = jax.jit(lambda x: x * 3)\nf(1.0).block_until_ready()\n")
-  before, freed, released = map(int, subprocess.run([sys.executable, "-c", program], capture_output=True,
-                                                    text=True, check=True).stdout.split())
+  program = _FRAGMENT.replace(
+    "heap.release()\n",
+    "import jax\nheap.release_after_compiling()\nf = jax.jit(lambda x: x * 3)\nf(1.0).block_until_ready()\n",
+  )
+  before, freed, released = map(
+    int, subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True).stdout.split()
+  )
   assert freed > before - 100
   assert released < freed - 550

@@ -14,20 +14,63 @@ from tests.conftest import make_config
 
 # Several shapes: GQA and MHA, tied and untied heads, head_dim != hidden / heads, Llama-3 RoPE scaling.
 SHAPES = {
-    "qwen3-gqa-tied-headdim": (transformers.Qwen3Config, dict(
-        hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
-        num_hidden_layers=2, tie_word_embeddings=True, rope_theta=1e6)),
-    "qwen3-mqa-untied": (transformers.Qwen3Config, dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=1, head_dim=32, intermediate_size=80,
-        num_hidden_layers=3, tie_word_embeddings=False)),
-    "llama-mha-tied": (transformers.LlamaConfig, dict(
-        hidden_size=64, num_attention_heads=4, num_key_value_heads=4, intermediate_size=128,
-        num_hidden_layers=2, tie_word_embeddings=True, rms_norm_eps=1e-5, rope_theta=1e5)),
-    "llama3-rope-scaling-untied": (transformers.LlamaConfig, dict(
-        hidden_size=64, num_attention_heads=8, num_key_value_heads=2, intermediate_size=96,
-        num_hidden_layers=2, tie_word_embeddings=False, rope_parameters={
-            "rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 32})),
+  "qwen3-gqa-tied-headdim": (
+    transformers.Qwen3Config,
+    dict(
+      hidden_size=48,
+      num_attention_heads=4,
+      num_key_value_heads=2,
+      head_dim=16,
+      intermediate_size=96,
+      num_hidden_layers=2,
+      tie_word_embeddings=True,
+      rope_theta=1e6,
+    ),
+  ),
+  "qwen3-mqa-untied": (
+    transformers.Qwen3Config,
+    dict(
+      hidden_size=64,
+      num_attention_heads=4,
+      num_key_value_heads=1,
+      head_dim=32,
+      intermediate_size=80,
+      num_hidden_layers=3,
+      tie_word_embeddings=False,
+    ),
+  ),
+  "llama-mha-tied": (
+    transformers.LlamaConfig,
+    dict(
+      hidden_size=64,
+      num_attention_heads=4,
+      num_key_value_heads=4,
+      intermediate_size=128,
+      num_hidden_layers=2,
+      tie_word_embeddings=True,
+      rms_norm_eps=1e-5,
+      rope_theta=1e5,
+    ),
+  ),
+  "llama3-rope-scaling-untied": (
+    transformers.LlamaConfig,
+    dict(
+      hidden_size=64,
+      num_attention_heads=8,
+      num_key_value_heads=2,
+      intermediate_size=96,
+      num_hidden_layers=2,
+      tie_word_embeddings=False,
+      rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 5e5,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32,
+      },
+    ),
+  ),
 }
 
 
@@ -41,9 +84,10 @@ def write_hf_model(path, shape, dtype=torch.float32, seed=0, **extra):
 
 
 def hf_greedy(model, prompt, n):
-  out = model.generate(torch.tensor(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)
-  return out[:, len(prompt[0]):].numpy()
+  out = model.generate(
+    torch.tensor(prompt), max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+  )
+  return out[:, len(prompt[0]) :].numpy()
 
 
 def our_greedy(m, prompt, n):
@@ -78,8 +122,12 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
   with torch.no_grad():
     ref = hf(torch.tensor(tokens)).logits.numpy()
   t = tokens.shape[1]
-  got, _ = ours(jnp.asarray(tokens), jnp.broadcast_to(jnp.arange(t), (2, t)), None,
-                jnp.tril(jnp.ones((t, t), bool))[None].repeat(2, 0))
+  got, _ = ours(
+    jnp.asarray(tokens),
+    jnp.broadcast_to(jnp.arange(t), (2, t)),
+    None,
+    jnp.tril(jnp.ones((t, t), bool))[None].repeat(2, 0),
+  )
   assert np.abs(np.asarray(got) - ref).max() <= 1e-4
   prompt = tokens[:, :8]
   with torch.no_grad():

@@ -8,19 +8,41 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # Lowest first. A module belongs to the layer of the longest prefix matching its name.
 LAYERS = [
-    ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext"]),
-    ("file formats", ["maxtext.checkpoint_conversion.gguf_reader", "maxtext.checkpoint_conversion.hf_checkpoint",
-                      "maxtext.checkpoint_conversion.hf_config", "maxtext.checkpoint_conversion.orbax_checkpoint"]),
-    ("config", ["maxtext.configs"]),
-    ("models and data", ["maxtext.models", "maxtext.input_pipeline"]),
-    ("engines", ["maxtext.inference.continuous_batching"]),
-    ("Tunix boundary and RL pieces", ["maxtext.integration", "maxtext.trainers.post_train.rl.tools",
-                                      "maxtext.trainers.post_train.rl.sandbox", "maxtext.trainers.post_train.rl.utils_rl",
-                                      "maxtext.trainers.post_train.rl.run_folder",
-                                      "maxtext.trainers.post_train.rl.footprint"]),
-    ("entrypoints", ["maxtext.inference.decode", "maxtext.checkpoint_conversion.to_huggingface",
-                     "maxtext.checkpoint_conversion.to_maxtext", "maxtext.trainers.post_train.rl.train_rl",
-                     "maxtext.trainers.post_train.rl.evaluate_rl", "maxtext.trainers.post_train.rl.report"]),
+  ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext"]),
+  (
+    "file formats",
+    [
+      "maxtext.checkpoint_conversion.gguf_reader",
+      "maxtext.checkpoint_conversion.hf_checkpoint",
+      "maxtext.checkpoint_conversion.hf_config",
+      "maxtext.checkpoint_conversion.orbax_checkpoint",
+    ],
+  ),
+  ("config", ["maxtext.configs"]),
+  ("models and data", ["maxtext.models", "maxtext.input_pipeline"]),
+  ("engines", ["maxtext.inference.continuous_batching"]),
+  (
+    "Tunix boundary and RL pieces",
+    [
+      "maxtext.integration",
+      "maxtext.trainers.post_train.rl.tools",
+      "maxtext.trainers.post_train.rl.sandbox",
+      "maxtext.trainers.post_train.rl.utils_rl",
+      "maxtext.trainers.post_train.rl.run_folder",
+      "maxtext.trainers.post_train.rl.footprint",
+    ],
+  ),
+  (
+    "entrypoints",
+    [
+      "maxtext.inference.decode",
+      "maxtext.checkpoint_conversion.to_huggingface",
+      "maxtext.checkpoint_conversion.to_maxtext",
+      "maxtext.trainers.post_train.rl.train_rl",
+      "maxtext.trainers.post_train.rl.evaluate_rl",
+      "maxtext.trainers.post_train.rl.report",
+    ],
+  ),
 ]
 
 
@@ -34,8 +56,9 @@ def _modules() -> dict[str, pathlib.Path]:
 
 def _layer(module: str) -> int:
   """The layer of the longest prefix in LAYERS matching the module."""
-  matches = [(len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
-             if module == p or module.startswith(p + ".")]
+  matches = [
+    (len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes if module == p or module.startswith(p + ".")
+  ]
   assert matches, f"{module} is in no layer of LAYERS; add it"
   return max(matches)[1]
 
@@ -50,16 +73,21 @@ def _imports(modules: dict[str, pathlib.Path]) -> dict[str, set[str]]:
       if isinstance(node, ast.Import):
         targets.update(a.name for a in node.names)
       elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-        targets.update(f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
-                       for a in node.names)
+        targets.update(
+          f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module for a in node.names
+        )
     graph[module] = {t for t in targets if t in modules and t != module}
   return graph
 
 
 def test_every_import_goes_to_the_same_layer_or_below():
   modules = _modules()
-  upward = [f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
-            for m, targets in _imports(modules).items() for t in sorted(targets) if _layer(t) > _layer(m)]
+  upward = [
+    f"{m} ({LAYERS[_layer(m)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
+    for m, targets in _imports(modules).items()
+    for t in sorted(targets)
+    if _layer(t) > _layer(m)
+  ]
   assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
@@ -71,7 +99,7 @@ def test_no_import_cycle():
     state[module] = 1
     for target in sorted(graph[module]):
       if state.get(target) == 1:
-        raise AssertionError("import cycle: " + " -> ".join(path[path.index(target):] + [target]))
+        raise AssertionError("import cycle: " + " -> ".join(path[path.index(target) :] + [target]))
       if target not in state:
         visit(target, path + [target])
     state[module] = 2

@@ -98,7 +98,7 @@ def test_compile_clock_counts_compiling_on_several_threads_at_once_once():
 def test_groups_with_equal_rewards_are_counted_and_warned_about(tmp_path, caplog):
   """GRPO advantages of 3 groups of 2: the first and last groups' rewards were equal (zero
   advantage), the middle one's were not; a row where most groups carry no signal is warned about."""
-  from maxtext.integration.tunix import step_metrics  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import step_metrics
 
   assert step_metrics.zero_signal_groups([0.0, 0.0, 0.7, -0.7, 0.0, 0.0], 2) == (2, 3)
   assert step_metrics.zero_signal_groups([1e-9, -1e-9, 0.7, -0.7], 2) == (1, 2)

@@ -38,7 +38,7 @@ def test_prefill_plus_decode_equals_full_forward(model):
   steps = [logits]
   for i in range(prefill, t):
     mask = jnp.broadcast_to(jnp.arange(cache_size) <= i, (b, 1, cache_size))
-    logits, cache = m(tokens[:, i:i + 1], positions[:, i:i + 1], cache, mask)
+    logits, cache = m(tokens[:, i : i + 1], positions[:, i : i + 1], cache, mask)
     steps.append(logits)
   assert int(cache["layer_0"]["end_index"][0]) == t
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
@@ -78,8 +78,8 @@ def _write_tiny_gguf(path, cfg, hf):
   w.add_head_count(cfg.num_query_heads)
   w.add_head_count_kv(cfg.num_kv_heads)
   w.add_vocab_size(cfg.vocab_size)
-  names = {v: k for k, v in gguf_reader._GLOBAL_NAMES.items()}  # pylint: disable=protected-access
-  blocks = {v: k for k, v in gguf_reader._BLOCK_NAMES.items()}  # pylint: disable=protected-access
+  names = {v: k for k, v in gguf_reader._GLOBAL_NAMES.items()}
+  blocks = {v: k for k, v in gguf_reader._BLOCK_NAMES.items()}
   for name, arr in hf.items():
     if name in names:
       w.add_tensor(names[name], arr)
@@ -99,9 +99,11 @@ def _write_tiny_gguf(path, cfg, hf):
 def _random_hf_llama(cfg, seed=0):
   rng = np.random.default_rng(seed)
   e, m, d = cfg.emb_dim, cfg.mlp_dim, cfg.head_dim
-  hf = {"model.embed_tokens.weight": rng.normal(size=(cfg.vocab_size, e)),
-        "model.norm.weight": 1 + 0.1 * rng.normal(size=e),
-        "lm_head.weight": rng.normal(size=(cfg.vocab_size, e)) * 0.1}
+  hf = {
+    "model.embed_tokens.weight": rng.normal(size=(cfg.vocab_size, e)),
+    "model.norm.weight": 1 + 0.1 * rng.normal(size=e),
+    "lm_head.weight": rng.normal(size=(cfg.vocab_size, e)) * 0.1,
+  }
   for i in range(cfg.num_decoder_layers):
     p = f"model.layers.{i}."
     hf[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=e)
@@ -183,22 +185,23 @@ def _training_step(cfg, mesh, graphdef, tokens):
   b, t = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(t), (b, t))
   causal = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
-  return jax.jit(lambda state: nnx.grad(lambda m: m(tokens, positions, None, causal)[0][:, -8:].mean())(
-      nnx.merge(graphdef, state)))
+  return jax.jit(
+    lambda state: nnx.grad(lambda m: m(tokens, positions, None, causal)[0][:, -8:].mean())(nnx.merge(graphdef, state))
+  )
 
 
 def test_remat_full_recomputes_layers_and_cuts_the_training_steps_memory():
   """remat_policy=full keeps one layer's activations at a time: a training step of SmolLM2-135M's
-  shape (8 layers, 8192-token vocabulary) on 4 x 256 tokens needs under a third of the XLA temporaries it needs without remat
-  (compiled only, on abstract weights). This holds with the CPU scheduler maxtext selects on import
-  (see maxtext/__init__.py); XLA's default one kept every layer's activations alive. Gradients are
-  the same either way (tiny model, run)."""
+    shape (8 layers, 8192-token vocabulary) on 4 x 256 tokens needs under a third of the XLA
+  temporaries it needs without remat
+    (compiled only, on abstract weights). This holds with the CPU scheduler maxtext selects on import
+    (see maxtext/__init__.py); XLA's default one kept every layer's activations alive. Gradients are
+    the same either way (tiny model, run)."""
   temps = {}
   for remat in ("none", "full"):
-    cfg = make_config("model_name=smollm2-135m", "num_decoder_layers=8", "vocab_size=8192",
-                      f"remat_policy={remat}")
+    cfg = make_config("model_name=smollm2-135m", "num_decoder_layers=8", "vocab_size=8192", f"remat_policy={remat}")
     mesh, _ = create_meshes(cfg)
-    graphdef, abstract, _ = builder._abstract(ModelConfig.from_config(cfg), mesh)  # pylint: disable=protected-access
+    graphdef, abstract, _ = builder._abstract(ModelConfig.from_config(cfg), mesh)
     step = _training_step(cfg, mesh, graphdef, jnp.zeros((4, 256), jnp.int32))
     with jax.set_mesh(mesh):
       temps[remat] = step.lower(abstract).compile().memory_analysis().temp_size_in_bytes

@@ -13,7 +13,6 @@ from maxtext.checkpoint_conversion import orbax_checkpoint
 
 
 class _Model(nnx.Module):
-
   def __init__(self, seed: int):
     rngs = nnx.Rngs(seed)
     self.a = nnx.Linear(64, 32, rngs=rngs)
@@ -64,8 +63,9 @@ print(int(peak_rss_bytes() - before))
 
 
 def _save_growth(tmp_path, which: str) -> int:
-  out = subprocess.run([sys.executable, "-c", _SAVE, str(tmp_path / which), which], capture_output=True, text=True,
-                       check=True)
+  out = subprocess.run(
+    [sys.executable, "-c", _SAVE, str(tmp_path / which), which], capture_output=True, text=True, check=True
+  )
   return int(out.stdout.split()[-1])
 
 

@@ -39,22 +39,28 @@ def test_model_alias():
   assert make_config("model=qwen3-tiny").model_name == "qwen3-tiny"
 
 
-@pytest.mark.parametrize("arg, expected", [
+@pytest.mark.parametrize(
+  "arg, expected",
+  [
     ("rl.num_generations=four", "rl.num_generations='four' (command line): expected int, got string"),
     ("learning_rate=fast", "learning_rate='fast' (command line): expected float, got string"),
     ("use_qk_norm=1", "use_qk_norm=1 (command line): expected bool, got int"),
-])
+  ],
+)
 def test_wrong_type_names_key_value_and_type(arg, expected):
   with pytest.raises(pyconfig.ConfigError) as e:
     make_config(arg)
   assert expected in str(e.value)
 
 
-@pytest.mark.parametrize("arg, message", [
+@pytest.mark.parametrize(
+  "arg, message",
+  [
     ("rl.num_generatons=4", "rl.num_generatons: unknown key (command line); did you mean rl.num_generations?"),
     ("learning_rat=1", "did you mean learning_rate?"),
     ("rl.grpo_betaa=1", "did you mean rl.grpo_beta?"),
-])
+  ],
+)
 def test_unknown_key_suggests_closest(arg, message):
   with pytest.raises(pyconfig.ConfigError, match="unknown key") as e:
     make_config(arg)
@@ -123,8 +129,12 @@ def test_config_is_frozen_and_round_trips(tmp_path):
 def test_every_base_key_has_a_comment():
   with open(pyconfig.BASE_YAML, encoding="utf-8") as f:
     lines = f.read().splitlines()
-  keyed = [l for l in lines if ":" in l and not l.lstrip().startswith(("#", "-")) and not l.rstrip().endswith(":")]
-  assert keyed and all("#" in l for l in keyed), [l for l in keyed if "#" not in l]
+  keyed = [
+    line
+    for line in lines
+    if ":" in line and not line.lstrip().startswith(("#", "-")) and not line.rstrip().endswith(":")
+  ]
+  assert keyed and all("#" in line for line in keyed), [line for line in keyed if "#" not in line]
 
 
 def test_missing_yaml_is_a_clear_error():
@@ -145,12 +155,13 @@ def test_help_lists_every_key_with_its_comment(capsys):
   assert "  rl.max_concurrency = 16\n      Agentic: rollouts in flight at once." in out
 
 
-def test_readme_holds_the_generated_config_reference():
+def test_docs_hold_the_generated_config_reference():
   from maxtext.configs import cli
 
-  readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md"), encoding="utf-8").read()
-  block = readme.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
-  assert block == cli.reference_markdown(), "regenerate README's reference with python -m maxtext.configs.cli"
+  page = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "configuration.md")
+  doc = open(page, encoding="utf-8").read()
+  block = doc.split("<!-- config-reference:start -->\n")[1].split("<!-- config-reference:end -->")[0]
+  assert block == cli.reference_markdown(), "regenerate docs/configuration.md's table: python -m maxtext.configs.cli"
   assert "| `rl.max_concurrency` | `16` | Agentic: rollouts in flight at once. |" in block
 
 
@@ -177,17 +188,22 @@ def test_unreadable_yaml_names_the_file(tmp_path):
 @pytest.mark.parametrize("arg", ["lora_alpha=32", "lora_module_path=layers\\.0\\..*", "lora_input_adapters_path=x"])
 def test_lora_keys_are_refused_without_adapters(arg):
   key = arg.split("=")[0]
-  assert getattr(make_config(arg, "lora_rank=8"), key) == pyconfig.initialize(
-      ["x", "rl.yml", arg, "lora_rank=8"]).flat()[key]
+  assert (
+    getattr(make_config(arg, "lora_rank=8"), key)
+    == pyconfig.initialize(["x", "rl.yml", arg, "lora_rank=8"]).flat()[key]
+  )
   with pytest.raises(pyconfig.ConfigError, match=f"{key}=.*lora_rank=0 trains the full weights"):
     make_config(arg)
 
 
-@pytest.mark.parametrize("args, message", [
+@pytest.mark.parametrize(
+  "args, message",
+  [
     (["lora_rank=-1"], "lora_rank=-1, lora_alpha=16.0: expected lora_rank >= 0"),
     (["lora_rank=4", "lora_alpha=0"], "lora_alpha=0.0: expected lora_rank >= 0 .* and lora_alpha > 0"),
     (["lora_rank=4", "lora_module_path=layers.(("], "lora_module_path='layers.\\(\\(': not a regular expression"),
-])
+  ],
+)
 def test_bad_lora_settings_name_the_key(args, message):
   with pytest.raises(pyconfig.ConfigError, match=message):
     make_config(*args)
@@ -197,8 +213,9 @@ def test_bad_lora_settings_name_the_key(args, message):
 def test_unsupported_url_schemes_are_refused_naming_the_key(key):
   """A path key takes a local path or gs://; another scheme is a config error at start, not a local
   folder named 's3:'."""
-  with pytest.raises(pyconfig.ConfigError,
-                     match=rf"{re.escape(key)}='s3://b/x': s3:// is not supported; expected a local path or gs://"):
+  with pytest.raises(
+    pyconfig.ConfigError, match=rf"{re.escape(key)}='s3://b/x': s3:// is not supported; expected a local path or gs://"
+  ):
     make_config(f"{key}=s3://b/x")
 
 

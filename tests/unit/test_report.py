@@ -8,27 +8,71 @@ from PIL import Image
 from maxtext.trainers.post_train.rl import report
 
 ROWS = [
-    {"step": 1, "rewards/mean": -0.5, "rewards/check_answer": 0.0, "rewards/sum": -4.0, "kl": 0.0, "loss": 0.1,
-     "generation/completions/mean_length": 30.0, "step_time_s": 12.0, "compile_s": 9.0, "staleness/mean": 0.0,
-     "staleness/max": 0, "tools/call_frequency": 0.5, "tools/failure_frequency": 0.0, "turns/mean": 1.5},
-    {"step": 2, "rewards/mean": 0.25, "rewards/check_answer": 1.5, "rewards/sum": 2.0, "kl": 0.002, "loss": float("nan"),
-     "generation/completions/mean_length": 24.0, "step_time_s": 3.0, "compile_s": 0.5, "staleness/mean": 0.5,
-     "staleness/max": 1, "tools/call_frequency": 2 / 3, "tools/failure_frequency": 0.5, "turns/mean": 2.0},
-    {"step": 3, "rewards/mean": 1.0, "rewards/check_answer": 3.0, "rewards/sum": 8.0, "kl": 0.004, "loss": 0.3,
-     "generation/completions/mean_length": 20.0, "step_time_s": 3.5, "compile_s": 0.0, "staleness/mean": 1.0,
-     "staleness/max": 1, "tools/call_frequency": 1.0, "tools/failure_frequency": 0.25, "turns/mean": 2.0},
+  {
+    "step": 1,
+    "rewards/mean": -0.5,
+    "rewards/check_answer": 0.0,
+    "rewards/sum": -4.0,
+    "kl": 0.0,
+    "loss": 0.1,
+    "generation/completions/mean_length": 30.0,
+    "step_time_s": 12.0,
+    "compile_s": 9.0,
+    "staleness/mean": 0.0,
+    "staleness/max": 0,
+    "tools/call_frequency": 0.5,
+    "tools/failure_frequency": 0.0,
+    "turns/mean": 1.5,
+  },
+  {
+    "step": 2,
+    "rewards/mean": 0.25,
+    "rewards/check_answer": 1.5,
+    "rewards/sum": 2.0,
+    "kl": 0.002,
+    "loss": float("nan"),
+    "generation/completions/mean_length": 24.0,
+    "step_time_s": 3.0,
+    "compile_s": 0.5,
+    "staleness/mean": 0.5,
+    "staleness/max": 1,
+    "tools/call_frequency": 2 / 3,
+    "tools/failure_frequency": 0.5,
+    "turns/mean": 2.0,
+  },
+  {
+    "step": 3,
+    "rewards/mean": 1.0,
+    "rewards/check_answer": 3.0,
+    "rewards/sum": 8.0,
+    "kl": 0.004,
+    "loss": 0.3,
+    "generation/completions/mean_length": 20.0,
+    "step_time_s": 3.5,
+    "compile_s": 0.0,
+    "staleness/mean": 1.0,
+    "staleness/max": 1,
+    "tools/call_frequency": 1.0,
+    "tools/failure_frequency": 0.25,
+    "turns/mean": 2.0,
+  },
 ]
-EVAL = {"before": {"accuracy": 0.1, "partial_accuracy": 0.2, "format_accuracy": 0.3, "num_examples": 10},
-        "during": [{"step": 2, "accuracy": 0.2, "partial_accuracy": 0.3, "format_accuracy": 0.5, "num_examples": 10}],
-        "after": {"accuracy": 0.4, "partial_accuracy": 0.5, "format_accuracy": 0.9, "num_examples": 10}}
+EVAL = {
+  "before": {"accuracy": 0.1, "partial_accuracy": 0.2, "format_accuracy": 0.3, "num_examples": 10},
+  "during": [{"step": 2, "accuracy": 0.2, "partial_accuracy": 0.3, "format_accuracy": 0.5, "num_examples": 10}],
+  "after": {"accuracy": 0.4, "partial_accuracy": 0.5, "format_accuracy": 0.9, "num_examples": 10},
+}
 
 
 def _run_folder(path, rows=ROWS, evals=EVAL):
   path.mkdir(parents=True, exist_ok=True)
   (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
   (path / "eval.json").write_text(json.dumps(evals))
-  (path / "config.yml").write_text(yaml.safe_dump({"run_name": "r1", "model_name": "qwen3-0.6b",
-                                                   "rl": {"use_agentic_rollout": True, "off_policy_steps": 1}}))
+  (path / "config.yml").write_text(
+    yaml.safe_dump(
+      {"run_name": "r1", "model_name": "qwen3-0.6b", "rl": {"use_agentic_rollout": True, "off_policy_steps": 1}}
+    )
+  )
   return path
 
 
@@ -37,8 +81,16 @@ def test_agentic_run_gets_every_plot_and_hand_checked_tables(tmp_path, capsys):
   assert report.main(["report", str(run)]) == 0
   written = json.loads(capsys.readouterr().out)
   names = [p.rsplit("/", 1)[1] for p in written["plots"]]
-  assert names == ["reward.png", "accuracy.png", "kl.png", "loss.png", "response_length.png", "step_time.png",
-                   "staleness.png", "tools.png"]
+  assert names == [
+    "reward.png",
+    "accuracy.png",
+    "kl.png",
+    "loss.png",
+    "response_length.png",
+    "step_time.png",
+    "staleness.png",
+    "tools.png",
+  ]
   for p in written["plots"]:
     with Image.open(p) as image:
       assert image.format == "PNG" and image.size == (640, 360)

@@ -11,54 +11,66 @@ CFG = make_config()
 GOOD = "<reasoning>6 times 7</reasoning>\n<answer>42</answer>"
 
 
-@pytest.mark.parametrize("completion, expected", [
+@pytest.mark.parametrize(
+  "completion, expected",
+  [
     (GOOD, 3.0),
     ("  " + GOOD + "\n", 3.0),
     ("<reasoning>x</reasoning> <answer>42</answer> trailing words", 0.0),
     ("<answer>42</answer>", 0.0),
     ("no tags at all", 0.0),
-])
+  ],
+)
 def test_match_format_exactly(completion, expected):
   assert utils_rl.match_format_exactly(None, [completion], CFG) == [expected]
 
 
-@pytest.mark.parametrize("completion, expected", [
-    (GOOD, 4 * 0.5),                                     # every tag once
-    ("<answer>42</answer>", 2 * 0.5 + 2 * -0.5),         # reasoning tags missing
+@pytest.mark.parametrize(
+  "completion, expected",
+  [
+    (GOOD, 4 * 0.5),  # every tag once
+    ("<answer>42</answer>", 2 * 0.5 + 2 * -0.5),  # reasoning tags missing
     ("no tags", 4 * -0.5),
-    (GOOD + "<answer>1</answer>", 2 * 0.5 + 2 * -0.5),   # answer tags repeated
-])
+    (GOOD + "<answer>1</answer>", 2 * 0.5 + 2 * -0.5),  # answer tags repeated
+  ],
+)
 def test_match_format_approximately(completion, expected):
   assert utils_rl.match_format_approximately(None, [completion], CFG) == [pytest.approx(expected)]
 
 
-@pytest.mark.parametrize("completion, truth, expected", [
-    (GOOD, "42", 3.0),                                            # exact
-    ("<answer> 42 </answer>", "42", 1.5),                         # equal after stripping
-    ("<answer>44</answer>", "42", 0.5),                           # within 10%
-    ("<answer>50</answer>", "42", 0.25),                          # within 20%
-    ("<answer>100</answer>", "42", -1.0),                         # wrong
-    ("<answer>forty-two</answer>", "42", -1.0),                   # no number
-    ("The answer is 42", "42", 0.0),                              # no answer block
-])
+@pytest.mark.parametrize(
+  "completion, truth, expected",
+  [
+    (GOOD, "42", 3.0),  # exact
+    ("<answer> 42 </answer>", "42", 1.5),  # equal after stripping
+    ("<answer>44</answer>", "42", 0.5),  # within 10%
+    ("<answer>50</answer>", "42", 0.25),  # within 20%
+    ("<answer>100</answer>", "42", -1.0),  # wrong
+    ("<answer>forty-two</answer>", "42", -1.0),  # no number
+    ("The answer is 42", "42", 0.0),  # no answer block
+  ],
+)
 def test_check_answer(completion, truth, expected):
   assert utils_rl.check_answer(None, [completion], CFG, answer=[truth]) == [expected]
 
 
-@pytest.mark.parametrize("completion, truth, expected", [
+@pytest.mark.parametrize(
+  "completion, truth, expected",
+  [
     (GOOD, "42", 3.0),
-    ("<answer>$1,234.00 dollars</answer>", "1234", 3.0),         # currency, comma, unit
-    ("<answer>-5</answer>", "-5", 3.0),                            # negative
+    ("<answer>$1,234.00 dollars</answer>", "1234", 3.0),  # currency, comma, unit
+    ("<answer>-5</answer>", "-5", 3.0),  # negative
     ("<answer>5</answer>", "-5", -1.0),
-    ("<answer>1</answer> then <answer>7</answer>", "7", 3.0),      # last answer block counts
-    ("<answer>about 3 or 7</answer>", "7", 3.0),                   # last number in the block
+    ("<answer>1</answer> then <answer>7</answer>", "7", 3.0),  # last answer block counts
+    ("<answer>about 3 or 7</answer>", "7", 3.0),  # last number in the block
     ("<answer>none</answer>", "7", -1.0),
     ("7", "7", 0.0),
-    ("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", 3.0),     # nested braces, math_verify equivalence
-    ("<answer>so \\boxed{12} not 13</answer>", "12", 3.0),        # the boxed value, not the last number
-    ("<answer>15 (balls)</answer>", "15", 3.0),                     # units after the number
-    ("<answer>-1,500.5</answer>", "-1500.5", 3.0),                  # negative with a thousands comma
-])
+    ("<answer>\\boxed{\\frac{1}{2}}</answer>", "0.5", 3.0),  # nested braces, math_verify equivalence
+    ("<answer>so \\boxed{12} not 13</answer>", "12", 3.0),  # the boxed value, not the last number
+    ("<answer>15 (balls)</answer>", "15", 3.0),  # units after the number
+    ("<answer>-1,500.5</answer>", "-1500.5", 3.0),  # negative with a thousands comma
+  ],
+)
 def test_check_numbers(completion, truth, expected):
   assert utils_rl.check_numbers(None, [completion], CFG, answer=[truth]) == [expected]
 
@@ -80,7 +92,8 @@ def test_last_boxed_handles_nesting():
 
 
 def _hangs(guess, truth):
-  import time  # pylint: disable=import-outside-toplevel
+  import time
+
   time.sleep(600)
   return True
 
@@ -102,17 +115,20 @@ def test_math_verify_deadline_scores_zero_and_never_hangs():
 def test_custom_reward_file_replaces_builtins(tmp_path):
   path = tmp_path / "my_rewards.py"
   path.write_text(
-      "def length_penalty(prompts, completions, tmvp_config, **kwargs):\n"
-      "  return [-len(c) / 100 for c in completions]\n"
-      "def broken(prompts, completions, tmvp_config, **kwargs):\n"
-      "  raise RuntimeError('boom')\n"
-      "def short(prompts, completions, tmvp_config, **kwargs):\n"
-      "  return [1.0]\n")
+    "def length_penalty(prompts, completions, tmvp_config, **kwargs):\n"
+    "  return [-len(c) / 100 for c in completions]\n"
+    "def broken(prompts, completions, tmvp_config, **kwargs):\n"
+    "  raise RuntimeError('boom')\n"
+    "def short(prompts, completions, tmvp_config, **kwargs):\n"
+    "  return [1.0]\n"
+  )
   cfg = make_config(f"reward_functions_path={path}", "reward_functions=[length_penalty]")
   [fn] = utils_rl.reward_functions(cfg)
   assert fn.__name__ == "length_penalty" and fn(["p", "p"], ["abcd", "ab"]) == [-0.04, -0.02]
-  for name, message in (("broken", "reward function broken raised RuntimeError: boom"),
-                        ("short", "reward function short returned 1 values for 2 completions")):
+  for name, message in (
+    ("broken", "reward function broken raised RuntimeError: boom"),
+    ("short", "reward function short returned 1 values for 2 completions"),
+  ):
     [bad] = utils_rl.reward_functions(make_config(f"reward_functions_path={path}", f"reward_functions={name}"))
     with pytest.raises(utils_rl.RewardFunctionError, match=message):
       bad(["p", "p"], ["a", "b"])
@@ -129,17 +145,20 @@ def test_reasoning_start_token_in_prompt_is_read_back():
 
 
 def test_math_verify_timeout_scores_zero(monkeypatch):
-  monkeypatch.setattr(utils_rl._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))  # pylint: disable=protected-access
+  monkeypatch.setattr(utils_rl._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))
   assert utils_rl.check_numbers(None, ["<answer>x^2</answer>", GOOD], CFG, answer=["4", "42"]) == [0.0, 3.0]
 
 
-@pytest.mark.parametrize("completion, truth, expected", [
+@pytest.mark.parametrize(
+  "completion, truth, expected",
+  [
     ("She has 7 + 5 = 12 apples.", "12", 3.0),  # the last number is judged
     ("12 apples? No: 7 + 5 = 13.", "12", 0.0),
     ("It costs $1,250 in total", "1250", 3.0),  # currency and thousands commas
     ("I do not know.", "12", 0.0),  # no number: 0, like a wrong one
     ("The answer is 0.5", "1/2", 3.0),  # math_verify equivalence
-])
+  ],
+)
 def test_last_number_answer_format(completion, truth, expected):
   cfg = make_config("answer_format=last_number")
   (reward,) = utils_rl.reward_functions(cfg)

@@ -10,20 +10,49 @@ from tests.conftest import make_config
 
 # A value away from the default for every rl.* key, and where each mode's learner shows it.
 CHANGED = {
-    "rl.num_generations": 3, "rl.num_iterations": 2, "rl.grpo_beta": 0.01, "rl.kl_loss_mode": "mse_kl",
-    "rl.grpo_epsilon": 0.1, "rl.loss_algo": "gspo-token", "rl.loss_agg_mode": "token-mean", "rl.epsilon_high": 0.28,
-    "rl.max_concurrency": 5, "rl.off_policy_steps": 1, "rl.system_prompt": "Be brief.", "rl.sampler_is": "token",
-    "rl.sampler_is_threshold": 3.0, "rl.logp_check_period": 3, "rl.filter_zero_variance_groups": True,
-    "rl.tools": ["calculator"], "rl.tools_path": "TOOLS_FILE", "rl.max_turns": 2, "rl.tool_timeout_s": 1.5,
-    "rl.tool_memory_mb": 128, "rl.tool_output_max_chars": 100, "rl.tool_sandbox": "none",
+  "rl.num_generations": 3,
+  "rl.num_iterations": 2,
+  "rl.grpo_beta": 0.01,
+  "rl.kl_loss_mode": "mse_kl",
+  "rl.grpo_epsilon": 0.1,
+  "rl.advantage_estimator": "rloo",
+  "rl.policy_loss_fn": "cispo",
+  "rl.loss_algo": "gspo-token",
+  "rl.loss_agg_mode": "token-mean",
+  "rl.epsilon_high": 0.28,
+  "rl.max_concurrency": 5,
+  "rl.off_policy_steps": 1,
+  "rl.system_prompt": "Be brief.",
+  "rl.sampler_is": "token",
+  "rl.sampler_is_threshold": 3.0,
+  "rl.logp_check_period": 3,
+  "rl.filter_zero_variance_groups": True,
+  "rl.tools": ["calculator"],
+  "rl.tools_path": "TOOLS_FILE",
+  "rl.max_turns": 2,
+  "rl.tool_timeout_s": 1.5,
+  "rl.tool_memory_mb": 128,
+  "rl.tool_output_max_chars": 100,
+  "rl.tool_sandbox": "none",
 }
-ALGO_FIELDS = {"rl.num_generations": "num_generations", "rl.num_iterations": "num_iterations", "rl.grpo_beta": "beta",
-               "rl.kl_loss_mode": "kl_loss_mode", "rl.grpo_epsilon": "epsilon", "rl.loss_algo": "loss_algo",
-               "rl.loss_agg_mode": "loss_agg_mode", "rl.epsilon_high": "epsilon_high",
-               "rl.max_concurrency": "max_concurrency", "rl.off_policy_steps": "off_policy_steps",
-               "rl.system_prompt": "system_prompt", "rl.sampler_is": "sampler_is",
-               "rl.sampler_is_threshold": "sampler_is_threshold",
-               "rl.filter_zero_variance_groups": "degenerate_group_masking"}
+ALGO_FIELDS = {
+  "rl.num_generations": "num_generations",
+  "rl.num_iterations": "num_iterations",
+  "rl.grpo_beta": "beta",
+  "rl.kl_loss_mode": "kl_loss_mode",
+  "rl.grpo_epsilon": "epsilon",
+  "rl.advantage_estimator": "advantage_estimator",
+  "rl.policy_loss_fn": "policy_loss_fn",
+  "rl.loss_algo": "loss_algo",
+  "rl.loss_agg_mode": "loss_agg_mode",
+  "rl.epsilon_high": "epsilon_high",
+  "rl.max_concurrency": "max_concurrency",
+  "rl.off_policy_steps": "off_policy_steps",
+  "rl.system_prompt": "system_prompt",
+  "rl.sampler_is": "sampler_is",
+  "rl.sampler_is_threshold": "sampler_is_threshold",
+  "rl.filter_zero_variance_groups": "degenerate_group_masking",
+}
 
 
 def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
@@ -47,15 +76,18 @@ def _observed(key: str, kwargs: dict):
 
 
 def test_the_walk_covers_every_rl_key():
-  assert sorted(CHANGED) == sorted(k for k, _, _ in pyconfig.reference()
-                                   if k.startswith("rl.") and k != "rl.use_agentic_rollout")
+  assert sorted(CHANGED) == sorted(
+    k for k, _, _ in pyconfig.reference() if k.startswith("rl.") and k != "rl.use_agentic_rollout"
+  )
 
 
 @pytest.mark.parametrize("agentic_mode", [False, True], ids=["standard", "agentic"])
 @pytest.mark.parametrize("key", sorted(CHANGED))
 def test_each_rl_key_takes_effect_or_is_refused(key, agentic_mode, tmp_path, monkeypatch, smollm2_tokenizer):
   tools_file = tmp_path / "my_tools.py"
-  tools_file.write_text("from maxtext.trainers.post_train.rl.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n")
+  tools_file.write_text(
+    "from maxtext.trainers.post_train.rl.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n"
+  )
   value = str(tools_file) if CHANGED[key] == "TOOLS_FILE" else CHANGED[key]
   arg = f"{key}=[{', '.join(value)}]" if isinstance(value, list) else f"{key}={value}"
   mode = "agentic GRPO" if agentic_mode else "standard GRPO"
@@ -72,6 +104,7 @@ def test_which_keys_each_mode_refuses():
   """Standard GRPO takes the algorithm keys and refuses the agentic ones; agentic GRPO refuses
   rl.num_iterations (its learner trains each batch once) and the tool limits while no tool they
   limit is in use."""
+
   def refused(*args):
     try:
       make_config(*args)
@@ -82,10 +115,23 @@ def test_which_keys_each_mode_refuses():
   standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
   assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"}
   agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
-  assert agentic_refused == {"rl.num_iterations", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
-                             "rl.tool_output_max_chars", "rl.tool_sandbox"}
-  assert not refused("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.max_turns=2", "rl.tool_timeout_s=1.5",
-                     "rl.tool_memory_mb=128", "rl.tool_output_max_chars=100", "rl.tool_sandbox=none")
+  assert agentic_refused == {
+    "rl.num_iterations",
+    "rl.max_turns",
+    "rl.tool_timeout_s",
+    "rl.tool_memory_mb",
+    "rl.tool_output_max_chars",
+    "rl.tool_sandbox",
+  }
+  assert not refused(
+    "rl.use_agentic_rollout=true",
+    "rl.tools=[python]",
+    "rl.max_turns=2",
+    "rl.tool_timeout_s=1.5",
+    "rl.tool_memory_mb=128",
+    "rl.tool_output_max_chars=100",
+    "rl.tool_sandbox=none",
+  )
   assert refused("rl.use_agentic_rollout=true", "eval_interval=2")
   assert refused("rl.use_agentic_rollout=true", "rollout_engine=vanilla", "rl.logp_check_period=3")
 
@@ -96,8 +142,14 @@ def _arg(key):
 
 
 def test_tool_limits_take_effect_with_the_python_tool():
-  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.tool_output_max_chars=100",
-                    "rl.tool_memory_mb=64", "rl.tool_timeout_s=1.5", "rl.max_turns=2")
+  cfg = make_config(
+    "rl.use_agentic_rollout=true",
+    "rl.tools=[python]",
+    "rl.tool_output_max_chars=100",
+    "rl.tool_memory_mb=64",
+    "rl.tool_timeout_s=1.5",
+    "rl.max_turns=2",
+  )
   python = tools.tool_map(cfg)["python"](name="python", description="")
   long = python.apply(code="print('x' * 5000)")
   assert long.error is None and 100 <= len(long.output) < 200 and "truncated" in long.output
@@ -107,12 +159,18 @@ def test_tool_limits_take_effect_with_the_python_tool():
   assert trajectories.agent_kwargs(cfg, tools.tool_map(cfg), ())["env_kwargs"]["max_steps"] == 2
 
 
-@pytest.mark.parametrize("args, message", [
-    (["rl.use_agentic_rollout=true", "decode_sampling_temperature=0"], "agentic GRPO trains on the sampler's log-probs"),
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (
+      ["rl.use_agentic_rollout=true", "decode_sampling_temperature=0"],
+      "agentic GRPO trains on the sampler's log-probs",
+    ),
     (["answer_format=last_number", "penalty_incorrect_format=-1"], "penalty_incorrect_format"),
     (["rl.kl_loss_mode=k3"], "expected low_var_kl, mse_kl or kl"),
     (["decode_sampling_top_k=-1"], "expected top_k >= 0"),
-])
+  ],
+)
 def test_settings_that_cannot_take_effect_are_refused(args, message):
   with pytest.raises(pyconfig.ConfigError, match=message):
     make_config(*args)

@@ -23,8 +23,13 @@ def setup(qwen3_tokenizer):
   mesh, _ = create_meshes(cfg)
   model = load.load_model(cfg, mesh)
   config = base_rollout.RolloutConfig(
-      max_tokens_to_generate=8, max_prompt_length=16, kv_cache_size=24, temperature=1.0, top_p=1.0,
-      top_k=None, eos_tokens=[qwen3_tokenizer.eos_token_id],
+    max_tokens_to_generate=8,
+    max_prompt_length=16,
+    kv_cache_size=24,
+    temperature=1.0,
+    top_p=1.0,
+    top_k=None,
+    eos_tokens=[qwen3_tokenizer.eos_token_id],
   )
   engine = RolloutEngine(model, qwen3_tokenizer, mesh, config, seed=0)
   vanilla = vanilla_rollout.VanillaRollout(model, qwen3_tokenizer, base_rollout.CacheConfig(24, 2, 2, 32))
@@ -71,7 +76,7 @@ def test_later_turn_prompt_longer_than_max_prompt_length_uses_the_cache_room(set
   pads it to 32 and overflows."""
   engine, vanilla, config = setup
   prompt = qwen3_tokenizer.decode(list(range(1000, 1020)))
-  assert len(engine._sampler.tokenize(prompt)) == 20  # pylint: disable=protected-access
+  assert len(engine._sampler.tokenize(prompt)) == 20
   turn2 = dataclasses.replace(config, max_tokens_to_generate=4)
   with pytest.raises(ValueError, match="cache size 24"):
     vanilla.generate([prompt], turn2)  # the defect
@@ -132,14 +137,21 @@ def test_batched_engine_logprobs_agree_with_the_trainers_at_step_0(setup, batche
   width = max(len(t) for t in out.tokens)
   completions = np.full((len(out.tokens), width), batched.pad_id(), np.int32)
   for row, t in zip(completions, out.tokens):
-    row[:len(t)] = t
+    row[: len(t)] = t
   graphdef, state = nnx.split(batched.model())
-  trainer = np.asarray(common.compute_per_token_logps(
-      graphdef, state, prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
-      completion_tokens=jnp.asarray(completions), pad_id=batched.pad_id(), eos_id=batched.eos_id(),
-      temperature=0.8))
+  trainer = np.asarray(
+    common.compute_per_token_logps(
+      graphdef,
+      state,
+      prompt_tokens=jnp.asarray(out.left_padded_prompt_tokens),
+      completion_tokens=jnp.asarray(completions),
+      pad_id=batched.pad_id(),
+      eos_id=batched.eos_id(),
+      temperature=0.8,
+    )
+  )
   for i, lp in enumerate(out.logprobs):
-    np.testing.assert_allclose(lp, trainer[i, :len(lp)], atol=1e-4)
+    np.testing.assert_allclose(lp, trainer[i, : len(lp)], atol=1e-4)
 
 
 def test_token_id_prompts_sample_like_their_text(setup, batched, qwen3_tokenizer):
@@ -167,7 +179,7 @@ def test_a_sampled_pad_token_ends_the_completion(setup, batched, which, monkeypa
   monkeypatch.setattr(engine, "pad_id", lambda: pad)
   out = engine.generate(PROMPTS[:1], greedy)
   assert _tokens(out) == [cut]
-  assert out.text[0] == engine._tokenizer.decode(cut[:-1]) if which == "batched" else True  # pylint: disable=protected-access
+  assert out.text[0] == engine._tokenizer.decode(cut[:-1]) if which == "batched" else True
 
 
 @pytest.mark.parametrize("which", ["vanilla", "batched"])
@@ -182,9 +194,17 @@ def test_old_policy_log_probs_are_at_the_sampling_temperature(setup, batched, wh
   prompt = jnp.asarray(out.left_padded_prompt_tokens)
   completion = jnp.asarray(np.stack([np.pad(t, (0, 8 - len(t)), constant_values=engine.pad_id()) for t in out.tokens]))
   graphdef, state = nnx.split(engine.model())
-  trainer = lambda temperature: np.asarray(common.compute_per_token_logps(
-      graphdef, state, prompt_tokens=prompt, completion_tokens=completion, pad_id=engine.pad_id(),
-      eos_id=engine.eos_id(), temperature=temperature))
+  trainer = lambda temperature: np.asarray(
+    common.compute_per_token_logps(
+      graphdef,
+      state,
+      prompt_tokens=prompt,
+      completion_tokens=completion,
+      pad_id=engine.pad_id(),
+      eos_id=engine.eos_id(),
+      temperature=temperature,
+    )
+  )
   old = np.asarray(engine.get_per_token_logps(prompt, completion))
   mask = np.asarray(completion) != engine.pad_id()
   np.testing.assert_allclose(old[mask], trainer(0.7)[mask], atol=1e-5)

@@ -54,9 +54,14 @@ def test_steps_count_batches_when_each_is_trained_twice(tmp_path):
 
 def test_previous_results_keep_evaluations_up_to_the_resumed_step(tmp_path):
   folder = _folder(tmp_path)
-  folder.write_results({"before": {"accuracy": 0.1}, "during": [{"step": 2, "accuracy": 0.2},
-                                                               {"step": 4, "accuracy": 0.3}],
-                        "after": {"accuracy": 0.4}, "gain": {"gain": 0.3}})
+  folder.write_results(
+    {
+      "before": {"accuracy": 0.1},
+      "during": [{"step": 2, "accuracy": 0.2}, {"step": 4, "accuracy": 0.3}],
+      "after": {"accuracy": 0.4},
+      "gain": {"gain": 0.3},
+    }
+  )
   kept = folder.previous_results(3)
   assert kept == {"before": {"accuracy": 0.1}, "during": [{"step": 2, "accuracy": 0.2}], "after": None, "gain": None}
   kept["during"].append({"step": 5})  # a fresh dict each time

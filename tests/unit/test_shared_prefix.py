@@ -29,10 +29,14 @@ def _example(seed=0, prompts=2):
   completion_ids[1, 3:] = PAD
   completion_ids[6, 6:] = PAD
   return grpo_learner.TrainExample(
-      prompt_ids=jnp.asarray(prompt_ids, jnp.int32), prompt_mask=jnp.asarray(prompt_ids != PAD),
-      completion_ids=jnp.asarray(completion_ids, jnp.int32), completion_mask=jnp.asarray(completion_ids != PAD),
-      advantages=jnp.asarray(rng.normal(size=prompts * GROUP), jnp.float32),
-      ref_per_token_logps=None, old_per_token_logps=None)
+    prompt_ids=jnp.asarray(prompt_ids, jnp.int32),
+    prompt_mask=jnp.asarray(prompt_ids != PAD),
+    completion_ids=jnp.asarray(completion_ids, jnp.int32),
+    completion_mask=jnp.asarray(completion_ids != PAD),
+    advantages=jnp.asarray(rng.normal(size=prompts * GROUP), jnp.float32),
+    ref_per_token_logps=None,
+    old_per_token_logps=None,
+  )
 
 
 def _model(*overrides):
@@ -48,23 +52,29 @@ def _loss(cfg, shared: bool):
   return lambda model, example: loss(model, example, config)[0]
 
 
-@pytest.mark.parametrize("overrides", [
+@pytest.mark.parametrize(
+  "overrides",
+  [
     ("model_name=qwen3-tiny",),
     ("model_name=llama-tiny", "remat_policy=full"),
     ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"),
-])
+  ],
+)
 def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
   cfg, model = _model(*overrides, f"rl.num_generations={GROUP}")
   if cfg.lora_rank:  # adapters that start at zero would leave their B gradient-free
-    builder.set_adapters(model, {n: np.random.default_rng(1).normal(0, 0.1, a.shape).astype(a.dtype)
-                                 for n, a in builder.adapters(model).items()}, "test")
+    builder.set_adapters(
+      model,
+      {n: np.random.default_rng(1).normal(0, 0.1, a.shape).astype(a.dtype) for n, a in builder.adapters(model).items()},
+      "test",
+    )
   example = _example()
   # The tokens, positions and causal padding mask Tunix's loss hands the model.
   tokens, positions, attention, _ = common.process_ids(example.prompt_ids, example.completion_ids, PAD, EOS)
   whole, _ = model(tokens, positions, None, attention)
   shared, _ = SharedPrefix(model, PROMPT, GROUP)(tokens, positions, None, attention)
   assert shared.shape == (len(tokens), COMPLETION + 1, cfg.vocab_size)
-  np.testing.assert_allclose(shared, whole[:, PROMPT - 1:], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(shared, whole[:, PROMPT - 1 :], rtol=1e-5, atol=1e-5)
 
   wrt = nnx.LoRAParam if cfg.lora_rank else nnx.Param
   results = [nnx.value_and_grad(_loss(cfg, s), argnums=nnx.DiffState(0, wrt))(model, example) for s in (False, True)]
@@ -79,13 +89,16 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
 def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
   """The KL reference wraps the model in SharedPrefix over max_prompt_length tokens; a batch whose
   prompts are padded wider (the rollout pads to at least max_prompt_length) scores the same."""
-  cfg, model = _model("model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04",
-                      f"max_prompt_length={PROMPT - 6}")
+  cfg, model = _model(
+    "model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04", f"max_prompt_length={PROMPT - 6}"
+  )
   reference = cluster.reference_model(cfg, model)
   assert isinstance(reference, SharedPrefix) and reference.prompt_length == PROMPT - 6
   example = _example(seed=3)
-  logps = [common.compute_per_token_logps(*nnx.split(m), example.prompt_ids, example.completion_ids, PAD, EOS,
-                                          temperature=0.9) for m in (model, reference)]
+  logps = [
+    common.compute_per_token_logps(*nnx.split(m), example.prompt_ids, example.completion_ids, PAD, EOS, temperature=0.9)
+    for m in (model, reference)
+  ]
   np.testing.assert_allclose(logps[1], logps[0], rtol=1e-5, atol=1e-5)
 
 
@@ -98,7 +111,7 @@ def test_a_fraction_of_the_work():
   flops = {}
   for shared in (False, True):
     loss = _loss(cfg, shared)
-    step = jax.jit(lambda s, ex: nnx.grad(loss)(nnx.merge(graphdef, s), ex))  # pylint: disable=cell-var-from-loop
+    step = jax.jit(lambda s, ex, loss=loss: nnx.grad(loss)(nnx.merge(graphdef, s), ex))
     flops[shared] = step.lower(state, example).compile().cost_analysis()["flops"]
   assert flops[True] < 0.6 * flops[False], flops
 

@@ -9,7 +9,10 @@ import sentencepiece as spm
 from maxtext import assets
 from maxtext.input_pipeline.tokenizer import load_tokenizer
 
-_TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+_TEMPLATE = (
+  "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}"
+  "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 @pytest.fixture(scope="module")
@@ -17,9 +20,18 @@ def sp_dir(tmp_path_factory):
   folder = tmp_path_factory.mktemp("sp")
   corpus = folder / "corpus.txt"
   corpus.write_text("\n".join(f"Natalia sold {i} clips to {i + 3} friends in April and May." for i in range(300)))
-  spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(folder / "tokenizer"), vocab_size=300,
-                                 model_type="bpe", pad_id=0, bos_id=1, eos_id=2, unk_id=3, byte_fallback=True,
-                                 minloglevel=2)
+  spm.SentencePieceTrainer.train(
+    input=str(corpus),
+    model_prefix=str(folder / "tokenizer"),
+    vocab_size=300,
+    model_type="bpe",
+    pad_id=0,
+    bos_id=1,
+    eos_id=2,
+    unk_id=3,
+    byte_fallback=True,
+    minloglevel=2,
+  )
   os.remove(corpus)
   os.remove(folder / "tokenizer.vocab")
   return folder
@@ -55,8 +67,9 @@ def test_hf_directory_and_tokenizer_json_agree():
 
 
 def test_gguf_tokenizer_has_chatml_template(smollm2_tokenizer):
-  rendered = smollm2_tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
-                                                   add_generation_prompt=True)
+  rendered = smollm2_tokenizer.apply_chat_template(
+    [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+  )
   assert "<|im_start|>user\nhi<|im_end|>" in rendered and rendered.endswith("<|im_start|>assistant\n")
   assert smollm2_tokenizer.pad_token_id != smollm2_tokenizer.eos_token_id
 
@@ -77,9 +90,9 @@ def test_directory_without_tokenizer_files(tmp_path):
 
 
 def test_tokenizer_larger_than_the_embedding_is_a_config_error():
-  from maxtext.configs.pyconfig import ConfigError  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from tests.conftest import make_config  # pylint: disable=import-outside-toplevel
+  from maxtext.configs.pyconfig import ConfigError
+  from maxtext.input_pipeline.tokenizer import tokenizer_for
+  from tests.conftest import make_config
 
   with pytest.raises(ConfigError, match=r"tokenizer_path=.*: 151669 tokens exceed the model's vocab_size=1000"):
     tokenizer_for(make_config("model_name=qwen3-tiny", "vocab_size=1000"))
@@ -87,8 +100,8 @@ def test_tokenizer_larger_than_the_embedding_is_a_config_error():
 
 @pytest.mark.parametrize("model_name", ["qwen3-0.6b", "qwen3-8b"])
 def test_every_qwen3_size_defaults_to_the_qwen3_tokenizer(model_name):
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from tests.conftest import make_config  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline.tokenizer import tokenizer_for
+  from tests.conftest import make_config
 
   tok = tokenizer_for(make_config(f"model_name={model_name}"))
   assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<tool_call>"]) == [151644, 151645, 151657]

@@ -59,23 +59,25 @@ def victim(tmp_path):
 
 
 def _connect(port):
-  return (f"import socket\ns = socket.socket()\ns.settimeout(3)\ns.connect(('127.0.0.1', {port}))\nprint('connected')")
+  return f"import socket\ns = socket.socket()\ns.settimeout(3)\ns.connect(('127.0.0.1', {port}))\nprint('connected')"
 
 
 NETWORK_ROUTES = {
-    "socket module": _connect,
-    "_socket": lambda port: f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))\nprint('connected')",
-    "reloaded socket": lambda port: "import importlib, socket\nimportlib.reload(socket)\n" + _connect(port),
-    "ctypes": lambda port: (
-        "import ctypes, socket, struct\nlibc = ctypes.CDLL(None)\nfd = libc.socket(2, 1, 0)\n"
-        f"addr = struct.pack('=HH4s8x', 2, socket.htons({port}), socket.inet_aton('127.0.0.1'))\n"
-        "assert libc.connect(fd, addr, len(addr)) == 0, ctypes.get_errno()\nprint('connected')"),
-    "python subprocess": lambda port: (
-        "import subprocess, sys\n"
-        f"subprocess.run([sys.executable, '-c', {_connect(port)!r}], check=True)"),
-    "bash /dev/tcp": lambda port: (
-        f"import subprocess\nsubprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127.0.0.1/{port}'], check=True)\n"
-        "print('connected')"),
+  "socket module": _connect,
+  "_socket": lambda port: f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))\nprint('connected')",
+  "reloaded socket": lambda port: "import importlib, socket\nimportlib.reload(socket)\n" + _connect(port),
+  "ctypes": lambda port: (
+    "import ctypes, socket, struct\nlibc = ctypes.CDLL(None)\nfd = libc.socket(2, 1, 0)\n"
+    f"addr = struct.pack('=HH4s8x', 2, socket.htons({port}), socket.inet_aton('127.0.0.1'))\n"
+    "assert libc.connect(fd, addr, len(addr)) == 0, ctypes.get_errno()\nprint('connected')"
+  ),
+  "python subprocess": lambda port: (
+    f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {_connect(port)!r}], check=True)"
+  ),
+  "bash /dev/tcp": lambda port: (
+    f"import subprocess\nsubprocess.run(['bash', '-c', 'echo hi > /dev/tcp/127.0.0.1/{port}'], check=True)\n"
+    "print('connected')"
+  ),
 }
 
 
@@ -100,10 +102,13 @@ def test_files_outside_the_call(tmp_path, sandboxed):
   doomed = tmp_path / "doomed.txt"
   doomed.write_text("x")
   in_home = os.path.join(os.path.expanduser("~"), f".sandbox_probe_{TOKEN}")
-  attempts = [f"import os\nprint(open({str(secret)!r}).read())", "print(open('/etc/passwd').read()[:4])",
-              f"print(open({in_home!r}).read())",
-              f"open({str(tmp_path / 'planted.txt')!r}, 'w').write('x')\nprint('written')",
-              f"import os\nos.remove({str(doomed)!r})\nprint('removed')"]
+  attempts = [
+    f"import os\nprint(open({str(secret)!r}).read())",
+    "print(open('/etc/passwd').read()[:4])",
+    f"print(open({in_home!r}).read())",
+    f"open({str(tmp_path / 'planted.txt')!r}, 'w').write('x')\nprint('written')",
+    f"import os\nos.remove({str(doomed)!r})\nprint('removed')",
+  ]
   with open(in_home, "w", encoding="utf-8") as f:
     f.write(TOKEN)
   try:
@@ -125,8 +130,9 @@ def test_interpreter_and_project_are_read_only(sandboxed):
   project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for folder in (site, project):
     target = os.path.join(folder, f"_sandbox_probe_{TOKEN}.txt")
-    output, error = call(f"import os\nopen({target!r}, 'w').write('x')\nos.remove({target!r})\nprint('written')",
-                         sandboxed)
+    output, error = call(
+      f"import os\nopen({target!r}, 'w').write('x')\nos.remove({target!r})\nprint('written')", sandboxed
+    )
     assert (output == "written\n") == (not sandboxed), (folder, output, error)
     assert not os.path.exists(target)
 
@@ -138,8 +144,8 @@ def test_another_call_s_folder(sandboxed):
   slow.start()
   time.sleep(1.0)
   output, error = call(
-      f"import glob, os\nprint([d for d in glob.glob({tempfile.gettempdir()!r} + '/tool_python_*/mine.txt')])",
-      sandboxed)
+    f"import glob, os\nprint([d for d in glob.glob({tempfile.gettempdir()!r} + '/tool_python_*/mine.txt')])", sandboxed
+  )
   slow.join()
   assert (output not in ("[]\n", "")) == (not sandboxed), (output, error)
 
@@ -152,8 +158,10 @@ def test_other_processes_environment_memory_and_signals(victim, sandboxed):
   call(f"open('/proc/{pid}/fd/1', 'w').write('written by the tool')", sandboxed)
   environ, _ = call(f"print(open('/proc/{pid}/environ', 'rb').read())", sandboxed)
   memory, _ = call(
-      f"maps = open('/proc/{pid}/maps').readline().split()[0].split('-')\n"
-      f"f = open('/proc/{pid}/mem', 'rb')\nf.seek(int(maps[0], 16))\nprint(len(f.read(64)))", sandboxed)
+    f"maps = open('/proc/{pid}/maps').readline().split()[0].split('-')\n"
+    f"f = open('/proc/{pid}/mem', 'rb')\nf.seek(int(maps[0], 16))\nprint(len(f.read(64)))",
+    sandboxed,
+  )
   call(f"import os, signal\nos.kill({pid}, signal.SIGTERM)", sandboxed)
   time.sleep(0.3)
   alive = victim.poll() is None
@@ -168,14 +176,20 @@ def test_other_processes_environment_memory_and_signals(victim, sandboxed):
 def test_processes_forks_and_survivors(tmp_path, sandboxed):
   """Forking, a setsid grandchild that outlives the call, and memory spread over children (the
   address-space limit is per process)."""
-  forked, _ = call("import os\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\nprint('forked')",
-                   sandboxed)
+  forked, _ = call(
+    "import os\npid = os.fork()\nif pid == 0: os._exit(0)\nos.waitpid(pid, 0)\nprint('forked')", sandboxed
+  )
   marker = tmp_path / "survivor.txt"
-  call(f"import os, time\nif os.fork() == 0:\n  os.setsid()\n  time.sleep(1.5)\n  open({str(marker)!r}, 'w').write('x')\n"
-       "  os._exit(0)\nprint('parent returns')", sandboxed)
+  call(
+    f"import os, time\nif os.fork() == 0:\n  os.setsid()\n  time.sleep(1.5)\n  open({str(marker)!r}, 'w').write('x')\n"
+    "  os._exit(0)\nprint('parent returns')",
+    sandboxed,
+  )
   spread, _ = call(
-      "import os\nkids = []\nfor _ in range(4):\n  pid = os.fork()\n  if pid == 0:\n    b = bytearray(150 << 20)\n"
-      "    os._exit(0)\n  kids.append(pid)\nprint(sum(os.waitpid(k, 0)[1] == 0 for k in kids) * 150)", sandboxed)
+    "import os\nkids = []\nfor _ in range(4):\n  pid = os.fork()\n  if pid == 0:\n    b = bytearray(150 << 20)\n"
+    "    os._exit(0)\n  kids.append(pid)\nprint(sum(os.waitpid(k, 0)[1] == 0 for k in kids) * 150)",
+    sandboxed,
+  )
   time.sleep(2.5)
   if not sandboxed:
     assert forked == "forked\n" and marker.exists() and spread == "600\n"
@@ -185,21 +199,25 @@ def test_processes_forks_and_survivors(tmp_path, sandboxed):
 
 @pytest.mark.parametrize("sandboxed", [False, True], ids=["off", "on"])
 def test_disk_is_capped(sandboxed):
-  output, error = call("for i in range(24):\n  open(f'f{i}', 'wb').write(b'0' * ((1 << 20) - 1))\nprint('24 MB')",
-                       sandboxed)
+  output, error = call(
+    "for i in range(24):\n  open(f'f{i}', 'wb').write(b'0' * ((1 << 20) - 1))\nprint('24 MB')", sandboxed
+  )
   assert (output == "24 MB\n") == (not sandboxed), (output, error)
   if sandboxed:
     assert "No space left on device" in error
 
 
 def test_the_sandbox_sees_only_its_own_world():
-  output, error = call("import os\nstatus = dict(map(str.strip, l.split(':', 1)) for l in open('/proc/self/status'))\n"
-                       "print(repr((sorted(os.listdir('/proc/self/fd')), os.getpid(), "
-                       "os.path.realpath('/proc/self/fd/0'), sorted(os.listdir('/')), os.listdir('.'), "
-                       "status['NoNewPrivs'], status['CapEff'], status['Seccomp'], "
-                       "[l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])))", sandboxed=True)
+  output, error = call(
+    "import os\nstatus = dict(map(str.strip, l.split(':', 1)) for l in open('/proc/self/status'))\n"
+    "print(repr((sorted(os.listdir('/proc/self/fd')), os.getpid(), "
+    "os.path.realpath('/proc/self/fd/0'), sorted(os.listdir('/')), os.listdir('.'), "
+    "status['NoNewPrivs'], status['CapEff'], status['Seccomp'], "
+    "[l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]])))",
+    sandboxed=True,
+  )
   assert error is None, error
-  fds, pid, stdin, root, cwd, no_new_privs, capabilities, seccomp, interfaces = eval(output)  # pylint: disable=eval-used
+  fds, pid, stdin, root, cwd, no_new_privs, capabilities, seccomp, interfaces = eval(output)
   assert no_new_privs == "1" and int(capabilities, 16) == 0 and seccomp == "2"  # 2: a seccomp filter
   assert interfaces == ["lo"]
   assert fds == ["0", "1", "2", "3"]  # stdin, stdout, stderr and the listing itself
@@ -249,28 +267,41 @@ def test_python_tool_from_a_venv_under_tmp():
   of the host's /tmp (a file beside the venv, another folder) is visible."""
   with tempfile.TemporaryDirectory(dir="/tmp", prefix="venv_probe_") as folder:
     venv = os.path.join(folder, "venv")
-    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", venv],
-                   check=True)
-    site = subprocess.run([os.path.join(venv, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", venv], check=True)
+    site = subprocess.run(
+      [os.path.join(venv, "bin", "python"), "-c", "import site; print(site.getsitepackages()[0])"],
+      check=True,
+      capture_output=True,
+      text=True,
+    ).stdout.strip()
     project = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(site, "host.pth"), "w", encoding="utf-8") as f:  # this run's packages and project
       f.write("\n".join([*(p for p in sys.path if p.endswith("site-packages")), os.path.join(project, "src"), project]))
     secret = os.path.join(folder, "secret.txt")
     with open(secret, "w", encoding="utf-8") as f:
       f.write(TOKEN)
-    probe = ("import os, sys\n"
-             f"print(repr((sys.prefix, os.getcwd(), os.listdir('.'), os.path.exists({secret!r}), "
-             f"os.path.exists({folder + '/venv/bin/python'!r}), os.access({venv!r}, os.W_OK), "
-             f"sorted(os.listdir('/tmp')))))")
-    script = ("from maxtext.trainers.post_train.rl import tools\nfrom tests.conftest import make_config\n"
-              "cfg = make_config('rl.use_agentic_rollout=true', 'rl.tools=[python]')\n"
-              f"print(tools.tool_map(cfg)['python']('python', 'run python').apply(code={probe!r}).output)")
-    result = subprocess.run([os.path.join(venv, "bin", "python"), "-c", script], cwd=folder, capture_output=True,
-                            text=True, timeout=300, check=False)
+    probe = (
+      "import os, sys\n"
+      f"print(repr((sys.prefix, os.getcwd(), os.listdir('.'), os.path.exists({secret!r}), "
+      f"os.path.exists({folder + '/venv/bin/python'!r}), os.access({venv!r}, os.W_OK), "
+      f"sorted(os.listdir('/tmp')))))"
+    )
+    script = (
+      "from maxtext.trainers.post_train.rl import tools\nfrom tests.conftest import make_config\n"
+      "cfg = make_config('rl.use_agentic_rollout=true', 'rl.tools=[python]')\n"
+      f"print(tools.tool_map(cfg)['python']('python', 'run python').apply(code={probe!r}).output)"
+    )
+    result = subprocess.run(
+      [os.path.join(venv, "bin", "python"), "-c", script],
+      cwd=folder,
+      capture_output=True,
+      text=True,
+      timeout=300,
+      check=False,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = result.stdout.strip().splitlines()[-1]
-    prefix, cwd, listing, sees_secret, sees_python, venv_writable, tmp = eval(report)  # pylint: disable=eval-used
+    prefix, cwd, listing, sees_secret, sees_python, venv_writable, tmp = eval(report)
     assert prefix == venv and sees_python and not venv_writable
     assert listing == [] and not sees_secret
     assert cwd.startswith("/tmp") and tmp == sorted({os.path.basename(folder), os.path.basename(cwd)})

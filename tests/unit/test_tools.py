@@ -8,23 +8,38 @@ from maxtext.configs import pyconfig
 from maxtext.trainers.post_train.rl import tools
 from tests.conftest import make_config
 
-CFG = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, python]", "rl.tool_timeout_s=2", "rl.tool_output_max_chars=100")
+CFG = make_config(
+  "rl.use_agentic_rollout=true", "rl.tools=[calculator, python]", "rl.tool_timeout_s=2", "rl.tool_output_max_chars=100"
+)
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("48 / 2 + 24", "48"), ("(3 + 4) * 5", "35"), ("-2 ** 3", "-8"), ("7 // 2", "3"), ("1,234 + 1", "1235"),
-    ("2^10", "1024"), ("0.5 * 3", "1.5"),
-])
+@pytest.mark.parametrize(
+  "expression, value",
+  [
+    ("48 / 2 + 24", "48"),
+    ("(3 + 4) * 5", "35"),
+    ("-2 ** 3", "-8"),
+    ("7 // 2", "3"),
+    ("1,234 + 1", "1235"),
+    ("2^10", "1024"),
+    ("0.5 * 3", "1.5"),
+  ],
+)
 def test_calculator(expression, value):
   calc = tools.CalculatorTool("calculator", "calc")
   out = calc.apply(expression=expression)
   assert out.error is None and out.output == value
 
 
-@pytest.mark.parametrize("expression, error", [
-    ("__import__('os').system('ls')", "unsupported syntax"), ("1 / 0", "ZeroDivisionError"),
-    ("2 ** 100000", "exponent"), ("1 +", "not an arithmetic expression"),
-])
+@pytest.mark.parametrize(
+  "expression, error",
+  [
+    ("__import__('os').system('ls')", "unsupported syntax"),
+    ("1 / 0", "ZeroDivisionError"),
+    ("2 ** 100000", "exponent"),
+    ("1 +", "not an arithmetic expression"),
+  ],
+)
 def test_calculator_errors(expression, error):
   out = tools.CalculatorTool("calculator", "calc").apply(expression=expression)
   assert out.output is None and error in out.error
@@ -41,15 +56,18 @@ def python():
   return cls("python", "run python")
 
 
-@pytest.mark.parametrize("code, output, error", [
+@pytest.mark.parametrize(
+  "code, output, error",
+  [
     ("print(6 * 7)", "42\n", None),
-    ("import os; print(os.listdir('.'))", "[]\n", None),                      # an empty folder
-    ("raise ValueError('bad')", "", "ValueError: bad"),                        # a raise
-    ("while True: pass", "", "timed out after 2 s"),                          # a hang
-    ("x = bytearray(2 << 30)", "", "MemoryError"),                             # memory limit
+    ("import os; print(os.listdir('.'))", "[]\n", None),  # an empty folder
+    ("raise ValueError('bad')", "", "ValueError: bad"),  # a raise
+    ("while True: pass", "", "timed out after 2 s"),  # a hang
+    ("x = bytearray(2 << 30)", "", "MemoryError"),  # memory limit
     ("import socket; socket.create_connection(('1.1.1.1', 80))", "", "Address family not supported"),
-    ("import os; os.kill(os.getpid(), 9)", "", "killed by signal 9"),          # a crash
-])
+    ("import os; os.kill(os.getpid(), 9)", "", "killed by signal 9"),  # a crash
+  ],
+)
 def test_python_tool(python, code, output, error):
   out = python.apply(code=code)
   assert out.output == output or (not out.output and output == "")
@@ -72,45 +90,59 @@ def test_unknown_tool_is_a_config_error():
 
 def test_user_tools_from_tools_path(tmp_path):
   path = tmp_path / "my_tools.py"
-  path.write_text("from tunix.rl.agentic.tools import base_tool\n"
-                  "class Echo(base_tool.BaseTool):\n"
-                  "  def get_json_schema(self):\n"
-                  "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
-                  "  def apply(self, **kwargs):\n"
-                  "    return base_tool.ToolOutput(name=self.name, output=str(kwargs))\n"
-                  "TOOLS = {'echo': Echo}\n")
-  found = tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, echo]", f"rl.tools_path={path}"))
+  path.write_text(
+    "from tunix.rl.agentic.tools import base_tool\n"
+    "class Echo(base_tool.BaseTool):\n"
+    "  def get_json_schema(self):\n"
+    "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
+    "  def apply(self, **kwargs):\n"
+    "    return base_tool.ToolOutput(name=self.name, output=str(kwargs))\n"
+    "TOOLS = {'echo': Echo}\n"
+  )
+  found = tools.tool_map(
+    make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, echo]", f"rl.tools_path={path}")
+  )
   assert sorted(found) == ["calculator", "echo"] and found["echo"].__name__ == "Echo"
-  with pytest.raises(pyconfig.ConfigError, match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
-                     r"\['calculator', 'echo', 'python'\]"):
+  with pytest.raises(
+    pyconfig.ConfigError,
+    match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
+    r"\['calculator', 'echo', 'python'\]",
+  ):
     tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}"))
   (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
   with pytest.raises(pyconfig.ConfigError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
     tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
   with pytest.raises(FileNotFoundError, match="missing.py: file not found"):
-    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}"))
+    tools.tool_map(
+      make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}")
+    )
 
 
 def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   """rl.tools_path tools run under rl.tool_timeout_s; Tunix's tool manager runs them as the
   environment does."""
-  from tunix.rl.agentic.tools import tool_manager  # pylint: disable=import-outside-toplevel
+  from tunix.rl.agentic.tools import tool_manager
 
   path = tmp_path / "slow_tools.py"
-  path.write_text("import time\n"
-                  "from tunix.rl.agentic.tools import base_tool\n"
-                  "class Nap(base_tool.BaseTool):\n"
-                  "  '''Sleeps for `s` seconds, or raises when s is negative.'''\n"
-                  "  def get_json_schema(self):\n"
-                  "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
-                  "  def apply(self, s):\n"
-                  "    if s < 0:\n"
-                  "      raise RuntimeError('negative nap')\n"
-                  "    time.sleep(s)\n"
-                  "    return base_tool.ToolOutput(name=self.name, output=f'slept {s}')\n"
-                  "TOOLS = {'nap': Nap}\n")
-  manager = tool_manager.ToolManager(tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[nap]", f"rl.tools_path={path}",
-                                                                "rl.tool_timeout_s=0.5")))
+  path.write_text(
+    "import time\n"
+    "from tunix.rl.agentic.tools import base_tool\n"
+    "class Nap(base_tool.BaseTool):\n"
+    "  '''Sleeps for `s` seconds, or raises when s is negative.'''\n"
+    "  def get_json_schema(self):\n"
+    "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
+    "  def apply(self, s):\n"
+    "    if s < 0:\n"
+    "      raise RuntimeError('negative nap')\n"
+    "    time.sleep(s)\n"
+    "    return base_tool.ToolOutput(name=self.name, output=f'slept {s}')\n"
+    "TOOLS = {'nap': Nap}\n"
+  )
+  manager = tool_manager.ToolManager(
+    tools.tool_map(
+      make_config("rl.use_agentic_rollout=true", "rl.tools=[nap]", f"rl.tools_path={path}", "rl.tool_timeout_s=0.5")
+    )
+  )
   assert manager.get_tools()[0].description.startswith("Sleeps for")
   assert manager.run("nap", s=0.01).output == "slept 0.01"
   start = time.perf_counter()

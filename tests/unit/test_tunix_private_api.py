@@ -56,9 +56,12 @@ def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[s
           if callable(getattr(base, name, None)) or _assigns(source, name):
             found.setdefault(name, set()).add(base.__name__)
   for node in ast.walk(tree):
-    if (isinstance(node, ast.Attribute) and private(node.attr) and not
-        (isinstance(node.value, ast.Name) and node.value.id == "self") and not
-        (isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super")):
+    if (
+      isinstance(node, ast.Attribute)
+      and private(node.attr)
+      and not (isinstance(node.value, ast.Name) and node.value.id == "self")
+      and not (isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "super")
+    ):
       for cls in tunix_classes.values():
         if callable(getattr(cls, node.attr, None)) or _assigns(_tunix_sources(cls), node.attr):
           found.setdefault(node.attr, set()).add(cls.__name__)
@@ -68,8 +71,8 @@ def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[s
 def test_no_private_tunix_member_is_used_without_an_entry():
   """Every module of ours that imports Tunix is scanned; a private member of a Tunix class it
   subclasses or reaches (RLCluster, the trainer) must be listed in private_api."""
-  from tunix.rl import rl_cluster  # pylint: disable=import-outside-toplevel
-  from tunix.sft import peft_trainer  # pylint: disable=import-outside-toplevel
+  from tunix.rl import rl_cluster
+  from tunix.sft import peft_trainer
 
   listed = {(d.owner.rsplit(".", 1)[1], d.name) for d in private_api.DEPENDENCIES}
   reached = {c.__name__: c for c in (rl_cluster.RLCluster, peft_trainer.PeftTrainer)}
@@ -86,7 +89,8 @@ def test_no_private_tunix_member_is_used_without_an_entry():
           tunix_classes[cls.__name__] = cls
     for name, owners in _private_names_used(ast.parse(text), tunix_classes).items():
       if not any((owner, name) in listed for owner in owners) and not any(
-          (base.__name__, name) in listed for owner in owners for base in tunix_classes[owner].__mro__):
+        (base.__name__, name) in listed for owner in owners for base in tunix_classes[owner].__mro__
+      ):
         unlisted.setdefault(path.name, set()).add(f"{'/'.join(sorted(owners))}.{name}")
   assert not unlisted, f"private Tunix members used but not listed in private_api.DEPENDENCIES: {unlisted}"
 
@@ -95,11 +99,11 @@ def test_shard_input_leaves_global_batches_as_they_are():
   """cluster.feed_global_batches relies on Tunix's shard_input returning arrays already laid out by
   mesh.global_batch (batch dimension over the data axes) untouched, instead of taking them for this
   process's share."""
-  import jax  # pylint: disable=import-outside-toplevel
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  from tunix.sft import sharding_utils  # pylint: disable=import-outside-toplevel
+  import jax
+  import numpy as np
+  from tunix.sft import sharding_utils
 
-  from maxtext.utils import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.utils import mesh as mesh_lib
 
   mesh = jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), mesh_lib.MESH_AXES)
   placed = mesh_lib.global_batch({"ids": np.arange(12).reshape(4, 3)}, mesh)

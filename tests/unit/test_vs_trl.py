@@ -18,7 +18,7 @@ def _vs_trl():
 
 def _reward():
   namespace = {}
-  exec(_vs_trl().REWARD, namespace)  # pylint: disable=exec-used
+  exec(_vs_trl().REWARD, namespace)
   return namespace["last_number_correct"]
 
 
@@ -30,8 +30,10 @@ def test_the_reward_scores_the_last_number_under_both_calling_conventions():
   # ours: fn(prompts, completions, tmvp_config, **dataset columns)
   assert reward(["p"] * 5, completions, None, answer=answers, question=["q"] * 5) == expected
   # TRL: every argument by keyword, with its own extras
-  assert reward(prompts=["p"] * 5, completions=completions, completion_ids=[[1]] * 5, answer=answers,
-                trainer_state=None) == expected
+  assert (
+    reward(prompts=["p"] * 5, completions=completions, completion_ids=[[1]] * 5, answer=answers, trainer_state=None)
+    == expected
+  )
 
 
 def test_peak_rss_is_read_back_in_decimal_gigabytes_and_is_the_childs_own():

@@ -11,9 +11,20 @@ from maxtext.utils import errors, storage
 
 # Model-YAML keys that define the architecture, in the order they are reported.
 ARCHITECTURE_KEYS = (
-    "decoder_family", "vocab_size", "emb_dim", "num_decoder_layers", "num_query_heads",
-    "num_kv_heads", "head_dim", "mlp_dim", "rope_max_timescale", "rope_scaling",
-    "normalization_layer_epsilon", "use_qk_norm", "logits_via_embedding", "max_position_embeddings",
+  "decoder_family",
+  "vocab_size",
+  "emb_dim",
+  "num_decoder_layers",
+  "num_query_heads",
+  "num_kv_heads",
+  "head_dim",
+  "mlp_dim",
+  "rope_max_timescale",
+  "rope_scaling",
+  "normalization_layer_epsilon",
+  "use_qk_norm",
+  "logits_via_embedding",
+  "max_position_embeddings",
 )
 _FAMILIES = {"llama": "llama", "qwen3": "qwen3"}
 _LLAMA3_SCALING = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -38,7 +49,9 @@ def _rope(hf: dict[str, Any], where: str) -> tuple[float, dict[str, float] | Non
     return theta, None
   if kind != "llama3":
     raise errors.InputError(f"{where}: rope_type {kind!r} is not supported (expected default or llama3)")
-  return theta, {k: float(params[k]) if k != "original_max_position_embeddings" else int(params[k]) for k in _LLAMA3_SCALING}
+  return theta, {
+    k: float(params[k]) if k != "original_max_position_embeddings" else int(params[k]) for k in _LLAMA3_SCALING
+  }
 
 
 def architecture(path: str) -> dict[str, Any]:
@@ -59,39 +72,47 @@ def architecture(path: str) -> dict[str, Any]:
   theta, scaling = _rope(hf, where)
   heads = hf["num_attention_heads"]
   return {
-      "decoder_family": family,
-      "vocab_size": hf["vocab_size"],
-      "emb_dim": hf["hidden_size"],
-      "num_decoder_layers": hf["num_hidden_layers"],
-      "num_query_heads": heads,
-      "num_kv_heads": hf.get("num_key_value_heads") or heads,
-      "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
-      "mlp_dim": hf["intermediate_size"],
-      "rope_max_timescale": theta,
-      "rope_scaling": scaling,
-      "normalization_layer_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
-      "use_qk_norm": family == "qwen3",
-      "logits_via_embedding": bool(hf.get("tie_word_embeddings", family == "qwen3")),
-      "max_position_embeddings": hf.get("max_position_embeddings", 2048),
+    "decoder_family": family,
+    "vocab_size": hf["vocab_size"],
+    "emb_dim": hf["hidden_size"],
+    "num_decoder_layers": hf["num_hidden_layers"],
+    "num_query_heads": heads,
+    "num_kv_heads": hf.get("num_key_value_heads") or heads,
+    "head_dim": hf.get("head_dim") or hf["hidden_size"] // heads,
+    "mlp_dim": hf["intermediate_size"],
+    "rope_max_timescale": theta,
+    "rope_scaling": scaling,
+    "normalization_layer_epsilon": float(hf.get("rms_norm_eps", 1e-6)),
+    "use_qk_norm": family == "qwen3",
+    "logits_via_embedding": bool(hf.get("tie_word_embeddings", family == "qwen3")),
+    "max_position_embeddings": hf.get("max_position_embeddings", 2048),
   }
 
 
 def to_hf_config(cfg, tokenizer=None):
   """A transformers config object for the run config's architecture (weights dtype included)."""
-  import transformers  # pylint: disable=import-outside-toplevel  (heavy; only the exporter needs it)
+  import transformers  # heavy; only the exporter needs it
 
   rope = {"rope_type": "default", "rope_theta": cfg.rope_max_timescale}
   if cfg.rope_scaling:
     rope = {"rope_type": "llama3", "rope_theta": cfg.rope_max_timescale, **cfg.rope_scaling.to_dict()}
   kwargs = dict(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.emb_dim, num_hidden_layers=cfg.num_decoder_layers,
-      num_attention_heads=cfg.num_query_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-      intermediate_size=cfg.mlp_dim, rms_norm_eps=cfg.normalization_layer_epsilon,
-      tie_word_embeddings=cfg.logits_via_embedding, max_position_embeddings=cfg.max_position_embeddings,
-      rope_parameters=rope, dtype=cfg.weight_dtype,
+    vocab_size=cfg.vocab_size,
+    hidden_size=cfg.emb_dim,
+    num_hidden_layers=cfg.num_decoder_layers,
+    num_attention_heads=cfg.num_query_heads,
+    num_key_value_heads=cfg.num_kv_heads,
+    head_dim=cfg.head_dim,
+    intermediate_size=cfg.mlp_dim,
+    rms_norm_eps=cfg.normalization_layer_epsilon,
+    tie_word_embeddings=cfg.logits_via_embedding,
+    max_position_embeddings=cfg.max_position_embeddings,
+    rope_parameters=rope,
+    dtype=cfg.weight_dtype,
   )
   if tokenizer is not None:
-    kwargs.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id)
+    kwargs.update(
+      bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
   cls = transformers.Qwen3Config if cfg.decoder_family == "qwen3" else transformers.LlamaConfig
   return cls(architectures=[cls.__name__.replace("Config", "ForCausalLM")], **kwargs)

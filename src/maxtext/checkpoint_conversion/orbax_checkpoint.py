@@ -34,8 +34,10 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
     use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")  # as Tunix's: Pathways writes without OCDBT
     arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
     self._checkpoint_manager = ocp.CheckpointManager(
-        root_directory, options=options,
-        item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()})
+      root_directory,
+      options=options,
+      item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
+    )
 
 
 def _path(path: str) -> epath.Path:
@@ -55,11 +57,12 @@ def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
 def steps(root: str) -> list[int]:
   """The complete steps under a checkpoint root, oldest first (a save cut short leaves a temporary
   folder, or on a bucket a step folder without Orbax's commit marker: neither is a step)."""
-  root = _path(root)
-  if not root.is_dir():
+  folder = _path(root)
+  if not folder.is_dir():
     return []
-  return sorted(int(d.name) for d in root.iterdir()
-                if d.name.isdigit() and (d / _ITEM).is_dir() and ocp.step.is_path_finalized(d))
+  return sorted(
+    int(d.name) for d in folder.iterdir() if d.name.isdigit() and (d / _ITEM).is_dir() and ocp.step.is_path_finalized(d)
+  )
 
 
 def set_aside(root: str, after: int, folder: str) -> list[int]:
@@ -72,22 +75,22 @@ def set_aside(root: str, after: int, folder: str) -> list[int]:
 
 
 def is_orbax_checkpoint(path: str) -> bool:
-  path = _path(path)
-  return path.is_dir() and ((path / _ITEM).is_dir() or bool(steps(str(path))) or (path / "actor").is_dir())
+  folder = _path(path)
+  return folder.is_dir() and ((folder / _ITEM).is_dir() or bool(steps(str(folder))) or (folder / "actor").is_dir())
 
 
 def resolve(path: str) -> str:
   """The model_params folder of a step folder, or of the latest step under a checkpoint root
   (a run's checkpoints/ folder holds the policy under actor/)."""
-  path = _path(path)
-  if (path / _ITEM).is_dir():
-    return str(path / _ITEM)
-  if (path / "actor").is_dir():
-    return resolve(str(path / "actor"))
-  saved = steps(str(path))
+  folder = _path(path)
+  if (folder / _ITEM).is_dir():
+    return str(folder / _ITEM)
+  if (folder / "actor").is_dir():
+    return resolve(str(folder / "actor"))
+  saved = steps(str(folder))
   if not saved:
-    raise errors.MissingInputError(f"{path}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
-  return str(path / str(saved[-1]) / _ITEM)
+    raise errors.MissingInputError(f"{folder}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
+  return str(folder / str(saved[-1]) / _ITEM)
 
 
 def _flatten(tree, prefix=()):

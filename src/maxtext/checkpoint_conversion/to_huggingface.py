@@ -22,9 +22,9 @@ log = logging.getLogger(__name__)
 def export(model, cfg, tokenizer, path: str) -> None:
   """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory (local or
   gs://): every process gathers the weights, process 0 writes them."""
-  from maxtext.checkpoint_conversion import hf_checkpoint  # pylint: disable=import-outside-toplevel
-  from maxtext.models import builder, hf_layout  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed, storage  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import hf_checkpoint
+  from maxtext.models import builder, hf_layout
+  from maxtext.utils import distributed, storage
 
   state = hf_layout.maxtext_to_hf(builder.to_arrays(model), model.config)
   if distributed.is_main() and storage.is_url(path):
@@ -38,9 +38,10 @@ def export(model, cfg, tokenizer, path: str) -> None:
 
 
 def convert(cfg) -> None:
-  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline.tokenizer import tokenizer_for
+  from maxtext.models.load import load_model
+  from maxtext.utils import distributed
+  from maxtext.utils import mesh as mesh_lib
 
   if not cfg.hf_output_path:
     raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")

@@ -19,9 +19,10 @@ log = logging.getLogger(__name__)
 
 
 def convert(cfg) -> None:
-  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
-  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed, mesh as mesh_lib, storage  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import orbax_checkpoint
+  from maxtext.models.load import load_model
+  from maxtext.utils import distributed, storage
+  from maxtext.utils import mesh as mesh_lib
 
   distributed.initialize()
   trainer_mesh, _ = mesh_lib.create_meshes(cfg)

@@ -14,24 +14,26 @@ import json
 import logging
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 from absl import logging as absl_logging
 
 from maxtext.configs import pyconfig
-from maxtext.utils import errors, shutdown
+from maxtext.utils import errors, shutdown, xla_flags
 
 
 def print_help(program: str) -> None:
-  print(f"usage: python -m {program} [config.yml] [key=value ...]\n\n"
-        "Keys (dotted keys reach nested sections; defaults from configs/base.yml):")
+  print(
+    f"usage: python -m {program} [config.yml] [key=value ...]\n\n"
+    "Keys (dotted keys reach nested sections; defaults from configs/base.yml):"
+  )
   for key, default, comment in pyconfig.reference():
     print(f"  {key} = {default or '(see base.yml)'}\n      {comment}")
   print(f"\nModels: {', '.join(pyconfig.known_models())}")
 
 
 def reference_markdown() -> str:
-  """The config reference as the Markdown table README.md holds (`python -m maxtext.configs.cli` prints it)."""
+  """The config reference as docs/configuration.md's Markdown table (`python -m maxtext.configs.cli` prints it)."""
   rows = ["| key | default | meaning |", "| --- | --- | --- |"]
   for key, default, comment in pyconfig.reference():
     cell = f"`{default}`" if default else "(see base.yml)"
@@ -40,6 +42,7 @@ def reference_markdown() -> str:
 
 
 def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | None]) -> int:
+  xla_flags.use_sequential_cpu_scheduler()  # before JAX starts
   if any(a in ("-h", "--help") for a in argv[1:]):
     spec = getattr(sys.modules[job.__module__], "__spec__", None)
     print_help(spec.name if spec else job.__module__)
@@ -49,12 +52,14 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
   except errors.InputError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
-  logging.basicConfig(level=cfg.log_level.upper(), stream=sys.stderr,
-                      format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+  logging.basicConfig(
+    level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+  )
   # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
   absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
   if cfg.jax_cache_dir:
-    import jax  # pylint: disable=import-outside-toplevel
+    import jax
+
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
   try:
     cfg = pyconfig.with_local_inputs(cfg)

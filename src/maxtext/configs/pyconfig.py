@@ -40,9 +40,9 @@ class Config:
 
   def __init__(self, values: dict[str, Any]):
     object.__setattr__(
-        self,
-        "_values",
-        {k: Config(v) if isinstance(v, dict) else v for k, v in values.items()},
+      self,
+      "_values",
+      {k: Config(v) if isinstance(v, dict) else v for k, v in values.items()},
     )
 
   def __getattr__(self, name: str) -> Any:
@@ -163,9 +163,7 @@ def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
   else:
     ok = isinstance(value, type(default))
   if not ok:
-    raise ConfigError(
-        f"{key}={value!r} ({source}): expected {_type_name(default)}, got {_type_name(value)}"
-    )
+    raise ConfigError(f"{key}={value!r} ({source}): expected {_type_name(default)}, got {_type_name(value)}")
   return value
 
 
@@ -218,20 +216,18 @@ def _apply_length_aliases(merger: _Merger) -> None:
   if prefill != -1:
     if "max_prompt_length" in set_by and v["max_prompt_length"] != prefill:
       raise ConfigError(
-          f"max_prefill_predict_length={prefill} conflicts with max_prompt_length="
-          f"{v['max_prompt_length']}; set one of them"
+        f"max_prefill_predict_length={prefill} conflicts with max_prompt_length="
+        f"{v['max_prompt_length']}; set one of them"
       )
     v["max_prompt_length"] = prefill
   if target != -1:
     response = target - v["max_prompt_length"]
     if response <= 0:
-      raise ConfigError(
-          f"max_target_length={target} must exceed the prompt length {v['max_prompt_length']}"
-      )
+      raise ConfigError(f"max_target_length={target} must exceed the prompt length {v['max_prompt_length']}")
     if "max_response_length" in set_by and v["max_response_length"] != response:
       raise ConfigError(
-          f"max_target_length={target} implies max_response_length={response}, which conflicts "
-          f"with max_response_length={v['max_response_length']}; set one of them"
+        f"max_target_length={target} implies max_response_length={response}, which conflicts "
+        f"with max_response_length={v['max_response_length']}; set one of them"
       )
     v["max_response_length"] = response
   v["max_prefill_predict_length"] = v["max_prompt_length"]
@@ -239,19 +235,45 @@ def _apply_length_aliases(merger: _Merger) -> None:
 
 
 # Keys only agentic GRPO reads (rl.use_agentic_rollout=true); standard GRPO refuses them.
-AGENTIC_ONLY_KEYS = ("rl.max_concurrency", "rl.off_policy_steps", "rl.system_prompt", "rl.sampler_is",
-                     "rl.sampler_is_threshold", "rl.logp_check_period", "rl.filter_zero_variance_groups",
-                     "rl.tools", "rl.tools_path", "rl.max_turns", "rl.tool_timeout_s", "rl.tool_memory_mb",
-                     "rl.tool_output_max_chars", "rl.tool_sandbox")
+AGENTIC_ONLY_KEYS = (
+  "rl.max_concurrency",
+  "rl.off_policy_steps",
+  "rl.system_prompt",
+  "rl.sampler_is",
+  "rl.sampler_is_threshold",
+  "rl.logp_check_period",
+  "rl.filter_zero_variance_groups",
+  "rl.tools",
+  "rl.tools_path",
+  "rl.max_turns",
+  "rl.tool_timeout_s",
+  "rl.tool_memory_mb",
+  "rl.tool_output_max_chars",
+  "rl.tool_sandbox",
+)
 # Keys that configure LoRA adapters; lora_rank=0 (full fine-tuning) refuses them.
 LORA_KEYS = ("lora_alpha", "lora_module_path", "lora_input_adapters_path")
 # Keys only evaluation reads; num_test_batches=0 (no evaluation) refuses them.
-EVAL_KEYS = ("eval_dataset_name", "eval_split", "eval_batch_size", "eval_sampling_strategy", "num_eval_passes",
-             "eval_mode", "eval_interval", "eval_make_lst")
+EVAL_KEYS = (
+  "eval_dataset_name",
+  "eval_split",
+  "eval_batch_size",
+  "eval_sampling_strategy",
+  "num_eval_passes",
+  "eval_mode",
+  "eval_interval",
+  "eval_make_lst",
+)
 # Keys the format-tag rewards read; answer_format=last_number refuses them.
-TAG_REWARD_KEYS = ("reward_exact_format_match", "reward_white_space_format_match", "reward_partial_format_match",
-                   "reward_ratio_guess_to_answer_high", "reward_ratio_guess_to_answer_low",
-                   "penalty_incorrect_format", "penalty_incorrect_answer")
+TAG_REWARD_KEYS = (
+  "reward_exact_format_match",
+  "reward_white_space_format_match",
+  "reward_partial_format_match",
+  "reward_ratio_guess_to_answer_high",
+  "reward_ratio_guess_to_answer_low",
+  "penalty_incorrect_format",
+  "penalty_incorrect_answer",
+)
 
 
 def _check_modes(merger: _Merger, changed: list[str]) -> None:
@@ -271,53 +293,91 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   if v["num_test_batches"] == 0:
     ignored.update({k: ("num_test_batches=0 runs no evaluation", "num_test_batches") for k in EVAL_KEYS})
   tools = v["rl.tools"]
-  tool_users = {"rl.max_turns": bool(tools), "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
-                "rl.tool_memory_mb": "python" in tools, "rl.tool_output_max_chars": "python" in tools,
-                "rl.tool_sandbox": "python" in tools}
+  tool_users = {
+    "rl.max_turns": bool(tools),
+    "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
+    "rl.tool_memory_mb": "python" in tools,
+    "rl.tool_output_max_chars": "python" in tools,
+    "rl.tool_sandbox": "python" in tools,
+  }
   for key, used in tool_users.items():
     if not used:
       ignored.setdefault(key, (f"no tool it limits is in rl.tools={tools}", "rl.tools"))
   if v["rollout_engine"] != "batched":
-    ignored.setdefault("rl.logp_check_period",
-                       ("only the batched engine returns sampler log-probs to check", "rollout_engine"))
+    ignored.setdefault(
+      "rl.logp_check_period", ("only the batched engine returns sampler log-probs to check", "rollout_engine")
+    )
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
   if v["lora_rank"] == 0:
     ignored.update({k: ("lora_rank=0 trains the full weights, without adapters", "lora_rank") for k in LORA_KEYS})
   if v["answer_format"] == "last_number":
-    ignored.update({k: ("answer_format=last_number rewards the last number only", "answer_format")
-                    for k in TAG_REWARD_KEYS})
+    ignored.update(
+      {k: ("answer_format=last_number rewards the last number only", "answer_format") for k in TAG_REWARD_KEYS}
+    )
   for key in changed:
     if key not in ignored:
       continue
     reason, decider = ignored[key]
     if merger.layer.get(key, -1) < merger.layer.get(decider, -1):
-      log.warning("%s=%r (from %s) is not used: %s (%s=%r from %s)", key, v[key], merger.set_by[key], reason,
-                  decider, v[decider], merger.set_by[decider])
+      log.warning(
+        "%s=%r (from %s) is not used: %s (%s=%r from %s)",
+        key,
+        v[key],
+        merger.set_by[key],
+        reason,
+        decider,
+        v[decider],
+        merger.set_by[decider],
+      )
       continue
     raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({reason}); remove it or change the mode")
 
 
 # Keys naming a file or folder the program reads or writes, with os-level file access.
-PATH_KEYS = ("base_output_directory", "jax_cache_dir", "load_parameters_path", "tokenizer_path", "hf_output_path",
-             "lora_input_adapters_path", "tfds_data_dir", "dataset_processor_path", "data_template_path",
-             "reward_functions_path", "rl.tools_path", "dataset_name", "eval_dataset_name")
-# Inputs that a program reads from a local copy when they are on a bucket (with_local_inputs).
-_COPIED_INPUTS = ("load_parameters_path", "tokenizer_path", "tfds_data_dir", "dataset_processor_path",
-                  "data_template_path", "reward_functions_path", "rl.tools_path", "dataset_name", "eval_dataset_name")
+PATH_KEYS = (
+  "base_output_directory",
+  "jax_cache_dir",
+  "load_parameters_path",
+  "tokenizer_path",
+  "hf_output_path",
+  "lora_input_adapters_path",
+  "tfds_data_dir",
+  "dataset_processor_path",
+  "data_template_path",
+  "reward_functions_path",
+  "rl.tools_path",
+  "dataset_name",
+  "eval_dataset_name",
+)
+# Inputs that a program reads from a local copy when they are on a bucket (with_local_inputs); the
+# others are outputs, stay on the machine (jax_cache_dir) or are Orbax checkpoints, read in place.
+_COPIED_INPUTS = tuple(
+  k
+  for k in PATH_KEYS
+  if k not in ("base_output_directory", "jax_cache_dir", "hf_output_path", "lora_input_adapters_path")
+)
 
 
 def _check_paths(v: dict[str, Any]) -> None:
   for key in PATH_KEYS:
     storage.check(key, v[key])
   if storage.is_url(v["jax_cache_dir"]):
-    raise ConfigError(f"jax_cache_dir={v['jax_cache_dir']!r}: expected a local folder (the compilation cache "
-                      "belongs to the machine)")
+    raise ConfigError(
+      f"jax_cache_dir={v['jax_cache_dir']!r}: expected a local folder (the compilation cache belongs to the machine)"
+    )
 
 
 def _validate(v: dict[str, Any]) -> None:
   _check_paths(v)
-  for key in ("max_prompt_length", "max_response_length", "batch_size", "num_batches",
-              "eval_batch_size", "checkpoint_period", "num_epoch"):
+  for key in (
+    "max_prompt_length",
+    "max_response_length",
+    "batch_size",
+    "num_batches",
+    "eval_batch_size",
+    "checkpoint_period",
+    "num_epoch",
+  ):
     if v[key] <= 0:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
   if v["num_test_batches"] < 0:
@@ -327,19 +387,25 @@ def _validate(v: dict[str, Any]) -> None:
   total = v["max_prompt_length"] + v["max_response_length"]
   if total > v["max_position_embeddings"]:
     raise ConfigError(
-        f"max_prompt_length + max_response_length = {total} exceeds the context of "
-        f"{v['model_name']} (max_position_embeddings={v['max_position_embeddings']})"
+      f"max_prompt_length + max_response_length = {total} exceeds the context of "
+      f"{v['model_name']} (max_position_embeddings={v['max_position_embeddings']})"
     )
   for key in ("dtype", "weight_dtype"):
     if v[key] not in ("float32", "bfloat16"):
       raise ConfigError(f"{key}={v[key]!r}: expected float32 or bfloat16")
   if v["remat_policy"] not in ("none", "full"):
     raise ConfigError(f"remat_policy={v['remat_policy']!r}: expected none or full")
-  choices = {"eval_sampling_strategy": ("greedy", "standard", "liberal"), "eval_mode": ("pass", "maj", "pass_at_1"),
-             "rollout_engine": ("batched", "vanilla"), "rl.tool_sandbox": ("bwrap", "none")}
+  choices = {
+    "eval_sampling_strategy": ("greedy", "standard", "liberal"),
+    "eval_mode": ("pass", "maj", "pass_at_1"),
+    "rollout_engine": ("batched", "vanilla"),
+    "rl.tool_sandbox": ("bwrap", "none"),
+  }
   if v["rollout_engine"] == "vllm":
-    raise ConfigError("rollout_engine='vllm': not supported (nothing maps this program's parameters to vLLM's or "
-                      "syncs them after each step); expected one of batched, vanilla")
+    raise ConfigError(
+      "rollout_engine='vllm': not supported (nothing maps this program's parameters to vLLM's or "
+      "syncs them after each step); expected one of batched, vanilla"
+    )
   for key, allowed in choices.items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")
@@ -350,8 +416,9 @@ def _validate(v: dict[str, Any]) -> None:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
   micro = v["train_micro_batch_size"]
   if micro < 0 or (micro and v["batch_size"] % micro):
-    raise ConfigError(f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of "
-                      f"batch_size={v['batch_size']}")
+    raise ConfigError(
+      f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of batch_size={v['batch_size']}"
+    )
   for key in ("eval_interval", "rl.off_policy_steps", "rl.logp_check_period"):
     if v[key] < 0:
       raise ConfigError(f"{key}={v[key]}: expected an integer >= 0")
@@ -367,16 +434,22 @@ def _validate(v: dict[str, Any]) -> None:
   if v["answer_format"] not in ("tags", "last_number"):
     raise ConfigError(f"answer_format={v['answer_format']!r}: expected tags or last_number")
   if v["decode_sampling_temperature"] <= 0 and v["rl.use_agentic_rollout"] and v["rollout_engine"] == "batched":
-    raise ConfigError(f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
-                      "sampler's log-probs, which greedy rollouts do not have; expected a temperature > 0")
+    raise ConfigError(
+      f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
+      "sampler's log-probs, which greedy rollouts do not have; expected a temperature > 0"
+    )
   if v["decode_sampling_top_k"] < 0 or not 0.0 < v["decode_sampling_top_p"] <= 1.0:
-    raise ConfigError(f"decode_sampling_top_k={v['decode_sampling_top_k']}, decode_sampling_top_p="
-                      f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)")
+    raise ConfigError(
+      f"decode_sampling_top_k={v['decode_sampling_top_k']}, decode_sampling_top_p="
+      f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)"
+    )
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
   if v["lora_rank"] < 0 or v["lora_alpha"] <= 0:
-    raise ConfigError(f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
-                      "fine-tuning) and lora_alpha > 0")
+    raise ConfigError(
+      f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
+      "fine-tuning) and lora_alpha > 0"
+    )
   try:
     re.compile(v["lora_module_path"])
   except re.error as e:
@@ -386,13 +459,11 @@ def _validate(v: dict[str, Any]) -> None:
 def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:
   """The run's architecture must be the checkpoint's config.json."""
   diffs = [
-      f"{key}={values[key]!r} but config.json has {hf_arch[key]!r}"
-      for key in hf_arch
-      if values[key] != hf_arch[key]
+    f"{key}={values[key]!r} but config.json has {hf_arch[key]!r}" for key in hf_arch if values[key] != hf_arch[key]
   ]
   if diffs:
     raise ConfigError(
-        f"model_name={values['model_name']} does not match load_parameters_path={hf_path}: " + "; ".join(diffs)
+      f"model_name={values['model_name']} does not match load_parameters_path={hf_path}: " + "; ".join(diffs)
     )
 
 
@@ -423,8 +494,9 @@ class ResolvedConfig(Config):
   """The run config plus the keys set away from base.yml's defaults, and the URLs of the inputs
   replaced by local copies (with_local_inputs)."""
 
-  def __init__(self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]],
-               urls: dict[str, str] | None = None):
+  def __init__(
+    self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]], urls: dict[str, str] | None = None
+  ):
     super().__init__(values)
     object.__setattr__(self, "overridden", overridden)
     object.__setattr__(self, "urls", urls or {})
@@ -433,7 +505,7 @@ class ResolvedConfig(Config):
 def with_local_inputs(cfg: ResolvedConfig) -> ResolvedConfig:
   """cfg with every input on a bucket replaced by a local copy, but Orbax checkpoints, which Orbax
   reads where they are; config.yml keeps recording the URLs."""
-  from maxtext.checkpoint_conversion import orbax_checkpoint  # pylint: disable=import-outside-toplevel
+  from maxtext.checkpoint_conversion import orbax_checkpoint
 
   flat, urls = cfg.flat(), {}
   for key in _COPIED_INPUTS:
@@ -484,9 +556,7 @@ def initialize(argv: list[str]) -> ResolvedConfig:
   _validate(merger.values)
   _check_modes(merger, [k for k in merger.set_by if merger.values[k] != defaults[k]])
   overridden = {
-      k: (merger.values[k], merger.set_by.get(k, "derived"))
-      for k in merger.values
-      if merger.values[k] != defaults[k]
+    k: (merger.values[k], merger.set_by.get(k, "derived")) for k in merger.values if merger.values[k] != defaults[k]
   }
   return ResolvedConfig(_unflatten(merger.values), overridden)
 

@@ -35,12 +35,16 @@ import functools
 import logging
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+
+if TYPE_CHECKING:
+  from maxtext.models.decoder import Decoder
 
 log = logging.getLogger(__name__)
 
@@ -181,10 +185,12 @@ def _put_rows(cache, slots, rows):
 @functools.partial(jax.jit, static_argnums=(1,))
 def _resize(cache, rows: int):
   """The cache with `rows` rows: its first rows kept, any new ones empty."""
+
   def fit(x):
     if x.shape[0] >= rows:
       return x[:rows]
     return jnp.concatenate([x, jnp.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)])
+
   return jax.tree.map(fit, cache)
 
 
@@ -211,15 +217,22 @@ def _filled(r: _Request) -> int:
 
 def _cached(r: _Request) -> np.ndarray:
   """The tokens whose keys and values a request's slot holds (see _filled)."""
-  return np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)])[:_filled(r)]
+  return np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)])[: _filled(r)]
 
 
 class ContinuousBatcher:
   """Slots of one KV cache shared by concurrent generate requests (see the module docstring)."""
 
-  def __init__(self, model: nnx.Module, cache_size: int, max_batch_size: int, *,
-               version: Callable[[], int] = lambda: 0,
-               cache_dtype=None, prefill_chunk: int = 256):
+  def __init__(
+    self,
+    model: Decoder,
+    cache_size: int,
+    max_batch_size: int,
+    *,
+    version: Callable[[], int] = lambda: 0,
+    cache_dtype=None,
+    prefill_chunk: int = 256,
+  ):
     """version() returns the number to tag tokens with, read before each decode step; a change
     drops held prefixes. cache_size: the most tokens (prompt + completion) of one request."""
     graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
@@ -261,8 +274,10 @@ class ContinuousBatcher:
   def submit_many(self, prompts, params: SamplingParams, keys=None) -> list[concurrent.futures.Future]:
     """Queues several prompts at once (they are admitted together while slots are free, so prompts
     with a common prefix, such as a GRPO group's, read it once); keys: one per prompt or None."""
-    requests = [_Request(self._checked(p, params), params, _key_data(k), concurrent.futures.Future())
-                for p, k in zip(prompts, keys or [None] * len(prompts))]
+    requests = [
+      _Request(self._checked(p, params), params, _key_data(k), concurrent.futures.Future())
+      for p, k in zip(prompts, keys or [None] * len(prompts))
+    ]
     with self._wake:
       if self._failure is not None:
         raise RuntimeError(f"the batcher failed: {self._failure}") from self._failure
@@ -285,8 +300,10 @@ class ContinuousBatcher:
     if len(prompt) == 0:
       raise ValueError("cannot generate from an empty prompt")
     if len(prompt) + params.max_new_tokens > self.cache_size:
-      raise ValueError(f"a prompt of {len(prompt)} tokens plus {params.max_new_tokens} tokens to generate exceeds "
-                       f"the KV cache of {self.cache_size} tokens")
+      raise ValueError(
+        f"a prompt of {len(prompt)} tokens plus {params.max_new_tokens} tokens to generate exceeds "
+        f"the KV cache of {self.cache_size} tokens"
+      )
     if params.top_k is not None and params.top_k < 1:
       raise ValueError(f"top_k must be None or >= 1, got {params.top_k}")
     return prompt
@@ -320,7 +337,7 @@ class ContinuousBatcher:
         if any(self._slots):
           self._step()
           self._shrink()
-    except BaseException as e:  # pylint: disable=broad-except
+    except BaseException as e:
       log.exception("continuous batcher failed")
       with self._wake:
         self._failure = e
@@ -347,8 +364,9 @@ class ContinuousBatcher:
       room = len(r.prompt) - 1
       held = [min(_shared_prefix(self._held[i], r.prompt), room) for i in free]
       best = max(range(len(free)), key=lambda j: (held[j], -free[j]))
-      shared, source = max(((min(_shared_prefix(tokens, r.prompt), room), slot) for slot, tokens in sources),
-                           default=(0, None))
+      shared, source = max(
+        ((min(_shared_prefix(tokens, r.prompt), room), slot) for slot, tokens in sources), default=(0, None)
+      )
       if shared > held[best]:
         taken.append((free.pop(0), r, shared, source))
       else:
@@ -414,8 +432,9 @@ class ContinuousBatcher:
     copies = [(source, slot, r, reused) for slot, r, reused, source in admitted if source is not None]
     if copies:
       n = _bucket(len(copies), self.max_batch_size)
-      pairs = np.array([[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)),
-                       np.int32)
+      pairs = np.array(
+        [[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)), np.int32
+      )
       self._cache = _put_rows(self._cache, pairs[:, 1], _take_rows(self._cache, pairs[:, 0]))
       self._feed([(slot, r, reused) for _, slot, r, reused in copies])
     for slot, r, _, _ in admitted:
@@ -427,16 +446,17 @@ class ContinuousBatcher:
     would run past the cache starts earlier, feeding again prompt tokens the slot already holds."""
     pending = [(slot, r, done) for slot, r, done in pending if done < len(r.prompt) - 1]
     while pending:
-      width = _chunk_width(max(len(r.prompt) - 1 - done for _, r, done in pending),
-                           min(self.prefill_chunk, self.cache_size))
+      width = _chunk_width(
+        max(len(r.prompt) - 1 - done for _, r, done in pending), min(self.prefill_chunk, self.cache_size)
+      )
       n = _bucket(len(pending), self.max_batch_size)
       group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
       starts = np.array([min(done, self.cache_size - width) for _, _, done in group], np.int32)
       tokens = np.zeros((n, width), np.int32)
       ends = np.zeros(n, np.int32)
       for i, (_, r, _) in enumerate(group):
-        part = r.prompt[starts[i]:min(starts[i] + width, len(r.prompt) - 1)]
-        tokens[i, :len(part)] = part
+        part = r.prompt[starts[i] : min(starts[i] + width, len(r.prompt) - 1)]
+        tokens[i, : len(part)] = part
         ends[i] = starts[i] + len(part)
       slots = np.array([slot for slot, _, _ in group], np.int32)
       rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts)
@@ -444,25 +464,29 @@ class ContinuousBatcher:
       pending = [(slot, r, int(ends[i])) for i, (slot, r, _) in enumerate(pending) if ends[i] < len(r.prompt) - 1]
 
   def _step(self) -> None:
-    requests = self._slots[:self.rows]
-    last = np.array([(r.tokens[-1] if r.tokens else r.prompt[-1]) if r is not None else 0 for r in requests],
-                    np.int32)
+    requests = self._slots[: self.rows]
+    last = np.array([(r.tokens[-1] if r.tokens else r.prompt[-1]) if r is not None else 0 for r in requests], np.int32)
     # A busy row feeds its next token after what it holds; an idle one writes past its held prefix.
-    positions = np.array([_filled(r) if r is not None else len(self._held[slot]) for slot, r in enumerate(requests)],
-                         np.int32)
+    positions = np.array(
+      [_filled(r) if r is not None else len(self._held[slot]) for slot, r in enumerate(requests)], np.int32
+    )
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
     keys = np.stack([r.key if r is not None else np.zeros(2, np.uint32) for r in requests])
     sampling, top_k, top_width = self._sampling_arrays(requests)
     read = self._weight_bytes + sum(x.nbytes for x in jax.tree.leaves(self._cache))
     shape = (len(requests), top_width)  # what a new decode program is compiled for
     started = time.perf_counter()
-    tokens, logp, self._cache = _decode(self._graphdef, self._state, self._cache, last, positions, steps, keys,
-                                        sampling, top_k, top_width)
+    tokens, logp, self._cache = _decode(
+      self._graphdef, self._state, self._cache, last, positions, steps, keys, sampling, top_k, top_width
+    )
     tokens, logp = np.asarray(tokens), np.asarray(logp)
     if shape in self._compiled:
       tokens_so_far, seconds, read_so_far = self._timed  # replaced whole: readers on other threads see one state
-      self._timed = (tokens_so_far + sum(r is not None for r in requests),
-                     seconds + time.perf_counter() - started, read_so_far + read)
+      self._timed = (
+        tokens_so_far + sum(r is not None for r in requests),
+        seconds + time.perf_counter() - started,
+        read_so_far + read,
+      )
     self._compiled.add(shape)
     self.decode_steps += 1
     for slot, r in enumerate(requests):
@@ -478,5 +502,8 @@ class ContinuousBatcher:
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._slots[slot] = None
       self._held[slot] = _cached(r) if r.version == self.version else np.zeros(0, np.int32)
-      r.future.set_result(Completion(np.array(r.tokens, np.int32), np.array(r.logprobs, np.float32),
-                                     np.array(r.versions, np.int32), stopped))
+      r.future.set_result(
+        Completion(
+          np.array(r.tokens, np.int32), np.array(r.logprobs, np.float32), np.array(r.versions, np.int32), stopped
+        )
+      )

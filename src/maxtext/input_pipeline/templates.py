@@ -35,8 +35,12 @@ def _example_turns(data: dict, path: str) -> list[dict[str, str]]:
   if not isinstance(turns, list):
     raise errors.InputError(f"data_template_path={path}: EXAMPLES is {type(turns).__name__}; {expected}")
   for i, turn in enumerate(turns):
-    if (not isinstance(turn, dict) or set(turn) != {"role", "content"} or turn["role"] not in _EXAMPLE_ROLES
-        or not isinstance(turn["content"], str)):
+    if (
+      not isinstance(turn, dict)
+      or set(turn) != {"role", "content"}
+      or turn["role"] not in _EXAMPLE_ROLES
+      or not isinstance(turn["content"], str)
+    ):
       raise errors.InputError(f"data_template_path={path}: EXAMPLES[{i}] is {turn!r}; {expected}")
   return [dict(t) for t in turns]
 
@@ -63,8 +67,10 @@ class PromptTemplate:
     missing = [k for k in _FIELDS if k not in data]
     if missing:
       raise errors.InputError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
-    tags = {k: getattr(cfg, k) for k in ("reasoning_start_token", "reasoning_end_token",
-                                         "solution_start_token", "solution_end_token")}
+    tags = {
+      k: getattr(cfg, k)
+      for k in ("reasoning_start_token", "reasoning_end_token", "solution_start_token", "solution_end_token")
+    }
     self.config = data
     self.system_prompt = data["SYSTEM_PROMPT"].format(**tags)
     self.template = data["TEMPLATE"]

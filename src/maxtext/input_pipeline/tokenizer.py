@@ -43,19 +43,21 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
     return None if idx is None else tokens[idx]
 
   return transformers.PreTrainedTokenizerFast(
-      tokenizer_object=tok,
-      bos_token=token("bos"),
-      eos_token=token("eos"),
-      unk_token=token("unknown"),
-      pad_token=token("padding"),
-      chat_template=gguf_reader.field(reader, "tokenizer.chat_template"),
+    tokenizer_object=tok,
+    bos_token=token("bos"),
+    eos_token=token("eos"),
+    unk_token=token("unknown"),
+    pad_token=token("padding"),
+    chat_template=gguf_reader.field(reader, "tokenizer.chat_template"),
   )
 
 
 def _from_sentencepiece(path: str) -> transformers.PreTrainedTokenizerBase:
   """A Llama-style sentencepiece model; the chat template comes from chat_template.jinja or
   tokenizer_config.json beside it."""
-  return transformers.LlamaTokenizer.from_pretrained(os.path.dirname(path) or ".", vocab_file=path, local_files_only=True)
+  return transformers.LlamaTokenizer.from_pretrained(
+    os.path.dirname(path) or ".", vocab_file=path, local_files_only=True
+  )
 
 
 def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
@@ -66,6 +68,7 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
     if os.path.isfile(os.path.join(path, "tokenizer.model")):
       path = os.path.join(path, "tokenizer.model")
+  tok: transformers.PreTrainedTokenizerBase
   if path.endswith(".gguf"):
     tok = _from_gguf(path)
   elif path.endswith(".model"):
@@ -76,7 +79,10 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
       raise errors.MissingInputError(f"tokenizer_path={path}: expected tokenizer.json or tokenizer.model in {folder}")
     tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
   else:
-    raise errors.InputError(f"tokenizer_path={path}: expected a .gguf file, a sentencepiece .model file, tokenizer.json or an HF tokenizer directory")
+    raise errors.InputError(
+      f"tokenizer_path={path}: expected a .gguf file, a sentencepiece .model file, tokenizer.json or an HF "
+      "tokenizer directory"
+    )
   if tok.eos_token is None:
     raise errors.InputError(f"tokenizer_path={path}: the tokenizer defines no EOS token")
   if tok.pad_token is None or tok.pad_token_id == tok.eos_token_id:
@@ -96,7 +102,8 @@ def tokenizer_path(cfg) -> str:
     return cfg.tokenizer_path
   weights = cfg.load_parameters_path
   if hf_config.is_hf_checkpoint(weights) and any(
-      os.path.isfile(os.path.join(weights, f)) for f in ("tokenizer.json", "tokenizer.model")):
+    os.path.isfile(os.path.join(weights, f)) for f in ("tokenizer.json", "tokenizer.model")
+  ):
     return weights
   if cfg.model_name in assets.DEFAULT_TOKENIZERS:
     return assets.DEFAULT_TOKENIZERS[cfg.model_name]()

@@ -44,16 +44,20 @@ def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], so
   missing, unexpected = expected - set(arrays), set(arrays) - expected
   if missing or unexpected:
     raise errors.InputError(
-        f"{source}: parameters do not match the {mcfg.family} architecture; "
-        f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+      f"{source}: parameters do not match the {mcfg.family} architecture; "
+      f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
     )
   leaves = []
   for path, var in flat_abstract.items():
     name = param_name(path)
     arr = arrays[name]
     if tuple(arr.shape) != tuple(var.shape):
-      raise errors.InputError(f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model expects {tuple(var.shape)}")
-    sharding = jax.sharding.NamedSharding(mesh, nnx.spmd.get_var_pspec(var))
+      raise errors.InputError(
+        f"{source}: parameter {name} has shape {tuple(arr.shape)}, the model expects {tuple(var.shape)}"
+      )
+    pspec = nnx.spmd.get_var_pspec(var)
+    assert pspec is not None  # every parameter has a shape
+    sharding = jax.sharding.NamedSharding(mesh, pspec)
     value = jax.device_put(np.asarray(arr).astype(var.dtype), sharding)
     leaves.append((path, var.replace(value)))
   return nnx.merge(graphdef, nnx.from_flat_state(leaves))
@@ -74,16 +78,19 @@ def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
   weights = [param_name(p) for p, _ in nnx.to_flat_state(nnx.state(base, nnx.Param))]
   if not any(mcfg.adapts(w) for w in weights):
     adaptable = [w for w in weights if w.rsplit(".", 1)[-1] in LORA_INPUT_AXES]
-    raise errors.ConfigError(f"lora_module_path={mcfg.lora_module_path!r} matches no weight that takes a LoRA "
-                             f"adapter (dotted names such as {', '.join(adaptable[:7])})")
+    raise errors.ConfigError(
+      f"lora_module_path={mcfg.lora_module_path!r} matches no weight that takes a LoRA "
+      f"adapter (dotted names such as {', '.join(adaptable[:7])})"
+    )
   mesh = _mesh_of(base)
   graphdef, abstract, _ = _abstract(mcfg, mesh)
   lora_shardings = nnx.get_named_sharding(nnx.filter_state(abstract, nnx.LoRAParam), mesh)
 
   @jax.jit
   def init():
-    return jax.lax.with_sharding_constraint(nnx.state(Decoder(mcfg, rngs=nnx.Rngs(seed)), nnx.LoRAParam),
-                                            lora_shardings)
+    return jax.lax.with_sharding_constraint(
+      nnx.state(Decoder(mcfg, rngs=nnx.Rngs(seed)), nnx.LoRAParam), lora_shardings
+    )
 
   with jax.set_mesh(mesh):
     return nnx.merge(graphdef, nnx.state(base), init())
@@ -98,8 +105,10 @@ def base_of(model: Decoder) -> Decoder:
 
 def adapters(model: Decoder) -> dict[str, np.ndarray]:
   """Dotted adapter name (layers.0.attn.q_proj_lora_a) -> host array."""
-  return {param_name(path): distributed.host_array(var[...])
-          for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))}
+  return {
+    param_name(path): distributed.host_array(var[...])
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.LoRAParam))
+  }
 
 
 def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> None:
@@ -108,14 +117,18 @@ def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> 
   names = {param_name(p): p for p in current}
   missing, unexpected = set(names) - set(arrays), set(arrays) - set(names)
   if missing or unexpected:
-    raise errors.InputError(f"{source}: LoRA adapters do not match lora_rank/lora_module_path; missing "
-                            f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    raise errors.InputError(
+      f"{source}: LoRA adapters do not match lora_rank/lora_module_path; missing "
+      f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+    )
   leaves = []
   for name, path in names.items():
     var = current[path]
     if tuple(arrays[name].shape) != tuple(var.shape):
-      raise errors.InputError(f"{source}: adapter {name} has shape {tuple(arrays[name].shape)}, lora_rank="
-                              f"{model.config.lora_rank} expects {tuple(var.shape)}")
+      raise errors.InputError(
+        f"{source}: adapter {name} has shape {tuple(arrays[name].shape)}, lora_rank="
+        f"{model.config.lora_rank} expects {tuple(var.shape)}"
+      )
     leaves.append((path, var.replace(jax.device_put(np.asarray(arrays[name], var.dtype), var[...].sharding))))
   nnx.update(model, nnx.from_flat_state(leaves))
 

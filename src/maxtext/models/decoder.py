@@ -16,9 +16,9 @@ import math
 import re
 from typing import Any
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -50,29 +50,29 @@ class ModelConfig:
   lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
 
   @classmethod
-  def from_config(cls, cfg) -> "ModelConfig":
+  def from_config(cls, cfg) -> ModelConfig:
     scaling = cfg.rope_scaling
     return cls(
-        family=cfg.decoder_family,
-        vocab_size=cfg.vocab_size,
-        emb_dim=cfg.emb_dim,
-        num_layers=cfg.num_decoder_layers,
-        num_query_heads=cfg.num_query_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim,
-        mlp_dim=cfg.mlp_dim,
-        rope_theta=cfg.rope_max_timescale,
-        rope_scaling=tuple(sorted(scaling.to_dict().items())) if scaling else None,
-        norm_eps=cfg.normalization_layer_epsilon,
-        use_qk_norm=cfg.use_qk_norm,
-        tie_embeddings=cfg.logits_via_embedding,
-        dtype=jnp.dtype(cfg.dtype),
-        weight_dtype=jnp.dtype(cfg.weight_dtype),
-        remat=cfg.remat_policy == "full",
-        logical_axis_rules=tuple((name, tuple(axes)) for name, axes in cfg.logical_axis_rules),
-        lora_rank=cfg.lora_rank,
-        lora_alpha=float(cfg.lora_alpha),
-        lora_module_path=cfg.lora_module_path,
+      family=cfg.decoder_family,
+      vocab_size=cfg.vocab_size,
+      emb_dim=cfg.emb_dim,
+      num_layers=cfg.num_decoder_layers,
+      num_query_heads=cfg.num_query_heads,
+      num_kv_heads=cfg.num_kv_heads,
+      head_dim=cfg.head_dim,
+      mlp_dim=cfg.mlp_dim,
+      rope_theta=cfg.rope_max_timescale,
+      rope_scaling=tuple(sorted(scaling.to_dict().items())) if scaling else None,
+      norm_eps=cfg.normalization_layer_epsilon,
+      use_qk_norm=cfg.use_qk_norm,
+      tie_embeddings=cfg.logits_via_embedding,
+      dtype=jnp.dtype(cfg.dtype),
+      weight_dtype=jnp.dtype(cfg.weight_dtype),
+      remat=cfg.remat_policy == "full",
+      logical_axis_rules=tuple((name, tuple(axes)) for name, axes in cfg.logical_axis_rules),
+      lora_rank=cfg.lora_rank,
+      lora_alpha=float(cfg.lora_alpha),
+      lora_module_path=cfg.lora_module_path,
     )
 
   @property
@@ -110,12 +110,15 @@ class _Projections(nnx.Module):
       return
     n_in = LORA_INPUT_AXES[name]
     init_a = nnx.initializers.he_uniform(in_axis=tuple(range(n_in)), out_axis=-1)
-    lora = lambda value, lora_axes: nnx.LoRAParam(value, out_sharding=lora_axes, sharding_rules=cfg.logical_axis_rules,
-                                                  eager_sharding=False)
-    setattr(self, f"{name}_lora_a", lora(init_a(rngs.params(), (*shape[:n_in], cfg.lora_rank), jnp.float32),
-                                         (*axes[:n_in], None)))
-    setattr(self, f"{name}_lora_b", lora(jnp.zeros((cfg.lora_rank, *shape[n_in:]), jnp.float32),
-                                         (None, *axes[n_in:])))
+    lora = lambda value, lora_axes: nnx.LoRAParam(
+      value, out_sharding=lora_axes, sharding_rules=cfg.logical_axis_rules, eager_sharding=False
+    )
+    setattr(
+      self,
+      f"{name}_lora_a",
+      lora(init_a(rngs.params(), (*shape[:n_in], cfg.lora_rank), jnp.float32), (*axes[:n_in], None)),
+    )
+    setattr(self, f"{name}_lora_b", lora(jnp.zeros((cfg.lora_rank, *shape[n_in:]), jnp.float32), (None, *axes[n_in:])))
 
   def _project(self, cfg: ModelConfig, name: str, equation: str, x: jax.Array) -> jax.Array:
     """einsum(equation, x, weight) plus the adapter's (alpha / rank) x A B where it has one."""
@@ -129,7 +132,6 @@ class _Projections(nnx.Module):
 
 
 class RMSNorm(nnx.Module):
-
   def __init__(self, dim: int, cfg: ModelConfig, rngs: nnx.Rngs):
     self.eps = cfg.norm_eps
     self.scale = _param(cfg, rngs, nnx.initializers.ones, (dim,), ("norm",))
@@ -207,7 +209,7 @@ class Attention(_Projections):
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
-    scores = scores * (d ** -0.5)
+    scores = scores * (d**-0.5)
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, hq, d)
@@ -230,7 +232,6 @@ class MLP(_Projections):
 
 
 class DecoderLayer(nnx.Module):
-
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
     self.attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     self.attn = Attention(cfg, rngs, f"{path}.attn")
@@ -252,20 +253,21 @@ class Decoder(nnx.Module):
     self.layers = nnx.List([DecoderLayer(cfg, rngs, f"layers.{i}") for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     if not cfg.tie_embeddings:
-      self.lm_head = _param(cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size),
-                            ("embed", "vocab"))
+      self.lm_head = _param(
+        cfg, rngs, nnx.initializers.lecun_normal(), (cfg.emb_dim, cfg.vocab_size), ("embed", "vocab")
+      )
 
   @property
   def num_embed(self) -> int:
     return self.config.vocab_size
 
   def __call__(
-      self,
-      input_tokens: jax.Array,
-      positions: jax.Array,
-      cache: Cache | None,
-      attention_mask: jax.Array,
-      logits_from: int = 0,
+    self,
+    input_tokens: jax.Array,
+    positions: jax.Array,
+    cache: Cache | None,
+    attention_mask: jax.Array,
+    logits_from: int = 0,
   ) -> tuple[jax.Array, Cache | None]:
     """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
 
@@ -274,7 +276,7 @@ class Decoder(nnx.Module):
     """
     cfg = self.config
     x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
-    new_cache = None if cache is None else {}
+    new_cache: Cache | None = None if cache is None else {}
     for i, layer in enumerate(self.layers):
       name = f"layer_{i}"
       layer_cache = None if cache is None else cache[name]
@@ -293,10 +295,10 @@ class Decoder(nnx.Module):
     cfg = self.config
     shape = (batch_size, cache_size, cfg.num_kv_heads, cfg.head_dim)
     return {
-        f"layer_{i}": {
-            "k": jnp.zeros(shape, dtype),
-            "v": jnp.zeros(shape, dtype),
-            "end_index": jnp.zeros((batch_size,), jnp.int32),
-        }
-        for i in range(cfg.num_layers)
+      f"layer_{i}": {
+        "k": jnp.zeros(shape, dtype),
+        "v": jnp.zeros(shape, dtype),
+        "end_index": jnp.zeros((batch_size,), jnp.int32),
+      }
+      for i in range(cfg.num_layers)
     }

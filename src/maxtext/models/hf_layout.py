@@ -27,16 +27,18 @@ def _table(cfg: ModelConfig) -> list[tuple[str, str, str]]:
   for i in range(cfg.num_layers):
     hf, ours = f"model.layers.{i}.", f"layers.{i}."
     rows += [
-        (hf + "input_layernorm.weight", ours + "attn_norm.scale", "vector"),
-        (hf + "post_attention_layernorm.weight", ours + "mlp_norm.scale", "vector"),
-        (hf + "self_attn.q_proj.weight", ours + "attn.q_proj", "q"),
-        (hf + "self_attn.k_proj.weight", ours + "attn.k_proj", "kv"),
-        (hf + "self_attn.v_proj.weight", ours + "attn.v_proj", "kv"),
-        (hf + "self_attn.o_proj.weight", ours + "attn.o_proj", "o"),
+      (hf + "input_layernorm.weight", ours + "attn_norm.scale", "vector"),
+      (hf + "post_attention_layernorm.weight", ours + "mlp_norm.scale", "vector"),
+      (hf + "self_attn.q_proj.weight", ours + "attn.q_proj", "q"),
+      (hf + "self_attn.k_proj.weight", ours + "attn.k_proj", "kv"),
+      (hf + "self_attn.v_proj.weight", ours + "attn.v_proj", "kv"),
+      (hf + "self_attn.o_proj.weight", ours + "attn.o_proj", "o"),
     ]
     if cfg.use_qk_norm:
-      rows += [(hf + "self_attn.q_norm.weight", ours + "attn.q_norm.scale", "vector"),
-               (hf + "self_attn.k_norm.weight", ours + "attn.k_norm.scale", "vector")]
+      rows += [
+        (hf + "self_attn.q_norm.weight", ours + "attn.q_norm.scale", "vector"),
+        (hf + "self_attn.k_norm.weight", ours + "attn.k_norm.scale", "vector"),
+      ]
     rows += [(hf + f"mlp.{p}.weight", ours + f"mlp.{p}", "linear") for p in ("gate_proj", "up_proj", "down_proj")]
   return rows
 

@@ -26,17 +26,17 @@ def _check_gguf_architecture(path: str, cfg) -> None:
   reader = gguf_reader.open_gguf(path)
   arch = gguf_reader.field(reader, "general.architecture")
   expected = {
-      "num_decoder_layers": (f"{arch}.block_count", cfg.num_decoder_layers),
-      "emb_dim": (f"{arch}.embedding_length", cfg.emb_dim),
-      "mlp_dim": (f"{arch}.feed_forward_length", cfg.mlp_dim),
-      "num_query_heads": (f"{arch}.attention.head_count", cfg.num_query_heads),
-      "num_kv_heads": (f"{arch}.attention.head_count_kv", cfg.num_kv_heads),
-      "vocab_size": (f"{arch}.vocab_size", cfg.vocab_size),
+    "num_decoder_layers": (f"{arch}.block_count", cfg.num_decoder_layers),
+    "emb_dim": (f"{arch}.embedding_length", cfg.emb_dim),
+    "mlp_dim": (f"{arch}.feed_forward_length", cfg.mlp_dim),
+    "num_query_heads": (f"{arch}.attention.head_count", cfg.num_query_heads),
+    "num_kv_heads": (f"{arch}.attention.head_count_kv", cfg.num_kv_heads),
+    "vocab_size": (f"{arch}.vocab_size", cfg.vocab_size),
   }
   diffs = [
-      f"{key}={ours} but the file has {gguf_key}={gguf_reader.field(reader, gguf_key)}"
-      for key, (gguf_key, ours) in expected.items()
-      if gguf_reader.field(reader, gguf_key) not in (None, ours)
+    f"{key}={ours} but the file has {gguf_key}={gguf_reader.field(reader, gguf_key)}"
+    for key, (gguf_key, ours) in expected.items()
+    if gguf_reader.field(reader, gguf_key) not in (None, ours)
   ]
   if diffs:
     raise ConfigError(f"{path}: does not match model_name={cfg.model_name}: " + "; ".join(diffs))
@@ -46,8 +46,10 @@ def parameters_path(cfg) -> str:
   """The weights of the run; empty for a seeded random init."""
   if cfg.random_weights:
     if cfg.load_parameters_path:
-      raise ConfigError(f"random_weights=true and load_parameters_path={cfg.load_parameters_path}: "
-                        "expected one of them (random weights load nothing)")
+      raise ConfigError(
+        f"random_weights=true and load_parameters_path={cfg.load_parameters_path}: "
+        "expected one of them (random weights load nothing)"
+      )
     return ""
   if cfg.load_parameters_path:
     return cfg.load_parameters_path
@@ -69,14 +71,16 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
   if orbax_checkpoint.is_orbax_checkpoint(path):
     arrays = orbax_checkpoint.restore_arrays(path)
     if arrays and all(builder.is_adapter(name) for name in arrays):
-      raise ConfigError(f"load_parameters_path={path}: holds LoRA adapters only; set lora_input_adapters_path={path} "
-                        "(with the run's lora_rank) and load_parameters_path to the base weights they were trained on")
+      raise ConfigError(
+        f"load_parameters_path={path}: holds LoRA adapters only; set lora_input_adapters_path={path} "
+        "(with the run's lora_rank) and load_parameters_path to the base weights they were trained on"
+      )
     return arrays
   if not os.path.exists(path):
     raise errors.MissingInputError(f"load_parameters_path={path}: no such file or directory")
   raise ConfigError(
-      f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
-      "*.safetensors) or an Orbax checkpoint (<step>/model_params)"
+    f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
+    "*.safetensors) or an Orbax checkpoint (<step>/model_params)"
   )
 
 
@@ -87,9 +91,11 @@ def _check_adapters_config(path: str, cfg) -> None:
     saved = folder / "config.yml"
     if saved.is_file():
       trained = yaml.safe_load(saved.read_text()) or {}
-      diffs = [f"{key}={getattr(cfg, key)!r} but the adapters were trained with {key}={trained[key]!r}"
-               for key in ("lora_rank", "lora_alpha", "lora_module_path")
-               if key in trained and trained[key] != getattr(cfg, key)]
+      diffs = [
+        f"{key}={getattr(cfg, key)!r} but the adapters were trained with {key}={trained[key]!r}"
+        for key in ("lora_rank", "lora_alpha", "lora_module_path")
+        if key in trained and trained[key] != getattr(cfg, key)
+      ]
       if diffs:
         raise ConfigError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
       return
@@ -101,13 +107,17 @@ def _check_adapters_config(path: str, cfg) -> None:
 def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:
   """Dotted adapter names -> arrays from an Orbax checkpoint (a LoRA run's checkpoints/ or one step)."""
   if not orbax_checkpoint.is_orbax_checkpoint(path):
-    raise errors.MissingInputError(f"lora_input_adapters_path={path}: no Orbax checkpoint there (expected a run's "
-                                   "checkpoints/ folder or one <step> folder of it)")
+    raise errors.MissingInputError(
+      f"lora_input_adapters_path={path}: no Orbax checkpoint there (expected a run's "
+      "checkpoints/ folder or one <step> folder of it)"
+    )
   _check_adapters_config(path, cfg)
   adapters = {k: v for k, v in orbax_checkpoint.restore_arrays(path).items() if builder.is_adapter(k)}
   if not adapters:
-    raise errors.InputError(f"lora_input_adapters_path={path}: the checkpoint holds no LoRA adapters "
-                            "(a full fine-tuning run's checkpoint loads through load_parameters_path)")
+    raise errors.InputError(
+      f"lora_input_adapters_path={path}: the checkpoint holds no LoRA adapters "
+      "(a full fine-tuning run's checkpoint loads through load_parameters_path)"
+    )
   return adapters
 
 

@@ -9,9 +9,9 @@ gradients: the decoder runs on B / G prompts plus B completions instead of B who
 
 from __future__ import annotations
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
+from flax import nnx
 
 from maxtext.models.decoder import Decoder
 
@@ -33,11 +33,13 @@ class SharedPrefix(nnx.Module):
     p, g = self.prompt_length, self.group_size
     batch, length = input_tokens.shape
     if batch % g or not 0 < p < length:
-      raise ValueError(f"SharedPrefix: a batch of {batch} x {length} tokens does not hold groups of {g} rows"
-                       f" sharing {p} prompt tokens")
+      raise ValueError(
+        f"SharedPrefix: a batch of {batch} x {length} tokens does not hold groups of {g} rows sharing {p} prompt tokens"
+      )
     prompt_cache = self.model.init_cache(batch // g, length, self.model.config.dtype)
-    first, prompt_cache = self.model(input_tokens[::g, :p], positions[::g, :p], prompt_cache,
-                                     attention_mask[::g, :p], logits_from=p - 1)
+    first, prompt_cache = self.model(
+      input_tokens[::g, :p], positions[::g, :p], prompt_cache, attention_mask[::g, :p], logits_from=p - 1
+    )
     group_cache = jax.tree.map(lambda a: jnp.repeat(a, g, axis=0), prompt_cache)
     rest, _ = self.model(input_tokens[:, p:], positions[:, p:], group_cache, attention_mask[:, p:])
     return jnp.concatenate([jnp.repeat(first, g, axis=0), rest], axis=1), None

@@ -44,11 +44,17 @@ def initialize() -> None:
 def _explicit(env) -> dict:
   """jax.distributed.initialize's arguments from the environment; none where JAX detects the cluster."""
   if env.get("JAX_NUM_PROCESSES"):
-    return dict(coordinator_address=env["JAX_COORDINATOR_ADDRESS"], num_processes=int(env["JAX_NUM_PROCESSES"]),
-                process_id=int(env["JAX_PROCESS_ID"]))
+    return dict(
+      coordinator_address=env["JAX_COORDINATOR_ADDRESS"],
+      num_processes=int(env["JAX_NUM_PROCESSES"]),
+      process_id=int(env["JAX_PROCESS_ID"]),
+    )
   if env.get("NNODES") and env.get("NODE_RANK"):  # XPK's GPU workloads
-    return dict(coordinator_address=f"{env['JAX_COORDINATOR_ADDRESS']}:{env.get('JAX_COORDINATOR_PORT', '1234')}",
-                num_processes=int(env["NNODES"]), process_id=int(env["NODE_RANK"]))
+    return dict(
+      coordinator_address=f"{env['JAX_COORDINATOR_ADDRESS']}:{env.get('JAX_COORDINATOR_PORT', '1234')}",
+      num_processes=int(env["NNODES"]),
+      process_id=int(env["NODE_RANK"]),
+    )
   return {}
 
 
@@ -60,7 +66,7 @@ def is_main() -> bool:
 def barrier(name: str) -> None:
   """Waits until every process reaches the barrier of this name."""
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
 
     multihost_utils.sync_global_devices(name)
 
@@ -69,7 +75,7 @@ def gather(values: np.ndarray) -> np.ndarray:
   """Every process's `values` (same shape and dtype everywhere), stacked in process order."""
   if jax.process_count() == 1:
     return np.asarray(values)[None]
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(np.asarray(values)))
 
@@ -82,7 +88,7 @@ def from_main(value: int) -> int:
 def host_array(x: jax.Array) -> np.ndarray:
   """The whole of a (possibly multi-process) array on this host; every process must call it."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
-    from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+    from jax.experimental import multihost_utils
 
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(x)

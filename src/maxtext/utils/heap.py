@@ -38,7 +38,7 @@ def release_after_compiling() -> None:
   jax.monitoring.register_event_duration_secs_listener(_after_compile)
 
 
-def _after_compile(event: str, duration: float, **kwargs) -> None:
-  del duration, kwargs
+def _after_compile(event: str, duration_secs: float, **kwargs) -> None:
+  del duration_secs, kwargs
   if event == _COMPILED:
     release()

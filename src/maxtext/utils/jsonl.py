@@ -6,6 +6,7 @@ import json
 
 from maxtext.utils import errors
 
+
 def read(path: str) -> list[dict]:
   """The objects of a .jsonl file (blank lines skipped); a bad line is a ValueError naming file and line."""
   rows = []

@@ -31,8 +31,13 @@ def free_port() -> int:
 
 def environment(base: dict, process: int, processes: int, port: int, devices: int | None) -> dict:
   """The environment of process `process`: base plus what a cluster sets for it."""
-  env = dict(base, JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(processes),
-             JAX_PROCESS_ID=str(process), PYTHONUNBUFFERED="1")
+  env = dict(
+    base,
+    JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+    JAX_NUM_PROCESSES=str(processes),
+    JAX_PROCESS_ID=str(process),
+    PYTHONUNBUFFERED="1",
+  )
   if devices:
     env["XLA_FLAGS"] = f"{base.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip()
   return env
@@ -49,15 +54,21 @@ def _exit_code(returncode: int) -> int:
   return 128 - returncode if returncode < 0 else returncode
 
 
-def launch(command: list[str], processes: int, devices: int | None = None, port: int | None = None,
-           grace_s: float = 30.0) -> int:
+def launch(
+  command: list[str], processes: int, devices: int | None = None, port: int | None = None, grace_s: float = 30.0
+) -> int:
   """Runs command as `processes` processes; returns the launcher's exit code (see the module docstring)."""
   port = port or free_port()
   lock = threading.Lock()
   procs, forwarders = [], []
   for k in range(processes):
-    proc = subprocess.Popen(command, env=environment(dict(os.environ), k, processes, port, devices),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+      command,
+      env=environment(dict(os.environ), k, processes, port, devices),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      start_new_session=True,
+    )
     forwarders.append(threading.Thread(target=_forward, args=(proc.stdout, f"[p{k}] ", lock), daemon=True))
     forwarders[-1].start()
     procs.append(proc)
@@ -80,8 +91,12 @@ def launch(command: list[str], processes: int, devices: int | None = None, port:
       failed = [p for p in procs if p.poll() not in (None, 0)]
       if failed and failure is None and not forwarded:
         failure = failed[0]
-        print(f"[launcher] process {procs.index(failure)} ended with exit code {_exit_code(failure.returncode)}; "
-              "ending the others", file=sys.stderr, flush=True)
+        print(
+          f"[launcher] process {procs.index(failure)} ended with exit code {_exit_code(failure.returncode)}; "
+          "ending the others",
+          file=sys.stderr,
+          flush=True,
+        )
         signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -102,8 +117,10 @@ def launch(command: list[str], processes: int, devices: int | None = None, port:
 
 def main(argv: list[str]) -> int:
   if "--" not in argv:
-    print("usage: python -m maxtext.utils.launch_local --processes N [--devices-per-process D] [--port P] -- "
-          "COMMAND ...", file=sys.stderr)
+    print(
+      "usage: python -m maxtext.utils.launch_local --processes N [--devices-per-process D] [--port P] -- COMMAND ...",
+      file=sys.stderr,
+    )
     return 2
   split = argv.index("--")
   parser = argparse.ArgumentParser(prog="python -m maxtext.utils.launch_local")
@@ -112,9 +129,9 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--port", type=int, default=None, help="the coordinator's port (default: a free one)")
   parser.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM to SIGKILL when ending the others")
   opts = parser.parse_args(argv[:split])
-  if opts.processes < 1 or not argv[split + 1:]:
+  if opts.processes < 1 or not argv[split + 1 :]:
     parser.error("--processes must be at least 1 and a command must follow --")
-  return launch(argv[split + 1:], opts.processes, opts.devices_per_process, opts.port, opts.grace_s)
+  return launch(argv[split + 1 :], opts.processes, opts.devices_per_process, opts.port, opts.grace_s)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes that split the batch of training examples.
 DATA_AXES = ("data", "fsdp")
 
+
 def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) sizes for num_devices; one -1 entry fills the remaining devices."""
   keys = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
@@ -27,12 +28,12 @@ def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
   if fills:
     if num_devices % fixed:
       raise ConfigError(
-          f"{dict(zip(keys, sizes))}: {num_devices} devices are not divisible by the fixed sizes ({fixed})"
+        f"{dict(zip(keys, sizes))}: {num_devices} devices are not divisible by the fixed sizes ({fixed})"
       )
     sizes[fills[0]] = num_devices // fixed
   if math.prod(sizes) != num_devices:
     raise ConfigError(
-        f"{dict(zip(keys, sizes))}: product {math.prod(sizes)} does not match the {num_devices} devices available"
+      f"{dict(zip(keys, sizes))}: product {math.prod(sizes)} does not match the {num_devices} devices available"
     )
   return tuple(sizes)
 
@@ -50,17 +51,17 @@ def create_meshes(cfg) -> tuple[Mesh, Mesh]:
     return mesh, mesh
   if jax.process_count() > 1:
     raise ConfigError(
-        f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: trainer and sampler on separate devices "
-        f"are not supported across {jax.process_count()} processes (each program would run on some processes' "
-        "devices only, while every process runs every program); leave both at 1.0"
+      f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: trainer and sampler on separate devices "
+      f"are not supported across {jax.process_count()} processes (each program would run on some processes' "
+      "devices only, while every process runs every program); leave both at 1.0"
     )
   n_train, n_sample = int(len(devices) * tf), int(len(devices) * sf)
   if n_train < 1 or n_sample < 1 or n_train + n_sample > len(devices):
     raise ConfigError(
-        f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: need at least one device each "
-        f"and no more than the {len(devices)} available (got {n_train} + {n_sample})"
+      f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: need at least one device each "
+      f"and no more than the {len(devices)} available (got {n_train} + {n_sample})"
     )
-  return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train:n_train + n_sample])
+  return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train : n_train + n_sample])
 
 
 def global_batch(tree, mesh: Mesh):

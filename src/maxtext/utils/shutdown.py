@@ -25,8 +25,10 @@ class Interrupted(RunStopped):
 
   def __init__(self, signum: int, step: int):
     self.signum, self.step, self.exit_code = signum, step, 128 + signum
-    super().__init__(f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint of step {step} "
-                     "is saved: rerun the same command to resume")
+    super().__init__(
+      f"stopped by {signal.Signals(signum).name} after step {step}; the checkpoint of step {step} "
+      "is saved: rerun the same command to resume"
+    )
 
 
 class NonFiniteError(RunStopped):
@@ -34,8 +36,10 @@ class NonFiniteError(RunStopped):
 
   def __init__(self, name: str, step: int, kept: int):
     self.step = step
-    super().__init__(f"{name} is not finite at step {step}; stopped, the last good checkpoint (step {kept}) is "
-                     "kept and later ones are moved to checkpoints/set_aside/")
+    super().__init__(
+      f"{name} is not finite at step {step}; stopped, the last good checkpoint (step {kept}) is "
+      "kept and later ones are moved to checkpoints/set_aside/"
+    )
 
 
 KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -70,10 +74,11 @@ class GracefulStop:
     if self.signum is not None:
       raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
     self.signum = signum
-    log.warning("%s received: stopping after the current step (send it again to abandon the step)",
-                signal.Signals(signum).name)
+    log.warning(
+      "%s received: stopping after the current step (send it again to abandon the step)", signal.Signals(signum).name
+    )
 
-  def __enter__(self) -> "GracefulStop":
+  def __enter__(self) -> GracefulStop:
     if threading.current_thread() is threading.main_thread():
       self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
     return self

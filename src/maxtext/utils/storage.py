@@ -37,8 +37,10 @@ def check(key: str, path: str) -> None:
   """Refuses a URL of a scheme other than gs://, naming the key."""
   found = scheme(path)
   if found and found not in SCHEMES:
-    raise errors.ConfigError(f"{key}={path!r}: {found}:// is not supported; expected a local path or "
-                             + " or ".join(f"{s}://bucket/path" for s in SCHEMES))
+    raise errors.ConfigError(
+      f"{key}={path!r}: {found}:// is not supported; expected a local path or "
+      + " or ".join(f"{s}://bucket/path" for s in SCHEMES)
+    )
 
 
 def use_emulator() -> None:
@@ -59,7 +61,7 @@ def join(base: str, *parts: str) -> str:
 
 def _fs(url: str):
   use_emulator()
-  import fsspec  # pylint: disable=import-outside-toplevel
+  import fsspec
 
   return fsspec.core.url_to_fs(url)
 
@@ -74,7 +76,7 @@ def exists(key: str, url: str) -> bool:
   try:
     fs, path = _fs(url)
     return fs.exists(path)
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise _failed(key, url, e) from e
 
 
@@ -100,7 +102,7 @@ def download(key: str, url: str, local: str, skip: str | None = None) -> None:
       fs.get_file(path, local)
   except errors.InputError:
     raise
-  except Exception as e:  # pylint: disable=broad-except
+  except Exception as e:
     raise _failed(key, url, e) from e
 
 

@@ -14,6 +14,7 @@ def load_file(path: str, key: str) -> types.ModuleType:
   if not os.path.isfile(path):
     raise errors.MissingInputError(f"{key}={path}: file not found")
   spec = importlib.util.spec_from_file_location(f"user_{key.replace('.', '_')}", path)
+  assert spec is not None and spec.loader is not None
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module

@@ -36,7 +36,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import grain
 import numpy as np
@@ -49,8 +49,12 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 from maxtext.integration.tunix import metrics, prefix_sharing, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
-from maxtext.integration.tunix.trajectories import (TrajectoryEngine, agent_kwargs, joined_assistant_turns,
-                                                    without_examples)
+from maxtext.integration.tunix.trajectories import (
+  TrajectoryEngine,
+  agent_kwargs,
+  joined_assistant_turns,
+  without_examples,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +80,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   _rollout_error: Exception | None = None
   _checked_step = -1
 
-  def __init__(self, *args, logp_check_period: int, before_step: Callable[[int], None] | None = None,
-               **kwargs):
+  def __init__(self, *args, logp_check_period: int, before_step: Callable[[int], None] | None = None, **kwargs):
     """before_step(steps_done) runs between global steps (it may raise to stop training);
     logp_check_period: see _trainer_recomputes."""
     super().__init__(*args, **kwargs)
@@ -117,12 +120,15 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       else:
         if env is not None:
           env.task["policy_version"] = self.policy_version
-        out = self.rl_cluster.generate(prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN,
-                                       max_generation_steps=max_generation_steps)
+        out = self.rl_cluster.generate(
+          prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN, max_generation_steps=max_generation_steps
+        )
       if self.algo_config.use_rollout_logps and out.logprobs is None:
-        raise ValueError(f"the old policy's log-probs are the sampler's here, but the rollout engine "
-                         f"{type(self.rl_cluster.rollout).__name__} returned none (Tunix would train against "
-                         "zeros); the batched engine returns them")
+        raise ValueError(
+          f"the old policy's log-probs are the sampler's here, but the rollout engine "
+          f"{type(self.rl_cluster.rollout).__name__} returned none (Tunix would train against "
+          "zeros); the batched engine returns them"
+        )
     except Exception as e:
       if self._rollout_error is None:
         self._rollout_error = e
@@ -132,13 +138,15 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     if env is not None and versions and len(versions[0]):
       # The sample's version is that of its oldest token over all turns (Tunix tags the latest call).
       env.task["policy_version"] = env.task[_OLDEST_VERSION] = min(
-          int(versions[0].min()), env.task.get(_OLDEST_VERSION, int(versions[0].min())))
+        int(versions[0].min()), env.task.get(_OLDEST_VERSION, int(versions[0].min()))
+      )
     return out
 
   def _current_version(self) -> int:
     """The version lags are measured from: the engine's weights version when it tags tokens, else
     Tunix's policy version."""
-    return getattr(self.rl_cluster.rollout, "version", self.policy_version)
+    policy_version: int = self.policy_version
+    return getattr(self.rl_cluster.rollout, "version", policy_version)
 
   def _put_prompts_to_queue(self, prompt_queue, batch):
     self._prompt_queue = prompt_queue
@@ -162,8 +170,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
     recomputes = self._trainer_recomputes(mode, expected_step)
     if recomputes and not self.should_sync_weights:  # shared mesh: the samples came from the live weights
-      self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(  # pylint: disable=protected-access
-          nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
+      self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(
+        nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host"
+      )
     conversations = [without_examples(item.traj.get("conversation_text") or []) for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
       self._log_conversations(conversations, expected_step)
@@ -185,14 +194,16 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update({"zero_signal_groups": zero, "groups": groups})
       fraction = totals["zero_signal_groups"] / totals["groups"]
-    self.rl_cluster.buffer_metrics_async({metrics.ZERO_SIGNAL: (fraction, step_metrics.last)},
-                                         mode=rl_cluster_lib.Mode.TRAIN, step=step)
+    self.rl_cluster.buffer_metrics_async(
+      {metrics.ZERO_SIGNAL: (fraction, step_metrics.last)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
+    )
 
   def _log_idle(self, closed: tuple[int, float] | None) -> None:
     if closed is not None:
       step, fraction = closed
-      self.rl_cluster.buffer_metrics_async({"trainer/idle_fraction": (fraction, np.mean)},
-                                           mode=rl_cluster_lib.Mode.TRAIN, step=step)
+      self.rl_cluster.buffer_metrics_async(
+        {"trainer/idle_fraction": (fraction, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
+      )
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
     """Logs the step's tool and turn metrics from running totals, and step_metrics.rollout_metrics: Tunix
@@ -203,8 +214,9 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update(step_metrics.conversation_counts(conversations))
       counts = {k: (v, step_metrics.last) for k, v in step_metrics.conversation_metrics(totals).items()}
-      self.rl_cluster.buffer_metrics_async({**counts, **step_metrics.rollout_metrics(self.rl_cluster)},
-                                           mode=rl_cluster_lib.Mode.TRAIN, step=step)
+      self.rl_cluster.buffer_metrics_async(
+        {**counts, **step_metrics.rollout_metrics(self.rl_cluster)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
+      )
 
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
@@ -225,13 +237,15 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
         if self._before_step is not None:
           self._before_step(self._checked_step)
       prefix_sharing.check_groups(np.concatenate([ex.prompt_ids for ex in batch]), self.algo_config.num_generations)
-      versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch
-                  if getattr(ex, "policy_version", None) is not None]
+      versions = [
+        np.asarray(ex.policy_version).reshape(-1) for ex in batch if getattr(ex, "policy_version", None) is not None
+      ]
       if versions:
         lags = self._current_version() - np.concatenate(versions)
         self.rl_cluster.buffer_metrics_async(
-            {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
-            mode=rl_cluster_lib.Mode.TRAIN, step=self.rl_cluster.global_steps,
+          {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
+          mode=rl_cluster_lib.Mode.TRAIN,
+          step=self.rl_cluster.global_steps,
         )
       yield batch
     self._log_idle(idle.close(at=idle.wait_start))
@@ -242,14 +256,15 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
 _OLDEST_VERSION = "oldest_token_policy_version"
 
 
-def build_learner(cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None,
-                  before_step: Callable[[int], None] | None = None) -> AgenticGRPOLearner:
+def build_learner(
+  cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None, before_step: Callable[[int], None] | None = None
+) -> AgenticGRPOLearner:
   return AgenticGRPOLearner(
-      before_step=before_step,
-      logp_check_period=cfg.rl.logp_check_period,
-      rl_cluster=cluster,
-      algo_config=grpo_config(cfg, parser.system_prompt),
-      reward_fns=list(reward_fns),
-      chat_parser=parser,
-      **agent_kwargs(cfg, tool_map, parser.example_turns),
+    before_step=before_step,
+    logp_check_period=cfg.rl.logp_check_period,
+    rl_cluster=cluster,
+    algo_config=grpo_config(cfg, parser.system_prompt),
+    reward_fns=list(reward_fns),
+    chat_parser=parser,
+    **agent_kwargs(cfg, tool_map, parser.example_turns),
   )

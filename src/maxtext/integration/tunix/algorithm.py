@@ -8,6 +8,8 @@ import logging
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.grpo import grpo_learner
 
+from maxtext.integration.tunix import losses
+
 log = logging.getLogger(__name__)
 
 
@@ -21,30 +23,33 @@ class GRPOConfig(grpo_learner.GRPOConfig):
 
 def grpo_config(cfg, system_prompt: str = "") -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
   """The learner's algorithm config: agentic GRPO's (with the conversations' system prompt) when
-  rl.use_agentic_rollout, else standard GRPO's."""
+  rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are registered."""
+  losses.register()
   rl = cfg.rl
   common = dict(
-      num_generations=rl.num_generations,
-      num_iterations=rl.num_iterations,
-      beta=rl.grpo_beta,
-      kl_loss_mode=rl.kl_loss_mode,
-      epsilon=rl.grpo_epsilon,
-      epsilon_high=rl.grpo_epsilon if rl.epsilon_high < 0 else rl.epsilon_high,
-      loss_algo=rl.loss_algo,
-      loss_agg_mode=rl.loss_agg_mode,
+    advantage_estimator=rl.advantage_estimator,
+    policy_loss_fn=rl.policy_loss_fn,
+    num_generations=rl.num_generations,
+    num_iterations=rl.num_iterations,
+    beta=rl.grpo_beta,
+    kl_loss_mode=rl.kl_loss_mode,
+    epsilon=rl.grpo_epsilon,
+    epsilon_high=rl.grpo_epsilon if rl.epsilon_high < 0 else rl.epsilon_high,
+    loss_algo=rl.loss_algo,
+    loss_agg_mode=rl.loss_agg_mode,
   )
   if not rl.use_agentic_rollout:
     return GRPOConfig(**common)
   config = agentic_grpo_learner.GRPOConfig(
-      **common,
-      system_prompt=system_prompt,
-      max_concurrency=rl.max_concurrency,
-      off_policy_steps=rl.off_policy_steps,
-      max_response_length=cfg.max_response_length,
-      sampler_is=rl.sampler_is or None,
-      sampler_is_threshold=rl.sampler_is_threshold,
-      degenerate_group_masking=rl.filter_zero_variance_groups,
-      use_rollout_logps=cfg.rollout_engine == "batched",
+    **common,
+    system_prompt=system_prompt,
+    max_concurrency=rl.max_concurrency,
+    off_policy_steps=rl.off_policy_steps,
+    max_response_length=cfg.max_response_length,
+    sampler_is=rl.sampler_is or None,
+    sampler_is_threshold=rl.sampler_is_threshold,
+    degenerate_group_masking=rl.filter_zero_variance_groups,
+    use_rollout_logps=cfg.rollout_engine == "batched",
   )
   log.info("Agentic GRPO algorithm config: %s", config)
   return config

@@ -29,19 +29,19 @@ from maxtext.input_pipeline.templates import PromptTemplate
 log = logging.getLogger(__name__)
 
 PREFIX_PRESERVING_CHATML = (
-    "{% for m in messages %}"
-    "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
-    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+  "{% for m in messages %}"
+  "{% if m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+  "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+  "{% endfor %}"
+  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 # The conversation shape the prefix check renders: every role an agent produces, two assistant turns.
 _PROBE = [
-    {"role": "system", "content": "S"},
-    {"role": "user", "content": "U"},
-    {"role": "assistant", "content": "A1"},
-    {"role": "tool", "content": "T"},
-    {"role": "assistant", "content": "A2"},
+  {"role": "system", "content": "S"},
+  {"role": "user", "content": "U"},
+  {"role": "assistant", "content": "A1"},
+  {"role": "tool", "content": "T"},
+  {"role": "assistant", "content": "A2"},
 ]
 
 
@@ -64,8 +64,11 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     self._tokenizer_for_render = tokenizer
     problem = self._prefix_problem()
     if problem:
-      log.warning("The tokenizer's chat template is not prefix-preserving (%s); using the prefix-preserving "
-                  "ChatML variant for agentic rollouts", problem)
+      log.warning(
+        "The tokenizer's chat template is not prefix-preserving (%s); using the prefix-preserving "
+        "ChatML variant for agentic rollouts",
+        problem,
+      )
       self.template = PREFIX_PRESERVING_CHATML
       if self._prefix_problem():
         raise ValueError("no prefix-preserving chat template for this tokenizer")
@@ -78,7 +81,7 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
 
   def _init_generation_prompt(self) -> str:
     anchor = _PROBE[:2]
-    return self.render(anchor, add_generation_prompt=True)[len(self.render(anchor)):]
+    return self.render(anchor, add_generation_prompt=True)[len(self.render(anchor)) :]
 
   @property
   def assistant_token(self) -> str:
@@ -103,11 +106,11 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     eos = self._tokenizer_for_render.eos_token or ""
     turn = self.render(_PROBE[:3])
     end = turn.find(eos, turn.rindex(_PROBE[2]["content"])) if eos else -1
-    return turn[end + len(eos):] if end >= 0 else ""
+    return turn[end + len(eos) :] if end >= 0 else ""
 
   def _prefix_problem(self) -> str | None:
     for k in range(2, len(_PROBE)):
-      before, after = self.render(_PROBE[:k]), self.render(_PROBE[:k + 1])
+      before, after = self.render(_PROBE[:k]), self.render(_PROBE[: k + 1])
       if not after.startswith(before):
         return f"adding a {_PROBE[k]['role']} turn rewrites the earlier text"
       if _PROBE[k]["role"] == "assistant":
@@ -123,7 +126,7 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
       return self.render(messages, add_generation_prompt)
     anchor = _PROBE[:2]
     base = self.render(anchor)
-    return self.render(anchor + list(messages), add_generation_prompt)[len(base):]
+    return self.render(anchor + list(messages), add_generation_prompt)[len(base) :]
 
 
 def for_config(cfg, tokenizer) -> ConfigChatParser:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 from flax import nnx
@@ -19,6 +20,7 @@ from tunix.sft import utils as sft_utils
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
+from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap
 from maxtext.utils import mesh as mesh_lib
@@ -39,13 +41,19 @@ def steps_done(cluster: rl_cluster_lib.RLCluster, num_iterations: int) -> int:
 
 
 def optimizer(cfg) -> optax.GradientTransformation:
-  """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping."""
+  """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping. Weight
+  decay applies to matrices and embeddings only, as HF's Trainer does (norm scales and biases, the
+  one-dimensional parameters, are not decayed), unless adam_weight_decay_all."""
   warmup = int(cfg.warmup_steps_fraction * updates(cfg))
   schedule = optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.learning_rate, warmup_steps=warmup,
-      decay_steps=max(updates(cfg), warmup + 1), end_value=0.0,
+    init_value=0.0,
+    peak_value=cfg.learning_rate,
+    warmup_steps=warmup,
+    decay_steps=max(updates(cfg), warmup + 1),
+    end_value=0.0,
   )
-  adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay)
+  mask = None if cfg.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
+  adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay, mask=mask)
   if cfg.gradient_clipping_threshold > 0:
     return optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
   return adamw
@@ -58,7 +66,7 @@ def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
   return managers.AnySavePolicy([managers.FixedIntervalPolicy(interval), managers.PreemptionCheckpointingPolicy()])
 
 
-def reference_model(cfg, actor: nnx.Module) -> nnx.Module | None:
+def reference_model(cfg, actor: Decoder) -> nnx.Module | None:
   """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
   weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
   group's prompt once (SharedPrefix over the first max_prompt_length tokens, which the group's samples
@@ -94,45 +102,48 @@ class ReleaseFreedMemory(hooks.TrainingHooks):
     pass
 
 
-def build_cluster(cfg, actor: nnx.Module, tokenizer, trainer_mesh, sampler_mesh,
-                  sinks: metrics.MetricSinks, checkpoints: str) -> rl_cluster_lib.RLCluster:
+def build_cluster(
+  cfg, actor: Decoder, tokenizer, trainer_mesh, sampler_mesh, sinks: metrics.MetricSinks, checkpoints: str
+) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster, checkpointing under `checkpoints` (a local folder or gs://); with LoRA
   adapters in the actor (lora_rank > 0) Tunix trains, syncs and checkpoints only those."""
   reference = reference_model(cfg, actor)
   training = rl_cluster_lib.RLTrainingConfig(
-      actor_optimizer=optimizer(cfg),
-      eval_every_n_steps=updates(cfg) + 1,
-      max_steps=updates(cfg),
-      checkpoint_root_directory=checkpoints,
-      checkpointing_options=ocp.CheckpointManagerOptions(
-          save_decision_policy=save_policy(cfg.checkpoint_period * cfg.rl.num_iterations),
-          max_to_keep=cfg.max_num_checkpoints_to_keep
-      ),
-      metrics_logging_options=metrics_logger.MetricsLoggerOptions(
-          log_dir=sinks.log_dir,
-          run_name=cfg.run_name,
-          backend_kwargs={"custom_backend": sinks.factories()},
-      ),
-      data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
-      mini_batch_size=cfg.batch_size,
-      train_micro_batch_size=cfg.train_micro_batch_size or None,
+    actor_optimizer=optimizer(cfg),
+    eval_every_n_steps=updates(cfg) + 1,
+    max_steps=updates(cfg),
+    checkpoint_root_directory=checkpoints,
+    checkpointing_options=ocp.CheckpointManagerOptions(
+      save_decision_policy=save_policy(cfg.checkpoint_period * cfg.rl.num_iterations),
+      max_to_keep=cfg.max_num_checkpoints_to_keep,
+    ),
+    metrics_logging_options=metrics_logger.MetricsLoggerOptions(
+      log_dir=sinks.log_dir,
+      run_name=cfg.run_name,
+      backend_kwargs={"custom_backend": sinks.factories()},
+    ),
+    data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
+    mini_batch_size=cfg.batch_size,
+    train_micro_batch_size=cfg.train_micro_batch_size or None,
   )
   cluster_config = rl_cluster_lib.ClusterConfig(
-      role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
-      rollout_engine=rollout.rollout_engine(cfg),
-      training_config=training,
-      rollout_config=rollout.rollout_configs(cfg, tokenizer.eos_token_id),
+    role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
+    rollout_engine=rollout.rollout_engine(cfg),
+    training_config=training,
+    rollout_config=rollout.rollout_configs(cfg, tokenizer.eos_token_id),
   )
-  cluster = rl_cluster_lib.RLCluster(actor=actor, reference=reference, tokenizer=tokenizer,
-                                     cluster_config=cluster_config)
+  cluster = rl_cluster_lib.RLCluster(
+    actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config
+  )
   trainer = cluster.actor_trainer
   # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
   trainer.checkpoint_manager.close()
-  trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(trainer.config.checkpoint_root_directory,
-                                                                  trainer.config.checkpointing_options)
+  trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(
+    trainer.config.checkpoint_root_directory, trainer.config.checkpointing_options
+  )
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
-  trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)  # pylint: disable=protected-access
-  trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)  # pylint: disable=protected-access
+  trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)
+  trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)
   trainer.with_training_hooks(ReleaseFreedMemory())
   accumulation.install(trainer, training.actor_optimizer)
   feed_global_batches(cluster, trainer_mesh)
@@ -148,8 +159,9 @@ def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
   reference_logps, update_actor = cluster.get_ref_per_token_logps, cluster.update_actor
 
   def global_reference_logps(prompt_tokens, completion_tokens, *args, **kwargs):
-    return reference_logps(mesh_lib.global_batch(prompt_tokens, mesh), mesh_lib.global_batch(completion_tokens, mesh),
-                           *args, **kwargs)
+    return reference_logps(
+      mesh_lib.global_batch(prompt_tokens, mesh), mesh_lib.global_batch(completion_tokens, mesh), *args, **kwargs
+    )
 
   def global_update_actor(train_ds, eval_ds, skip_jit=False):
     return update_actor(mesh_lib.global_batch(train_ds, mesh), eval_ds, skip_jit)
@@ -179,7 +191,12 @@ def save_checkpoint(cluster: rl_cluster_lib.RLCluster) -> int:
   trainer = cluster.actor_trainer
   step = trainer.train_steps
   if (trainer.checkpoint_manager.latest_step() or 0) < step:
-    trainer.checkpoint_manager.save(step, trainer.model, trainer.optimizer, force=True,
-                                    save_only_lora_params=sft_utils.is_lora_enabled(trainer.model),
-                                    custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value})
+    trainer.checkpoint_manager.save(
+      step,
+      trainer.model,
+      trainer.optimizer,
+      force=True,
+      save_only_lora_params=sft_utils.is_lora_enabled(trainer.model),
+      custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value},
+    )
   return step

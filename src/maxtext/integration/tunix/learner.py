@@ -5,13 +5,14 @@ The private Tunix members used here are listed, with why, in private_api.py.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import cluster as cluster_lib, metrics, prefix_sharing, step_metrics
+from maxtext.integration.tunix import cluster as cluster_lib
+from maxtext.integration.tunix import metrics, prefix_sharing, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 
 
@@ -39,10 +40,10 @@ class GRPOLearner(grpo_learner.GRPOLearner):
 
     def sync_without_snapshot():
       sync()
-      self.rl_cluster._anchor_policy_state = None  # pylint: disable=protected-access
+      self.rl_cluster._anchor_policy_state = None
 
     self.rl_cluster.sync_weights = sync_without_snapshot
-    self.rl_cluster._anchor_policy_state = None  # pylint: disable=protected-access
+    self.rl_cluster._anchor_policy_state = None
 
   def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
     self._idle.wait_starts()
@@ -62,12 +63,17 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     self._idle.open(self.rl_cluster.global_steps)
     out = super()._run_global_step(*args, **kwargs)
     _, fraction = self._idle.close()
-    self.rl_cluster.buffer_metrics({"trainer/idle_fraction": (fraction, np.mean),
-                                    **step_metrics.rollout_metrics(self.rl_cluster)}, mode=rl_cluster_lib.Mode.TRAIN)
+    self.rl_cluster.buffer_metrics(
+      {"trainer/idle_fraction": (fraction, np.mean), **step_metrics.rollout_metrics(self.rl_cluster)},
+      mode=rl_cluster_lib.Mode.TRAIN,
+    )
     return out
 
 
 def build_learner(cfg, cluster, reward_fns, before_step=None) -> GRPOLearner:
   return GRPOLearner(
-      rl_cluster=cluster, algo_config=grpo_config(cfg), reward_fns=list(reward_fns), before_step=before_step,
+    rl_cluster=cluster,
+    algo_config=grpo_config(cfg),
+    reward_fns=list(reward_fns),
+    before_step=before_step,
   )

@@ -9,12 +9,11 @@ import math
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import numpy as np
 from metrax.logging import TensorboardBackend
-
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +38,11 @@ def parse_event(event: str, step: int, updates_per_step: int = 1) -> tuple[str, 
   return (name if prefix == "global" else f"{prefix}/{name}"), mode, step + 1
 
 
-_COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-                   "/jax/core/compile/backend_compile_duration")
+_COMPILE_EVENTS = (
+  "/jax/core/compile/jaxpr_trace_duration",
+  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+  "/jax/core/compile/backend_compile_duration",
+)
 
 
 class CompileClock:
@@ -54,13 +56,13 @@ class CompileClock:
     self._lock = threading.Lock()
     jax.monitoring.register_event_duration_secs_listener(self._on_duration)
 
-  def _on_duration(self, event: str, duration: float, **kwargs) -> None:
+  def _on_duration(self, event: str, duration_secs: float, **kwargs) -> None:
     del kwargs
     if event not in _COMPILE_EVENTS:
       return
     with self._lock:  # an event arrives as it ends: its span ends now, after every span before it
       end = time.monotonic()
-      start = end - duration
+      start = end - duration_secs
       while self._spans and self._spans[-1][1] >= start:
         s, e = self._spans.pop()
         self._seconds -= e - s
@@ -91,8 +93,14 @@ class JsonlBackend:
   (`compile_clock`) in that time.
   """
 
-  def __init__(self, path: str, lag: int = 2, on_row: Callable[[dict], None] | None = None,
-               compile_clock: Callable[[], float] = lambda: 0.0, updates_per_step: int = 1):
+  def __init__(
+    self,
+    path: str,
+    lag: int = 2,
+    on_row: Callable[[dict], None] | None = None,
+    compile_clock: Callable[[], float] = lambda: 0.0,
+    updates_per_step: int = 1,
+  ):
     """on_row: also called with each row as it is written; updates_per_step: see parse_event (a
     step's row holds its last update's trainer metrics)."""
     self._updates_per_step = updates_per_step
@@ -134,8 +142,7 @@ class JsonlBackend:
     earlier = [t for s, t in self._started.items() if s < step]
     begin = max(earlier) if earlier else self._origin
     end = self._started[step]
-    return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0],
-            "compile_s": end[1] - begin[1]}
+    return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0], "compile_s": end[1] - begin[1]}
 
   def _save_pending(self):
     tmp = self._pending + ".tmp"
@@ -146,8 +153,12 @@ class JsonlBackend:
   def _write(self, step: int):
     row = self._row(step)
     if row.get(ZERO_SIGNAL, 0.0) > 0.5:
-      log.warning("step %d: %.0f%% of the groups had equal rewards, so they carry no learning signal (make the task "
-                  "easier or harder for the model, or raise rl.num_generations)", step, 100 * row[ZERO_SIGNAL])
+      log.warning(
+        "step %d: %.0f%% of the groups had equal rewards, so they carry no learning signal (make the task "
+        "easier or harder for the model, or raise rl.num_generations)",
+        step,
+        100 * row[ZERO_SIGNAL],
+      )
     self._file.write(json.dumps(row) + "\n")
     self._file.flush()
     if self._on_row is not None:
@@ -214,11 +225,10 @@ class WandbRun:
   """A Weights & Biases run (wandb_project) that gets each metrics.jsonl row as it is written, so its
   steps arrive in order (late agentic scalars included)."""
 
-  def __init__(self, project: str, run_dir: str, config: dict | None = None):
-    import wandb  # pylint: disable=import-outside-toplevel
+  def __init__(self, project: str, name: str, folder: str, config: dict | None = None):
+    import wandb
 
-    self._run = wandb.init(project=project, name=os.path.basename(os.path.normpath(run_dir)), dir=run_dir,
-                           config=config, anonymous="allow")
+    self._run = wandb.init(project=project, name=name, dir=folder, config=config, anonymous="allow")
 
   def log(self, row: dict) -> None:
     self._run.log({k: v for k, v in row.items() if k != "step"}, step=row["step"])
@@ -246,9 +256,10 @@ class MetricSinks:
     self.log_dir = os.path.join(run_dir, "tensorboard")
     on_row = wandb.log if wandb is not None else None
     self._makers = {
-        "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
-        "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock,
-                                      updates_per_step),
+      "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
+      "jsonl": lambda: JsonlBackend(
+        os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, updates_per_step
+      ),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []
@@ -262,7 +273,7 @@ class MetricSinks:
   def _jsonl(self) -> JsonlBackend | None:
     """The open metrics.jsonl backend (None before Tunix asked for it and after close)."""
     sink = self._real.get("jsonl")
-    return sink._backend if sink is not None else None  # pylint: disable=protected-access
+    return sink._backend if sink is not None else None
 
   def nonfinite(self) -> tuple[str, int] | None:
     """The first (metric, step) at which the loss, the KL or a reward was NaN or infinite."""

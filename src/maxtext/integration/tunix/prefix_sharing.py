@@ -32,5 +32,7 @@ def check_groups(prompt_ids, group: int) -> None:
   """Raises unless the rows of prompt_ids [B, P] come in runs of `group` equal prompts."""
   prompts = np.asarray(prompt_ids)
   if len(prompts) % group or not (prompts.reshape(-1, group, prompts.shape[1]) == prompts[::group, None]).all():
-    raise RuntimeError(f"a batch of {len(prompts)} samples does not hold each prompt {group} times in a row; the "
-                       "shared-prefix GRPO loss needs that layout")
+    raise RuntimeError(
+      f"a batch of {len(prompts)} samples does not hold each prompt {group} times in a row; the "
+      "shared-prefix GRPO loss needs that layout"
+    )

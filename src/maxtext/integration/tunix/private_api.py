@@ -27,97 +27,249 @@ _AGENTIC = "tunix.rl.agentic.agentic_grpo_learner.GRPOLearner"
 _ENGINE = "tunix.rl.agentic.trajectory.trajectory_collect_engine.TrajectoryCollectEngine"
 
 DEPENDENCIES: tuple[PrivateDependency, ...] = (
-    # Standard GRPO (learner.py)
-    PrivateDependency(_GRPO, "_generate_and_compute_advantage", "override", ("self", "training_input", "mode"),
-                      "learner.py", "times sampling and scoring (trainer/idle_fraction) and counts the groups with "
-                      "equal rewards (frac_reward_zero_std): Tunix has no per-batch hook"),
-    PrivateDependency(_GRPO, "_run_global_step", "override",
-                      ("self", "full_batch_size", "mini_batch_size", "service_target_batch_size", "grad_acc_steps",
-                       "train_iterator", "eval_ds", "skip_jit"), "learner.py",
-                      "runs before_step between global steps (evaluation every eval_interval steps, the non-finite "
-                      "guard, signals) and logs per-step metrics: Tunix 0.1.7 has no step callback"),
-    PrivateDependency(_GRPO, "_last_iter_step", "write", None, "learner.py",
-                      "a resumed run fast-forwards the data by trainer micro-steps, which count every batch "
-                      "num_iterations times, so Tunix would skip batches never trained on; divided back"),
-    PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_save_last_checkpoint", "replace", ("self",),
-                      "cluster.py", "Tunix's end-of-training save omits the global step a rerun restores the data "
-                      "position from, so a resumed run would repeat data"),
-    PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_has_aux", "read", None, "accumulation.py",
-                      "the in-place accumulating train step calls the loss as Tunix's own step does (with_loss_fn "
-                      "sets it; there is no getter); Tunix's MultiSteps step writes a copy of the weights every "
-                      "micro-batch"),
-    PrivateDependency("tunix.sft.peft_trainer.PeftTrainer", "_shard_optimizer", "replace", ("self", "mesh"),
-                      "cluster.py", "Tunix's eager sharding constraint copies the whole optimizer state before the "
-                      "first step even where it is laid out already (a 1.6 GB transient on the demo)"),
-    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "learner.py",
-                      "the standard learner never reads the host copy of the weights Tunix keeps from every "
-                      "weight sync (only get_actor_per_token_logps does, which it does not call): dropped"),
-    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "_anchor_policy_state", "write", None, "agentic.py",
-                      "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
-                      "sampler check must use the weights the samples came from"),
-    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "get_actor_per_token_logps", "replace",
-                      ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size",
-                       "temperature"),
-                      "agentic.py", "skips the trainer's recomputation of the old policy's log-probs where the "
-                      "sampler's are used (Tunix always recomputes them, doubling the forward passes)"),
-    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "get_ref_per_token_logps", "replace",
-                      ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
-                      "cluster.py", "Tunix's shard_input takes each process's arrays as its share of the batch, "
-                      "while every process holds the whole batch: the inputs become global arrays first, which "
-                      "shard_input leaves as they are (tests/unit/test_tunix_private_api.py checks that)"),
-    PrivateDependency("tunix.rl.rl_cluster.RLCluster", "update_actor", "replace", ("self", "train_ds", "eval_ds",
-                                                                                    "skip_jit"),
-                      "cluster.py", "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input "
-                      "path of its own)"),
-    # Agentic GRPO (agentic.py)
-    PrivateDependency(_AGENTIC, "_model_call", "override", ("self", "chat_lists", "env", "max_generation_steps"),
-                      "agentic.py", "token in, token out (later turns continue the sampled token stream, Tunix "
-                      "re-renders and re-tokenizes the text), the oldest token's policy version, and failure "
-                      "recording so a failed rollout stops training instead of hanging it"),
-    PrivateDependency(_AGENTIC, "_put_prompts_to_queue", "override", ("self", "prompt_queue", "batch"), "agentic.py",
-                      "keeps the prompt queue to close it when a rollout fails (Tunix's producer would wait forever)"),
-    PrivateDependency(_AGENTIC, "_build_orchestrator", "override", ("self",), "agentic.py",
-                      "collects trajectories with our TrajectoryEngine; the orchestrator's engine class is not a "
-                      "learner argument"),
-    PrivateDependency(_AGENTIC, "_process_results", "override", ("self", "trajectories", "mode", "expected_step"),
-                      "agentic.py", "tool and turn metrics, example turns left out and every assistant turn in the "
-                      "rewarded completion (Tunix rewards the first turn only), the sampler-logp check period"),
-    PrivateDependency(_AGENTIC, "_data_consumer_batch_generator", "override", ("self", "queue", "batch_size"),
-                      "agentic.py", "before_step between global steps, staleness and idle metrics, and the train "
-                      "queue to close on failure"),
-    # Trajectories (trajectories.py)
-    PrivateDependency(_ENGINE, "_one_step", "override", ("self",), "trajectories.py",
-                      "passes the conversation's token stream to the model call and adds the turn-end tokens the "
-                      "template writes after an EOS (Tunix left them out of the trained stream)"),
-    PrivateDependency(_ENGINE, "_check_and_set_context_limit_reached", "override", ("self",), "trajectories.py",
-                      "Tunix ends the episode right after a model call that used the whole budget, before the agent "
-                      "records the response, so full-length completions were trained as empty; the check right "
-                      "after the model call (marked by wrapping the engine's model_call) is skipped"),
-    PrivateDependency(_ENGINE, "_response_token_count", "write", None, "trajectories.py",
-                      "the turn-end tokens added to a step count against the response budget"),
-    PrivateDependency("tunix.rl.agentic.agents.base_agent.ConversationAgentBase", "_init_messages", "override",
-                      ("self", "system_prompt"), "trajectories.py",
-                      "example turns after the system turn; a blank line between the system prompt and the tools' "
-                      "descriptions (ToolAgent glued them to its last word)"),
-    PrivateDependency("tunix.rl.agentic.agents.base_agent.ConversationAgentBase", "_messages", "write", None,
-                      "trajectories.py", "the conversation the hooks above extend"),
-    PrivateDependency("tunix.rl.agentic.agents.tool_agent.ToolAgent", "_observation_to_messages", "override",
-                      ("self", "observation", "reward", "done", "info"), "trajectories.py",
-                      "the user turn is the templated `prompts` field (ToolAgent takes the raw question)"),
-    # Chat parser (chat_parser.py)
-    PrivateDependency("tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser", "_init_tokens",
-                      "override", ("self",), "chat_parser.py",
-                      "the parser's constructor calls it; rendering goes through the tokenizer's template instead"),
-    PrivateDependency("tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser",
-                      "_init_generation_prompt", "override", ("self",), "chat_parser.py",
-                      "the generation prompt from the tokenizer's own template"),
-    # Checkpoints (checkpoint_conversion/orbax_checkpoint.py)
-    PrivateDependency("tunix.sft.checkpoint_manager.CheckpointManager", "_checkpoint_manager", "write", None,
-                      "orbax_checkpoint.py", "the Orbax manager with uncompressed array handlers (Tunix builds its "
-                      "handlers with zstd compression, whose buffers raised the demo's RSS by 0.85 GB while saving "
-                      "its trainer state); the class's save, restore and close use it"),
-    # Rollout (rollout.py)
-    PrivateDependency("tunix.rl.rollout.vanilla_rollout.VanillaRollout", "_sampler", "write", None, "rollout.py",
-                      "VanillaRollout's constructor only builds its sampler; ours takes token prompts, so the "
-                      "constructor is not called and the sampler is set here"),
+  # Standard GRPO (learner.py)
+  PrivateDependency(
+    _GRPO,
+    "_generate_and_compute_advantage",
+    "override",
+    ("self", "training_input", "mode"),
+    "learner.py",
+    "times sampling and scoring (trainer/idle_fraction) and counts the groups with "
+    "equal rewards (frac_reward_zero_std): Tunix has no per-batch hook",
+  ),
+  PrivateDependency(
+    _GRPO,
+    "_run_global_step",
+    "override",
+    (
+      "self",
+      "full_batch_size",
+      "mini_batch_size",
+      "service_target_batch_size",
+      "grad_acc_steps",
+      "train_iterator",
+      "eval_ds",
+      "skip_jit",
+    ),
+    "learner.py",
+    "runs before_step between global steps (evaluation every eval_interval steps, the non-finite "
+    "guard, signals) and logs per-step metrics: Tunix 0.1.7 has no step callback",
+  ),
+  PrivateDependency(
+    _GRPO,
+    "_last_iter_step",
+    "write",
+    None,
+    "learner.py",
+    "a resumed run fast-forwards the data by trainer micro-steps, which count every batch "
+    "num_iterations times, so Tunix would skip batches never trained on; divided back",
+  ),
+  PrivateDependency(
+    "tunix.sft.peft_trainer.PeftTrainer",
+    "_save_last_checkpoint",
+    "replace",
+    ("self",),
+    "cluster.py",
+    "Tunix's end-of-training save omits the global step a rerun restores the data "
+    "position from, so a resumed run would repeat data",
+  ),
+  PrivateDependency(
+    "tunix.sft.peft_trainer.PeftTrainer",
+    "_has_aux",
+    "read",
+    None,
+    "accumulation.py",
+    "the in-place accumulating train step calls the loss as Tunix's own step does (with_loss_fn "
+    "sets it; there is no getter); Tunix's MultiSteps step writes a copy of the weights every "
+    "micro-batch",
+  ),
+  PrivateDependency(
+    "tunix.sft.peft_trainer.PeftTrainer",
+    "_shard_optimizer",
+    "replace",
+    ("self", "mesh"),
+    "cluster.py",
+    "Tunix's eager sharding constraint copies the whole optimizer state before the "
+    "first step even where it is laid out already (a 1.6 GB transient on the demo)",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "_anchor_policy_state",
+    "write",
+    None,
+    "learner.py",
+    "the standard learner never reads the host copy of the weights Tunix keeps from every "
+    "weight sync (only get_actor_per_token_logps does, which it does not call): dropped",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "_anchor_policy_state",
+    "write",
+    None,
+    "agentic.py",
+    "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
+    "sampler check must use the weights the samples came from",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "get_actor_per_token_logps",
+    "replace",
+    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size", "temperature"),
+    "agentic.py",
+    "skips the trainer's recomputation of the old policy's log-probs where the "
+    "sampler's are used (Tunix always recomputes them, doubling the forward passes)",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "get_ref_per_token_logps",
+    "replace",
+    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
+    "cluster.py",
+    "Tunix's shard_input takes each process's arrays as its share of the batch, "
+    "while every process holds the whole batch: the inputs become global arrays first, which "
+    "shard_input leaves as they are (tests/unit/test_tunix_private_api.py checks that)",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "update_actor",
+    "replace",
+    ("self", "train_ds", "eval_ds", "skip_jit"),
+    "cluster.py",
+    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
+  ),
+  # Agentic GRPO (agentic.py)
+  PrivateDependency(
+    _AGENTIC,
+    "_model_call",
+    "override",
+    ("self", "chat_lists", "env", "max_generation_steps"),
+    "agentic.py",
+    "token in, token out (later turns continue the sampled token stream, Tunix "
+    "re-renders and re-tokenizes the text), the oldest token's policy version, and failure "
+    "recording so a failed rollout stops training instead of hanging it",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_put_prompts_to_queue",
+    "override",
+    ("self", "prompt_queue", "batch"),
+    "agentic.py",
+    "keeps the prompt queue to close it when a rollout fails (Tunix's producer would wait forever)",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_build_orchestrator",
+    "override",
+    ("self",),
+    "agentic.py",
+    "collects trajectories with our TrajectoryEngine; the orchestrator's engine class is not a learner argument",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_process_results",
+    "override",
+    ("self", "trajectories", "mode", "expected_step"),
+    "agentic.py",
+    "tool and turn metrics, example turns left out and every assistant turn in the "
+    "rewarded completion (Tunix rewards the first turn only), the sampler-logp check period",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_data_consumer_batch_generator",
+    "override",
+    ("self", "queue", "batch_size"),
+    "agentic.py",
+    "before_step between global steps, staleness and idle metrics, and the train queue to close on failure",
+  ),
+  # Trajectories (trajectories.py)
+  PrivateDependency(
+    _ENGINE,
+    "_one_step",
+    "override",
+    ("self",),
+    "trajectories.py",
+    "passes the conversation's token stream to the model call and adds the turn-end tokens the "
+    "template writes after an EOS (Tunix left them out of the trained stream)",
+  ),
+  PrivateDependency(
+    _ENGINE,
+    "_check_and_set_context_limit_reached",
+    "override",
+    ("self",),
+    "trajectories.py",
+    "Tunix ends the episode right after a model call that used the whole budget, before the agent "
+    "records the response, so full-length completions were trained as empty; the check right "
+    "after the model call (marked by wrapping the engine's model_call) is skipped",
+  ),
+  PrivateDependency(
+    _ENGINE,
+    "_response_token_count",
+    "write",
+    None,
+    "trajectories.py",
+    "the turn-end tokens added to a step count against the response budget",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.agents.base_agent.ConversationAgentBase",
+    "_init_messages",
+    "override",
+    ("self", "system_prompt"),
+    "trajectories.py",
+    "example turns after the system turn; a blank line between the system prompt and the tools' "
+    "descriptions (ToolAgent glued them to its last word)",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.agents.base_agent.ConversationAgentBase",
+    "_messages",
+    "write",
+    None,
+    "trajectories.py",
+    "the conversation the hooks above extend",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.agents.tool_agent.ToolAgent",
+    "_observation_to_messages",
+    "override",
+    ("self", "observation", "reward", "done", "info"),
+    "trajectories.py",
+    "the user turn is the templated `prompts` field (ToolAgent takes the raw question)",
+  ),
+  # Chat parser (chat_parser.py)
+  PrivateDependency(
+    "tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser",
+    "_init_tokens",
+    "override",
+    ("self",),
+    "chat_parser.py",
+    "the parser's constructor calls it; rendering goes through the tokenizer's template instead",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser",
+    "_init_generation_prompt",
+    "override",
+    ("self",),
+    "chat_parser.py",
+    "the generation prompt from the tokenizer's own template",
+  ),
+  # Checkpoints (checkpoint_conversion/orbax_checkpoint.py)
+  PrivateDependency(
+    "tunix.sft.checkpoint_manager.CheckpointManager",
+    "_checkpoint_manager",
+    "write",
+    None,
+    "orbax_checkpoint.py",
+    "the Orbax manager with uncompressed array handlers (Tunix builds its "
+    "handlers with zstd compression, whose buffers raised the demo's RSS by 0.85 GB while saving "
+    "its trainer state); the class's save, restore and close use it",
+  ),
+  # Rollout (rollout.py)
+  PrivateDependency(
+    "tunix.rl.rollout.vanilla_rollout.VanillaRollout",
+    "_sampler",
+    "write",
+    None,
+    "rollout.py",
+    "VanillaRollout's constructor only builds its sampler; ours takes token prompts, so the "
+    "constructor is not called and the sampler is set here",
+  ),
 )

@@ -25,9 +25,10 @@
    that does not fit raises an error that says by how much.
 
 `BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same
-contract from our continuous batcher (maxtext.inference.continuous_batching): Tunix's agentic learner calls the engine once per
-conversation turn with a single prompt from up to rl.max_concurrency threads, and these calls are
-merged into one decode batch. It draws keys like RolloutEngine, keeps EOS, returns per-token log-probs
+contract from our continuous batcher (maxtext.inference.continuous_batching): Tunix's agentic
+learner calls the engine once per conversation turn with a single prompt from up to
+rl.max_concurrency threads, and these calls are merged into one decode batch. It draws keys like
+RolloutEngine, keeps EOS, returns per-token log-probs
 and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a
 conversation's earlier turns, a shared system prompt, a GRPO group's prompt).
 
@@ -39,7 +40,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -47,17 +49,19 @@ from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
 from tunix.rl import common, reshard
-from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.utils import errors
 
-# Which sampling a rollout uses: Mode.TRAIN (decode_sampling_*) or Mode.EVAL (eval_sampling_strategy).
-Mode = rl_cluster_lib.Mode
+if TYPE_CHECKING:
+  import transformers
+
+  from maxtext.models.decoder import Decoder
 
 
-def _place_on_mesh(model: nnx.Module, mesh: Mesh) -> nnx.Module:
+def _place_on_mesh(model: Decoder, mesh: Mesh) -> Decoder:
   """The model itself when already on mesh, else a copy resharded onto it."""
   graphdef, state = nnx.split(model)
   if jax.tree.leaves(state)[0].sharding.mesh == mesh:
@@ -69,9 +73,10 @@ def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
   """A prompt plus the tokens to generate must fit the KV cache, else an error that names both."""
   if prompt_tokens + budget > cache_size:
     raise errors.InputError(
-        f"a prompt of {prompt_tokens} tokens plus {budget} tokens to generate exceeds the KV cache of "
-        f"{cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length or "
-        "max_response_length")
+      f"a prompt of {prompt_tokens} tokens plus {budget} tokens to generate exceeds the KV cache of "
+      f"{cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length or "
+      "max_response_length"
+    )
 
 
 class StepKeys:
@@ -99,15 +104,28 @@ class StepKeys:
 Prompt = str | np.ndarray  # text, or token ids used as they are
 
 
-def per_token_logps(model: nnx.Module, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int,
-                    eos_id: int, temperature: float | None) -> jax.Array:
+def per_token_logps(
+  model: nnx.Module,
+  prompt_tokens: jax.Array,
+  completion_tokens: jax.Array,
+  pad_id: int,
+  eos_id: int,
+  temperature: float | None,
+) -> jax.Array:
   """Log-probs of completion_tokens under softmax(logits / temperature) (plain softmax for greedy
   sampling), as Tunix's trainer computes them."""
   graphdef, state = nnx.split(model)
-  return common.compute_per_token_logps(graphdef, state, prompt_tokens=prompt_tokens,
-                                        completion_tokens=completion_tokens, pad_id=pad_id, eos_id=eos_id,
-                                        stop_gradient=True, return_logits=False,
-                                        temperature=float(temperature or 1.0))
+  return common.compute_per_token_logps(
+    graphdef,
+    state,
+    prompt_tokens=prompt_tokens,
+    completion_tokens=completion_tokens,
+    pad_id=pad_id,
+    eos_id=eos_id,
+    stop_gradient=True,
+    return_logits=False,
+    temperature=float(temperature or 1.0),
+  )
 
 
 class _TokenPromptSampler(sampler.Sampler):
@@ -126,17 +144,22 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
   to bind `seed`).
   """
 
-  def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
-               rollout_config: base_rollout.RolloutConfig, seed: int):
+  def __init__(
+    self, rollout_actor: Decoder, tokenizer, mesh: Mesh, rollout_config: base_rollout.RolloutConfig, seed: int
+  ):
     model = _place_on_mesh(rollout_actor, mesh)
     self.temperature = rollout_config.temperature
     # VanillaRollout's constructor only builds its sampler; ours also takes token prompts.
-    self._sampler = _TokenPromptSampler(model, tokenizer, sampler.CacheConfig(
+    self._sampler = _TokenPromptSampler(
+      model,
+      tokenizer,
+      sampler.CacheConfig(
         cache_size=rollout_config.kv_cache_size,
         num_layers=model.config.num_layers,
         num_kv_heads=model.config.num_kv_heads,
         head_dim=model.config.head_dim,
-    ))
+      ),
+    )
     self.mesh = mesh
     self.keys = StepKeys(seed)
 
@@ -145,8 +168,9 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
       super().update_params(params, filter_types)
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
-    return per_token_logps(self.model(), prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(),
-                           self.temperature)
+    return per_token_logps(
+      self.model(), prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(), self.temperature
+    )
 
   def generate(self, prompts: list[Prompt], rollout_config: base_rollout.RolloutConfig, **kwargs):
     # Tunix builds the sampling state on the default device; put it where the sampler's weights are.
@@ -157,14 +181,12 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
       out = super().generate(prompts, rollout_config, **kwargs)
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
     budget = rollout_config.max_tokens_to_generate
-    out.tokens = [
-        np.append(t, np.asarray(eos, t.dtype)) if len(t) < budget else t for t in out.tokens
-    ]
+    out.tokens = [np.append(t, np.asarray(eos, t.dtype)) if len(t) < budget else t for t in out.tokens]
     for i, t in enumerate(out.tokens):
       pads = np.flatnonzero(t == self.pad_id())
       if len(pads):  # the sampler went on after a pad token; the completion ends there
-        out.tokens[i] = t[:pads[0] + 1]
-        out.text[i] = self._sampler.tokenizer.decode(t[:pads[0]].tolist())
+        out.tokens[i] = t[: pads[0] + 1]
+        out.text[i] = self._sampler.tokenizer.decode(t[: pads[0]].tolist())
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
@@ -183,15 +205,23 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
   docstring). Passed as ClusterConfig.rollout_engine via functools.partial binding seed and
   max_batch_size."""
 
-  def __init__(self, rollout_actor: nnx.Module, tokenizer, mesh: Mesh,
-               rollout_config: base_rollout.RolloutConfig, seed: int, max_batch_size: int):
+  def __init__(
+    self,
+    rollout_actor: Decoder,
+    tokenizer,
+    mesh: Mesh,
+    rollout_config: base_rollout.RolloutConfig,
+    seed: int,
+    max_batch_size: int,
+  ):
     self._model = _place_on_mesh(rollout_actor, mesh)
     self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self.temperature = rollout_config.temperature
     self.mesh = mesh
     self.keys = StepKeys(seed)
-    self.batcher = ContinuousBatcher(self._model, rollout_config.kv_cache_size, max_batch_size,
-                                     version=lambda: self.keys.step_source())
+    self.batcher = ContinuousBatcher(
+      self._model, rollout_config.kv_cache_size, max_batch_size, version=lambda: self.keys.step_source()
+    )
     self._last_versions = threading.local()
 
   @property
@@ -236,29 +266,33 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     elif isinstance(key, int):
       key = jax.random.PRNGKey(key)
     params = SamplingParams(
-        max_new_tokens=budget, temperature=float(rollout_config.temperature or 0.0),
-        top_p=1.0 if rollout_config.top_p is None else float(rollout_config.top_p), top_k=rollout_config.top_k,
-        eos_ids=tuple(dict.fromkeys([*(rollout_config.eos_tokens or [self.eos_id()]), self.pad_id()])),
+      max_new_tokens=budget,
+      temperature=float(rollout_config.temperature or 0.0),
+      top_p=1.0 if rollout_config.top_p is None else float(rollout_config.top_p),
+      top_k=rollout_config.top_k,
+      eos_ids=tuple(dict.fromkeys([*(rollout_config.eos_tokens or [self.eos_id()]), self.pad_id()])),
     )
-    futures = self.batcher.submit_many(ids, params, [None if key is None else jax.random.fold_in(key, i)
-                                                     for i in range(len(ids))])
+    futures = self.batcher.submit_many(
+      ids, params, [None if key is None else jax.random.fold_in(key, i) for i in range(len(ids))]
+    )
     done = [f.result() for f in futures]
     self._last_versions.value = [c.versions for c in done]
     width = max(rollout_config.max_prompt_length, longest)
     padded = np.full((len(ids), width), self.pad_id(), np.int32)
     for row, p in zip(padded, ids):
-      row[width - len(p):] = p
+      row[width - len(p) :] = p
     return base_rollout.RolloutOutput(
-        text=[self._tokenizer.decode((c.tokens[:-1] if c.stopped else c.tokens).tolist()) for c in done],
-        logits=None,
-        tokens=[c.tokens for c in done],
-        left_padded_prompt_tokens=padded,
-        logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
+      text=[self._tokenizer.decode((c.tokens[:-1] if c.stopped else c.tokens).tolist()) for c in done],
+      logits=None,
+      tokens=[c.tokens for c in done],
+      left_padded_prompt_tokens=padded,
+      logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
     )
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
-    return per_token_logps(self._model, prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(),
-                           self.temperature)
+    return per_token_logps(
+      self._model, prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(), self.temperature
+    )
 
   def update_params(self, params, filter_types=None) -> None:
     """New weights from the next decode step on (in-flight requests continue with them). On a shared
@@ -279,9 +313,9 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
 # eval_sampling_strategy -> sampling parameters of evaluation.
 EVAL_SAMPLING = {
-    "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
-    "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
-    "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
+  "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
+  "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
+  "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
 }
 
 
@@ -296,15 +330,21 @@ def rollout_configs(cfg, eos_id: int) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
   log-probs for agentic runs on the batched engine) and for evaluation (eval_sampling_strategy)."""
   shared = dict(
-      max_tokens_to_generate=cfg.max_response_length,
-      max_prompt_length=cfg.max_prompt_length,
-      kv_cache_size=cfg.kv_cache_size,
-      eos_tokens=[eos_id],
+    max_tokens_to_generate=cfg.max_response_length,
+    max_prompt_length=cfg.max_prompt_length,
+    kv_cache_size=cfg.kv_cache_size,
+    eos_tokens=[eos_id],
   )
   greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **shared)
-  train = greedy if cfg.decode_sampling_temperature == 0 else base_rollout.RolloutConfig(
-      temperature=cfg.decode_sampling_temperature, top_p=cfg.decode_sampling_top_p,
-      top_k=cfg.decode_sampling_top_k or None, **shared,
+  train = (
+    greedy
+    if cfg.decode_sampling_temperature == 0
+    else base_rollout.RolloutConfig(
+      temperature=cfg.decode_sampling_temperature,
+      top_p=cfg.decode_sampling_top_p,
+      top_k=cfg.decode_sampling_top_k or None,
+      **shared,
+    )
   )
   evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **shared)
   if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
@@ -312,12 +352,13 @@ def rollout_configs(cfg, eos_id: int) -> dict:
   return {Mode.TRAIN: train, Mode.EVAL: evaluation}
 
 
-def load_sampler(cfg, mode: Mode) -> tuple[Callable, object]:
+def load_sampler(cfg, mode: Mode) -> tuple[Callable, transformers.PreTrainedTokenizerBase]:
   """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
   cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says."""
-  from maxtext.input_pipeline.tokenizer import tokenizer_for  # pylint: disable=import-outside-toplevel
-  from maxtext.models.load import load_model  # pylint: disable=import-outside-toplevel
-  from maxtext.utils import distributed, mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline.tokenizer import tokenizer_for
+  from maxtext.models.load import load_model
+  from maxtext.utils import distributed
+  from maxtext.utils import mesh as mesh_lib
 
   distributed.initialize()
   _, mesh = mesh_lib.create_meshes(cfg)

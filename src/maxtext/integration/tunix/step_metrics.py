@@ -74,11 +74,11 @@ def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:
   """Conversations, those with a tool call, tool calls, failed tool calls and model turns."""
   calls = [[m for m in c if m["role"] == "tool"] for c in conversations]
   return collections.Counter(
-      conversations=len(conversations),
-      with_calls=sum(bool(c) for c in calls),
-      calls=sum(len(c) for c in calls),
-      failed=sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c),
-      turns=sum(m["role"] == "assistant" for c in conversations for m in c),
+    conversations=len(conversations),
+    with_calls=sum(bool(c) for c in calls),
+    calls=sum(len(c) for c in calls),
+    failed=sum(str(m["content"]).startswith(_TOOL_FAILURE) for c in calls for m in c),
+    turns=sum(m["role"] == "assistant" for c in conversations for m in c),
   )
 
 
@@ -87,9 +87,9 @@ def conversation_metrics(counts: collections.Counter) -> dict[str, float]:
   a tool call), tools/failure_frequency (share of tool calls that failed) and turns/mean (model
   turns per conversation)."""
   return {
-      "tools/calls": float(counts["calls"]),
-      "tools/failed_calls": float(counts["failed"]),
-      "tools/call_frequency": counts["with_calls"] / max(counts["conversations"], 1),
-      "tools/failure_frequency": counts["failed"] / counts["calls"] if counts["calls"] else 0.0,
-      "turns/mean": counts["turns"] / max(counts["conversations"], 1),
+    "tools/calls": float(counts["calls"]),
+    "tools/failed_calls": float(counts["failed"]),
+    "tools/call_frequency": counts["with_calls"] / max(counts["conversations"], 1),
+    "tools/failure_frequency": counts["failed"] / counts["calls"] if counts["calls"] else 0.0,
+    "turns/mean": counts["turns"] / max(counts["conversations"], 1),
   }

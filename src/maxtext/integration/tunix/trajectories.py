@@ -15,7 +15,8 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import json
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tunix.rl.agentic.agents import model_agent, tool_agent
@@ -42,6 +43,8 @@ class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
   template writes after a turn's EOS token ("\n" in ChatML; Tunix left it out), so the stream is
   the template's rendering of the conversation.
   """
+
+  model_call_kwargs: dict[str, Any]  # set by TrajectoryCollectEngine.__init__
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
@@ -77,10 +80,13 @@ class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
     each turn's sampled tokens and the environment's tokens."""
     trajectory = self.agent.trajectory
     prompt = np.asarray(trajectory.prompt_tokens, np.int32)
-    pieces = [prompt[np.argmax(prompt != self.tokenizer.pad_id()):]]
+    pieces = [prompt[np.argmax(prompt != self.tokenizer.pad_id()) :]]
     for step in trajectory.steps:
-      pieces += [np.asarray(t, np.int32) for t in (getattr(step, "assistant_tokens", None),
-                                                   getattr(step, "env_tokens", None)) if t is not None]
+      pieces += [
+        np.asarray(t, np.int32)
+        for t in (getattr(step, "assistant_tokens", None), getattr(step, "env_tokens", None))
+        if t is not None
+      ]
     return np.concatenate(pieces)
 
   def _check_and_set_context_limit_reached(self) -> bool:
@@ -112,7 +118,13 @@ def without_examples(conversation: list[dict]) -> list[dict]:
   return [m for m in conversation if not m.get(EXAMPLE)]
 
 
-class _ExampleTurns:
+if TYPE_CHECKING:  # to mypy, the mixin's super() is the Tunix agent it is mixed into
+  from tunix.rl.agentic.agents.base_agent import ConversationAgentBase as _AgentBase
+else:
+  _AgentBase = object
+
+
+class _ExampleTurns(_AgentBase):
   """The data template's EXAMPLES after the system turn of every conversation, marked EXAMPLE."""
 
   def __init__(self, *args, example_turns=(), **kwargs):
@@ -182,10 +194,12 @@ def agent_kwargs(cfg, tool_map, example_turns) -> dict:
   tools, else ExampleTurnsModelAgent in Tunix's default environment."""
   if not tool_map:
     return dict(agent_class=ExampleTurnsModelAgent, agent_kwargs={"example_turns": example_turns})
-  return dict(agent_class=UserTurnToolAgent,
-              agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
-              env_class=tool_environment.ToolEnvironment,
-              env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns})
+  return dict(
+    agent_class=UserTurnToolAgent,
+    agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
+    env_class=tool_environment.ToolEnvironment,
+    env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns},
+  )
 
 
 def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
@@ -193,5 +207,6 @@ def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Calla
   descriptions, example turns, user turn, generation prompt), which max_prompt_length must bound."""
   kwargs = agent_kwargs(cfg, tool_map, parser.example_turns)
   opening = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"]).chat_completions
-  return lambda user: parser.parse([*opening, {"role": "user", "content": user}], add_generation_prompt=True,
-                                   is_first_msg=True)
+  return lambda user: parser.parse(
+    [*opening, {"role": "user", "content": user}], add_generation_prompt=True, is_first_msg=True
+  )

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import tqdm
@@ -21,12 +21,14 @@ from maxtext.input_pipeline import templates
 from maxtext.trainers.post_train.rl import utils_rl
 from maxtext.utils.errors import ConfigError
 
+
 def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
   """Per-completion verdicts: the extracted answer, correct, within 10%, formatted (the exact tag format, or
   with answer_format=last_number a number present)."""
   completions = [templates.answer_prefix(cfg) + c for c in completions]
   guesses = [utils_rl.extract_answer(c, cfg) for c in completions]
   correct = utils_rl.answers_match(guesses, truths, cfg)
+  formatted: list[bool] | list[float]
   if cfg.answer_format == "last_number":
     formatted = [guess is not None for guess in guesses]
   else:
@@ -34,7 +36,7 @@ def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
   out = []
   for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
     value, true_value = (utils_rl.parse_number(guess) if guess else None), utils_rl.parse_number(truth)
-    near = value is not None and bool(true_value) and 0.9 <= value / true_value <= 1.1
+    near = value is not None and true_value is not None and bool(true_value) and 0.9 <= value / true_value <= 1.1
     out.append({"answer": guess, "correct": bool(ok), "partially_correct": bool(ok) or near, "formatted": fmt > 0})
   return out
 
@@ -56,31 +58,33 @@ def aggregate(passes: list[dict], mode: str) -> dict:
 
 def evaluate(generate: Callable[[list[str]], list[str]], examples: list[dict], cfg, desc: str) -> dict:
   """Completions for examples (num_eval_passes each), scored and combined per eval_mode."""
-  per_example = [[] for _ in examples]
+  per_example: list[list[dict]] = [[] for _ in examples]
   batches = range(0, len(examples), cfg.eval_batch_size)
   with tqdm.tqdm(total=len(batches) * cfg.num_eval_passes, desc=desc, unit="batch") as bar:
     for _ in range(cfg.num_eval_passes):
       for start in batches:
-        batch = examples[start:start + cfg.eval_batch_size]
+        batch = examples[start : start + cfg.eval_batch_size]
         completions = generate([ex["prompts"] for ex in batch])
-        for i, (completion, verdict) in enumerate(zip(completions, score(completions, [ex["answer"] for ex in batch], cfg))):
+        for i, (completion, verdict) in enumerate(
+          zip(completions, score(completions, [ex["answer"] for ex in batch], cfg))
+        ):
           per_example[start + i].append({"completion": completion, **verdict})
         bar.update()
   verdicts = [aggregate(p, cfg.eval_mode) for p in per_example]
   n = len(examples)
   summary = {
-      "accuracy": sum(v["correct"] for v in verdicts) / n,
-      "partial_accuracy": sum(v["partially_correct"] for v in verdicts) / n,
-      "format_accuracy": sum(v["formatted"] for v in verdicts) / n,
-      "num_examples": n,
-      "num_eval_passes": cfg.num_eval_passes,
-      "eval_mode": cfg.eval_mode,
-      "eval_sampling_strategy": cfg.eval_sampling_strategy,
+    "accuracy": sum(v["correct"] for v in verdicts) / n,
+    "partial_accuracy": sum(v["partially_correct"] for v in verdicts) / n,
+    "format_accuracy": sum(v["formatted"] for v in verdicts) / n,
+    "num_examples": n,
+    "num_eval_passes": cfg.num_eval_passes,
+    "eval_mode": cfg.eval_mode,
+    "eval_sampling_strategy": cfg.eval_sampling_strategy,
   }
   if cfg.eval_make_lst:
     summary["examples"] = [
-        {"question": ex["question"], "answer": ex["answer"], **v, "passes": p}
-        for ex, v, p in zip(examples, verdicts, per_example)
+      {"question": ex["question"], "answer": ex["answer"], **v, "passes": p}
+      for ex, v, p in zip(examples, verdicts, per_example)
     ]
   return summary
 
@@ -95,8 +99,14 @@ def paired_gain(before: dict, after: dict, resamples: int = 10000, seed: int = 0
   diff = np.array([float(a["correct"]) - float(b["correct"]) for b, a in zip(*rows)])
   picks = np.random.default_rng(seed).integers(0, len(diff), (resamples, len(diff)))
   low, high = np.percentile(diff[picks].mean(axis=1), [2.5, 97.5])
-  return {"gain": float(diff.mean()), "ci95_low": float(low), "ci95_high": float(high), "num_examples": len(diff),
-          "improved": int((diff > 0).sum()), "worsened": int((diff < 0).sum())}
+  return {
+    "gain": float(diff.mean()),
+    "ci95_low": float(low),
+    "ci95_high": float(high),
+    "num_examples": len(diff),
+    "improved": int((diff > 0).sum()),
+    "worsened": int((diff < 0).sum()),
+  }
 
 
 def summary_of(result: dict | None) -> dict | None:
@@ -106,9 +116,9 @@ def summary_of(result: dict | None) -> dict | None:
 def evaluate_checkpoint(cfg) -> list[dict]:
   """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
   returns the summary (the command's stdout line)."""
-  from maxtext.input_pipeline import datasets  # pylint: disable=import-outside-toplevel
-  from maxtext.integration.tunix import rollout  # pylint: disable=import-outside-toplevel
-  from maxtext.trainers.post_train.rl.run_folder import RunFolder  # pylint: disable=import-outside-toplevel
+  from maxtext.input_pipeline import datasets
+  from maxtext.integration.tunix import rollout
+  from maxtext.trainers.post_train.rl.run_folder import RunFolder
 
   if cfg.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
@@ -116,7 +126,9 @@ def evaluate_checkpoint(cfg) -> list[dict]:
   examples = datasets.eval_examples(cfg, tokenizer)
   result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")
   RunFolder(cfg).write_results({"checkpoint": result})
-  return [summary_of(result)]
+  summary = summary_of(result)
+  assert summary is not None  # result is a dict
+  return [summary]
 
 
 def main(argv: list[str]) -> int:

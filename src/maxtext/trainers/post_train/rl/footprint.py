@@ -30,13 +30,13 @@ log = logging.getLogger(__name__)
 GB = 1e9
 # Projections that can take LoRA adapters: name -> (inputs, outputs) in terms of the architecture.
 _PROJECTIONS = {
-    "attn.q_proj": lambda c: (c.emb_dim, c.num_query_heads * c.head_dim),
-    "attn.k_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
-    "attn.v_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
-    "attn.o_proj": lambda c: (c.num_query_heads * c.head_dim, c.emb_dim),
-    "mlp.gate_proj": lambda c: (c.emb_dim, c.mlp_dim),
-    "mlp.up_proj": lambda c: (c.emb_dim, c.mlp_dim),
-    "mlp.down_proj": lambda c: (c.mlp_dim, c.emb_dim),
+  "attn.q_proj": lambda c: (c.emb_dim, c.num_query_heads * c.head_dim),
+  "attn.k_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
+  "attn.v_proj": lambda c: (c.emb_dim, c.num_kv_heads * c.head_dim),
+  "attn.o_proj": lambda c: (c.num_query_heads * c.head_dim, c.emb_dim),
+  "mlp.gate_proj": lambda c: (c.emb_dim, c.mlp_dim),
+  "mlp.up_proj": lambda c: (c.emb_dim, c.mlp_dim),
+  "mlp.down_proj": lambda c: (c.mlp_dim, c.emb_dim),
 }
 
 
@@ -53,9 +53,12 @@ def parameter_count(cfg) -> int:
 def adapter_count(cfg) -> int:
   """LoRA adapter parameters (A and B of every weight lora_module_path names); 0 without LoRA."""
   mcfg = ModelConfig.from_config(cfg)
-  return sum(cfg.lora_rank * sum(f(cfg))
-             for layer in range(cfg.num_decoder_layers)
-             for name, f in _PROJECTIONS.items() if mcfg.adapts(f"layers.{layer}.{name}"))
+  return sum(
+    cfg.lora_rank * sum(f(cfg))
+    for layer in range(cfg.num_decoder_layers)
+    for name, f in _PROJECTIONS.items()
+    if mcfg.adapts(f"layers.{layer}.{name}")
+  )
 
 
 def _sampler_rows(cfg) -> int:
@@ -98,21 +101,25 @@ def estimate(cfg) -> Footprint:
   length = cfg.max_target_length
   tokens = prompts * cfg.max_prompt_length + sequences * cfg.max_response_length
   scored = cfg.max_response_length + 1  # positions whose logits the loss reads
-  per_token = (cfg.num_decoder_layers * cfg.emb_dim + _activation_values_per_token(cfg, length)
-               if cfg.remat_policy == "full" else cfg.num_decoder_layers * _activation_values_per_token(cfg, length))
+  per_token = (
+    cfg.num_decoder_layers * cfg.emb_dim + _activation_values_per_token(cfg, length)
+    if cfg.remat_policy == "full"
+    else cfg.num_decoder_layers * _activation_values_per_token(cfg, length)
+  )
   kv = 2 * cfg.num_decoder_layers * cfg.num_kv_heads * cfg.head_dim * act_bytes
   rows = _sampler_rows(cfg)
   parts = {
-      f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"):
-          n * weight_bytes + lora * 4,
-      "KL reference copy": n * weight_bytes if cfg.rl.grpo_beta != 0 and not lora else 0,
-      "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.rl.use_agentic_rollout else 0,
-      f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
-      "gradient": trained * trained_bytes,
-      "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
-      f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
-      f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * cfg.vocab_size * 4,
-      f"activations of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
+    f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): n
+    * weight_bytes
+    + lora * 4,
+    "KL reference copy": n * weight_bytes if cfg.rl.grpo_beta != 0 and not lora else 0,
+    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.rl.use_agentic_rollout else 0,
+    f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
+    "gradient": trained * trained_bytes,
+    "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
+    f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
+    f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * cfg.vocab_size * 4,
+    f"activations of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
   }
   return Footprint(parts)
 

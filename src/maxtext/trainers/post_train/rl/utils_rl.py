@@ -27,11 +27,15 @@ import logging
 import multiprocessing
 import re
 import time
-from typing import Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from maxtext.input_pipeline import templates
 from maxtext.utils import user_code
 from maxtext.utils.errors import ConfigError
+
+if TYPE_CHECKING:
+  from multiprocessing.pool import Pool
 
 log = logging.getLogger(__name__)
 
@@ -88,11 +92,11 @@ def parse_number(text: str) -> float | None:
 
 def _verify_pair(guess: str, truth: str) -> bool:
   """math_verify's equivalence of two answers (runs in a worker process)."""
-  from math_verify import parse, verify  # pylint: disable=import-outside-toplevel
+  from math_verify import parse, verify
 
   try:
     return bool(verify(parse(truth), parse(guess)))
-  except Exception:  # pylint: disable=broad-exception-caught  (unparseable answers are simply not equal)
+  except Exception:  # unparseable answers are simply not equal
     return False
 
 
@@ -105,7 +109,7 @@ class MathVerifier:
 
   def __init__(self, check: Callable[[str, str], bool] = _verify_pair):
     self._check = check
-    self._pool = None
+    self._pool: Pool | None = None
     self._procs = 0
 
   def equivalent(self, pairs: list[tuple[str, str]], timeout: float, num_procs: int) -> list[bool | None]:
@@ -118,7 +122,8 @@ class MathVerifier:
       self._procs = num_procs
     pending = [self._pool.apply_async(self._check, pair) for pair in pairs]
     deadline = time.monotonic() + timeout
-    out, timed_out = [], 0
+    out: list[bool | None] = []
+    timed_out = 0
     for result in pending:
       try:
         out.append(bool(result.get(max(deadline - time.monotonic(), 0.0))))
@@ -126,8 +131,7 @@ class MathVerifier:
         out.append(None)
         timed_out += 1
     if timed_out:
-      log.warning("math_verify: %d of %d checks passed the %.1f s deadline and score 0", timed_out,
-                  len(pairs), timeout)
+      log.warning("math_verify: %d of %d checks passed the %.1f s deadline and score 0", timed_out, len(pairs), timeout)
       self.close()
     return out
 
@@ -144,14 +148,16 @@ atexit.register(_VERIFIER.close)
 def answers_match(guesses: list[str | None], truths: list, cfg) -> list[bool | None]:
   """Whether each extracted answer equals its truth: the same number, or math_verify-equivalent;
   None when math_verify ran out of time."""
-  matches, unsure = [], []
+  matches: list[bool | None] = []
+  unsure: list[int] = []
+  unsure_pairs: list[tuple[str, str]] = []
   for i, (guess, truth) in enumerate(zip(guesses, truths)):
     value, true_value = (parse_number(guess) if guess is not None else None), parse_number(str(truth))
     matches.append(value is not None and value == true_value)
     if guess is not None and guess.strip() and not matches[-1]:
       unsure.append(i)
-  verdicts = _VERIFIER.equivalent([(guesses[i], str(truths[i])) for i in unsure], cfg.math_verify_timeout,
-                                  cfg.math_verify_num_procs)
+      unsure_pairs.append((guess, str(truth)))
+  verdicts = _VERIFIER.equivalent(unsure_pairs, cfg.math_verify_timeout, cfg.math_verify_num_procs)
   for i, ok in zip(unsure, verdicts):
     matches[i] = ok
   return matches
@@ -166,10 +172,12 @@ def match_format_exactly(prompts, completions, tmvp_config, **kwargs) -> list[fl
 def match_format_approximately(prompts, completions, tmvp_config, **kwargs) -> list[float]:
   scores = []
   for c in completions:
-    scores.append(sum(
+    scores.append(
+      sum(
         tmvp_config.reward_partial_format_match if c.count(tag) == 1 else tmvp_config.penalty_incorrect_format
         for tag in _tags(tmvp_config)
-    ))
+      )
+    )
   return scores
 
 
@@ -200,9 +208,12 @@ def check_numbers(prompts, completions, tmvp_config, answer, **kwargs) -> list[f
   guesses = [extract_answer(c, tmvp_config) for c in completions]
   correct = answers_match(guesses, list(answer), tmvp_config)
   return [
-      0.0 if guess is None or ok is None  # no answer block, or math_verify out of time
-      else tmvp_config.reward_exact_answer if ok else tmvp_config.penalty_incorrect_answer
-      for guess, ok in zip(guesses, correct)
+    0.0
+    if guess is None or ok is None  # no answer block, or math_verify out of time
+    else tmvp_config.reward_exact_answer
+    if ok
+    else tmvp_config.penalty_incorrect_answer
+    for guess, ok in zip(guesses, correct)
   ]
 
 
@@ -216,8 +227,8 @@ def last_number_correct(prompts, completions, tmvp_config, answer, **kwargs) -> 
 
 # answer_format -> the built-in reward functions.
 DEFAULT_REWARD_FUNCTIONS = {
-    "tags": (match_format_exactly, match_format_approximately, check_answer, check_numbers),
-    "last_number": (last_number_correct,),
+  "tags": (match_format_exactly, match_format_approximately, check_answer, check_numbers),
+  "last_number": (last_number_correct,),
 }
 
 
