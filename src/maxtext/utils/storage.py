@@ -80,9 +80,9 @@ def exists(key: str, url: str) -> bool:
     raise _failed(key, url, e) from e
 
 
-def download(key: str, url: str, local: str, skip: str | None = None) -> None:
+def download(key: str, url: str, local: str, skip: tuple[str, ...] = ()) -> None:
   """Copies the object or folder `url` to the local path `local` (replacing what is there), leaving
-  out a folder's subfolder `skip`."""
+  out the folder's subfolders named in `skip`."""
   try:
     fs, path = _fs(url)
     if not fs.exists(path):
@@ -93,7 +93,7 @@ def download(key: str, url: str, local: str, skip: str | None = None) -> None:
       os.makedirs(local, exist_ok=True)
       for remote in fs.find(path):
         rel = os.path.relpath(remote, path)
-        if skip and rel.split("/")[0] == skip:
+        if rel.split("/")[0] in skip:
           continue
         target = os.path.join(local, rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)

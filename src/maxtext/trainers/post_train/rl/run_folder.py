@@ -9,7 +9,8 @@ evaluations by training step. Process 0 writes and moves the files; Orbax checkp
 every process.
 
 On a bucket (gs://), Orbax writes the checkpoints there; the other files are written to a local copy
-of the folder (`path`), fetched from the bucket at start by every process and uploaded by process 0
+of the folder (`path`), fetched from the bucket at start by every process (but hf/, an earlier
+export the run rewrites at its end) and uploaded by process 0
 whenever `save` is called (between training steps and at the end), so a rerun resumes from what the
 bucket holds.
 """
@@ -42,7 +43,8 @@ class RunFolder:
       self.path = tempfile.mkdtemp(prefix="maxtext-run-")
       atexit.register(shutil.rmtree, self.path, ignore_errors=True)
       if storage.exists("base_output_directory", self.url):
-        storage.download("base_output_directory", self.url, self.path, skip="checkpoints")
+        # Neither Orbax's checkpoints nor an earlier HF export (rewritten at the end) are read locally.
+        storage.download("base_output_directory", self.url, self.path, skip=("checkpoints", "hf"))
     self.checkpoints = storage.join(self.url, "checkpoints")
     self.metrics = os.path.join(self.path, "metrics.jsonl")
     self.evaluations = os.path.join(self.path, "eval.json")
