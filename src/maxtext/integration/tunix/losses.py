@@ -30,10 +30,6 @@ from maxtext.utils.errors import ConfigError
 _EPS = 1e-6
 
 
-def _grouped(rewards, num_generations: int) -> np.ndarray:
-  return np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
-
-
 def reinforce_pp(rewards, num_generations: int) -> np.ndarray:
   """REINFORCE++ with batch normalisation: the reward minus the batch's mean reward, divided by the
   batch's standard deviation (no per-prompt baseline; `num_generations` is not used)."""
@@ -42,24 +38,13 @@ def reinforce_pp(rewards, num_generations: int) -> np.ndarray:
   return ((r - r.mean()) / (r.std() + _EPS)).astype(np.float32)
 
 
-def rloo(rewards, num_generations: int) -> np.ndarray:
-  """REINFORCE leave-one-out: each reward minus the mean of the other rewards of its group."""
-  r = _grouped(rewards, num_generations)
-  baseline = (r.sum(axis=1, keepdims=True) - r) / (num_generations - 1)
-  return (r - baseline).reshape(-1).astype(np.float32)
-
-
-def dr_grpo(rewards, num_generations: int) -> np.ndarray:
-  """GRPO done right (Dr. GRPO): the reward minus its group's mean, without dividing by the group's
-  standard deviation."""
-  r = _grouped(rewards, num_generations)
-  return (r - r.mean(axis=1, keepdims=True)).reshape(-1).astype(np.float32)
-
-
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
-  "grpo": algo_core.compute_advantages,  # Tunix's: (r - group mean) / (group std (ddof 1) + 1e-6)
-  "dr_grpo": dr_grpo,
-  "rloo": rloo,
+  # Tunix's: (r - group mean) / (group std (ddof 1) + 1e-6)
+  "grpo": algo_core.compute_advantages,
+  # Tunix's Dr. GRPO: r - group mean (no division by the group's std)
+  "dr_grpo": algo_core.compute_drgrpo_advantages,
+  # Tunix's REINFORCE leave-one-out: r - mean of the group's other rewards
+  "rloo": algo_core.compute_rloo_advantages,
   "reinforce_pp": reinforce_pp,
 }
 
