@@ -140,8 +140,10 @@ def test_rloo_advantages_with_the_cispo_loss_learn(tmp_path):
     ["rl.advantage_estimator=reinforce_pp"],
     ["rl.policy_loss_fn=cispo"],
     ["rl.loss_algo=gspo-token"],
+    ["rl.dynamic_sampling=true", "rl.epsilon_high=0.28", "rl.loss_agg_mode=token-mean"],
+    ["rl.sampler_is=token", "rl.sampler_is_threshold=1.5"],
   ],
-  ids=["dr_grpo", "rloo", "reinforce_pp", "cispo", "gspo_token"],
+  ids=["dr_grpo", "rloo", "reinforce_pp", "cispo", "gspo_token", "dapo", "sampler_is"],
 )
 def test_each_algorithm_variant_moves_with_the_reward_sign(tmp_path, variant):
   """Per estimator and loss family: the rewarded and the negated run move apart."""

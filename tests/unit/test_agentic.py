@@ -60,7 +60,11 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   ).use_rollout_logps  # vanilla returns none
   configs = rollout.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
   assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
-  assert not rollout.rollout_configs(make_config(), eos_id=2)[rollout.Mode.TRAIN].return_logprobs
+  standard = rollout.rollout_configs(make_config(), eos_id=2)  # for the check and the correction of the batch
+  assert standard[rollout.Mode.TRAIN].return_logprobs and not standard[rollout.Mode.EVAL].return_logprobs
+  assert not rollout.rollout_configs(make_config("rollout_engine=vanilla"), eos_id=2)[
+    rollout.Mode.TRAIN
+  ].return_logprobs
 
 
 @pytest.mark.parametrize(

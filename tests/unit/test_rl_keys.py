@@ -34,6 +34,20 @@ CHANGED = {
   "rl.tool_memory_mb": 128,
   "rl.tool_output_max_chars": 100,
   "rl.tool_sandbox": "none",
+  "rl.dynamic_sampling": True,
+  "rl.dynamic_sampling_max_rounds": 3,
+  "rl.overlong_buffer_length": 4,
+  "rl.overlong_penalty": 0.5,
+  "rl.mask_truncated_completions": True,
+}
+# Where the standard learner's sample shaping (shaping.Shaping) shows a key.
+SHAPE_FIELDS = {
+  "rl.sampler_is": lambda shape: "token" if shape.sampler_is else "",
+  "rl.sampler_is_threshold": lambda shape: shape.sampler_is_threshold,
+  "rl.logp_check_period": lambda shape: shape.logp_check_period,
+  "rl.dynamic_sampling": lambda shape: shape.dynamic_sampling_rounds > 1,
+  "rl.overlong_buffer_length": lambda shape: shape.overlong_buffer_length,
+  "rl.mask_truncated_completions": lambda shape: shape.mask_truncated_completions,
 }
 ALGO_FIELDS = {
   "rl.num_generations": "num_generations",
@@ -66,6 +80,8 @@ def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
 
 
 def _observed(key: str, kwargs: dict):
+  if "shape" in kwargs and key in SHAPE_FIELDS:
+    return SHAPE_FIELDS[key](kwargs["shape"])
   if key in ALGO_FIELDS:
     return getattr(kwargs["algo_config"], ALGO_FIELDS[key], "not in this mode's algorithm config")
   if key == "rl.logp_check_period":
@@ -112,8 +128,10 @@ def test_which_keys_each_mode_refuses():
     except pyconfig.ConfigError:
       return True
 
+  # set alone, a key that refines another one's setting is refused: it would change nothing
+  refines = {"rl.dynamic_sampling_max_rounds", "rl.overlong_penalty", "rl.sampler_is_threshold"}
   standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
-  assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"}
+  assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"} | refines
   agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
     "rl.num_iterations",
@@ -122,7 +140,12 @@ def test_which_keys_each_mode_refuses():
     "rl.tool_memory_mb",
     "rl.tool_output_max_chars",
     "rl.tool_sandbox",
+    *pyconfig.STANDARD_ONLY_KEYS,
+    *refines,
   }
+  assert not refused("rl.dynamic_sampling=true", "rl.dynamic_sampling_max_rounds=3", "rl.overlong_buffer_length=4")
+  assert not refused("rl.overlong_buffer_length=4", "rl.overlong_penalty=0.5", "rl.sampler_is=token")
+  assert not refused("rl.sampler_is=token", "rl.sampler_is_threshold=3.0", "rl.use_agentic_rollout=true")
   assert not refused(
     "rl.use_agentic_rollout=true",
     "rl.tools=[python]",

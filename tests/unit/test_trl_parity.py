@@ -12,7 +12,7 @@ from flax import nnx
 from tunix.rl import common, function_registry
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import algorithm
+from maxtext.integration.tunix import algorithm, shaping
 from maxtext.models import builder, hf_layout
 from tests.unit.test_hf_parity import load_ours, write_hf_model
 
@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 
 PAD, EOS, B, P, L = 0, 1, 4, 5, 7
 TEMPERATURE = 0.9
+IS_THRESHOLD = 1.1
 
 # variant: (our overrides, TRL GRPOConfig arguments)
 VARIANTS = {
@@ -44,6 +45,12 @@ VARIANTS = {
     ["rl.loss_algo=gspo-token", "rl.loss_agg_mode=sequence-mean-token-mean"],
     dict(loss_type="grpo", importance_sampling_level="sequence", epsilon_high=0.2),
   ),
+  # Truncated importance sampling between sampler and trainer: TRL's vLLM correction (token_truncate),
+  # the same weights given to both (shaping.sampler_is_weights of the old log-probs and the sampler's).
+  "truncated_is": (
+    ["rl.sampler_is=token", f"rl.sampler_is_threshold={IS_THRESHOLD}"],
+    dict(loss_type="grpo", epsilon_high=0.2),
+  ),
 }
 
 
@@ -63,10 +70,18 @@ def _batch(seed: int = 0) -> dict[str, np.ndarray]:
     "advantages": np.array([1.2, -0.7, 0.4, -0.9], np.float32),
     "old_shift": rng.uniform(-0.35, 0.35, (B, L)).astype(np.float32),  # ratios inside and outside the clip range
     "ref_shift": rng.uniform(-0.5, 0.5, (B, L)).astype(np.float32),
+    "sampler_shift": rng.uniform(-0.2, 0.2, (B, L)).astype(np.float32),  # weights above the threshold too
   }
 
 
-def _trl_side(path, batch, trl_args: dict, beta: float):
+def _sampler_is_weights(batch, trainer_logps: np.ndarray, variant: str) -> np.ndarray | None:
+  if variant != "truncated_is":
+    return None
+  old = trainer_logps - batch["old_shift"]
+  return shaping.sampler_is_weights(old, old - batch["sampler_shift"], IS_THRESHOLD)
+
+
+def _trl_side(path, batch, trl_args: dict, beta: float, variant: str):
   """TRL's per-token log-probs, loss and gradients (HF names) through GRPOTrainer._compute_loss."""
   model = transformers.AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
   tokenizer = transformers.PreTrainedTokenizerFast(  # TRL needs one; the loss reads token ids only
@@ -112,6 +127,10 @@ def _trl_side(path, batch, trl_args: dict, beta: float):
     "ref_per_token_logps": logps - torch.tensor(batch["ref_shift"]),
     "num_items_in_batch": mask.sum(),
   }
+  weights = _sampler_is_weights(batch, logps.numpy(), variant)
+  if weights is not None:  # what TRL's rollout step sets for vLLM samples (vLLM itself is not installed)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    inputs["importance_sampling_ratio"] = torch.tensor(weights)
   trainer.model.zero_grad()
   loss = trainer._compute_loss(trainer.model, inputs)
   loss.backward()
@@ -119,7 +138,7 @@ def _trl_side(path, batch, trl_args: dict, beta: float):
   return logps.numpy(), float(loss.detach()), grads
 
 
-def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndarray):
+def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndarray, variant: str):
   cfg, model = load_ours(path, f"rl.grpo_beta={beta}", "rl.grpo_epsilon=0.2", "rl.kl_loss_mode=low_var_kl", *overrides)
   config = algorithm.grpo_config(cfg)
   config.temperature = TEMPERATURE  # what the learner sets from the training rollout config
@@ -132,6 +151,10 @@ def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndar
     ref_per_token_logps=jnp.asarray(trl_logps - batch["ref_shift"]),
     old_per_token_logps=jnp.asarray(trl_logps - batch["old_shift"]),
   )
+  weights = _sampler_is_weights(batch, trl_logps, variant)
+  if weights is not None:
+    assert cfg.rl.sampler_is == "token"
+    example = example.replace(sampler_is_weights=jnp.asarray(weights))
   loss_fn = function_registry.get_policy_loss_fn(cfg.rl.policy_loss_fn)
   (loss, aux), grads = nnx.value_and_grad(lambda m: loss_fn(m, example, config, pad_id=PAD, eos_id=EOS), has_aux=True)(
     model
@@ -150,8 +173,8 @@ def test_trl_parity_of_log_probs_loss_and_gradient(tmp_path, variant, beta):
   overrides, trl_args = VARIANTS[variant]
   write_hf_model(tmp_path, "qwen3-gqa-tied-headdim")
   batch = _batch()
-  trl_logps, trl_loss, trl_grads = _trl_side(tmp_path, batch, trl_args, beta)
-  our_logps, our_loss, our_grads = _our_side(tmp_path, batch, overrides, beta, trl_logps)
+  trl_logps, trl_loss, trl_grads = _trl_side(tmp_path, batch, trl_args, beta, variant)
+  our_logps, our_loss, our_grads = _our_side(tmp_path, batch, overrides, beta, trl_logps, variant)
   mask = batch["mask"] > 0
   np.testing.assert_allclose(our_logps[mask], trl_logps[mask], atol=2e-5)
   np.testing.assert_allclose(our_loss, trl_loss, rtol=1e-4, atol=1e-6)

@@ -239,9 +239,6 @@ AGENTIC_ONLY_KEYS = (
   "rl.max_concurrency",
   "rl.off_policy_steps",
   "rl.system_prompt",
-  "rl.sampler_is",
-  "rl.sampler_is_threshold",
-  "rl.logp_check_period",
   "rl.filter_zero_variance_groups",
   "rl.tools",
   "rl.tools_path",
@@ -250,6 +247,14 @@ AGENTIC_ONLY_KEYS = (
   "rl.tool_memory_mb",
   "rl.tool_output_max_chars",
   "rl.tool_sandbox",
+)
+# Keys only standard GRPO reads (rl.use_agentic_rollout=false); agentic GRPO refuses them.
+STANDARD_ONLY_KEYS = (
+  "rl.dynamic_sampling",
+  "rl.dynamic_sampling_max_rounds",
+  "rl.overlong_buffer_length",
+  "rl.overlong_penalty",
+  "rl.mask_truncated_completions",
 )
 # Keys that configure LoRA adapters; lora_rank=0 (full fine-tuning) refuses them.
 LORA_KEYS = ("lora_alpha", "lora_module_path", "lora_input_adapters_path")
@@ -288,6 +293,7 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   if not agentic:
     ignored.update({k: ("only agentic GRPO reads it", "rl.use_agentic_rollout") for k in AGENTIC_ONLY_KEYS})
   else:
+    ignored.update({k: ("only standard GRPO reads it", "rl.use_agentic_rollout") for k in STANDARD_ONLY_KEYS})
     ignored["eval_interval"] = ("evaluation during training runs in standard GRPO only", "rl.use_agentic_rollout")
     ignored["rl.num_iterations"] = ("its learner trains each batch once", "rl.use_agentic_rollout")
   if v["num_test_batches"] == 0:
@@ -303,10 +309,19 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   for key, used in tool_users.items():
     if not used:
       ignored.setdefault(key, (f"no tool it limits is in rl.tools={tools}", "rl.tools"))
+  if not v["rl.dynamic_sampling"]:
+    ignored.setdefault("rl.dynamic_sampling_max_rounds", ("rl.dynamic_sampling=false", "rl.dynamic_sampling"))
+  if not v["rl.overlong_buffer_length"]:
+    ignored.setdefault(
+      "rl.overlong_penalty", ("rl.overlong_buffer_length=0 punishes nothing", "rl.overlong_buffer_length")
+    )
+  if not v["rl.sampler_is"]:
+    ignored.setdefault("rl.sampler_is_threshold", ("rl.sampler_is is off", "rl.sampler_is"))
   if v["rollout_engine"] != "batched":
     ignored.setdefault(
       "rl.logp_check_period", ("only the batched engine returns sampler log-probs to check", "rollout_engine")
     )
+    ignored.setdefault("rl.sampler_is", ("only the batched engine returns sampler log-probs", "rollout_engine"))
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
   if v["lora_rank"] == 0:
     ignored.update({k: ("lora_rank=0 trains the full weights, without adapters", "lora_rank") for k in LORA_KEYS})
@@ -400,6 +415,7 @@ def _validate(v: dict[str, Any]) -> None:
     "eval_mode": ("pass", "maj", "pass_at_1"),
     "rollout_engine": ("batched", "vanilla"),
     "rl.tool_sandbox": ("bwrap", "none"),
+    "rl.sampler_is": ("", "token"),
   }
   if v["rollout_engine"] == "vllm":
     raise ConfigError(
@@ -408,7 +424,7 @@ def _validate(v: dict[str, Any]) -> None:
     )
   for key, allowed in choices.items():
     if v[key] not in allowed:
-      raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(allowed)}")
+      raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
@@ -422,6 +438,21 @@ def _validate(v: dict[str, Any]) -> None:
   for key in ("eval_interval", "rl.off_policy_steps", "rl.logp_check_period"):
     if v[key] < 0:
       raise ConfigError(f"{key}={v[key]}: expected an integer >= 0")
+  if v["rl.dynamic_sampling_max_rounds"] < 2 and v["rl.dynamic_sampling"]:
+    raise ConfigError(
+      f"rl.dynamic_sampling_max_rounds={v['rl.dynamic_sampling_max_rounds']}: expected at least 2 (one round "
+      "samples nothing more)"
+    )
+  if not 0 <= v["rl.overlong_buffer_length"] <= v["max_response_length"] or v["rl.overlong_penalty"] < 0:
+    raise ConfigError(
+      f"rl.overlong_buffer_length={v['rl.overlong_buffer_length']}, rl.overlong_penalty={v['rl.overlong_penalty']}: "
+      f"expected a buffer from 0 (off) to max_response_length={v['max_response_length']} and a penalty >= 0"
+    )
+  if v["rl.sampler_is_threshold"] < 1.0:
+    raise ConfigError(
+      f"rl.sampler_is_threshold={v['rl.sampler_is_threshold']}: expected a truncation threshold >= 1 "
+      "(weights below 1 are never truncated)"
+    )
   if v["math_verify_timeout"] <= 0:
     raise ConfigError(f"math_verify_timeout={v['math_verify_timeout']}: expected a positive number of seconds")
   scaling = v["rope_scaling"]

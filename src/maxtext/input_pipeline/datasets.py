@@ -244,18 +244,31 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
   return kept
 
 
-def train_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
-  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most.
-  render: user turn -> the prompt the sampler really gets first, when something other than the data
-  template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
+def _training_examples(cfg, tokenizer, render: Callable[[str], str] | None) -> list[dict]:
   rows = load_rows(cfg, cfg.dataset_name, cfg.train_split, training=True)
   examples = to_examples(cfg, tokenizer, cfg.dataset_name, rows)
   if render is not None:
     examples = [{**ex, "prompts": render(ex["user_content"])} for ex in examples]
-  examples = fitting(examples, tokenizer, cfg.max_prompt_length, f"{cfg.dataset_name}/{cfg.train_split}")
+  return fitting(examples, tokenizer, cfg.max_prompt_length, f"{cfg.dataset_name}/{cfg.train_split}")
+
+
+def train_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
+  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most.
+  render: user turn -> the prompt the sampler really gets first, when something other than the data
+  template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
+  examples = _training_examples(cfg, tokenizer, render)
   ds = grain.MapDataset.source(examples).repeat(cfg.num_epoch).shuffle(seed=cfg.data_shuffle_seed)
   ds = ds.batch(cfg.batch_size, drop_remainder=True)
   return ds[: cfg.num_batches]
+
+
+def reserve_batches(cfg, tokenizer) -> grain.MapDataset:
+  """Batches of cfg.batch_size training examples in another order (seed data_shuffle_seed + 1),
+  repeated without end: where dynamic sampling draws more prompts from, by index, so a resumed run
+  draws what an uninterrupted one would."""
+  examples = _training_examples(cfg, tokenizer, None)
+  ds = grain.MapDataset.source(examples).shuffle(seed=cfg.data_shuffle_seed + 1).repeat(None)
+  return ds.batch(cfg.batch_size, drop_remainder=True)
 
 
 def eval_examples(cfg, tokenizer) -> list[dict]:

@@ -1,19 +1,40 @@
-"""Tunix's standard GRPO learner (rl.use_agentic_rollout=false) with a step hook and per-step metrics.
+"""Tunix's standard GRPO learner (rl.use_agentic_rollout=false) with a step hook, per-step metrics and
+the sample shaping of shaping.py (dynamic sampling, overlong punishment, truncated-completion masking,
+sampler importance correction).
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from collections.abc import Callable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from tunix.rl import common
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
 from maxtext.integration.tunix import cluster as cluster_lib
-from maxtext.integration.tunix import metrics, prefix_sharing, step_metrics
+from maxtext.integration.tunix import metrics, prefix_sharing, shaping, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
+from maxtext.utils import distributed
+
+log = logging.getLogger(__name__)
+TRAIN = rl_cluster_lib.Mode.TRAIN
+
+
+@dataclasses.dataclass
+class _Round:
+  """One round of sampling and scoring: Tunix's example, its rewards and the sampler's log-probs
+  (None where the engine returns none)."""
+
+  example: common.TrainExample
+  rewards: np.ndarray
+  sampler_logps: np.ndarray | None
 
 
 class GRPOLearner(grpo_learner.GRPOLearner):
@@ -28,9 +49,29 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   learner's old-policy log-probs; this learner takes its old log-probs from the sampler and never
   reads it, so the copy is dropped after each sync (a full copy of the weights less at the peak)."""
 
-  def __init__(self, *args, before_step: Callable[[int], None] | None = None, **kwargs):
+  def __init__(
+    self,
+    *args,
+    before_step: Callable[[int], None] | None = None,
+    shape: shaping.Shaping | None = None,
+    reserve: Callable[[int], dict] | None = None,
+    **kwargs,
+  ):
+    """shape: what is done to each step's samples (none: nothing); reserve(i): the i-th batch of
+    further prompts for dynamic sampling."""
     super().__init__(*args, **kwargs)
     self._before_step = before_step
+    self._shape = shape
+    self._reserve = reserve
+    self._last_rollout = None
+    self._last_rewards: np.ndarray | None = None
+    generate = self.rl_cluster.generate
+
+    def recording_generate(*args, **kwargs):
+      self._last_rollout = generate(*args, **kwargs)
+      return self._last_rollout
+
+    self.rl_cluster.generate = recording_generate
     self._idle = step_metrics.IdleClock()
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
@@ -45,10 +86,13 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     self.rl_cluster.sync_weights = sync_without_snapshot
     self.rl_cluster._anchor_policy_state = None
 
-  def _generate_and_compute_advantage(self, training_input, mode=rl_cluster_lib.Mode.TRAIN):
+  def _generate_and_compute_advantage(self, training_input, mode=TRAIN):
     self._idle.wait_starts()
     try:
-      example = super()._generate_and_compute_advantage(training_input, mode)
+      if mode == TRAIN and self._shape is not None:
+        example = self._shaped_example(training_input)
+      else:
+        example = super()._generate_and_compute_advantage(training_input, mode)
     finally:
       self._idle.wait_ends()
     prefix_sharing.check_groups(example.prompt_ids, self.algo_config.num_generations)
@@ -56,6 +100,111 @@ class GRPOLearner(grpo_learner.GRPOLearner):
       zero, groups = step_metrics.zero_signal_groups(example.advantages, self.algo_config.num_generations)
       self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN)
     return example
+
+  def _compute_rewards(self, prompts, completions, mode, step=None, **kwargs):
+    rewards = super()._compute_rewards(prompts, completions, mode, step, **kwargs)
+    shape = self._shape
+    if mode == TRAIN and shape is not None and shape.overlong_buffer_length:
+      lengths = [len(t) for t in self._last_rollout.tokens]
+      penalty = shaping.overlong_penalty(
+        lengths, shape.max_response_length, shape.overlong_buffer_length, shape.overlong_penalty
+      )
+      rewards = np.asarray(rewards) + penalty
+      self.rl_cluster.buffer_metrics({"rewards/overlong_penalty": (float(penalty.mean()), np.mean)}, mode=TRAIN)
+    self._last_rewards = np.asarray(rewards)
+    return rewards
+
+  def _sample_round(self, training_input) -> _Round:
+    example = super()._generate_and_compute_advantage(training_input, TRAIN)
+    assert self._last_rewards is not None and self._last_rollout is not None
+    logps = self._last_rollout.logprobs
+    width = example.completion_ids.shape[1]
+    sampler_logps = None
+    if logps is not None:
+      sampler_logps = np.zeros((len(logps), width), np.float32)
+      for row, lp in zip(sampler_logps, logps):
+        row[: len(lp)] = np.asarray(lp)[:width]
+    return _Round(example, self._last_rewards, sampler_logps)
+
+  def _shaped_example(self, training_input) -> common.TrainExample:
+    """The step's example after dynamic sampling, truncated-completion masking and the sampler
+    importance correction, as self._shape says."""
+    shape = self._shape
+    assert shape is not None
+    generations = self.algo_config.num_generations
+    rounds = [self._sample_round(training_input)]
+    wanted = len(rounds[0].rewards) // generations
+    if shape.dynamic_sampling_rounds > 1:
+      rounds += self._more_rounds(rounds[0], wanted)
+    example, sampler_logps = self._selected(rounds, wanted)
+    step = self.rl_cluster.global_steps
+    if sampler_logps is not None and shape.checks_logps(step):
+      trainer_logps = example.old_per_token_logps
+      if trainer_logps is None:
+        trainer_logps = self.rl_cluster.get_old_per_token_logps(example.prompt_ids, example.completion_ids)
+      trainer_logps = distributed.host_array(trainer_logps)
+      mask = np.asarray(example.completion_mask)
+      self.rl_cluster.buffer_metrics(
+        {k: (v, np.mean) for k, v in shaping.logp_mismatch(trainer_logps, sampler_logps, mask).items()}, TRAIN
+      )
+      if shape.sampler_is:
+        weights = shaping.sampler_is_weights(trainer_logps, sampler_logps, shape.sampler_is_threshold)
+        example = example.replace(sampler_is_weights=jnp.asarray(weights))
+    if shape.mask_truncated_completions:
+      eos = self.rl_cluster.rollout.eos_id()
+      cut = shaping.truncated(np.asarray(example.completion_ids), np.asarray(example.completion_mask), eos)
+      example = example.replace(completion_mask=example.completion_mask * jnp.asarray(~cut)[:, None])
+      self.rl_cluster.buffer_metrics({"completions/masked_truncated_fraction": (float(cut.mean()), np.mean)}, TRAIN)
+    return example
+
+  def _more_rounds(self, first: _Round, wanted: int) -> list[_Round]:
+    """Dynamic sampling: further rounds of reserve prompts until `wanted` groups have varied rewards
+    or the rounds run out (then reported)."""
+    shape = self._shape
+    assert shape is not None and self._reserve is not None
+    generations = self.algo_config.num_generations
+    varied = [shaping.varied_groups(first.rewards, generations)]
+    rounds: list[_Round] = []
+    step = self.rl_cluster.global_steps
+    while sum(int(v.sum()) for v in varied) < wanted and len(varied) < shape.dynamic_sampling_rounds:
+      batch = self._reserve(step * (shape.dynamic_sampling_rounds - 1) + len(varied) - 1)
+      batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
+      batch["trajectory_ids"] = self._compute_trajectory_ids(batch, step)
+      rounds.append(self._sample_round(batch))
+      varied.append(shaping.varied_groups(rounds[-1].rewards, generations))
+    sampled = np.concatenate(varied)
+    short = int(sampled.sum()) < wanted
+    if short:
+      log.warning(
+        "dynamic sampling: %d of %d groups with varied rewards after rl.dynamic_sampling_max_rounds=%d rounds at "
+        "step %d; groups without signal fill the batch",
+        int(sampled.sum()),
+        wanted,
+        shape.dynamic_sampling_rounds,
+        step,
+      )
+    self.rl_cluster.buffer_metrics(
+      {
+        "dynamic_sampling/rounds": (len(varied), np.mean),
+        "dynamic_sampling/sampled_zero_std_fraction": (float(1.0 - sampled.mean()), np.mean),
+        "dynamic_sampling/short": (float(short), np.mean),
+      },
+      TRAIN,
+    )
+    return rounds
+
+  def _selected(self, rounds: list[_Round], wanted: int) -> tuple[common.TrainExample, np.ndarray | None]:
+    """The example of the groups dynamic sampling keeps (all of a single round), with their sampler
+    log-probs."""
+    if len(rounds) == 1:
+      return rounds[0].example, rounds[0].sampler_logps
+    generations = self.algo_config.num_generations
+    varied = np.concatenate([shaping.varied_groups(r.rewards, generations) for r in rounds])
+    groups = shaping.select_groups(varied, wanted)
+    rows = (groups[:, None] * generations + np.arange(generations)).reshape(-1)
+    merged = jax.tree.map(lambda *xs: jnp.concatenate(xs)[rows], *[r.example for r in rounds])
+    logps = [r.sampler_logps for r in rounds if r.sampler_logps is not None]
+    return merged, np.concatenate(logps)[rows] if len(logps) == len(rounds) else None
 
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
@@ -70,10 +219,13 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     return out
 
 
-def build_learner(cfg, cluster, reward_fns, before_step=None) -> GRPOLearner:
+def build_learner(cfg, cluster, reward_fns, before_step=None, reserve=None) -> GRPOLearner:
+  """reserve: see GRPOLearner (needed with rl.dynamic_sampling)."""
   return GRPOLearner(
     rl_cluster=cluster,
     algo_config=grpo_config(cfg),
     reward_fns=list(reward_fns),
     before_step=before_step,
+    shape=shaping.Shaping.from_config(cfg),
+    reserve=reserve,
   )

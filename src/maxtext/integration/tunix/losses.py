@@ -156,6 +156,11 @@ def check(cfg) -> None:
       f"rl.loss_algo={rl.loss_algo!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
       "ppo_clip; cispo weights tokens (expected rl.loss_algo=grpo)"
     )
+  if rl.advantage_estimator == "reinforce_pp" and rl.dynamic_sampling:
+    raise ConfigError(
+      "rl.advantage_estimator='reinforce_pp' with rl.dynamic_sampling=true: REINFORCE++ normalises over the "
+      "sampled batch, not the groups dynamic sampling keeps (expected grpo, dr_grpo or rloo)"
+    )
   if rl.advantage_estimator == "reinforce_pp" and rl.use_agentic_rollout:
     raise ConfigError(
       "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "

@@ -34,8 +34,28 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "override",
     ("self", "training_input", "mode"),
     "learner.py",
-    "times sampling and scoring (trainer/idle_fraction) and counts the groups with "
-    "equal rewards (frac_reward_zero_std): Tunix has no per-batch hook",
+    "times sampling and scoring (trainer/idle_fraction), counts the groups with equal rewards "
+    "(frac_reward_zero_std) and shapes the samples (dynamic sampling calls it once per round, "
+    "truncated-completion masking, sampler importance weights): Tunix has no per-batch hook, and its "
+    "dynamic_sampling flag does nothing",
+  ),
+  PrivateDependency(
+    _GRPO,
+    "_compute_rewards",
+    "override",
+    ("self", "prompts", "completions", "mode", "step", "kwargs"),
+    "learner.py",
+    "adds the soft overlong punishment (it needs the completions' token counts, which reward "
+    "functions do not get) and keeps the rewards for dynamic sampling's group filter",
+  ),
+  PrivateDependency(
+    _GRPO,
+    "_compute_trajectory_ids",
+    "call",
+    ("self", "example", "steps"),
+    "learner.py",
+    "the trajectory_ids a further round of dynamic sampling passes to the reward functions, as "
+    "Tunix's data loop does for its own batches",
   ),
   PrivateDependency(
     _GRPO,

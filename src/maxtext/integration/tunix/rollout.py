@@ -347,8 +347,10 @@ def rollout_configs(cfg, eos_id: int) -> dict:
     )
   )
   evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **shared)
-  if cfg.rl.use_agentic_rollout and cfg.rollout_engine == "batched":  # the agentic learner trains on them
-    train, evaluation = (dataclasses.replace(c, return_logprobs=True) for c in (train, evaluation))
+  if cfg.rollout_engine == "batched":  # the agentic learner trains on them; both learners check them
+    train = dataclasses.replace(train, return_logprobs=True)
+    if cfg.rl.use_agentic_rollout:
+      evaluation = dataclasses.replace(evaluation, return_logprobs=True)
   return {Mode.TRAIN: train, Mode.EVAL: evaluation}
 
 

@@ -133,7 +133,8 @@ def run(cfg) -> dict:
         learner = agentic.build_learner(cfg, cluster, reward_fns, parser, tool_map, before_step=guard)
         train_ds = agentic.user_turn_batches(train_ds)
       else:
-        learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step)
+        reserve = datasets.reserve_batches(cfg, tokenizer).__getitem__ if cfg.rl.dynamic_sampling else None
+        learner = learner_lib.build_learner(cfg, cluster, reward_fns, before_step, reserve)
     if results["before"] is None:
       results["before"] = evaluate("eval before")
       folder.write_results(results)

@@ -1,0 +1,160 @@
+"""Each RL algorithm variant on the default task: held-out gain, its interval, wall time.
+
+    python benchmarks/algorithms.py [--variants V ...] [--seeds N] [--output F [--append]] [key=value ...]
+
+Every variant trains the default demo (rl_times_table.yml: SmolLM2-135M-Instruct learning the times
+table, 8 steps of 8 prompts x 8 samples) through train_rl, one process per run, once per rollout seed
+(decode_seed 0..N-1; the data order and the held-out questions stay the same, so every run is scored on
+the same 200 questions). Per run it reads the run's eval.json (greedy accuracy before and after, the
+gain and its paired-bootstrap 95% interval) and train_rl's "Trained N steps in X s". The table gives,
+per variant, the mean gain over seeds with each seed's gain and interval, the mean training wall time,
+and the gain per step and per training minute. The load average over each run is recorded, since a
+run sharing the CPU with other work takes longer. Extra key=value arguments reach every run.
+Prints the table and writes benchmarks/results/algorithms.json (or --output); --append adds to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+
+from model_benchmark import fmt
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results", "algorithms.json")
+
+VARIANTS = {  # name: the settings that select it (on top of rl_times_table.yml)
+  "grpo": [],
+  "dr_grpo": ["rl.advantage_estimator=dr_grpo"],
+  "rloo": ["rl.advantage_estimator=rloo"],
+  "reinforce_pp": ["rl.advantage_estimator=reinforce_pp"],
+  "cispo": ["rl.policy_loss_fn=cispo", "rl.epsilon_high=4.0"],
+  "gspo": ["rl.loss_algo=gspo-token", "rl.loss_agg_mode=sequence-mean-token-mean"],
+  "dapo": ["rl.dynamic_sampling=true", "rl.epsilon_high=0.28", "rl.loss_agg_mode=token-mean"],
+}
+
+
+def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
+  run_name = f"{variant}_seed{seed}"
+  cmd = [
+    sys.executable,
+    "-m",
+    "maxtext.trainers.post_train.rl.train_rl",
+    "rl_times_table.yml",
+    f"decode_seed={seed}",
+    f"base_output_directory={out_dir}",
+    f"run_name={run_name}",
+    "checkpoint_period=1000",
+    *VARIANTS[variant],
+    *extra,
+  ]
+  load_before = os.getloadavg()[0]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{variant} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  trained = re.search(r"Trained (\d+) steps in ([\d.]+) s", proc.stderr)
+  assert trained, "train_rl did not report its training time"
+  with open(os.path.join(out_dir, run_name, "eval.json"), encoding="utf-8") as f:
+    evaluation = json.load(f)
+  with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f]
+  gain = evaluation["gain"]
+  return {
+    "variant": variant,
+    "seed": seed,
+    "steps": int(trained.group(1)),
+    "train_s": float(trained.group(2)),
+    "before": evaluation["before"]["accuracy"],
+    "after": evaluation["after"]["accuracy"],
+    "gain": gain["gain"],
+    "ci95_low": gain["ci95_low"],
+    "ci95_high": gain["ci95_high"],
+    "num_examples": gain["num_examples"],
+    "mean_frac_reward_zero_std": sum(r.get("frac_reward_zero_std", 0.0) for r in rows) / len(rows),
+    "load_average": (load_before + os.getloadavg()[0]) / 2,
+  }
+
+
+def summarize(results: list[dict]) -> list[dict]:
+  rows = []
+  for variant in VARIANTS:
+    runs = [r for r in results if r["variant"] == variant]
+    if not runs:
+      continue
+    gain = sum(r["gain"] for r in runs) / len(runs)
+    train_s = sum(r["train_s"] for r in runs) / len(runs)
+    rows.append(
+      {
+        "variant": variant,
+        "seeds": len(runs),
+        "mean_gain": gain,
+        "seed_gains": [(r["gain"], r["ci95_low"], r["ci95_high"]) for r in runs],
+        "significant_seeds": sum(r["ci95_low"] > 0 for r in runs),
+        "mean_train_s": train_s,
+        "gain_per_step": gain / runs[0]["steps"],
+        "gain_per_minute": gain / (train_s / 60),
+      }
+    )
+  return rows
+
+
+def table(rows: list[dict]) -> str:
+  lines = [
+    "| variant | mean gain | gain [95% interval] per seed | seeds with interval > 0 | mean training s "
+    "| gain per step | gain per training minute |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+  ]
+  for r in rows:
+    seeds = "; ".join(f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]" for g, lo, hi in r["seed_gains"])
+    lines.append(
+      f"| {r['variant']} | {r['mean_gain']:+.3f} | {seeds} | {r['significant_seeds']}/{r['seeds']} "
+      f"| {fmt(r['mean_train_s'], '.0f')} | {r['gain_per_step']:+.4f} | {r['gain_per_minute']:+.3f} |"
+    )
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+  parser.add_argument("--seeds", type=int, default=3, help="rollout seeds per variant (decode_seed 0..N-1)")
+  parser.add_argument("--output", default=RESULTS, help="where the JSON goes")
+  parser.add_argument("--append", action="store_true", help="add to the results already at --output")
+  args, extra = parser.parse_known_args()
+  previous = []
+  if args.append and os.path.exists(args.output):
+    with open(args.output, encoding="utf-8") as f:
+      old = json.load(f)
+    if old["arguments"] != extra:
+      raise SystemExit(f"--append: {args.output} was measured with {old['arguments']}, this run with {extra}")
+    previous = [r for r in old["results"] if r["variant"] not in args.variants]
+  results = []
+  with tempfile.TemporaryDirectory() as out_dir:
+    for variant in args.variants:
+      for seed in range(args.seeds):
+        result = run_one(variant, seed, extra, out_dir)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+  results = previous + results
+  rows = summarize(results)
+  report = {
+    "date": datetime.date.today().isoformat(),
+    "device": f"CPU ({os.cpu_count()} cores), {platform.processor() or platform.machine()}",
+    "arguments": extra,
+    "results": results,
+    "summary": rows,
+  }
+  os.makedirs(os.path.dirname(args.output), exist_ok=True)
+  with open(args.output, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2)
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  main()

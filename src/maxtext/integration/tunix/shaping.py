@@ -1,0 +1,106 @@
+"""What the standard learner does to a step's samples between sampling and training, each a setting:
+
+- dynamic sampling (DAPO, rl.dynamic_sampling): a group whose rewards are all equal has no learning
+  signal, so more groups are sampled, up to rl.dynamic_sampling_max_rounds rounds of batch_size prompts,
+  until the step holds batch_size groups whose rewards differ (`select_groups`);
+- soft overlong punishment (DAPO, rl.overlong_buffer_length > 0): a reward penalty growing linearly over
+  the last rl.overlong_buffer_length tokens of the response budget (`overlong_penalty`);
+- masking truncated completions (rl.mask_truncated_completions): a completion that used the whole budget
+  without ending trains no token (`truncated`);
+- sampler importance correction (rl.sampler_is=token): each token's loss is weighted by the trainer's
+  over the sampler's probability of it, truncated at rl.sampler_is_threshold and held constant
+  (`sampler_is_weights`); `logp_mismatch` gives the sampler_trainer/* metrics that show how far apart
+  the two are.
+
+The functions here take and return numpy arrays; the learner (learner.py) applies them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Shaping:
+  """The settings above, read once from the config (`from_config`)."""
+
+  dynamic_sampling_rounds: int  # 1: no dynamic sampling
+  overlong_buffer_length: int  # 0: no overlong punishment
+  overlong_penalty: float
+  max_response_length: int
+  mask_truncated_completions: bool
+  sampler_is: bool
+  sampler_is_threshold: float
+  logp_check_period: int  # sampler_trainer/* metrics at steps 0, p, 2p, ... (every step with sampler_is)
+
+  @classmethod
+  def from_config(cls, cfg) -> Shaping:
+    rl = cfg.rl
+    return cls(
+      dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
+      overlong_buffer_length=rl.overlong_buffer_length,
+      overlong_penalty=rl.overlong_penalty,
+      max_response_length=cfg.max_response_length,
+      mask_truncated_completions=rl.mask_truncated_completions,
+      sampler_is=rl.sampler_is == "token",
+      sampler_is_threshold=rl.sampler_is_threshold,
+      logp_check_period=rl.logp_check_period if cfg.rollout_engine == "batched" else 0,
+    )
+
+  def checks_logps(self, step: int) -> bool:
+    """Whether the trainer scores the step's samples (for the correction or the mismatch metrics)."""
+    return self.sampler_is or (self.logp_check_period > 0 and step % self.logp_check_period == 0)
+
+
+def overlong_penalty(lengths, max_length: int, buffer: int, factor: float) -> np.ndarray:
+  """DAPO's soft overlong punishment of completions of `lengths` tokens: 0 up to max_length - buffer,
+  then falling linearly to -factor at max_length (and -factor beyond)."""
+  lengths = np.asarray(lengths, dtype=np.float64)
+  start = max_length - buffer
+  return (-factor * np.clip((lengths - start) / buffer, 0.0, 1.0)).astype(np.float32)
+
+
+def truncated(completion_ids, completion_mask, eos_id: int) -> np.ndarray:
+  """Rows that filled the whole response budget without ending on EOS (a completion that stopped at
+  a sampled pad token leaves it masked, so it does not fill the budget)."""
+  ids, mask = np.asarray(completion_ids), np.asarray(completion_mask)
+  return (mask.sum(axis=-1) == mask.shape[-1]) & (ids[:, -1] != eos_id)
+
+
+def varied_groups(rewards, num_generations: int) -> np.ndarray:
+  """Per group of num_generations consecutive rows: whether its rewards are not all equal."""
+  grouped = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
+  return grouped.max(axis=1) > grouped.min(axis=1)
+
+
+def select_groups(varied: np.ndarray, wanted: int) -> np.ndarray:
+  """Indices of the `wanted` groups to train from the groups sampled so far (in sampling order):
+  those with varied rewards first, then, when there are too few, groups without signal to fill the
+  batch."""
+  varied = np.asarray(varied, dtype=bool)
+  order = np.concatenate([np.flatnonzero(varied), np.flatnonzero(~varied)])
+  return np.sort(order[:wanted])
+
+
+def sampler_is_weights(trainer_logps, sampler_logps, threshold: float) -> np.ndarray:
+  """min(p_trainer / p_sampler, threshold) per token (truncated importance sampling)."""
+  ratio = np.exp(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64))
+  return np.minimum(ratio, threshold).astype(np.float32)
+
+
+def logp_mismatch(trainer_logps, sampler_logps, mask) -> dict[str, float]:
+  """How far the sampler's per-token log-probs are from the trainer's over the completion tokens."""
+  live = np.asarray(mask) > 0
+  trainer, sampler = np.asarray(trainer_logps, np.float64)[live], np.asarray(sampler_logps, np.float64)[live]
+  if not trainer.size:
+    return {}
+  diff = np.abs(trainer - sampler)
+  prob_diff = np.abs(np.exp(trainer) - np.exp(sampler))
+  return {
+    "sampler_trainer/logp_diff_mean": float(diff.mean()),
+    "sampler_trainer/logp_diff_max": float(diff.max()),
+    "sampler_trainer/prob_diff_mean": float(prob_diff.mean()),
+    "sampler_trainer/prob_diff_max": float(prob_diff.max()),
+  }
