@@ -1,5 +1,6 @@
-"""The installed Tunix still has every private member private_api.DEPENDENCIES names, with the
-parameters we rely on, and our code touches no private Tunix member that list does not name."""
+"""The installed Tunix still has every member private_api.DEPENDENCIES names, with the parameters we
+rely on, and our code touches no private Tunix member, and replaces no public one on an instance,
+that the list does not name."""
 
 import ast
 import importlib
@@ -40,6 +41,16 @@ def test_tunix_still_has_what_we_rely_on(dep):
     assert params == dep.params, f"parameters now {params}, expected {dep.params}: {why}"
 
 
+def _assigned_attributes(tree: ast.AST) -> list[ast.Attribute]:
+  """Every `x.name` that is assigned to (also in tuple targets) under tree."""
+  targets = []
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+      for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+        targets += [t for t in ast.walk(target) if isinstance(t, ast.Attribute) and isinstance(t.ctx, ast.Store)]
+  return targets
+
+
 def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[str, set[str]]:
   """Private names a module touches, by the Tunix class that defines them: members of its classes'
   Tunix bases (methods defined or called, self attributes), and attributes of other objects (by
@@ -55,6 +66,18 @@ def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[s
           source = _tunix_sources(base)
           if callable(getattr(base, name, None)) or _assigns(source, name):
             found.setdefault(name, set()).add(base.__name__)
+  for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:  # public base attributes rebound
+    bases = [tunix_classes[b.attr] for b in cls.bases if isinstance(b, ast.Attribute) and b.attr in tunix_classes]
+    for target in _assigned_attributes(cls):
+      if isinstance(target.value, ast.Name) and target.value.id == "self" and not private(target.attr):
+        for base in bases:
+          if _assigns(_tunix_sources(base), target.attr) or callable(getattr(base, target.attr, None)):
+            found.setdefault(target.attr, set()).add(base.__name__)
+  for target in _assigned_attributes(tree):  # public members replaced on other objects (instances)
+    if not (isinstance(target.value, ast.Name) and target.value.id == "self") and not private(target.attr):
+      for cls in tunix_classes.values():
+        if callable(getattr(cls, target.attr, None)) or _assigns(_tunix_sources(cls), target.attr):
+          found.setdefault(target.attr, set()).add(cls.__name__)
   for node in ast.walk(tree):
     if (
       isinstance(node, ast.Attribute)

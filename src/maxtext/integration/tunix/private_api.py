@@ -1,4 +1,6 @@
-"""Everything this package relies on in Tunix (google-tunix 0.1.7) that is not its public API.
+"""Everything this package relies on in Tunix (google-tunix 0.1.7) that is not its public API: its
+private members, and its public members we replace on one of our instances (a patch scoped to that
+instance; never on a Tunix class).
 
 Each entry names the Tunix class and member, how we use it, where, and why: the upstream gap or
 defect it works around. tests/unit/test_tunix_private_api.py checks every entry against the
@@ -25,8 +27,110 @@ class PrivateDependency:
 _GRPO = "tunix.rl.grpo.grpo_learner.GRPOLearner"
 _AGENTIC = "tunix.rl.agentic.agentic_grpo_learner.GRPOLearner"
 _ENGINE = "tunix.rl.agentic.trajectory.trajectory_collect_engine.TrajectoryCollectEngine"
+_CLUSTER = "tunix.rl.rl_cluster.RLCluster"
+_TRAINER = "tunix.sft.peft_trainer.PeftTrainer"
 
 DEPENDENCIES: tuple[PrivateDependency, ...] = (
+  # Public members replaced on our instances
+  PrivateDependency(
+    _CLUSTER,
+    "sync_weights",
+    "replace",
+    ("self",),
+    "learner.py",
+    "after each sync the standard learner drops the host copy of the weights Tunix keeps for the "
+    "agentic learner's old-policy log-probs (a full copy of the weights less at the peak)",
+  ),
+  PrivateDependency(
+    _CLUSTER,
+    "generate",
+    "replace",
+    ("self", "prompts", "apply_chat_template", "mode", "micro_batch_size", "trace_tags", "max_generation_steps"),
+    "learner.py",
+    "the standard learner keeps the last rollout's tokens and log-probs for the overlong "
+    "punishment and the sampler importance correction; Tunix's learner drops them",
+  ),
+  PrivateDependency(
+    _CLUSTER,
+    "get_ref_per_token_logps",
+    "replace",
+    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
+    "cluster.py",
+    "across processes the reference's inputs become global arrays first (Tunix takes each "
+    "process's arrays as its share of the batch, while every process holds the whole batch)",
+  ),
+  PrivateDependency(
+    _CLUSTER,
+    "update_actor",
+    "replace",
+    ("self", "train_ds", "eval_ds", "skip_jit"),
+    "cluster.py",
+    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
+  ),
+  PrivateDependency(
+    _CLUSTER,
+    "get_actor_per_token_logps",
+    "replace",
+    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size", "temperature"),
+    "agentic.py",
+    "the agentic learner recomputes every group's old log-probs with the trainer only to log "
+    "the sampler/trainer agreement, with no switch: skipped between rl.logp_check_period steps",
+  ),
+  PrivateDependency(
+    _TRAINER,
+    "checkpoint_manager",
+    "write",
+    None,
+    "cluster.py",
+    "our Orbax manager saves without the gradient-accumulation buffers and treats a step as "
+    "complete only with Orbax's commit marker (a save cut short on a bucket leaves a step folder)",
+  ),
+  PrivateDependency(
+    _TRAINER,
+    "create_train_step_fn",
+    "replace",
+    ("self",),
+    "accumulation.py",
+    "the train step accumulates micro-batch gradients in place; Tunix's MultiSteps step writes a "
+    "copy of the weights every micro-batch",
+  ),
+  PrivateDependency(
+    _TRAINER,
+    "jit_train_and_eval_step",
+    "replace",
+    ("self", "skip_jit", "cache_nnx_graph"),
+    "accumulation.py",
+    "wraps Tunix's compiled step so the optimizer update runs once per optimizer step, after the "
+    "micro-batches' gradients are accumulated, without graph updates (a program returns the "
+    "variables it changed, not copies of all)",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.pipeline.rollout_orchestrator.RolloutOrchestrator",
+    "engine_cls",
+    "write",
+    None,
+    "agentic.py",
+    "conversations are collected by our TrajectoryEngine (full-length completions kept, later "
+    "turns sampled from the exact token stream); the orchestrator has no engine parameter",
+  ),
+  PrivateDependency(
+    _ENGINE,
+    "model_call",
+    "replace",
+    None,
+    "trajectories.py",
+    "each call is wrapped to mark that the model just answered, so the budget check right after "
+    "the call is skipped and a full-length completion is recorded (Tunix ends the episode first)",
+  ),
+  PrivateDependency(
+    _ENGINE,
+    "model_call_kwargs",
+    "write",
+    None,
+    "trajectories.py",
+    "a later turn is sampled from the conversation's exact token stream (prompt_ids) instead of "
+    "the chat re-rendered as text and re-tokenized",
+  ),
   # Standard GRPO (learner.py)
   PrivateDependency(
     _GRPO,
