@@ -1,5 +1,5 @@
 """Builds Tunix's RLCluster from the config: actor, reference, optimizer, meshes, rollout engine,
-checkpointing and metric sinks; and the run's step arithmetic (updates, steps done).
+checkpointing and metric sinks.
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
@@ -24,32 +24,22 @@ from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap
 from maxtext.utils import mesh as mesh_lib
+from maxtext.utils.steps import Steps
 
 Role = rl_cluster_lib.Role
-
-
-def updates(cfg) -> int:
-  """Optimizer updates of the run: rl.num_iterations per training step (one batch) of num_batches
-  (MaxText: max_steps = num_batches x num_iterations). Tunix's trainer and its checkpoints count
-  these; metrics.jsonl, eval_interval and the logs count steps."""
-  return cfg.num_batches * cfg.rl.num_iterations
-
-
-def steps_done(cluster: rl_cluster_lib.RLCluster, num_iterations: int) -> int:
-  """Training steps (batches) finished, from the trainer's update count."""
-  return cluster.actor_trainer.train_steps // num_iterations
 
 
 def optimizer(cfg) -> optax.GradientTransformation:
   """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping. Weight
   decay applies to matrices and embeddings only, as HF's Trainer does (norm scales and biases, the
   one-dimensional parameters, are not decayed), unless adam_weight_decay_all."""
-  warmup = int(cfg.warmup_steps_fraction * updates(cfg))
+  updates = Steps.of(cfg).updates
+  warmup = int(cfg.warmup_steps_fraction * updates)
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
     peak_value=cfg.learning_rate,
     warmup_steps=warmup,
-    decay_steps=max(updates(cfg), warmup + 1),
+    decay_steps=max(updates, warmup + 1),
     end_value=0.0,
   )
   mask = None if cfg.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
@@ -108,13 +98,14 @@ def build_cluster(
   """Tunix's RLCluster, checkpointing under `checkpoints` (a local folder or gs://); with LoRA
   adapters in the actor (lora_rank > 0) Tunix trains, syncs and checkpoints only those."""
   reference = reference_model(cfg, actor)
+  steps = Steps.of(cfg)
   training = rl_cluster_lib.RLTrainingConfig(
     actor_optimizer=optimizer(cfg),
-    eval_every_n_steps=updates(cfg) + 1,
-    max_steps=updates(cfg),
+    eval_every_n_steps=steps.updates + 1,
+    max_steps=steps.updates,
     checkpoint_root_directory=checkpoints,
     checkpointing_options=ocp.CheckpointManagerOptions(
-      save_decision_policy=save_policy(cfg.checkpoint_period * cfg.rl.num_iterations),
+      save_decision_policy=save_policy(steps.updates_in(cfg.checkpoint_period)),
       max_to_keep=cfg.max_num_checkpoints_to_keep,
     ),
     metrics_logging_options=metrics_logger.MetricsLoggerOptions(

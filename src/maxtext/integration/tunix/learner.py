@@ -18,10 +18,10 @@ from tunix.rl import common
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import metrics, prefix_sharing, shaping, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.utils import distributed
+from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
 TRAIN = rl_cluster_lib.Mode.TRAIN
@@ -52,13 +52,15 @@ class GRPOLearner(grpo_learner.GRPOLearner):
   def __init__(
     self,
     *args,
+    steps: Steps,
     before_step: Callable[[int], None] | None = None,
     shape: shaping.Shaping | None = None,
     reserve: Callable[[int], dict] | None = None,
     **kwargs,
   ):
-    """shape: what is done to each step's samples (none: nothing); reserve(i): the i-th batch of
-    further prompts for dynamic sampling."""
+    """steps: the run's training steps and their optimizer updates; shape: what is done to each
+    step's samples (none: nothing); reserve(i): the i-th batch of further prompts for dynamic
+    sampling."""
     super().__init__(*args, **kwargs)
     self._before_step = before_step
     self._shape = shape
@@ -75,7 +77,8 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     self._idle = step_metrics.IdleClock()
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
-    self._last_iter_step //= self.algo_config.num_iterations
+    self._steps = steps
+    self._last_iter_step: int = self._steps.done(self.rl_cluster.actor_trainer.iter_steps)
     prefix_sharing.install(self.rl_cluster.actor_trainer, self.algo_config.num_generations)
     sync = self.rl_cluster.sync_weights
 
@@ -208,7 +211,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
 
   def _run_global_step(self, *args, **kwargs):
     if self._before_step is not None:
-      self._before_step(cluster_lib.steps_done(self.rl_cluster, self.algo_config.num_iterations))
+      self._before_step(self._steps.done(self.rl_cluster.actor_trainer.train_steps))
     self._idle.open(self.rl_cluster.global_steps)
     out = super()._run_global_step(*args, **kwargs)
     _, fraction = self._idle.close()
@@ -225,6 +228,7 @@ def build_learner(cfg, cluster, reward_fns, before_step=None, reserve=None) -> G
     rl_cluster=cluster,
     algo_config=grpo_config(cfg),
     reward_fns=list(reward_fns),
+    steps=Steps.of(cfg),
     before_step=before_step,
     shape=shaping.Shaping.from_config(cfg),
     reserve=reserve,

@@ -15,17 +15,20 @@ import jax
 import numpy as np
 from metrax.logging import TensorboardBackend
 
+from maxtext.utils.steps import Steps
+
 log = logging.getLogger(__name__)
 
+# The default of a run whose steps make one optimizer update each (its step count is not read here).
+ONE_UPDATE_PER_STEP = Steps(0)
 # The share of a step's groups whose rewards are all equal (zero advantage: no learning signal).
 ZERO_SIGNAL = "frac_reward_zero_std"
 
 
-def parse_event(event: str, step: int, updates_per_step: int = 1) -> tuple[str, str, int] | None:
+def parse_event(event: str, step: int, steps: Steps = ONE_UPDATE_PER_STEP) -> tuple[str, str, int] | None:
   """Tunix event `{prefix}/{mode}/{name}` -> (metric name, mode, training step), None for others.
 
-  A training step trains one batch, in updates_per_step optimizer updates (rl.num_iterations). The
-  actor trainer logs at its 1-based update, which belongs to step ceil(update / updates_per_step);
+  The actor trainer logs at its 1-based optimizer update, which belongs to step steps.of_update(update);
   RLCluster logs rollout metrics (rewards, completion lengths) at the 0-based step that consumes
   them, so those move one step on.
   """
@@ -34,7 +37,7 @@ def parse_event(event: str, step: int, updates_per_step: int = 1) -> tuple[str, 
     return None  # JAX's and Orbax's own monitoring events
   prefix, mode, name = parts[0], parts[1], "/".join(parts[2:])
   if prefix == "actor":
-    return name, mode, -(-step // updates_per_step)
+    return name, mode, steps.of_update(step)
   return (name if prefix == "global" else f"{prefix}/{name}"), mode, step + 1
 
 
@@ -99,11 +102,11 @@ class JsonlBackend:
     lag: int = 2,
     on_row: Callable[[dict], None] | None = None,
     compile_clock: Callable[[], float] = lambda: 0.0,
-    updates_per_step: int = 1,
+    steps: Steps = ONE_UPDATE_PER_STEP,
   ):
-    """on_row: also called with each row as it is written; updates_per_step: see parse_event (a
-    step's row holds its last update's trainer metrics)."""
-    self._updates_per_step = updates_per_step
+    """on_row: also called with each row as it is written; steps: see parse_event (a step's row
+    holds its last update's trainer metrics)."""
+    self._steps = steps
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._on_row = on_row
     self._file = open(path, "a", encoding="utf-8")
@@ -121,7 +124,7 @@ class JsonlBackend:
     self._origin = (time.time(), self._compile_clock())
 
   def log_scalar(self, event: str, value, **kwargs):
-    parsed = parse_event(event, int(kwargs.get("step", 0)), self._updates_per_step)
+    parsed = parse_event(event, int(kwargs.get("step", 0)), self._steps)
     if parsed is None or parsed[1] != "train":
       return
     name, _, step = parsed
@@ -247,19 +250,17 @@ class MetricSinks:
   process never writes into this run's closed files.
   """
 
-  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None, updates_per_step: int = 1):
+  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None, steps: Steps = ONE_UPDATE_PER_STEP):
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
     off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2);
-    updates_per_step: optimizer updates per training step (rl.num_iterations)."""
+    steps: the run's steps and their optimizer updates."""
     self._wandb = wandb
     self.compile_clock = CompileClock()
     self.log_dir = os.path.join(run_dir, "tensorboard")
     on_row = wandb.log if wandb is not None else None
     self._makers = {
       "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
-      "jsonl": lambda: JsonlBackend(
-        os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, updates_per_step
-      ),
+      "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, steps),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []

@@ -29,6 +29,7 @@ from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import metrics
 from maxtext.utils import distributed, storage
+from maxtext.utils.steps import Steps
 
 log = logging.getLogger("maxtext.train_rl")
 
@@ -50,7 +51,7 @@ class RunFolder:
     self.evaluations = os.path.join(self.path, "eval.json")
     self._actor = storage.join(self.checkpoints, "actor")
     self._set_aside = storage.join(self.checkpoints, "set_aside")
-    self._iterations = cfg.rl.num_iterations
+    self._steps = Steps.of(cfg)
     self._in_bucket = self._local_files() if self.path != self.url else {}  # as fetched
 
   def _local_files(self) -> dict[str, tuple[int, int]]:
@@ -84,7 +85,7 @@ class RunFolder:
 
   def saved_steps(self) -> list[int]:
     """The training steps with a complete checkpoint, oldest first."""
-    return [s // self._iterations for s in orbax_checkpoint.steps(self._actor) if s % self._iterations == 0]
+    return [self._steps.done(u) for u in orbax_checkpoint.steps(self._actor) if self._steps.ends_step(u)]
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
     """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not
@@ -92,7 +93,7 @@ class RunFolder:
     process calls it; process 0 moves them."""
     moved = []
     if distributed.is_main():
-      moved = orbax_checkpoint.set_aside(self._actor, step * self._iterations, self._set_aside)
+      moved = orbax_checkpoint.set_aside(self._actor, self._steps.updates_in(step), self._set_aside)
     distributed.barrier("keep_checkpoints_through")
     return moved
 

@@ -52,6 +52,7 @@ def run(cfg) -> dict:
   from maxtext.trainers.post_train.rl.run_folder import RunFolder
   from maxtext.utils import distributed, heap
   from maxtext.utils import mesh as mesh_lib
+  from maxtext.utils.steps import Steps
 
   losses.check(cfg)
   distributed.initialize()  # before anything asks JAX about its devices
@@ -85,9 +86,7 @@ def run(cfg) -> dict:
   wandb = None
   if cfg.wandb_project and distributed.is_main():
     wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_name, folder.path, cfg.to_dict())
-  sinks = metrics.MetricSinks(
-    folder.path, lag=cfg.rl.off_policy_steps + 2, wandb=wandb, updates_per_step=cfg.rl.num_iterations
-  )
+  sinks = metrics.MetricSinks(folder.path, lag=cfg.rl.off_policy_steps + 2, wandb=wandb, steps=Steps.of(cfg))
   try:
     with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
       cluster = cluster_lib.build_cluster(cfg, actor, tokenizer, trainer_mesh, sampler_mesh, sinks, folder.checkpoints)
@@ -147,7 +146,7 @@ def run(cfg) -> dict:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
-    trained = cluster_lib.steps_done(cluster, cfg.rl.num_iterations)
+    trained = Steps.of(cfg).done(cluster.actor_trainer.train_steps)
     guard(trained)  # a non-finite value at the last step: no later step boundary saw it
     log.info(
       "Trained %d steps in %.1f s (%.1f s of it compiling)",
