@@ -266,6 +266,7 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effec
     *[a for a in TINY if not a.startswith("eval_batch_size")],
     "num_batches=3",
     "batch_size=4",
+    "train_micro_batch_size=2",  # the step's whole batch is still sampled and filled at once
     "rl.num_generations=4",
     "max_response_length=8",
     "num_test_batches=0",

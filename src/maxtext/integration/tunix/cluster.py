@@ -116,6 +116,8 @@ def build_cluster(
     data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
     mini_batch_size=cfg.batch_size,
     train_micro_batch_size=cfg.train_micro_batch_size or None,
+    # dynamic sampling fills the whole step's batch with groups that have signal: one call per step
+    rollout_micro_batch_size=cfg.batch_size if cfg.rl.dynamic_sampling else None,
   )
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},

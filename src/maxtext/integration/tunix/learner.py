@@ -171,6 +171,8 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     step = self.rl_cluster.global_steps
     while sum(int(v.sum()) for v in varied) < wanted and len(varied) < shape.dynamic_sampling_rounds:
       batch = self._reserve(step * (shape.dynamic_sampling_rounds - 1) + len(varied) - 1)
+      if len(batch["prompts"]) != wanted:
+        raise ValueError(f"dynamic sampling: a reserve batch of {len(batch['prompts'])} prompts for {wanted} groups")
       batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
       batch["trajectory_ids"] = self._compute_trajectory_ids(batch, step)
       rounds.append(self._sample_round(batch))
