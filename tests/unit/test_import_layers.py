@@ -39,6 +39,7 @@ LAYERS = [
       "maxtext.checkpoint_conversion.to_huggingface",
       "maxtext.checkpoint_conversion.to_maxtext",
       "maxtext.trainers.post_train.rl.train_rl",
+      "maxtext.trainers.post_train.rl.training_run",
       "maxtext.trainers.post_train.rl.evaluate_rl",
       "maxtext.trainers.post_train.rl.report",
     ],

@@ -1,0 +1,206 @@
+"""One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
+
+`TrainingRun(cfg)` sets up: the run folder (resuming from its latest complete checkpoint), the meshes,
+tokenizer, data, rewards, the decoder with its weights, Tunix's cluster and the learner the config
+selects. Between training steps `_between_steps` stops the run on a non-finite loss, KL or reward
+or on a signal (raising out of Tunix's training loop, which has no other way out), uploads the run
+folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+import jax
+import numpy as np
+
+from maxtext.checkpoint_conversion import to_huggingface
+from maxtext.input_pipeline import datasets
+from maxtext.input_pipeline import tokenizer as tokenizer_lib
+from maxtext.integration.tunix import agentic, chat_parser, losses, metrics, rollout, trajectories
+from maxtext.integration.tunix import cluster as cluster_lib
+from maxtext.integration.tunix import learner as learner_lib
+from maxtext.models.load import load_model
+from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools, utils_rl
+from maxtext.trainers.post_train.rl.run_folder import RunFolder
+from maxtext.utils import distributed, heap, shutdown
+from maxtext.utils import mesh as mesh_lib
+from maxtext.utils.errors import ConfigError
+from maxtext.utils.steps import Steps
+
+log = logging.getLogger("maxtext.train_rl")
+
+
+class TrainingRun:
+  def __init__(self, cfg):
+    losses.check(cfg)
+    distributed.initialize()  # before anything asks JAX about its devices
+    self.cfg = cfg
+    self.folder = folder = RunFolder(cfg)
+    folder.write_config(cfg)
+    self._expected_peak = footprint.log_estimate(cfg)
+    heap.release_after_compiling()
+    if cfg.rl.use_agentic_rollout and jax.process_count() > 1:
+      raise ConfigError(
+        f"rl.use_agentic_rollout=true: not supported across {jax.process_count()} processes (its "
+        "rollouts run on threads whose order differs between processes, while every process must run "
+        "the sampler's programs in the same order); use rl.use_agentic_rollout=false"
+      )
+    trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
+    log.info(
+      "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
+    )
+    self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg)
+    if cfg.rl.use_agentic_rollout:
+      tool_map = tools.tool_map(cfg)
+      parser = chat_parser.for_config(cfg, tokenizer)
+      render = trajectories.first_prompt_renderer(cfg, parser, tool_map)
+      self.train_ds = agentic.user_turn_batches(datasets.train_batches(cfg, tokenizer, render))
+    else:
+      self.train_ds = datasets.train_batches(cfg, tokenizer)
+    self.eval_examples = datasets.eval_examples(cfg, tokenizer) if cfg.num_test_batches else []
+    reward_fns = utils_rl.reward_functions(cfg)
+    actor = load_model(cfg, trainer_mesh)
+
+    self.results = folder.previous_results(folder.resume())
+    wandb = None
+    if cfg.wandb_project and distributed.is_main():
+      wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_name, folder.path, cfg.to_dict())
+    self.sinks = metrics.MetricSinks(folder.path, lag=cfg.rl.off_policy_steps + 2, wandb=wandb, steps=Steps.of(cfg))
+    self.stop = shutdown.GracefulStop()
+    try:
+      with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
+        self.cluster = cluster_lib.build_cluster(
+          cfg, actor, tokenizer, trainer_mesh, sampler_mesh, self.sinks, folder.checkpoints
+        )
+      with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
+        if cfg.rl.use_agentic_rollout:
+          self.learner = agentic.build_learner(
+            cfg, self.cluster, reward_fns, parser, tool_map, before_step=self._between_steps
+          )
+        else:
+          reserve = datasets.reserve_batches(cfg, tokenizer).__getitem__ if cfg.rl.dynamic_sampling else None
+          self.learner = learner_lib.build_learner(cfg, self.cluster, reward_fns, self._before_step, reserve)
+    except BaseException:
+      self.close()
+      raise
+
+  def evaluate(self, desc: str) -> dict | None:
+    """The evaluation's result; None with num_test_batches=0 (no evaluation)."""
+    if not self.eval_examples:
+      log.info("%s: none (num_test_batches=0)", desc)
+      return None
+    generate = lambda prompts: self.cluster.generate(prompts, mode=rollout.Mode.EVAL).text
+    result = evaluate_rl.evaluate(generate, self.eval_examples, self.cfg, desc)
+    log.info("%s: %s", desc, evaluate_rl.summary_of(result))
+    return result
+
+  def evaluate_before(self) -> None:
+    """Evaluates the initial policy, unless a resumed run did already."""
+    if self.results["before"] is None:
+      self.results["before"] = self.evaluate("eval before")
+      self.folder.write_results(self.results)
+
+  def _between_steps(self, steps_done: int) -> None:
+    """Stops on a non-finite loss, KL or reward (process 0 logs them) or on a signal to any process;
+    every process takes the same branch. On a bucket, the run folder is uploaded."""
+    self.folder.save()
+    bad = self.sinks.nonfinite()
+    flags = distributed.gather(np.array([bad[1] if bad else 0, self.stop.signum or 0]))
+    step, signum = int(flags[0, 0]), int(flags[:, 1].max())
+    if step:
+      self.cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
+      self.folder.keep_checkpoints_through(step - 1)
+      raise shutdown.NonFiniteError(
+        bad[0] if bad else "a watched value (see process 0)", step, max(self.folder.saved_steps(), default=0)
+      )
+    if signum:
+      raise shutdown.Interrupted(signum, steps_done)
+
+  def _before_step(self, steps_done: int) -> None:
+    """_between_steps, and the evaluation every eval_interval steps (standard GRPO)."""
+    self._between_steps(steps_done)
+    interval = self.cfg.eval_interval
+    if self.eval_examples and interval and steps_done and steps_done % interval == 0:
+      result = self.evaluate(f"eval at step {steps_done}")
+      assert result is not None  # there are evaluation examples
+      self.results["during"].append({"step": steps_done, **result})
+      self.folder.write_results(self.results)
+
+  def train(self) -> None:
+    sinks, cluster = self.sinks, self.cluster
+    start, compiled = time.time(), sinks.compile_clock()
+    sinks.restart_clock()
+    with self.stop:
+      try:
+        self.learner.train(self.train_ds)
+      except shutdown.Interrupted as e:
+        sinks.stopped_after(e.step)
+        cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+        raise
+    trained = Steps.of(self.cfg).done(cluster.actor_trainer.train_steps)
+    self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
+    log.info(
+      "Trained %d steps in %.1f s (%.1f s of it compiling)",
+      trained,
+      time.time() - start,
+      sinks.compile_clock() - compiled,
+    )
+    footprint.log_peak(self._expected_peak)
+
+  def evaluate_after(self) -> None:
+    """Evaluates the trained policy and the paired gain over the initial one."""
+    results = self.results
+    results["after"] = self.evaluate("eval after")
+    results["gain"] = evaluate_rl.paired_gain(results["before"], results["after"])
+    if results["gain"]:
+      g = results["gain"]
+      log.info(
+        "Accuracy %.3f before, %.3f after: gain %+.3f, 95%% interval [%+.3f, %+.3f] (paired bootstrap over %d "
+        "questions; %d improved, %d worsened)",
+        results["before"]["accuracy"],
+        results["after"]["accuracy"],
+        g["gain"],
+        g["ci95_low"],
+        g["ci95_high"],
+        g["num_examples"],
+        g["improved"],
+        g["worsened"],
+      )
+    self.folder.write_results(results)
+
+  def export(self) -> None:
+    """The trained policy as an HF checkpoint, with export_hf=true."""
+    cfg = self.cfg
+    if cfg.export_hf:
+      model = self.cluster.actor_trainer.model
+      to_huggingface.export(model, cfg, self.tokenizer, cfg.hf_output_path or os.path.join(self.folder.path, "hf"))
+
+  def close(self) -> None:
+    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder."""
+    self.sinks.close()
+    if distributed.is_main():
+      _write_report(self.folder.path)
+    self.folder.save()
+
+  def summary(self) -> dict:
+    """The evaluation summaries before, during (every eval_interval steps) and after training."""
+    results = self.results
+    return {
+      "before": evaluate_rl.summary_of(results["before"]),
+      "during": [evaluate_rl.summary_of(r) for r in results["during"]],
+      "after": evaluate_rl.summary_of(results["after"]),
+      "gain": results.get("gain"),
+    }
+
+
+def _write_report(run_dir: str) -> None:
+  """report.md and its plots; a failure is logged, never allowed to fail the run."""
+  try:
+    log.info("Wrote %s", report.write(run_dir)["report"])
+  except Exception as e:
+    log.warning(
+      "report.md not written (rebuild it with python -m maxtext.trainers.post_train.rl.report %s): %r", run_dir, e
+    )
