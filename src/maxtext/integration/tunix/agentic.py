@@ -46,7 +46,7 @@ from tunix.rl import utils as rl_utils
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
-from maxtext.integration.tunix import metrics, prefix_sharing, step_metrics
+from maxtext.integration.tunix import step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
@@ -55,6 +55,7 @@ from maxtext.integration.tunix.trajectories import (
   joined_assistant_turns,
   without_examples,
 )
+from maxtext.integration.tunix.wiring import LearnerWiring
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class RolloutError(RuntimeError):
   """A rollout (model call) of the agentic producer failed."""
 
 
-class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
+class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   """Tunix's agentic GRPO learner collecting trajectories with TrajectoryEngine and logging
   the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
   of the consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's
@@ -84,8 +85,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     """before_step(steps_done) runs between global steps (it may raise to stop training);
     logp_check_period: see _trainer_recomputes."""
     super().__init__(*args, **kwargs)
-    self._before_step = before_step
-    prefix_sharing.install(self.rl_cluster.actor_trainer, self.algo_config.num_generations)
+    self._wire(before_step)
     self._logp_check_period = logp_check_period
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
@@ -184,26 +184,19 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
     finally:
       self._skips_trainer_logps.value = False
     if mode == rl_cluster_lib.Mode.TRAIN:  # Tunix returns a list of TrainExamples (one per group)
-      self._log_zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in example]), expected_step)
+      self._log_zero_signal_so_far(
+        np.concatenate([np.asarray(e.advantages).reshape(-1) for e in example]), expected_step
+      )
     return example
 
-  def _log_zero_signal(self, advantages, step: int) -> None:
+  def _log_zero_signal_so_far(self, advantages, step: int) -> None:
     """frac_reward_zero_std over the step's groups so far (running totals, as _log_conversations)."""
-    zero, groups = step_metrics.zero_signal_groups(advantages, self.algo_config.num_generations)
+    zero, groups = self._zero_signal(advantages)
     with self._conversation_lock:
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update({"zero_signal_groups": zero, "groups": groups})
       fraction = totals["zero_signal_groups"] / totals["groups"]
-    self.rl_cluster.buffer_metrics_async(
-      {metrics.ZERO_SIGNAL: (fraction, step_metrics.last)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
-    )
-
-  def _log_idle(self, closed: tuple[int, float] | None) -> None:
-    if closed is not None:
-      step, fraction = closed
-      self.rl_cluster.buffer_metrics_async(
-        {"trainer/idle_fraction": (fraction, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
-      )
+    self._log_zero_signal(fraction, step_metrics.last, step)
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
     """Logs the step's tool and turn metrics from running totals, and step_metrics.rollout_metrics: Tunix
@@ -214,9 +207,7 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update(step_metrics.conversation_counts(conversations))
       counts = {k: (v, step_metrics.last) for k, v in step_metrics.conversation_metrics(totals).items()}
-      self.rl_cluster.buffer_metrics_async(
-        {**counts, **step_metrics.rollout_metrics(self.rl_cluster)}, mode=rl_cluster_lib.Mode.TRAIN, step=step
-      )
+      self._log({**counts, **step_metrics.rollout_metrics(self.rl_cluster)}, step)
 
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
@@ -229,26 +220,24 @@ class AgenticGRPOLearner(agentic_grpo_learner.GRPOLearner):
         break
       new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
       if new_step:  # the step's window opens with the wait for its first batch
-        self._log_idle(idle.close(at=idle.wait_start))
+        self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
         idle.open(self.rl_cluster.global_steps, at=idle.wait_start)
       idle.wait_ends()
       if new_step:
         self._checked_step = self.rl_cluster.actor_trainer.train_steps
-        if self._before_step is not None:
-          self._before_step(self._checked_step)
-      prefix_sharing.check_groups(np.concatenate([ex.prompt_ids for ex in batch]), self.algo_config.num_generations)
+        self._step_starts(self._checked_step)
+      self._check_batch(np.concatenate([ex.prompt_ids for ex in batch]))
       versions = [
         np.asarray(ex.policy_version).reshape(-1) for ex in batch if getattr(ex, "policy_version", None) is not None
       ]
       if versions:
         lags = self._current_version() - np.concatenate(versions)
-        self.rl_cluster.buffer_metrics_async(
+        self._log(
           {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
-          mode=rl_cluster_lib.Mode.TRAIN,
-          step=self.rl_cluster.global_steps,
+          self.rl_cluster.global_steps,
         )
       yield batch
-    self._log_idle(idle.close(at=idle.wait_start))
+    self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
 

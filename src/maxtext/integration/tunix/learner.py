@@ -18,8 +18,9 @@ from tunix.rl import common
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import metrics, prefix_sharing, shaping, step_metrics
+from maxtext.integration.tunix import shaping
 from maxtext.integration.tunix.algorithm import grpo_config
+from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.utils import distributed
 from maxtext.utils.steps import Steps
 
@@ -37,7 +38,7 @@ class _Round:
   sampler_logps: np.ndarray | None
 
 
-class GRPOLearner(grpo_learner.GRPOLearner):
+class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
   """Tunix's GRPO learner that calls `before_step(steps_done)` before each global step, while the
   sampler holds the weights of the last step (used for evaluation every eval_interval steps), and
   logs trainer/idle_fraction (the share of the step spent generating and scoring samples),
@@ -62,7 +63,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     step's samples (none: nothing); reserve(i): the i-th batch of further prompts for dynamic
     sampling."""
     super().__init__(*args, **kwargs)
-    self._before_step = before_step
+    self._wire(before_step)
     self._shape = shape
     self._reserve = reserve
     self._last_rollout = None
@@ -74,12 +75,10 @@ class GRPOLearner(grpo_learner.GRPOLearner):
       return self._last_rollout
 
     self.rl_cluster.generate = recording_generate
-    self._idle = step_metrics.IdleClock()
     # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
     # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
     self._steps = steps
     self._last_iter_step: int = self._steps.done(self.rl_cluster.actor_trainer.iter_steps)
-    prefix_sharing.install(self.rl_cluster.actor_trainer, self.algo_config.num_generations)
     sync = self.rl_cluster.sync_weights
 
     def sync_without_snapshot():
@@ -98,10 +97,10 @@ class GRPOLearner(grpo_learner.GRPOLearner):
         example = super()._generate_and_compute_advantage(training_input, mode)
     finally:
       self._idle.wait_ends()
-    prefix_sharing.check_groups(example.prompt_ids, self.algo_config.num_generations)
-    if mode == rl_cluster_lib.Mode.TRAIN:
-      zero, groups = step_metrics.zero_signal_groups(example.advantages, self.algo_config.num_generations)
-      self.rl_cluster.buffer_metrics({metrics.ZERO_SIGNAL: (zero / groups, np.mean)}, mode=rl_cluster_lib.Mode.TRAIN)
+    self._check_batch(example.prompt_ids)
+    if mode == TRAIN:
+      zero, groups = self._zero_signal(example.advantages)
+      self._log_zero_signal(zero / groups)
     return example
 
   def _compute_rewards(self, prompts, completions, mode, step=None, **kwargs):
@@ -113,7 +112,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
         lengths, shape.max_response_length, shape.overlong_buffer_length, shape.overlong_penalty
       )
       rewards = np.asarray(rewards) + penalty
-      self.rl_cluster.buffer_metrics({"rewards/overlong_penalty": (float(penalty.mean()), np.mean)}, mode=TRAIN)
+      self._log({"rewards/overlong_penalty": (float(penalty.mean()), np.mean)})
     self._last_rewards = np.asarray(rewards)
     return rewards
 
@@ -147,9 +146,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
         trainer_logps = self.rl_cluster.get_old_per_token_logps(example.prompt_ids, example.completion_ids)
       trainer_logps = distributed.host_array(trainer_logps)
       mask = np.asarray(example.completion_mask)
-      self.rl_cluster.buffer_metrics(
-        {k: (v, np.mean) for k, v in shaping.logp_mismatch(trainer_logps, sampler_logps, mask).items()}, TRAIN
-      )
+      self._log({k: (v, np.mean) for k, v in shaping.logp_mismatch(trainer_logps, sampler_logps, mask).items()})
       if shape.sampler_is:
         weights = shaping.sampler_is_weights(trainer_logps, sampler_logps, shape.sampler_is_threshold)
         example = example.replace(sampler_is_weights=jnp.asarray(weights))
@@ -157,7 +154,7 @@ class GRPOLearner(grpo_learner.GRPOLearner):
       eos = self.rl_cluster.rollout.eos_id()
       cut = shaping.truncated(np.asarray(example.completion_ids), np.asarray(example.completion_mask), eos)
       example = example.replace(completion_mask=example.completion_mask * jnp.asarray(~cut)[:, None])
-      self.rl_cluster.buffer_metrics({"completions/masked_truncated_fraction": (float(cut.mean()), np.mean)}, TRAIN)
+      self._log({"completions/masked_truncated_fraction": (float(cut.mean()), np.mean)})
     return example
 
   def _more_rounds(self, first: _Round, wanted: int) -> list[_Round]:
@@ -188,13 +185,12 @@ class GRPOLearner(grpo_learner.GRPOLearner):
         shape.dynamic_sampling_rounds,
         step,
       )
-    self.rl_cluster.buffer_metrics(
+    self._log(
       {
         "dynamic_sampling/rounds": (len(varied), np.mean),
         "dynamic_sampling/sampled_zero_std_fraction": (float(1.0 - sampled.mean()), np.mean),
         "dynamic_sampling/short": (float(short), np.mean),
-      },
-      TRAIN,
+      }
     )
     return rounds
 
@@ -212,15 +208,10 @@ class GRPOLearner(grpo_learner.GRPOLearner):
     return merged, np.concatenate(logps)[rows] if len(logps) == len(rounds) else None
 
   def _run_global_step(self, *args, **kwargs):
-    if self._before_step is not None:
-      self._before_step(self._steps.done(self.rl_cluster.actor_trainer.train_steps))
+    self._step_starts(self._steps.done(self.rl_cluster.actor_trainer.train_steps))
     self._idle.open(self.rl_cluster.global_steps)
     out = super()._run_global_step(*args, **kwargs)
-    _, fraction = self._idle.close()
-    self.rl_cluster.buffer_metrics(
-      {"trainer/idle_fraction": (fraction, np.mean), **step_metrics.rollout_metrics(self.rl_cluster)},
-      mode=rl_cluster_lib.Mode.TRAIN,
-    )
+    self._log_idle(self._idle.close(), rollouts=True)
     return out
 
 
