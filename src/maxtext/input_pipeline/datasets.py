@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from collections.abc import Callable
 
 import grain
@@ -29,7 +28,7 @@ import numpy as np
 
 from maxtext import assets
 from maxtext.input_pipeline.templates import PromptTemplate
-from maxtext.utils import errors, jsonl, user_code
+from maxtext.utils import errors, jsonl, numbers, user_code
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +41,8 @@ def final_answer(answer: str) -> str:
 def _number_text(value) -> str:
   """12.0 -> '12', '9 (apples)' -> '9'."""
   if isinstance(value, str):
-    found = re.findall(r"-?\d[\d,]*(?:\.\d+)?", value)
-    value = float(found[0].replace(",", "")) if found else value
+    found = numbers.first_number_text(value)
+    value = float(found.replace(",", "")) if found else value
   if isinstance(value, float) and value.is_integer():
     return str(int(value))
   return str(value)

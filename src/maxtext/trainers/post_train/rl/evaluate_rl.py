@@ -19,6 +19,7 @@ import tqdm
 from maxtext.configs import cli
 from maxtext.input_pipeline import templates
 from maxtext.trainers.post_train.rl import utils_rl
+from maxtext.utils import numbers
 from maxtext.utils.errors import ConfigError
 
 
@@ -35,8 +36,8 @@ def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
     formatted = utils_rl.match_format_exactly(None, completions, cfg)
   out = []
   for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
-    value, true_value = (utils_rl.parse_number(guess) if guess else None), utils_rl.parse_number(truth)
-    near = value is not None and true_value is not None and bool(true_value) and 0.9 <= value / true_value <= 1.1
+    value = numbers.parse_number(guess) if guess else None
+    near = numbers.within(value, numbers.parse_number(truth), 0.1)
     out.append({"answer": guess, "correct": bool(ok), "partially_correct": bool(ok) or near, "formatted": fmt > 0})
   return out
 
@@ -50,9 +51,9 @@ def aggregate(passes: list[dict], mode: str) -> dict:
   answered = [p for p in passes if p["answer"] is not None]
   if not answered:
     return {"correct": False, "partially_correct": False, "formatted": False}
-  counts = collections.Counter(utils_rl.parse_number(p["answer"]) or p["answer"].strip() for p in answered)
+  counts = collections.Counter(numbers.parse_number(p["answer"]) or p["answer"].strip() for p in answered)
   top = counts.most_common(1)[0][0]
-  chosen = next(p for p in answered if (utils_rl.parse_number(p["answer"]) or p["answer"].strip()) == top)
+  chosen = next(p for p in answered if (numbers.parse_number(p["answer"]) or p["answer"].strip()) == top)
   return {k: chosen[k] for k in ("correct", "partially_correct", "formatted")}
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from maxtext.input_pipeline import templates
-from maxtext.utils import user_code
+from maxtext.utils import numbers, user_code
 from maxtext.utils.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _BOXED = "\\boxed{"
 
 
@@ -64,30 +63,13 @@ def extract_answer(completion: str, cfg) -> str | None:
   """answer_format=tags: the content of the last complete answer block (the inside of a \\boxed{} in
   it, if any); answer_format=last_number: the completion's last number. None when there is none."""
   if cfg.answer_format == "last_number":
-    return _last_number_text(completion)
+    return numbers.last_number_text(completion)
   _, _, start, end = _tags(cfg)
   found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), completion, flags=re.DOTALL)
   if not found:
     return None
   boxed = last_boxed(found[-1])
   return found[-1] if boxed is None else boxed
-
-
-def _last_number_text(text: str) -> str | None:
-  """The last number in text as written (negatives, thousands commas; currency signs dropped), or None."""
-  found = _NUMBER.findall(text.replace("$", ""))
-  return found[-1] if found else None
-
-
-def parse_number(text: str) -> float | None:
-  """The last number in text (negatives, thousands commas; currency and units ignored), or None."""
-  found = _last_number_text(text)
-  if found is None:
-    return None
-  try:
-    return float(found.replace(",", ""))
-  except ValueError:
-    return None
 
 
 def _verify_pair(guess: str, truth: str) -> bool:
@@ -152,7 +134,7 @@ def answers_match(guesses: list[str | None], truths: list, cfg) -> list[bool | N
   unsure: list[int] = []
   unsure_pairs: list[tuple[str, str]] = []
   for i, (guess, truth) in enumerate(zip(guesses, truths)):
-    value, true_value = (parse_number(guess) if guess is not None else None), parse_number(str(truth))
+    value, true_value = (numbers.parse_number(guess) if guess is not None else None), numbers.parse_number(str(truth))
     matches.append(value is not None and value == true_value)
     if guess is not None and guess.strip() and not matches[-1]:
       unsure.append(i)
@@ -193,11 +175,10 @@ def check_answer(prompts, completions, tmvp_config, answer, **kwargs) -> list[fl
     elif guess.strip() == truth.strip():
       scores.append(cfg.reward_white_space_format_match)
     else:
-      value, true_value = parse_number(guess), parse_number(truth)
-      ratio = value / true_value if value is not None and true_value else None
-      if ratio is not None and 0.9 <= ratio <= 1.1:
+      value, true_value = numbers.parse_number(guess), numbers.parse_number(truth)
+      if numbers.within(value, true_value, 0.1):
         scores.append(cfg.reward_ratio_guess_to_answer_high)
-      elif ratio is not None and 0.8 <= ratio <= 1.2:
+      elif numbers.within(value, true_value, 0.2):
         scores.append(cfg.reward_ratio_guess_to_answer_low)
       else:
         scores.append(cfg.penalty_incorrect_answer)
