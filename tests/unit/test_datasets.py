@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from maxtext.configs import pyconfig
 from maxtext.input_pipeline import datasets
 from maxtext.input_pipeline.templates import PromptTemplate
 from maxtext.utils import jsonl
@@ -162,7 +163,7 @@ def test_prompt_rendered_through_chat_template(smollm2_tokenizer):
 
 
 def test_shipped_templates_render(qwen3_tokenizer):
-  for name in ("gsm8k_rl.json", "tool_use_rl.json"):
+  for name in ("gsm8k_rl.json", "tool_use_rl.json", "mawps.json"):
     path = datasets.os.path.join(datasets.os.path.dirname(datasets.__file__), "..", "configs", "templates", name)
     prompt = PromptTemplate(make_config(f"data_template_path={path}"), qwen3_tokenizer).render("What is 12*7?")
     assert prompt.startswith("<|im_start|>system\n") and "What is 12*7?" in prompt
@@ -224,6 +225,26 @@ def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):
     datasets.train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer)
   )
   assert [list(x["question"]) for x in a] != [list(x["question"]) for x in other]
+
+
+def test_reserve_batches_are_the_training_set_in_another_order_without_end(tmp_path, smollm2_tokenizer):
+  path = tmp_path / "ten.jsonl"
+  path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(10)))
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.5", "batch_size=5", "num_batches=1")
+  [train] = list(datasets.train_batches(cfg, smollm2_tokenizer))
+  reserve = datasets.reserve_batches(cfg, smollm2_tokenizer)
+  drawn = [list(reserve[i]["answer"]) for i in range(3)]
+  assert all(sorted(d) == sorted(train["answer"]) for d in drawn)  # the five training examples each epoch
+  assert drawn[0] != list(train["answer"])  # in another order (data_shuffle_seed + 1)
+  assert [list(reserve[i]["answer"]) for i in range(3)] == drawn  # by index: the same on every call
+  assert len(reserve[10_000]["answer"]) == 5  # without end
+
+
+def test_the_mawps_recipe_loads_with_its_template(smollm2_tokenizer):
+  cfg = pyconfig.initialize(["x", "rl_mawps.yml"])
+  assert cfg.dataset_name == "mawps" and cfg.rl.dynamic_sampling
+  prompt = PromptTemplate(cfg, smollm2_tokenizer).render("Tom has 2 cats and 3 dogs. How many pets ?")
+  assert "3 + 5 = 8" in prompt and prompt.endswith("<|im_start|>assistant\n")
 
 
 def test_epochs_repeat_the_data(tmp_path, smollm2_tokenizer):
