@@ -1,7 +1,7 @@
 """Our GRPO trainer against TRL's GRPOTrainer on identical work, in one invocation.
 
-    python benchmarks/vs_trl.py [--steps 6] [--rounds 1] [--output F] [--work-dir D] [--ours-without-torch]
-        [key=value ...]
+    python benchmarks/vs_trl.py [--shape demo|gsm8k] [--steps 6] [--rounds 1] [--output F] [--work-dir D]
+        [--ours-without-torch] [key=value ...]
 
 Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0 (and
 peft==0.21.2 for lora_rank > 0).
@@ -13,10 +13,12 @@ response lengths, sampling (temperature, top-k, top-p), optimizer (AdamW betas, 
 global-norm clipping, learning rate with linear warmup and cosine decay to 0), KL coefficient,
 clipping epsilon and loss aggregation (sequence-mean-token-mean: TRL's loss_type="grpo"), the same reward
 (the reply's last number equals the answer, one Python function both call), and with lora_rank > 0
-the same LoRA adapters (rank, alpha, on every attention and MLP projection; TRL through PEFT). By default the default
-demo's shape (rl_times_table.yml: 8 prompts x 8 samples, 12-token replies, micro-batches of 16);
-key=value arguments change it for both (e.g. the GSM8K shape: rl.yml dataset_name=gsm8k
-max_response_length=128 batch_size=2 rl.num_generations=4 ...: pass the yml first).
+the same LoRA adapters (rank, alpha, on every attention and MLP projection; TRL through PEFT). --shape names
+the work (SHAPES): demo (the default) is the default demo's (rl_times_table.yml: 8 prompts x 8 samples, 12-token
+replies, micro-batches of 16, no KL reference); gsm8k is a typical GRPO shape (rl.yml's GSM8K prompts with its
+system prompt, 2 prompts x 4 samples, 128-token replies, temperature 0.9, top-k 50, a KL reference at
+rl.grpo_beta=0.08, learning rate 3e-6). key=value arguments change either for both trainers (a yml first
+replaces the demo's recipe).
 
 Each trainer runs in its own process, alternating (ours, TRL, ours, ...) for --rounds rounds; no JAX
 compilation cache, so our first step includes compiling. TRL keeps its defaults where they are not
@@ -64,6 +66,25 @@ PEAK_PRELUDE = (
   "import atexit, sys; atexit.register(lambda: print('peak_rss_kb=' + next(line.split()[1] for line "
   "in open('/proc/self/status') if line.startswith('VmHWM:')), file=sys.stderr)); "
 )
+
+
+# --shape: the work's settings (before the command line's key=value arguments).
+SHAPES = {
+  "demo": [],
+  "gsm8k": [
+    "rl.yml",
+    "model_name=smollm2-135m",
+    "dataset_name=gsm8k",
+    "max_prompt_length=192",
+    "max_response_length=128",
+    "batch_size=2",
+    "rl.num_generations=4",
+    "decode_sampling_temperature=0.9",
+    "decode_sampling_top_k=50",
+    "rl.grpo_beta=0.08",
+    "learning_rate=3e-6",
+  ],
+}
 
 
 def _config_args(args, work: str) -> list[str]:
@@ -323,6 +344,7 @@ def main() -> None:
     _trl_worker(json.loads(sys.argv[2]))
     return
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--shape", choices=list(SHAPES), default="demo", help="the work (see SHAPES)")
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--rounds", type=int, default=1)
   parser.add_argument("--work-dir", default="")
@@ -332,6 +354,9 @@ def main() -> None:
   )
   parser.add_argument("overrides", nargs="*", help="key=value for both trainers (a .yml first replaces the base)")
   args = parser.parse_args()
+  if args.shape != "demo" and args.overrides and args.overrides[0].endswith(".yml"):
+    raise SystemExit(f"--shape {args.shape} names its recipe; pass key=value arguments only")
+  args.overrides = SHAPES[args.shape] + list(args.overrides)
   work = args.work_dir or tempfile.mkdtemp(prefix="vs_trl_")
   try:
     shape = _prepare(args, work)
@@ -362,6 +387,7 @@ def main() -> None:
     "cpus": os.cpu_count(),
     "python": platform.python_version(),
     "versions": versions,
+    "shape_name": args.shape,
     "shape": shape,
     "ours_without_torch": args.ours_without_torch,
     "runs": runs,
