@@ -143,7 +143,11 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     if sampler_logps is not None and shape.checks_logps(step):
       trainer_logps = example.old_per_token_logps
       if trainer_logps is None:
-        trainer_logps = self.rl_cluster.get_old_per_token_logps(example.prompt_ids, example.completion_ids)
+        trainer_logps = self.rl_cluster.get_old_per_token_logps(
+          example.prompt_ids,
+          example.completion_ids,
+          micro_batch_size=self._compute_logps_micro_batch_size * self.algo_config.num_generations,
+        )
       trainer_logps = distributed.host_array(trainer_logps)
       mask = np.asarray(example.completion_mask)
       self._log({k: (v, np.mean) for k, v in shaping.logp_mismatch(trainer_logps, sampler_logps, mask).items()})

@@ -154,6 +154,16 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   PrivateDependency(
     _GRPO,
+    "_compute_logps_micro_batch_size",
+    "read",
+    None,
+    "learner.py",
+    "the trainer's log-probs for the sampler importance correction and the mismatch check are "
+    "computed in the micro-batches Tunix uses for the old policy's (all at once, the logits of a "
+    "whole batch would raise the peak memory)",
+  ),
+  PrivateDependency(
+    _GRPO,
     "_compute_trajectory_ids",
     "call",
     ("self", "example", "steps"),
