@@ -30,11 +30,12 @@ TRAIN = rl_cluster_lib.Mode.TRAIN
 
 @dataclasses.dataclass
 class _Round:
-  """One round of sampling and scoring: Tunix's example, its rewards and the sampler's log-probs
-  (None where the engine returns none)."""
+  """One round of sampling and scoring: Tunix's example, its rewards, per group whether they vary,
+  and the sampler's log-probs (None where the engine returns none)."""
 
   example: common.TrainExample
   rewards: np.ndarray
+  varied: np.ndarray
   sampler_logps: np.ndarray | None
 
 
@@ -126,7 +127,8 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       sampler_logps = np.zeros((len(logps), width), np.float32)
       for row, lp in zip(sampler_logps, logps):
         row[: len(lp)] = np.asarray(lp)[:width]
-    return _Round(example, self._last_rewards, sampler_logps)
+    varied = shaping.varied_groups(self._last_rewards, self.algo_config.num_generations)
+    return _Round(example, self._last_rewards, varied, sampler_logps)
 
   def _shaped_example(self, training_input) -> common.TrainExample:
     """The step's example after dynamic sampling, truncated-completion masking and the sampler
@@ -167,8 +169,8 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     shape = self._shape
     assert shape is not None and self._reserve is not None
     generations = self.algo_config.num_generations
-    varied = [shaping.varied_groups(first.rewards, generations)]
     rounds: list[_Round] = []
+    varied = [first.varied]
     step = self.rl_cluster.global_steps
     while sum(int(v.sum()) for v in varied) < wanted and len(varied) < shape.dynamic_sampling_rounds:
       batch = self._reserve(step * (shape.dynamic_sampling_rounds - 1) + len(varied) - 1)
@@ -177,7 +179,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
       batch["trajectory_ids"] = self._compute_trajectory_ids(batch, step)
       rounds.append(self._sample_round(batch))
-      varied.append(shaping.varied_groups(rounds[-1].rewards, generations))
+      varied.append(rounds[-1].varied)
     sampled = np.concatenate(varied)
     short = int(sampled.sum()) < wanted
     if short:
@@ -204,8 +206,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     if len(rounds) == 1:
       return rounds[0].example, rounds[0].sampler_logps
     generations = self.algo_config.num_generations
-    varied = np.concatenate([shaping.varied_groups(r.rewards, generations) for r in rounds])
-    groups = shaping.select_groups(varied, wanted)
+    groups = shaping.select_groups(np.concatenate([r.varied for r in rounds]), wanted)
     rows = (groups[:, None] * generations + np.arange(generations)).reshape(-1)
     merged = jax.tree.map(lambda *xs: jnp.concatenate(xs)[rows], *[r.example for r in rounds])
     logps = [r.sampler_logps for r in rounds if r.sampler_logps is not None]
