@@ -51,32 +51,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "punishment and the sampler importance correction; Tunix's learner drops them",
   ),
   PrivateDependency(
-    _CLUSTER,
-    "get_ref_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
-    "cluster.py",
-    "across processes the reference's inputs become global arrays first (Tunix takes each "
-    "process's arrays as its share of the batch, while every process holds the whole batch)",
-  ),
-  PrivateDependency(
-    _CLUSTER,
-    "update_actor",
-    "replace",
-    ("self", "train_ds", "eval_ds", "skip_jit"),
-    "cluster.py",
-    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
-  ),
-  PrivateDependency(
-    _CLUSTER,
-    "get_actor_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size", "temperature"),
-    "agentic.py",
-    "the agentic learner recomputes every group's old log-probs with the trainer only to log "
-    "the sampler/trainer agreement, with no switch: skipped between rl.logp_check_period steps",
-  ),
-  PrivateDependency(
     _TRAINER,
     "checkpoint_manager",
     "write",
