@@ -55,13 +55,13 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     self,
     *args,
     steps: Steps,
+    shape: shaping.Shaping,
     before_step: Callable[[int], None] | None = None,
-    shape: shaping.Shaping | None = None,
     reserve: Callable[[int], dict] | None = None,
     **kwargs,
   ):
     """steps: the run's training steps and their optimizer updates; shape: what is done to each
-    step's samples (none: nothing); reserve(i): the i-th batch of further prompts for dynamic
+    step's samples; reserve(i): the i-th batch of further prompts for dynamic
     sampling."""
     super().__init__(*args, **kwargs)
     self._wire(before_step)
@@ -92,7 +92,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
   def _generate_and_compute_advantage(self, training_input, mode=TRAIN):
     self._idle.wait_starts()
     try:
-      if mode == TRAIN and self._shape is not None:
+      if mode == TRAIN:
         example = self._shaped_example(training_input)
       else:
         example = super()._generate_and_compute_advantage(training_input, mode)
@@ -107,7 +107,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
   def _compute_rewards(self, prompts, completions, mode, step=None, **kwargs):
     rewards = super()._compute_rewards(prompts, completions, mode, step, **kwargs)
     shape = self._shape
-    if mode == TRAIN and shape is not None and shape.overlong_buffer_length:
+    if mode == TRAIN and shape.overlong_buffer_length:
       lengths = [len(t) for t in self._last_rollout.tokens]
       penalty = shaping.overlong_penalty(
         lengths, shape.max_response_length, shape.overlong_buffer_length, shape.overlong_penalty
@@ -134,7 +134,6 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     """The step's example after dynamic sampling, truncated-completion masking and the sampler
     importance correction, as self._shape says."""
     shape = self._shape
-    assert shape is not None
     generations = self.algo_config.num_generations
     rounds = [self._sample_round(training_input)]
     wanted = len(rounds[0].rewards) // generations
@@ -167,7 +166,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     """Dynamic sampling: further rounds of reserve prompts until `wanted` groups have varied rewards
     or the rounds run out (then reported)."""
     shape = self._shape
-    assert shape is not None and self._reserve is not None
+    assert self._reserve is not None
     generations = self.algo_config.num_generations
     rounds: list[_Round] = []
     varied = [first.varied]
