@@ -238,7 +238,8 @@ class ContinuousBatcher:
     graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
     self._graphdef = _StaticGraph(graphdef)
     # The cache lives where the weights do (replicated over their mesh).
-    placement = jax.sharding.NamedSharding(jax.tree.leaves(self._state)[0].sharding.mesh, jax.sharding.PartitionSpec())
+    mesh = jax.tree.leaves(self._state)[0].sharding.mesh
+    placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     self._version_source = version
     self._vocab = model.config.vocab_size
     self.cache_size = cache_size
@@ -248,7 +249,8 @@ class ContinuousBatcher:
     self.prefill_chunk = prefill_chunk
     # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
     # computes every row, so idle rows cost as much as busy ones.
-    self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
+    with jax.set_mesh(mesh):  # not the caller's mesh, which may span other devices
+      self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
     self._slots: list[_Request | None] = [None] * max_batch_size
     self._held: list[np.ndarray] = [np.zeros(0, np.int32)] * max_batch_size  # tokens whose KV a free slot holds
     self._waiting: collections.deque[_Request] = collections.deque()

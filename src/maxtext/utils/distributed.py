@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 
 import jax
 import numpy as np
@@ -78,6 +79,18 @@ def gather(values: np.ndarray) -> np.ndarray:
   from jax.experimental import multihost_utils
 
   return np.asarray(multihost_utils.process_allgather(np.asarray(values)))
+
+
+def gather_objects(obj) -> list:
+  """Every process's `obj` (any picklable value), in process order; every process must call it."""
+  if jax.process_count() == 1:
+    return [obj]
+  data = np.frombuffer(pickle.dumps(obj), np.uint8)
+  sizes = gather(np.array([data.size], np.int64))[:, 0]
+  padded = np.zeros(int(sizes.max()), np.uint8)
+  padded[: data.size] = data
+  blobs = gather(padded)
+  return [pickle.loads(blobs[i, :size].tobytes()) for i, size in enumerate(sizes)]
 
 
 def from_main(value: int) -> int:

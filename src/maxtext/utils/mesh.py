@@ -43,11 +43,15 @@ def _mesh(cfg, devices: list) -> Mesh:
 
 
 def create_meshes(cfg) -> tuple[Mesh, Mesh]:
-  """(trainer mesh, sampler mesh); the same mesh unless the device fractions split the devices."""
+  """(trainer mesh, sampler mesh); the same mesh unless the device fractions split the devices, or
+  agentic GRPO runs across processes: there each process samples on its own devices
+  (`process_local`), for its share of each batch."""
   devices = jax.devices()
   tf, sf = cfg.trainer_devices_fraction, cfg.sampler_devices_fraction
   if tf == 1.0 and sf == 1.0:
     mesh = _mesh(cfg, devices)
+    if cfg.rl.use_agentic_rollout and jax.process_count() > 1:
+      return mesh, _process_mesh(cfg)
     return mesh, mesh
   if jax.process_count() > 1:
     raise ConfigError(
@@ -62,6 +66,36 @@ def create_meshes(cfg) -> tuple[Mesh, Mesh]:
       f"and no more than the {len(devices)} available (got {n_train} + {n_sample})"
     )
   return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train : n_train + n_sample])
+
+
+def _process_mesh(cfg) -> Mesh:
+  local = jax.local_devices()
+  try:
+    return _mesh(cfg, local)
+  except ConfigError as e:
+    raise ConfigError(
+      f"{e} (agentic GRPO across {jax.process_count()} processes samples on each process's "
+      f"{len(local)} devices with the same parallelism keys: set the one to fill to -1)"
+    ) from None
+
+
+def process_local(mesh: Mesh) -> bool:
+  """Whether `mesh` is one process's devices in a job of several processes."""
+  return jax.process_count() > 1 and all(d.process_index == jax.process_index() for d in mesh.devices.flat)
+
+
+def placed(tree, shardings):
+  """tree's arrays placed with `shardings` (a matching tree); an array spanning processes is
+  gathered whole first (a collective: every process must place the same arrays in the same order)."""
+
+  def place(x, sharding):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      from jax.experimental import multihost_utils
+
+      x = multihost_utils.process_allgather(x, tiled=True)
+    return jax.device_put(x, sharding)
+
+  return jax.tree.map(place, tree, shardings)
 
 
 def global_batch(tree, mesh: Mesh):

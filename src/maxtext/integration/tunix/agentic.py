@@ -24,6 +24,13 @@ Workarounds for google-tunix 0.1.7 used here:
   rl.sampler_is=token, which trains on it); the vanilla engine returns no log-probs, so there the
   trainer computes them (an engine that returns none where they are expected fails the run: Tunix
   would use zeros);
+- across several processes (multi-controller JAX, where every process must launch the same global
+  programs in the same order), each process samples its share of every batch (ProcessShare) on its
+  own devices, and the groups are scored on the training thread: each process's groups are gathered
+  to every process, which scores them all in process order (reference and trainer log-probs run on
+  the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
+  every step. Draws are named by (group, sample, turn) (rollout.StepKeys.request), so the processes
+  draw what one process would;
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
@@ -34,11 +41,14 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable
 
 import grain
+import jax
 import numpy as np
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
@@ -56,6 +66,7 @@ from maxtext.integration.tunix.trajectories import (
   without_examples,
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
+from maxtext.utils import distributed
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +74,31 @@ log = logging.getLogger(__name__)
 def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
   """Training batches whose `prompts` are the user turns (the agent renders the conversation)."""
   return batches.map(lambda b: {**b, "prompts": b["user_content"]})
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessShare:
+  """Process `index` of `count` samples rows [index * size, (index + 1) * size) of every batch of
+  batch_size prompts (size = batch_size / count). Tunix numbers the groups a process starts from
+  first_step * batch_size on, one by one; `group_id` maps that number to the prompt's place in the
+  run (step * batch_size + row), which every process and a one-process run agree on."""
+
+  index: int
+  count: int
+  batch_size: int
+  first_step: int = 0
+
+  @property
+  def size(self) -> int:
+    return self.batch_size // self.count
+
+  def rows(self, batch: dict) -> dict:
+    start = self.index * self.size
+    return {k: v[start : start + self.size] for k, v in batch.items()}
+
+  def group_id(self, started: int) -> int:
+    k = started - self.first_step * self.batch_size
+    return (self.first_step + k // self.size) * self.batch_size + self.index * self.size + k % self.size
 
 
 class RolloutError(RuntimeError):
@@ -81,10 +117,18 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   _rollout_error: Exception | None = None
   _checked_step = -1
 
-  def __init__(self, *args, logp_check_period: int, before_step: Callable[[int], None] | None = None, **kwargs):
-    """before_step(steps_done) runs between global steps (it may raise to stop training);
-    logp_check_period: see _trainer_recomputes."""
+  def __init__(
+    self,
+    *args,
+    batch_size: int,
+    logp_check_period: int,
+    before_step: Callable[[int], None] | None = None,
+    **kwargs,
+  ):
+    """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
+    steps (it may raise to stop training); logp_check_period: see _trainer_recomputes."""
     super().__init__(*args, **kwargs)
+    self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
     self._wire(before_step)
     self._logp_check_period = logp_check_period
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
@@ -101,6 +145,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._conversation_totals: dict[int, collections.Counter] = {}
 
   def train(self, *args, **kwargs):
+    self._share = dataclasses.replace(self._share, first_step=self.rl_cluster.global_steps)
     try:
       super().train(*args, **kwargs)
     finally:
@@ -115,14 +160,15 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     """One model turn of a conversation; a later turn continues the conversation's token stream
     `prompt_ids` (TrajectoryEngine) instead of re-rendering `chat_lists`."""
     try:
-      if prompt_ids is None:
-        out = super()._model_call(chat_lists, env, max_generation_steps)
-      else:
-        if env is not None:
-          env.task["policy_version"] = self.policy_version
-        out = self.rl_cluster.generate(
-          prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN, max_generation_steps=max_generation_steps
-        )
+      with self._draws(env):
+        if prompt_ids is None:
+          out = super()._model_call(chat_lists, env, max_generation_steps)
+        else:
+          if env is not None:
+            env.task["policy_version"] = self.policy_version
+          out = self.rl_cluster.generate(
+            prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN, max_generation_steps=max_generation_steps
+          )
       if self.algo_config.use_rollout_logps and out.logprobs is None:
         raise ValueError(
           f"the old policy's log-probs are the sampler's here, but the rollout engine "
@@ -141,6 +187,34 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         int(versions[0].min()), env.task.get(_OLDEST_VERSION, int(versions[0].min()))
       )
     return out
+
+  def _draws(self, env):
+    """The sampling keys of a conversation's next turn: its (group, sample, turn)."""
+    keys = getattr(self.rl_cluster.rollout, "keys", None)
+    if env is None or keys is None:
+      return contextlib.nullcontext()
+    turn = env.task.get(_TURNS, 0)
+    env.task[_TURNS] = turn + 1
+    return keys.request(env.extra_kwargs["group_id"], env.extra_kwargs["pair_index"], turn)
+
+  def _create_micro_batch_iterator(self, full_batch_iterator, micro_batch_size):
+    """The producer's prompts: this process's share of each batch."""
+    return super()._create_micro_batch_iterator(map(self._share.rows, full_batch_iterator), micro_batch_size)
+
+  def _create_agent_env_pair(self, single_example, group_id, pair_index):
+    return super()._create_agent_env_pair(single_example, self._share.group_id(group_id), pair_index)
+
+  def _batch_to_train_example(self, batch_results, mode):
+    """A group's TrainExamples; across processes the producer queues the group unscored (_scored)."""
+    if self._share.count > 1 and mode == rl_cluster_lib.Mode.TRAIN:
+      return [batch_results]
+    return super()._batch_to_train_example(batch_results, mode)
+
+  def _scored(self, groups: list) -> list:
+    """Every process's groups of this micro-batch, in process order, scored one group at a time."""
+    score = super()._batch_to_train_example
+    every = [group for part in distributed.gather_objects(groups) for group in part]
+    return [ex for group in every for ex in score(group, rl_cluster_lib.Mode.TRAIN)]
 
   def _current_version(self) -> int:
     """The version lags are measured from: the engine's weights version when it tags tokens, else
@@ -211,7 +285,11 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
   def _data_consumer_batch_generator(self, queue, batch_size):
     self._train_queue = queue
-    batches = super()._data_consumer_batch_generator(queue, batch_size)
+    if self._share.count > 1:
+      own = super()._data_consumer_batch_generator(queue, batch_size // self._share.count)
+      batches = (self._scored(groups) for groups in own)
+    else:
+      batches = super()._data_consumer_batch_generator(queue, batch_size)
     idle = step_metrics.IdleClock()
     while True:
       idle.wait_starts()
@@ -243,12 +321,14 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
+_TURNS = "model_turns_started"
 
 
 def build_learner(
   cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None, before_step: Callable[[int], None] | None = None
 ) -> AgenticGRPOLearner:
   return AgenticGRPOLearner(
+    batch_size=cfg.batch_size,
     before_step=before_step,
     logp_check_period=cfg.rl.logp_check_period,
     rl_cluster=cluster,

@@ -9,7 +9,8 @@
    the generation budget) gets its EOS token back.
 3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
    syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
-   goes through host memory, so a trainer/sampler split of 4/4 devices crashed.
+   goes through host memory, so a trainer/sampler split of 4/4 devices crashed. A trainer spanning
+   several processes gives each process's own sampler whole copies (mesh.placed).
 4. Token prompts: a prompt may be given as token ids instead of text (the agentic learner continues
    a conversation's exact token stream that way); Tunix's sampler takes only text.
 5. The pad token cannot end up inside a completion: Tunix masks the pad id as padding, but it is an
@@ -37,6 +38,7 @@ The private Tunix members used here are listed, with why, in private_api.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
@@ -48,12 +50,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
-from tunix.rl import common, reshard
+from tunix.rl import common
 from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.utils import errors
+from maxtext.utils import mesh as mesh_lib
 
 if TYPE_CHECKING:
   import transformers
@@ -66,7 +69,7 @@ def _place_on_mesh(model: Decoder, mesh: Mesh) -> Decoder:
   graphdef, state = nnx.split(model)
   if jax.tree.leaves(state)[0].sharding.mesh == mesh:
     return model
-  return nnx.merge(graphdef, jax.device_put(state, nnx.get_named_sharding(state, mesh)))
+  return nnx.merge(graphdef, mesh_lib.placed(state, nnx.get_named_sharding(state, mesh)))
 
 
 def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
@@ -82,7 +85,9 @@ def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
 class StepKeys:
   """Sampling keys: fold_in(fold_in(seed, training step), call within that step), so a resumed run
   draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's global
-  step)."""
+  step). Within `request(ids)` a thread draws fold_in(seed, *ids) instead: the agentic learner names
+  each model turn by (group, sample, turn), so its draws do not depend on the order in which its
+  threads' calls arrive (nor on the process that makes them)."""
 
   def __init__(self, seed: int):
     self._seed = seed
@@ -90,8 +95,23 @@ class StepKeys:
     self._step = 0
     self._calls = 0
     self._lock = threading.Lock()
+    self._request = threading.local()
+
+  @contextlib.contextmanager
+  def request(self, *ids: int):
+    self._request.ids = ids
+    try:
+      yield
+    finally:
+      self._request.ids = None
 
   def next(self) -> jax.Array:
+    ids = getattr(self._request, "ids", None)
+    if ids is not None:
+      key = jax.random.PRNGKey(self._seed)
+      for i in ids:
+        key = jax.random.fold_in(key, i)
+      return key
     with self._lock:
       step = self.step_source()
       if step != self._step:
@@ -165,7 +185,8 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
 
   def update_params(self, params, filter_types=None) -> None:
     with jax.transfer_guard("allow"):
-      super().update_params(params, filter_types)
+      current = nnx.state(self.model(), filter_types) if filter_types is not None else nnx.state(self.model())
+      super().update_params(mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current)), filter_types)
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
     return per_token_logps(
@@ -299,7 +320,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     trainer/sampler mesh Tunix updates the model itself, which the batcher reads between steps."""
     with jax.transfer_guard("allow"):
       current = nnx.state(self._model, filter_types) if filter_types is not None else nnx.state(self._model)
-      nnx.update(self._model, reshard.reshard_pytree(params, current))
+      nnx.update(self._model, mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current)))
 
   def pad_id(self) -> int:
     return self._tokenizer.pad_id()

@@ -42,12 +42,14 @@ class TrainingRun:
     folder.write_config(cfg)
     self._expected_peak = footprint.log_estimate(cfg)
     heap.release_after_compiling()
-    if cfg.rl.use_agentic_rollout and jax.process_count() > 1:
-      raise ConfigError(
-        f"rl.use_agentic_rollout=true: not supported across {jax.process_count()} processes (its "
-        "rollouts run on threads whose order differs between processes, while every process must run "
-        "the sampler's programs in the same order); use rl.use_agentic_rollout=false"
-      )
+    processes = jax.process_count()
+    if cfg.rl.use_agentic_rollout and processes > 1:
+      for key in ("batch_size", "train_micro_batch_size"):
+        if getattr(cfg, key) % processes:
+          raise ConfigError(
+            f"{key}={getattr(cfg, key)}: agentic GRPO across {processes} processes gives every process "
+            f"an equal share of each batch; expected a multiple of {processes}"
+          )
     trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
     log.info(
       "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
@@ -92,10 +94,20 @@ class TrainingRun:
     if not self.eval_examples:
       log.info("%s: none (num_test_batches=0)", desc)
       return None
-    generate = lambda prompts: self.cluster.generate(prompts, mode=rollout.Mode.EVAL).text
-    result = evaluate_rl.evaluate(generate, self.eval_examples, self.cfg, desc)
+    result = evaluate_rl.evaluate(self._generate, self.eval_examples, self.cfg, desc)
     log.info("%s: %s", desc, evaluate_rl.summary_of(result))
     return result
+
+  def _generate(self, prompts: list[str]) -> list[str]:
+    """Evaluation completions; where each process has its own sampler, each generates every
+    process_count-th prompt and the processes exchange them."""
+    generate = lambda some: self.cluster.generate(some, mode=rollout.Mode.EVAL).text if some else []
+    if not mesh_lib.process_local(self.cluster.r2m[cluster_lib.Role.ROLLOUT]):
+      return generate(prompts)
+    count, texts = jax.process_count(), list(prompts)
+    for index, part in enumerate(distributed.gather_objects(generate(prompts[jax.process_index() :: count]))):
+      texts[index::count] = part
+    return texts
 
   def evaluate_before(self) -> None:
     """Evaluates the initial policy, unless a resumed run did already."""
