@@ -1,5 +1,6 @@
 """Agentic tools: arithmetic by hand, and every python-tool failure mode as an error, never a raise."""
 
+import threading
 import time
 
 import pytest
@@ -149,3 +150,38 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   hung = manager.run("nap", s=30)
   assert time.perf_counter() - start < 5 and hung.error == "no result within rl.tool_timeout_s=0.5 s"
   assert manager.run("nap", s=-1).error == "RuntimeError: negative nap"
+
+
+def test_a_power_too_large_to_compute_quickly_is_an_error():
+  """A few characters of model output must not keep the trainer's core busy: (9**999)**999 has
+  about 3 million bits."""
+  start = time.perf_counter()
+  out = tools.CalculatorTool("calculator", "calc").apply(expression="(9 ** 999) ** 999")
+  assert out.output is None and "too large" in out.error and time.perf_counter() - start < 1
+  assert tools.CalculatorTool("calculator", "calc").apply(expression="2 ** 1000").output == str(2**1000)
+
+
+def test_every_builtin_tool_is_bounded_by_the_timeout_and_its_limits_are_the_ones_the_config_accepts(monkeypatch):
+  """Each built-in tool is bounded by rl.tool_timeout_s (a calculator call that hangs comes back as
+  the timeout error), and the config accepts exactly the rl.tool_* limits its BUILTIN_TOOLS entry
+  names."""
+  calc = tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.tool_timeout_s=0.2"))[
+    "calculator"
+  ]("calculator", "calc")
+  released = threading.Event()
+  original = tools.CalculatorTool.run
+  monkeypatch.setattr(tools.CalculatorTool, "run", lambda self, value: released.wait(5) or original(self, value))
+  start = time.perf_counter()
+  out = calc.apply(expression="1 + 1")
+  released.set()
+  assert out.error == "no result within rl.tool_timeout_s=0.2 s" and time.perf_counter() - start < 2
+  all_limits = {key for tool in tools.BUILTIN_TOOLS.values() for key in tool.limits}
+  values = {"rl.tool_memory_mb": 64, "rl.tool_output_max_chars": 100, "rl.tool_sandbox": "none"}
+  for name, tool in tools.BUILTIN_TOOLS.items():
+    base = ("rl.use_agentic_rollout=true", f"rl.tools=[{name}]", "rl.tool_timeout_s=1.5")
+    for key in all_limits:
+      if key in tool.limits:
+        make_config(*base, f"{key}={values[key]}")
+      else:
+        with pytest.raises(pyconfig.ConfigError, match=key):
+          make_config(*base, f"{key}={values[key]}")

@@ -301,7 +301,7 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   tools = v["rl.tools"]
   tool_users = {
     "rl.max_turns": bool(tools),
-    "rl.tool_timeout_s": "python" in tools or bool(v["rl.tools_path"]),
+    "rl.tool_timeout_s": bool(tools),
     "rl.tool_memory_mb": "python" in tools,
     "rl.tool_output_max_chars": "python" in tools,
     "rl.tool_sandbox": "python" in tools,

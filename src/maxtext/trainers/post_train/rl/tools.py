@@ -1,23 +1,28 @@
-"""Tools for agentic rollouts (rl.tools): `calculator` and `python`, as Tunix tools.
+"""Tools for agentic rollouts (rl.tools): the built-ins in BUILTIN_TOOLS and your own, as Tunix tools.
 
 Every failure (bad arguments, an exception, a timeout, a crash, too much output) comes back as the
-tool's error text, which the agent puts in the tool turn; nothing raises into the rollout.
+tool's error text, which the agent puts in the tool turn; nothing raises into the rollout. Every
+tool call is bounded by rl.tool_timeout_s. A built-in tool is a Tunix BaseTool subclass and one
+BUILTIN_TOOLS entry, which names the rl.tool_* limits it reads.
 - calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
-  tree, never with eval.
+  tree, never with eval; a power whose result would exceed MAX_RESULT_BITS is an error (a few
+  characters such as (9**999)**999 would otherwise keep a core busy for minutes).
 - python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (sandbox.py), with
   wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network, its
   output cut to rl.tool_output_max_chars (head and tail kept). Where the sandbox cannot start, the
   tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on purpose (limits only),
   with a warning on every run.
-- your tools (rl.tools_path) run in the trainer's process, not isolated: they get the same
-  wall-time limit (a call without a result after rl.tool_timeout_s comes back as an error; its
-  thread is left to finish on its own).
+- your tools (rl.tools_path) run in the trainer's process, not isolated. A call without a result
+  after rl.tool_timeout_s comes back as an error (its thread is left to finish on its own); so does
+  a calculator's.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
+import math
 import operator
 import threading
 from collections.abc import Callable
@@ -42,6 +47,7 @@ _BINARY = {
 }
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _MAX_EXPONENT = 1000
+MAX_RESULT_BITS = 10_000
 
 
 def evaluate_arithmetic(expression: str) -> float | int:
@@ -56,6 +62,8 @@ def evaluate_arithmetic(expression: str) -> float | int:
       left, right = walk(node.left), walk(node.right)
       if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
         raise ValueError(f"exponent {right} is too large")
+      if isinstance(node.op, ast.Pow) and right > 0 and math.log2(abs(left) or 1) * right > MAX_RESULT_BITS:
+        raise ValueError(f"the result of {left:.6g} ** {right} is too large")
       return _BINARY[type(node.op)](left, right)
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
       return _UNARY[type(node.op)](walk(node.operand))
@@ -186,12 +194,31 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   return found
 
 
+@dataclasses.dataclass(frozen=True)
+class BuiltinTool:
+  """make(cfg) gives the tool's class; `limits` are the rl.tool_* keys besides rl.tool_timeout_s it
+  reads; a tool that `times_itself` enforces rl.tool_timeout_s on its own (else a deadline thread does)."""
+
+  make: Callable[[Any], type[base_tool.BaseTool]]
+  limits: tuple[str, ...] = ()
+  times_itself: bool = False
+
+
+BUILTIN_TOOLS = {
+  "calculator": BuiltinTool(lambda cfg: CalculatorTool),
+  "python": BuiltinTool(
+    python_tool, ("rl.tool_memory_mb", "rl.tool_output_max_chars", "rl.tool_sandbox"), times_itself=True
+  ),
+}
+
+
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
-  """rl.tools -> {name: tool class}, from the built-ins and rl.tools_path; unknown names are a
+  """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
   config error."""
-  available: dict[str, Callable[..., type[base_tool.BaseTool]]] = {
-    "calculator": lambda: CalculatorTool,
-    "python": lambda: python_tool(cfg),
+  timeout = cfg.rl.tool_timeout_s
+  available: dict[str, Callable[[], type[base_tool.BaseTool]]] = {
+    name: (lambda t=tool: t.make(cfg) if t.times_itself else with_deadline(t.make(cfg), timeout))
+    for name, tool in BUILTIN_TOOLS.items()
   }
   if cfg.rl.tools_path:
     mine = user_tools(cfg.rl.tools_path)
@@ -200,7 +227,7 @@ def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
         f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
         f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})"
       )
-    available.update({name: (lambda c=c: with_deadline(c, cfg.rl.tool_timeout_s)) for name, c in mine.items()})
+    available.update({name: (lambda c=c: with_deadline(c, timeout)) for name, c in mine.items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
