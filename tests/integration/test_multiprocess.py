@@ -56,13 +56,13 @@ def _launch(
 
 
 def assert_same_training(one: list[dict], other: list[dict]) -> None:
-  """metrics.jsonl rows of two runs of the same job: equal rewards and lengths, the loss within float
-  tolerance."""
+  """metrics.jsonl rows of two runs of the same job: equal rewards, advantages and lengths, the loss
+  and gradient norm within float tolerance."""
+  exact = ("rewards/", "completions/", "generation/completions/")
   for a, b in zip(one, other, strict=True):
-    assert {k: v for k, v in a.items() if k.startswith(("rewards/", "completions/"))} == {
-      k: v for k, v in b.items() if k.startswith(("rewards/", "completions/"))
-    }
+    assert {k: v for k, v in a.items() if k.startswith(exact)} == {k: v for k, v in b.items() if k.startswith(exact)}
     assert np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
+    assert np.isclose(a["grad_norm"], b["grad_norm"], rtol=1e-3)
 
 
 def _rows(run_dir) -> list[dict]:
@@ -173,13 +173,8 @@ def test_two_processes_train_as_one_process_does(tmp_path):
   assert single.returncode == 0, single.stderr[-4000:]
   assert "Process 0 of 2" in multi.stdout and "Process 1 of 2" in multi.stdout
   one, two = _rows(tmp_path / "single"), _rows(tmp_path / "multi")
-  assert [r["step"] for r in two] == [1, 2]
-  for a, b in zip(one, two):
-    for key in a:
-      if key.startswith(("rewards/", "completions/")):
-        assert a[key] == b[key], (key, a[key], b[key])
-    assert a["rewards/variety"] > 0 and np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
-    assert np.isclose(a["grad_norm"], b["grad_norm"], rtol=1e-3)
+  assert [r["step"] for r in two] == [1, 2] and all(r["rewards/variety"] > 0 for r in one)
+  assert_same_training(one, two)
   with open(tmp_path / "single" / "eval.json", encoding="utf-8") as f:
     single_eval = json.load(f)
   with open(tmp_path / "multi" / "eval.json", encoding="utf-8") as f:
@@ -253,12 +248,17 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(tmp_path):
   assert [r["step"] for r in _rows(tmp_path / "term")] == [1, 2, 3, 4]
 
 
+AGENTIC = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0", "batch_size=4"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1"])
+@pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1"])
 def test_multiprocess_layouts_match_one_process(tmp_path, layout):
-  """LoRA across 2 processes x 2 devices, and full fine-tuning across 4 processes x 1 device, against
-  1 process x 4 devices: the same rewards and lengths, the loss within float tolerance."""
-  extra = ["lora_rank=4", "lora_alpha=8"] if layout.startswith("lora") else []
+  """LoRA across 2 processes x 2 devices, and full fine-tuning across 4 processes x 1 device, in
+  standard and agentic GRPO, against 1 process x 4 devices: the same rewards and lengths, the loss
+  within float tolerance."""
+  extra = ["lora_rank=4", "lora_alpha=8"] if "lora" in layout else []
+  extra += AGENTIC if layout.startswith("agentic") else []
   processes, devices = (2, 2) if layout.endswith("2x2") else (4, 1)
   args = [
     *TINY,
@@ -278,12 +278,60 @@ def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   assert_same_training(_rows(tmp_path / "single"), _rows(tmp_path / "multi"))
 
 
-def test_agentic_and_split_meshes_are_refused_across_processes(tmp_path):
+def test_split_meshes_and_unequal_agentic_shares_are_refused_across_processes(tmp_path):
   """What does not run across processes is a config error at start that says why (exit 2)."""
   for extra, key in (
-    (["rl.use_agentic_rollout=true"], "rl.use_agentic_rollout"),
     (["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"], "trainer_devices_fraction"),
+    (["rl.use_agentic_rollout=true", "batch_size=3"], "batch_size=3"),
   ):
     proc = _launch(2, 1, [*TINY, "num_batches=1", *extra, f"base_output_directory={tmp_path}"], timeout=300)
     assert proc.returncode == 2, proc.stdout[-3000:]
     assert key in proc.stdout and "processes" in proc.stdout
+
+
+def _recording_reward_file(tmp_path) -> str:
+  """The variety reward, also appending every prompt it scores to scored_<process>.txt."""
+  path = tmp_path / "recording_rewards.py"
+  path.write_text(
+    textwrap.dedent(f"""
+      import os
+      def variety(prompts, completions, tmvp_config, **kwargs):
+        with open(os.path.join({str(tmp_path)!r}, "scored_" + os.environ.get("JAX_PROCESS_ID", "single")), "a") as f:
+          f.writelines(repr(str(p)) + "\\n" for p in prompts)
+        return [len(set(c)) / 10 for c in completions]
+    """)
+  )
+  return str(path)
+
+
+def test_agentic_two_processes_train_as_one_process_does(tmp_path):
+  """Agentic GRPO, 2 processes x 2 devices (each sampling its half of every batch on its own
+  devices) against 1 process x 4 devices, same seeds: every prompt scored once per sample (none
+  dropped or duplicated), the same rewards, lengths and advantages at every step, the loss within
+  float tolerance, the same evaluation."""
+  args = [
+    *TINY,
+    "rl.use_agentic_rollout=true",
+    "rl.off_policy_steps=0",  # each step samples from the weights the previous one left
+    "num_batches=2",
+    f"reward_functions_path={_recording_reward_file(tmp_path)}",
+    "reward_functions=[variety]",
+    f"base_output_directory={tmp_path}",
+  ]
+  multi = _launch(2, 2, [*args, "run_name=multi"])
+  assert multi.returncode == 0, multi.stdout[-4000:]
+  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  single = subprocess.run(
+    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
+  )
+  assert single.returncode == 0, single.stderr[-4000:]
+  scored = {name: sorted((tmp_path / f"scored_{name}").read_text().splitlines()) for name in ("single", "0", "1")}
+  assert scored["0"] == scored["1"] == scored["single"]  # every process scores the whole batch
+  assert len(scored["single"]) == 2 * 2 * 2 and all(scored["single"].count(p) == 2 for p in scored["single"])
+  one, two = _rows(tmp_path / "single"), _rows(tmp_path / "multi")
+  assert [r["step"] for r in two] == [1, 2] and all(r["rewards/variety"] > 0 for r in one)
+  assert_same_training(one, two)
+  assert json.loads((tmp_path / "multi" / "eval.json").read_text()) == json.loads(
+    (tmp_path / "single" / "eval.json").read_text()
+  )
+  assert not [line for line in multi.stdout.splitlines() if line.startswith("[p1]") and "Wrote " in line]

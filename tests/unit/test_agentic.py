@@ -413,3 +413,19 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   assert len(outputs) == 2 and all(
     o.startswith("Tool returned result: Error:") and "invalid_arguments" in o for o in outputs
   ), outputs
+
+
+@pytest.mark.parametrize("first_step", [0, 3])
+def test_process_shares_cover_each_batch_once_and_number_groups_as_one_process(first_step):
+  """Two processes take disjoint halves of every batch; the group ids their producers give (Tunix
+  counts each process's groups from first_step * batch_size on) are the ids one process gives the
+  same prompts: step * batch_size + row."""
+  batch = {"prompts": np.array(["a", "b", "c", "d"]), "answer": ["1", "2", "3", "4"]}
+  shares = [agentic.ProcessShare(i, 2, 4, first_step) for i in range(2)]
+  assert [s.rows(batch)["prompts"].tolist() for s in shares] == [["a", "b"], ["c", "d"]]
+  assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
+  start = first_step * 4
+  ids = [[s.group_id(start + k) for k in range(6)] for s in shares]  # 3 steps of 2 groups each
+  assert ids[0] == [start + i for i in (0, 1, 4, 5, 8, 9)] and ids[1] == [start + i for i in (2, 3, 6, 7, 10, 11)]
+  one = agentic.ProcessShare(0, 1, 4, first_step)
+  assert [one.group_id(start + k) for k in range(12)] == list(range(start, start + 12))

@@ -212,3 +212,19 @@ def test_old_policy_log_probs_are_at_the_sampling_temperature(setup, batched, wh
   if which == "batched":
     sampled = np.concatenate([lp for lp in out.logprobs])
     np.testing.assert_allclose(sampled, old[mask], atol=1e-4)
+
+
+@pytest.mark.parametrize("which", ["vanilla", "batched"])
+def test_a_named_request_draws_the_same_whatever_came_before(setup, batched, which):
+  """Within keys.request(ids) a call's draws depend on the ids only: the calls before it (other
+  threads', in an agentic run) change nothing, and other ids draw differently."""
+  engine = setup[0] if which == "vanilla" else batched
+  config = setup[2]
+  with engine.keys.request(7, 1, 0):
+    first = _tokens(engine.generate(PROMPTS[:1], config))
+  engine.generate(PROMPTS, config)  # an unnamed call moves the step's call counter
+  with engine.keys.request(7, 1, 0):
+    again = _tokens(engine.generate(PROMPTS[:1], config))
+  with engine.keys.request(7, 2, 0):
+    other = _tokens(engine.generate(PROMPTS[:1], config))
+  assert first == again and first != other

@@ -287,7 +287,35 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "override",
     ("self", "queue", "batch_size"),
     "agentic.py",
-    "before_step between global steps, staleness and idle metrics, and the train queue to close on failure",
+    "before_step between global steps, staleness and idle metrics, the train queue to close on failure, "
+    "and across processes every process's groups gathered and scored on the training thread (Tunix "
+    "scores them on producer threads, whose order differs between processes)",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_batch_to_train_example",
+    "override",
+    ("self", "batch_results", "mode"),
+    "agentic.py",
+    "across processes the producer queues its groups unscored, for the training thread to score "
+    "(Tunix's consumer-side scoring needs a log-prob micro-batch above 1 and scores a micro-batch at once)",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_create_micro_batch_iterator",
+    "override",
+    ("self", "full_batch_iterator", "micro_batch_size"),
+    "agentic.py",
+    "across processes each producer takes its process's share of every batch (Tunix has no data sharding here)",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "_create_agent_env_pair",
+    "override",
+    ("self", "single_example", "group_id", "pair_index"),
+    "agentic.py",
+    "group ids numbered as in one process (Tunix counts each producer's own prompts), which name the "
+    "step a group belongs to and its sampling keys",
   ),
   # Trajectories (trajectories.py)
   PrivateDependency(
