@@ -246,11 +246,9 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
   assert examples[0]["question"] and examples[0]["answer"].lstrip("-").isdigit()
 
 
-def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effect(tmp_path):
-  """rl.dynamic_sampling: half the questions get reward 0 whatever the reply (groups without signal),
-  the others a coin flip per reply; every step trains batch_size groups whose rewards differ, drawn
-  over several rounds. With it: the overlong punishment of replies that fill the budget, the masking
-  of truncated replies, and the sampler importance correction with the log-prob mismatch logged."""
+def _flat_or_coin(tmp_path) -> list[str]:
+  """A run of 3 steps of 4 prompts x 4 samples where half the questions get reward 0 whatever the
+  reply (groups without signal), the others a coin flip per reply, with dynamic sampling on."""
   (tmp_path / "data.jsonl").write_text(
     "".join(
       json.dumps({"question": f"{kind} {i}", "answer": "1"}) + "\n" for i in range(8) for kind in ("flat", "coin")
@@ -262,11 +260,11 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effec
     "  coin = lambda c: float(zlib.crc32(c.encode()) % 2)\n"
     "  return [0.0 if q.startswith('flat') else coin(c) for q, c in zip(question, completions)]\n"
   )
-  args = [
+  return [
     *[a for a in TINY if not a.startswith("eval_batch_size")],
     "num_batches=3",
     "batch_size=4",
-    "train_micro_batch_size=2",  # the step's whole batch is still sampled and filled at once
+    "train_micro_batch_size=2",
     "rl.num_generations=4",
     "max_response_length=8",
     "num_test_batches=0",
@@ -274,9 +272,28 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effec
     f"reward_functions_path={tmp_path / 'rewards.py'}",
     "reward_functions=[coin]",
     f"base_output_directory={tmp_path}",
-    "run_name=dapo",
     "rl.dynamic_sampling=true",
     "rl.dynamic_sampling_max_rounds=6",
+  ]
+
+
+def _assert_dynamic_sampling(rows: list[dict]) -> None:
+  """Every step trained groups with signal only, drawn over more than one round somewhere."""
+  assert len(rows) == 3
+  for row in rows:
+    assert row["frac_reward_zero_std"] == 0.0 and row["dynamic_sampling/short"] == 0.0
+    assert 0.0 < row["dynamic_sampling/sampled_zero_std_fraction"] < 1.0
+  assert max(row["dynamic_sampling/rounds"] for row in rows) >= 2
+
+
+def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effect(tmp_path):
+  """rl.dynamic_sampling (_flat_or_coin): every step trains batch_size groups whose rewards differ,
+  drawn over several rounds (the step's whole batch is sampled and filled at once, also with train
+  micro-batches). With it: the overlong punishment of replies that fill the budget, the masking of
+  truncated replies, and the sampler importance correction with the log-prob mismatch logged."""
+  args = [
+    *_flat_or_coin(tmp_path),
+    "run_name=dapo",
     "rl.overlong_buffer_length=4",
     "rl.overlong_penalty=0.5",
     "rl.mask_truncated_completions=true",
@@ -284,19 +301,24 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effec
   ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _read_jsonl(tmp_path / "dapo" / "metrics.jsonl")
-  assert len(rows) == 3
+  _assert_dynamic_sampling(rows)
   for row in rows:
-    assert row["frac_reward_zero_std"] == 0.0  # every trained group has signal
-    assert row["dynamic_sampling/short"] == 0.0
-    assert 0.0 < row["dynamic_sampling/sampled_zero_std_fraction"] < 1.0
     # random weights rarely stop: a reply of the full 8 tokens gets the whole penalty and trains no token
     assert row["completions/min_length"] == 8
     assert row["rewards/overlong_penalty"] == pytest.approx(-0.5)
     assert row["completions/masked_truncated_fraction"] == pytest.approx(1.0)
     assert 0.0 <= row["sampler_trainer/logp_diff_mean"] < 1e-3  # the same float32 weights on both sides
-  assert max(row["dynamic_sampling/rounds"] for row in rows) >= 2
   # with every token masked there is no policy gradient: the loss is 0
   assert all(row["loss"] == 0.0 for row in rows)
+
+
+def test_agentic_dynamic_sampling_trains_only_groups_with_signal(tmp_path):
+  """rl.dynamic_sampling in agentic GRPO (_flat_or_coin): a group without signal gives its slot to a
+  reserve prompt, sampled while the rest of the step is in flight; every step trains batch_size
+  groups whose rewards differ."""
+  args = [*_flat_or_coin(tmp_path), "rl.use_agentic_rollout=true", "rl.max_concurrency=8", "run_name=agentic_dapo"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  _assert_dynamic_sampling(_read_jsonl(tmp_path / "agentic_dapo" / "metrics.jsonl"))
 
 
 def test_agentic_grpo_trains_on_full_length_completions(tmp_path):

@@ -84,6 +84,8 @@ def _observed(key: str, kwargs: dict):
     return SHAPE_FIELDS[key](kwargs["shape"])
   if key in ALGO_FIELDS:
     return getattr(kwargs["algo_config"], ALGO_FIELDS[key], "not in this mode's algorithm config")
+  if key == "rl.dynamic_sampling" and "dynamic_sampling_rounds" in kwargs:
+    return kwargs["dynamic_sampling_rounds"] > 1
   if key == "rl.logp_check_period":
     return kwargs.get("logp_check_period")
   if key == "rl.tools":

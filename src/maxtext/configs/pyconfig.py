@@ -250,8 +250,6 @@ AGENTIC_ONLY_KEYS = (
 )
 # Keys only standard GRPO reads (rl.use_agentic_rollout=false); agentic GRPO refuses them.
 STANDARD_ONLY_KEYS = (
-  "rl.dynamic_sampling",
-  "rl.dynamic_sampling_max_rounds",
   "rl.overlong_buffer_length",
   "rl.overlong_penalty",
   "rl.mask_truncated_completions",

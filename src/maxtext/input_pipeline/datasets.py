@@ -261,11 +261,11 @@ def train_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) ->
   return ds[: cfg.num_batches]
 
 
-def reserve_batches(cfg, tokenizer) -> grain.MapDataset:
+def reserve_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
   """Batches of cfg.batch_size training examples in another order (seed data_shuffle_seed + 1),
   repeated without end: where dynamic sampling draws more prompts from, by index, so a resumed run
-  draws what an uninterrupted one would."""
-  examples = _training_examples(cfg, tokenizer, None)
+  draws what an uninterrupted one would. render: as for train_batches."""
+  examples = _training_examples(cfg, tokenizer, render)
   ds = grain.MapDataset.source(examples).shuffle(seed=cfg.data_shuffle_seed + 1).repeat(None)
   return ds.batch(cfg.batch_size, drop_remainder=True)
 

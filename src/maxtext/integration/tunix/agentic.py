@@ -43,7 +43,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
+import queue
 import threading
 from collections.abc import Callable
 
@@ -79,14 +81,12 @@ def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
 @dataclasses.dataclass(frozen=True)
 class ProcessShare:
   """Process `index` of `count` samples rows [index * size, (index + 1) * size) of every batch of
-  batch_size prompts (size = batch_size / count). Tunix numbers the groups a process starts from
-  first_step * batch_size on, one by one; `group_id` maps that number to the prompt's place in the
-  run (step * batch_size + row), which every process and a one-process run agree on."""
+  batch_size prompts (size = batch_size / count). A prompt's slot, step * batch_size + row, names
+  its group (its step, its sampling keys) as one process would."""
 
   index: int
   count: int
   batch_size: int
-  first_step: int = 0
 
   @property
   def size(self) -> int:
@@ -96,9 +96,17 @@ class ProcessShare:
     start = self.index * self.size
     return {k: v[start : start + self.size] for k, v in batch.items()}
 
-  def group_id(self, started: int) -> int:
-    k = started - self.first_step * self.batch_size
-    return (self.first_step + k // self.size) * self.batch_size + self.index * self.size + k % self.size
+  def slots(self, step: int) -> list[int]:
+    start = step * self.batch_size + self.index * self.size
+    return list(range(start, start + self.size))
+
+
+# Fields the producer adds to each prompt: its slot (see ProcessShare) and its dynamic sampling round.
+SLOT, ROUND = "group_slot", "sampling_round"
+
+
+def _scalar(value) -> int:
+  return int(np.asarray(value).reshape(-1)[0])
 
 
 class RolloutError(RuntimeError):
@@ -123,12 +131,20 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     batch_size: int,
     logp_check_period: int,
     before_step: Callable[[int], None] | None = None,
+    dynamic_sampling_rounds: int = 1,
+    reserve: Callable[[int], dict] | None = None,
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
-    steps (it may raise to stop training); logp_check_period: see _trainer_recomputes."""
+    steps (it may raise to stop training); logp_check_period: see _trainer_recomputes;
+    dynamic_sampling_rounds > 1: see DynamicSampling, with reserve(i), the i-th reserve batch."""
     super().__init__(*args, **kwargs)
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
+    self._next_step = 0  # the step of the next batch the producer takes
+    self._dynamic = (
+      DynamicSampling(dynamic_sampling_rounds, reserve, batch_size) if dynamic_sampling_rounds > 1 else None
+    )
+    self._closing = False
     self._wire(before_step)
     self._logp_check_period = logp_check_period
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
@@ -145,13 +161,14 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._conversation_totals: dict[int, collections.Counter] = {}
 
   def train(self, *args, **kwargs):
-    self._share = dataclasses.replace(self._share, first_step=self.rl_cluster.global_steps)
+    self._next_step = self.rl_cluster.global_steps
     try:
       super().train(*args, **kwargs)
     finally:
       self._close_queues()
 
   def _close_queues(self) -> None:
+    self._closing = True
     for q in (self._prompt_queue, self._train_queue):
       if q is not None:
         q.put(None)
@@ -189,32 +206,70 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     return out
 
   def _draws(self, env):
-    """The sampling keys of a conversation's next turn: its (group, sample, turn)."""
+    """The sampling keys of a conversation's next turn: its (group, dynamic sampling round, sample, turn)."""
     keys = getattr(self.rl_cluster.rollout, "keys", None)
     if env is None or keys is None:
       return contextlib.nullcontext()
     turn = env.task.get(_TURNS, 0)
     env.task[_TURNS] = turn + 1
-    return keys.request(env.extra_kwargs["group_id"], env.extra_kwargs["pair_index"], turn)
+    rnd = _scalar(env.task.get(ROUND, 0))
+    return keys.request(env.extra_kwargs["group_id"], rnd, env.extra_kwargs["pair_index"], turn)
+
+  def _AsyncQueueIterator(self, q, loop):  # noqa: N802 (Tunix's name for the producer's prompt stream)
+    return _PromptStream(q, loop, self)
 
   def _create_micro_batch_iterator(self, full_batch_iterator, micro_batch_size):
-    """The producer's prompts: this process's share of each batch."""
-    return super()._create_micro_batch_iterator(map(self._share.rows, full_batch_iterator), micro_batch_size)
+    """The producer's prompts: this process's share of each batch, each tagged with its slot and
+    round (a dynamic sampling replacement comes tagged)."""
+
+    def tagged(batches):
+      for batch in batches:
+        if SLOT not in batch:
+          batch = self._share.rows(batch)
+          slots = self._share.slots(self._next_step)
+          self._next_step += 1
+          batch = {**batch, SLOT: np.asarray(slots), ROUND: np.zeros(len(slots), np.int64)}
+          if self._dynamic is not None:
+            self._dynamic.started(len(slots))
+        yield batch
+
+    return super()._create_micro_batch_iterator(tagged(full_batch_iterator), micro_batch_size)
 
   def _create_agent_env_pair(self, single_example, group_id, pair_index):
-    return super()._create_agent_env_pair(single_example, self._share.group_id(group_id), pair_index)
+    del group_id  # Tunix counts the prompts this producer started; the slot names the group
+    return super()._create_agent_env_pair(single_example, _scalar(single_example[SLOT]), pair_index)
 
   def _batch_to_train_example(self, batch_results, mode):
     """A group's TrainExamples; across processes the producer queues the group unscored (_scored)."""
-    if self._share.count > 1 and mode == rl_cluster_lib.Mode.TRAIN:
+    if mode != rl_cluster_lib.Mode.TRAIN:
+      return super()._batch_to_train_example(batch_results, mode)
+    if self._share.count > 1:
       return [batch_results]
-    return super()._batch_to_train_example(batch_results, mode)
+    return self._trained(batch_results, super()._batch_to_train_example(batch_results, mode))
 
   def _scored(self, groups: list) -> list:
     """Every process's groups of this micro-batch, in process order, scored one group at a time."""
     score = super()._batch_to_train_example
     every = [group for part in distributed.gather_objects(groups) for group in part]
-    return [ex for group in every for ex in score(group, rl_cluster_lib.Mode.TRAIN)]
+    return [ex for group in every for ex in self._trained(group, score(group, rl_cluster_lib.Mode.TRAIN))]
+
+  def _trained(self, group: list, examples: list) -> list:
+    """What of a scored group trains: all of it, or with dynamic sampling nothing where its rewards
+    are all equal and its slot has rounds left (a reserve prompt takes its place). Logs
+    frac_reward_zero_std over the trained groups and dynamic_sampling/* (DynamicSampling)."""
+    zero, _ = self._zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in examples]))
+    slot = group[0].group_id
+    step = slot // self._share.batch_size
+    if self._dynamic is not None:
+      rnd = _scalar(group[0].traj["original_input"][ROUND])
+      replacement = self._dynamic.decide(slot, rnd, bool(zero))
+      self._log(self._dynamic.metrics(step), step)
+      if replacement is not None:
+        assert self._prompt_queue is not None
+        self._prompt_queue.put(replacement)
+        return []
+    self._log_zero_signal_so_far(zero, step)
+    return examples
 
   def _current_version(self) -> int:
     """The version lags are measured from: the engine's weights version when it tags tokens, else
@@ -257,18 +312,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       example = super()._process_results(trajectories, mode, expected_step)
     finally:
       self._skips_trainer_logps.value = False
-    if mode == rl_cluster_lib.Mode.TRAIN:  # Tunix returns a list of TrainExamples (one per group)
-      self._log_zero_signal_so_far(
-        np.concatenate([np.asarray(e.advantages).reshape(-1) for e in example]), expected_step
-      )
     return example
 
-  def _log_zero_signal_so_far(self, advantages, step: int) -> None:
-    """frac_reward_zero_std over the step's groups so far (running totals, as _log_conversations)."""
-    zero, groups = self._zero_signal(advantages)
+  def _log_zero_signal_so_far(self, zero: int, step: int) -> None:
+    """frac_reward_zero_std over the step's trained groups so far (running totals, as _log_conversations)."""
     with self._conversation_lock:
       totals = self._conversation_totals.setdefault(step, collections.Counter())
-      totals.update({"zero_signal_groups": zero, "groups": groups})
+      totals.update({"zero_signal_groups": zero, "groups": 1})
       fraction = totals["zero_signal_groups"] / totals["groups"]
     self._log_zero_signal(fraction, step_metrics.last, step)
 
@@ -320,15 +370,103 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
 
 
+class DynamicSampling:
+  """Dynamic sampling (DAPO) in agentic GRPO, per slot: a group whose rewards are all equal does not
+  train while its slot has rounds left; the reserve prompt of the slot's next round is sampled in its
+  place (round r of slot step * B + row is row `row` of reserve batch step * (rounds - 1) + r - 1, as
+  in standard GRPO, so a resumed run draws the same). A slot whose last round has no signal trains
+  that group (the step is `short`). Per step it logs dynamic_sampling/rounds (the most any slot
+  took), dynamic_sampling/sampled_zero_std_fraction (over every group sampled) and
+  dynamic_sampling/short (1 where a slot ran out). Thread-safe: groups finish on several threads."""
+
+  def __init__(self, rounds: int, reserve: Callable[[int], dict] | None, batch_size: int):
+    if reserve is None:
+      raise ValueError("dynamic sampling needs the reserve batches")
+    self._rounds, self._reserve, self._batch_size = rounds, reserve, batch_size
+    self._lock = threading.Lock()
+    self._steps: dict[int, collections.Counter] = {}
+    self.unresolved = 0  # slots started whose trained group is not decided yet
+
+  def started(self, slots: int) -> None:
+    with self._lock:
+      self.unresolved += slots
+
+  def decide(self, slot: int, rnd: int, zero_signal: bool) -> dict | None:
+    """The replacement prompt (a one-prompt batch) when the group does not train, else None."""
+    step, row = divmod(slot, self._batch_size)
+    replace = zero_signal and rnd + 1 < self._rounds
+    with self._lock:
+      totals = self._steps.setdefault(step, collections.Counter())
+      totals.update({"sampled": 1, "sampled_zero": int(zero_signal)})
+      if not replace:
+        totals["rounds"] = max(totals["rounds"], rnd + 1)
+        totals["short"] = max(totals["short"], int(zero_signal))
+        self.unresolved -= 1
+    if not replace:
+      if zero_signal:
+        log.warning("dynamic sampling: slot %d of step %d has no signal after %d rounds; it trains", row, step, rnd + 1)
+      return None
+    batch = self._reserve(step * (self._rounds - 1) + rnd)
+    return {**{k: v[row : row + 1] for k, v in batch.items()}, SLOT: np.asarray([slot]), ROUND: np.asarray([rnd + 1])}
+
+  def metrics(self, step: int) -> dict:
+    with self._lock:
+      t = self._steps[step]
+      return {
+        "dynamic_sampling/rounds": (float(max(t["rounds"], 1)), step_metrics.last),
+        "dynamic_sampling/sampled_zero_std_fraction": (t["sampled_zero"] / t["sampled"], step_metrics.last),
+        "dynamic_sampling/short": (float(t["short"]), step_metrics.last),
+      }
+
+
+class _PromptStream(agentic_grpo_learner.GRPOLearner._AsyncQueueIterator):
+  """The producer's prompts. With dynamic sampling the end of the data does not end it while slots
+  are undecided: their replacements come after it."""
+
+  def __init__(self, q, loop, learner: AgenticGRPOLearner):
+    super().__init__(q, loop)
+    self._learner = learner
+
+  async def __anext__(self):
+    dynamic = self._learner._dynamic
+    if dynamic is None:
+      return await super().__anext__()
+    while True:
+      try:
+        item = await self.loop.run_in_executor(None, functools.partial(self.q.get, timeout=0.2))
+      except queue.Empty:
+        item = _NOTHING
+      if item is None:
+        self._ended = True
+      elif item is not _NOTHING:
+        return item
+      if self._ended and (self._learner._closing or dynamic.unresolved <= 0):
+        raise StopAsyncIteration
+
+  _ended = False
+
+
+_NOTHING = object()
+
+
 _OLDEST_VERSION = "oldest_token_policy_version"
 _TURNS = "model_turns_started"
 
 
 def build_learner(
-  cfg, cluster, reward_fns, parser: ConfigChatParser, tool_map=None, before_step: Callable[[int], None] | None = None
+  cfg,
+  cluster,
+  reward_fns,
+  parser: ConfigChatParser,
+  tool_map=None,
+  before_step: Callable[[int], None] | None = None,
+  reserve: Callable[[int], dict] | None = None,
 ) -> AgenticGRPOLearner:
+  """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling)."""
   return AgenticGRPOLearner(
     batch_size=cfg.batch_size,
+    dynamic_sampling_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else 1,
+    reserve=reserve,
     before_step=before_step,
     logp_check_period=cfg.rl.logp_check_period,
     rl_cluster=cluster,

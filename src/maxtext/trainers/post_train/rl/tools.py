@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import logging
 import math
 import operator
@@ -212,13 +213,17 @@ BUILTIN_TOOLS = {
 }
 
 
+def _bounded(tool: BuiltinTool, cfg) -> type[base_tool.BaseTool]:
+  cls = tool.make(cfg)
+  return cls if tool.times_itself else with_deadline(cls, cfg.rl.tool_timeout_s)
+
+
 def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
   config error."""
   timeout = cfg.rl.tool_timeout_s
   available: dict[str, Callable[[], type[base_tool.BaseTool]]] = {
-    name: (lambda t=tool: t.make(cfg) if t.times_itself else with_deadline(t.make(cfg), timeout))
-    for name, tool in BUILTIN_TOOLS.items()
+    name: functools.partial(_bounded, tool, cfg) for name, tool in BUILTIN_TOOLS.items()
   }
   if cfg.rl.tools_path:
     mine = user_tools(cfg.rl.tools_path)
@@ -227,7 +232,7 @@ def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
         f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
         f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})"
       )
-    available.update({name: (lambda c=c: with_deadline(c, timeout)) for name, c in mine.items()})
+    available.update({name: functools.partial(with_deadline, c, timeout) for name, c in mine.items()})
   unknown = [t for t in cfg.rl.tools if t not in available]
   if unknown:
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")

@@ -44,6 +44,11 @@ class TrainingRun:
     heap.release_after_compiling()
     processes = jax.process_count()
     if cfg.rl.use_agentic_rollout and processes > 1:
+      if cfg.rl.dynamic_sampling:
+        raise ConfigError(
+          f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
+          "replacement prompts would have to be sampled in step on every process); use standard GRPO"
+        )
       for key in ("batch_size", "train_micro_batch_size"):
         if getattr(cfg, key) % processes:
           raise ConfigError(
@@ -79,8 +84,13 @@ class TrainingRun:
         )
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
         if cfg.rl.use_agentic_rollout:
+          reserve = (
+            agentic.user_turn_batches(datasets.reserve_batches(cfg, tokenizer, render)).__getitem__
+            if cfg.rl.dynamic_sampling
+            else None
+          )
           self.learner = agentic.build_learner(
-            cfg, self.cluster, reward_fns, parser, tool_map, before_step=self._between_steps
+            cfg, self.cluster, reward_fns, parser, tool_map, before_step=self._between_steps, reserve=reserve
           )
         else:
           reserve = datasets.reserve_batches(cfg, tokenizer).__getitem__ if cfg.rl.dynamic_sampling else None
