@@ -6,6 +6,16 @@ remat, and KV-cache decode tokens/s at several batch sizes against the memory-ba
 Random weights. Each measurement runs in its own process so peak memory is per configuration
 (GPU: XLA's peak_bytes_in_use; CPU: the process's peak RSS). Prints a table and writes
 benchmarks/results/model_benchmark.json.
+
+    python benchmarks/model_benchmark.py --phases [--model smollm2-135m] [--dtype float32]
+
+is the roofline of a GRPO step on this machine: it measures the matmul peak (float32 and bfloat16
+square matmuls) and the memory read bandwidth, then runs each phase of a step of the GSM8K shape
+(vs_trl.py --shape gsm8k: 2 prompts x 4 samples, 192-token prompts, 128-token replies) as the
+model's own programs: rollout prefill (each group's prompt once), decode (128 steps of 8 rows),
+reference forward and trainer forward+backward over the 8 whole sequences, and an AdamW update. Each
+phase is reported as achieved FLOP/s and bytes/s against the peak of its dtype (decode against the
+time reading every weight once per step takes). Writes benchmarks/results/roofline.json.
 """
 
 from __future__ import annotations
@@ -178,6 +188,152 @@ def worker_decode(args) -> dict:
   }
 
 
+def _best_time(fn, repeats: int) -> float:
+  """The fastest of `repeats` timed calls of fn (after one untimed call that compiles)."""
+  import jax
+
+  jax.block_until_ready(fn())
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    best = min(best, time.perf_counter() - start)
+  return best
+
+
+def machine_peaks(repeats: int = 5) -> dict:
+  """FLOP/s of a 2048-square matmul in float32 and bfloat16, and the bytes/s of summing 512 MB."""
+  import jax
+  import jax.numpy as jnp
+
+  out = {}
+  n = 2048
+  for name, dtype in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype)
+    matmul = jax.jit(jnp.matmul)
+    out[f"matmul_flops_{name}"] = 2 * n**3 / _best_time(lambda a=a, b=b, f=matmul: f(a, b), repeats)
+  x = jnp.ones((128 * 2**20,), jnp.float32)
+  total = jax.jit(jnp.sum)
+  out["read_bytes_per_s"] = x.nbytes / _best_time(lambda: total(x), repeats)
+  return out
+
+
+def worker_phases(args) -> dict:
+  """Each phase of a GRPO step of the GSM8K shape, timed (best of args.iters), with its FLOPs and bytes."""
+  import jax
+  import jax.numpy as jnp
+  import optax
+  from flax import nnx
+
+  peaks = machine_peaks()
+  cfg, mesh, model, n_params = _build(args)
+  prompts, group, p, n = 2, 4, 192, 128
+  rows, size = prompts * group, p + n
+  dtype = jnp.dtype(args.dtype)
+  weight_bytes = n_params * dtype.itemsize
+  layers, attn = cfg.num_decoder_layers, cfg.num_query_heads * cfg.head_dim
+  kv_row = 2 * layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize  # bytes per cached position
+  key = jax.random.PRNGKey(0)
+  prompt = jax.random.randint(key, (prompts, p), 0, cfg.vocab_size)
+  seqs = jax.random.randint(key, (rows, size), 0, cfg.vocab_size)
+  causal = jnp.tril(jnp.ones((size, size), bool))[None].repeat(rows, 0)
+  positions = jnp.broadcast_to(jnp.arange(size), (rows, size))
+
+  def forward_flops(batch: int, tokens: int, context: int) -> float:
+    # 2 N per token for the matmuls (the tied head included) and 4 L T d_attn for scores and mixing,
+    # as computed (masked positions too)
+    return batch * tokens * (2 * n_params + 4 * layers * context * attn)
+
+  @nnx.jit
+  def prefill(m, tokens):
+    mask = jnp.pad(jnp.tril(jnp.ones((p, p), bool))[None].repeat(prompts, 0), ((0, 0), (0, 0), (0, size - p)))
+    logits, cache = m(tokens, jnp.broadcast_to(jnp.arange(p), (prompts, p)), m.init_cache(prompts, size, dtype), mask)
+    return logits[:, -1], cache
+
+  @nnx.jit(donate_argnums=2)
+  def decode_step(m, tok, cache, i):
+    mask = jnp.broadcast_to(jnp.arange(size) <= i, (rows, 1, size))
+    logits, cache = m(tok[:, None], jnp.full((rows, 1), i), cache, mask)
+    return jnp.argmax(logits[:, -1], -1), cache
+
+  def logp(m, tokens):
+    logits, _ = m(tokens[:, :-1], positions[:, :-1], None, causal[:, :-1, :-1])
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32))
+    return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+
+  reference = nnx.jit(lambda m, t: logp(m, t))
+  train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: -logp(m, t)[:, p:].mean())(m))
+  params = nnx.state(model, nnx.Param)
+  adamw = optax.adamw(1e-6, weight_decay=0.1)
+  opt_state = adamw.init(params)
+
+  @jax.jit
+  def update(params, grads, state):
+    updates, state = adamw.update(grads, state, params)
+    return optax.apply_updates(params, updates), state
+
+  result = {"model": args.model, "dtype": args.dtype, "params": n_params, **peaks, "phases": []}
+  with jax.set_mesh(mesh):
+    _, cache = prefill(model, prompt)
+    one = jnp.zeros((rows,), jnp.int32)
+    full_cache = jax.tree.map(lambda c: jnp.repeat(c, group, axis=0) if c.ndim and c.shape[0] == prompts else c, cache)
+
+    def decode_all():
+      tok, c = one, jax.tree.map(jnp.copy, full_cache)
+      for i in range(p, size):
+        tok, c = decode_step(model, tok, c, jnp.int32(i))
+      return tok
+
+    grads = train(model, seqs)[1]
+    timings = {
+      "rollout prefill": (lambda: prefill(model, prompt), forward_flops(prompts, p, p), weight_bytes),
+      "rollout decode": (
+        decode_all,
+        forward_flops(rows, n, size),
+        n * (weight_bytes + rows * size * kv_row),
+      ),
+      "reference forward": (lambda: reference(model, seqs), forward_flops(rows, size - 1, size - 1), weight_bytes),
+      "trainer forward+backward": (
+        lambda: train(model, seqs),
+        3 * forward_flops(rows, size - 1, size - 1),
+        3 * weight_bytes,
+      ),
+      "optimizer (AdamW)": (lambda: update(params, grads, opt_state), 10 * n_params, 7 * n_params * 4),
+    }
+    for name, (fn, flops, nbytes) in timings.items():
+      seconds = _best_time(fn, args.iters)
+      peak = peaks[f"matmul_flops_{args.dtype}"]
+      result["phases"].append(
+        {
+          "phase": name,
+          "seconds": seconds,
+          "flops": flops,
+          "bytes": nbytes,
+          "flops_per_s": flops / seconds,
+          "of_matmul_peak": flops / seconds / peak,
+          "bytes_per_s": nbytes / seconds,
+          "of_read_bandwidth": nbytes / seconds / peaks["read_bytes_per_s"],
+        }
+      )
+  return result
+
+
+def _print_phases(result: dict) -> None:
+  peak = result[f"matmul_flops_{result['dtype']}"]
+  print(
+    f"{result['model']} {result['dtype']} on {result['device']} x{result['num_devices']}: matmul peak "
+    f"{result['matmul_flops_float32'] / 1e9:.0f} GFLOP/s float32, {result['matmul_flops_bfloat16'] / 1e9:.0f} "
+    f"bfloat16; read bandwidth {result['read_bytes_per_s'] / 1e9:.1f} GB/s"
+  )
+  print(f"{'phase':<26} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8} {'GB/s':>7} {'of bandwidth':>13}")
+  for r in result["phases"]:
+    print(
+      f"{r['phase']:<26} {r['seconds']:>7.3f} {r['flops'] / 1e9:>8.1f} {r['flops_per_s'] / 1e9:>8.1f} "
+      f"{r['flops_per_s'] / peak:>8.1%} {r['bytes_per_s'] / 1e9:>7.2f} {r['of_read_bandwidth']:>13.1%}"
+    )
+
+
 def _spawn(kind: str, args, **extra) -> dict:
   cmd = [sys.executable, __file__, "--worker", kind, "--model", args.model, "--dtype", args.dtype]
   for k, v in extra.items():
@@ -214,7 +370,8 @@ def main() -> None:
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "model_benchmark.json"))
   parser.add_argument("--skip-decode", action="store_true", help="only the training-step measurements")
-  parser.add_argument("--worker", choices=["train", "decode"], help=argparse.SUPPRESS)
+  parser.add_argument("--phases", action="store_true", help="the roofline of a GRPO step (see the docstring)")
+  parser.add_argument("--worker", choices=["train", "decode", "phases"], help=argparse.SUPPRESS)
   parser.add_argument("--remat", default="none")
   parser.add_argument("--batch", type=int, default=1)
   parser.add_argument("--seq", type=int, default=256)
@@ -223,7 +380,16 @@ def main() -> None:
   parser.add_argument("--new-tokens", type=int, default=32)
   args = parser.parse_args()
   if args.worker:
-    print(json.dumps((worker_train if args.worker == "train" else worker_decode)(args)))
+    workers = {"train": worker_train, "decode": worker_decode, "phases": worker_phases}
+    print(json.dumps(workers[args.worker](args)))
+    return
+  if args.phases:
+    result = {**_spawn("phases", args, iters=args.iters), **_versions()}
+    _print_phases(result)
+    out = os.path.join(os.path.dirname(args.out), "roofline.json")
+    with open(out, "w", encoding="utf-8") as f:
+      json.dump(result, f, indent=1)
+    print(f"wrote {out}")
     return
 
   seq, batch = (1024, 1) if args.quick else (1024, 8)

@@ -28,6 +28,8 @@ TINY = [
   "adam_weight_decay=0",
   "checkpoint_period=1",
 ]
+# Agentic GRPO, each step sampled from the weights the previous one left (so runs compare step by step).
+AGENTIC = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0", "batch_size=4"]
 TRAIN_RL = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl"]
 _ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 _ENV.pop("XLA_FLAGS", None)
@@ -65,6 +67,19 @@ def assert_same_training(one: list[dict], other: list[dict]) -> None:
     assert mine == pytest.approx({k: v for k, v in b.items() if k.startswith(exact)}, rel=1e-12, abs=1e-15)
     assert np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
     assert np.isclose(a["grad_norm"], b["grad_norm"], rtol=1e-3)
+
+
+def _multi_and_single(tmp_path, args: list[str], processes: int = 2, devices: int = 2, timeout: int = 600):
+  """Runs `args` as `processes` x `devices` (run_name=multi) and as 1 process x 4 devices
+  (run_name=single); returns the multi-process run and the two runs' metrics.jsonl rows."""
+  multi = _launch(processes, devices, [*args, "run_name=multi"], timeout=timeout)
+  assert multi.returncode == 0, multi.stdout[-4000:]
+  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  single = subprocess.run(
+    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
+  )
+  assert single.returncode == 0, single.stderr[-4000:]
+  return multi, _rows(tmp_path / "single"), _rows(tmp_path / "multi")
 
 
 def _rows(run_dir) -> list[dict]:
@@ -166,15 +181,8 @@ def test_two_processes_train_as_one_process_does(tmp_path):
     "reward_functions=[variety]",
     f"base_output_directory={tmp_path}",
   ]
-  multi = _launch(2, 2, [*args, "run_name=multi"])
-  assert multi.returncode == 0, multi.stdout[-4000:]
-  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  single = subprocess.run(
-    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
-  )
-  assert single.returncode == 0, single.stderr[-4000:]
+  multi, one, two = _multi_and_single(tmp_path, args)
   assert "Process 0 of 2" in multi.stdout and "Process 1 of 2" in multi.stdout
-  one, two = _rows(tmp_path / "single"), _rows(tmp_path / "multi")
   assert [r["step"] for r in two] == [1, 2] and all(r["rewards/variety"] > 0 for r in one)
   assert_same_training(one, two)
   with open(tmp_path / "single" / "eval.json", encoding="utf-8") as f:
@@ -189,11 +197,13 @@ def test_two_processes_train_as_one_process_does(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_process_ends_its_peers_and_a_rerun_resumes(tmp_path):
+@pytest.mark.parametrize("mode", ["standard", "agentic"])
+def test_killed_process_ends_its_peers_and_a_rerun_resumes(tmp_path, mode):
   """SIGKILL of one process (no launcher to end the others: as on separate hosts) ends its peer
   within a bounded time through the coordination service's heartbeat; the same command, rerun,
   resumes from the last checkpoint and logs every step once."""
-  args = [*TINY, "num_batches=4", f"base_output_directory={tmp_path}", "run_name=killed"]
+  extra = AGENTIC if mode == "agentic" else []
+  args = [*TINY, *extra, "num_batches=4", f"base_output_directory={tmp_path}", "run_name=killed"]
   port = launch_local.free_port()
   procs = [
     subprocess.Popen(
@@ -250,9 +260,6 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(tmp_path):
   assert [r["step"] for r in _rows(tmp_path / "term")] == [1, 2, 3, 4]
 
 
-AGENTIC = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0", "batch_size=4"]
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1"])
 def test_multiprocess_layouts_match_one_process(tmp_path, layout):
@@ -270,14 +277,8 @@ def test_multiprocess_layouts_match_one_process(tmp_path, layout):
     "reward_functions=[variety]",
     f"base_output_directory={tmp_path}",
   ]
-  multi = _launch(processes, devices, [*args, "run_name=multi"], timeout=900)
-  assert multi.returncode == 0, multi.stdout[-4000:]
-  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  single = subprocess.run(
-    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
-  )
-  assert single.returncode == 0, single.stderr[-4000:]
-  assert_same_training(_rows(tmp_path / "single"), _rows(tmp_path / "multi"))
+  _, one, other = _multi_and_single(tmp_path, args, processes, devices, timeout=900)
+  assert_same_training(one, other)
 
 
 def test_split_meshes_and_unequal_agentic_shares_are_refused_across_processes(tmp_path):
@@ -320,17 +321,10 @@ def test_agentic_two_processes_train_as_one_process_does(tmp_path):
     "reward_functions=[variety]",
     f"base_output_directory={tmp_path}",
   ]
-  multi = _launch(2, 2, [*args, "run_name=multi"])
-  assert multi.returncode == 0, multi.stdout[-4000:]
-  env = dict(_ENV, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-  single = subprocess.run(
-    [*TRAIN_RL, *args, "run_name=single"], env=env, capture_output=True, text=True, timeout=600, check=False
-  )
-  assert single.returncode == 0, single.stderr[-4000:]
+  multi, one, two = _multi_and_single(tmp_path, args)
   scored = {name: sorted((tmp_path / f"scored_{name}").read_text().splitlines()) for name in ("single", "0", "1")}
   assert scored["0"] == scored["1"] == scored["single"]  # every process scores the whole batch
   assert len(scored["single"]) == 2 * 2 * 2 and all(scored["single"].count(p) == 2 for p in scored["single"])
-  one, two = _rows(tmp_path / "single"), _rows(tmp_path / "multi")
   assert [r["step"] for r in two] == [1, 2] and all(r["rewards/variety"] > 0 for r in one)
   assert_same_training(one, two)
   assert json.loads((tmp_path / "multi" / "eval.json").read_text()) == json.loads(
