@@ -11,16 +11,19 @@ benchmarks/results/model_benchmark.json.
 
 is the roofline of a GRPO step on this machine: it measures the matmul peak (float32 and bfloat16
 square matmuls) and the memory read bandwidth, then runs each phase of a step of the GSM8K shape
-(vs_trl.py --shape gsm8k: 2 prompts x 4 samples, 192-token prompts, 128-token replies) as the
-model's own programs: rollout prefill (each group's prompt once), decode (128 steps of 8 rows),
-reference forward and trainer forward+backward over the 8 whole sequences, and an AdamW update. Each
-phase is reported as achieved FLOP/s and bytes/s against the peak of its dtype (decode against the
-time reading every weight once per step takes). Writes benchmarks/results/roofline.json.
+(vs_trl.py --shape gsm8k: 2 prompts x 4 samples, 192-token prompts, 128-token replies) through the
+programs train_rl runs (worker_phases): rollout prefill and decode on the continuous batcher,
+reference forward and trainer forward+backward scoring each prompt once, and an AdamW update. Each
+phase is reported as achieved FLOP/s and bytes/s against the peak of its dtype, and decode against
+its read floor (every weight and the cached keys and values read once per step at the measured
+bandwidth). Random weights; TRL and Tunix's own step code are not in it. Writes
+benchmarks/results/roofline.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -220,11 +223,18 @@ def machine_peaks(repeats: int = 5) -> dict:
 
 
 def worker_phases(args) -> dict:
-  """Each phase of a GRPO step of the GSM8K shape, timed (best of args.iters), with its FLOPs and bytes."""
+  """Each phase of a GRPO step of the GSM8K shape through the programs train_rl runs: the rollout on
+  the continuous batcher (its prefill and decode told apart by the batcher's own decode clock),
+  reference and trainer scoring each group's prompt once (SharedPrefix), and AdamW. Best of
+  args.iters timed runs after one that compiles."""
   import jax
   import jax.numpy as jnp
+  import numpy as np
   import optax
   from flax import nnx
+
+  from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+  from maxtext.models.shared_prefix import SharedPrefix
 
   peaks = machine_peaks()
   cfg, mesh, model, n_params = _build(args)
@@ -233,38 +243,27 @@ def worker_phases(args) -> dict:
   dtype = jnp.dtype(args.dtype)
   weight_bytes = n_params * dtype.itemsize
   layers, attn = cfg.num_decoder_layers, cfg.num_query_heads * cfg.head_dim
-  kv_row = 2 * layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize  # bytes per cached position
-  key = jax.random.PRNGKey(0)
-  prompt = jax.random.randint(key, (prompts, p), 0, cfg.vocab_size)
-  seqs = jax.random.randint(key, (rows, size), 0, cfg.vocab_size)
-  causal = jnp.tril(jnp.ones((size, size), bool))[None].repeat(rows, 0)
+  kv_per_position = 2 * layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+  rng = np.random.default_rng(0)
+  seqs = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, size)), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(size), (rows, size))
+  causal = jnp.tril(jnp.ones((size, size), bool))[None].repeat(rows, 0)
 
-  def forward_flops(batch: int, tokens: int, context: int) -> float:
-    # 2 N per token for the matmuls (the tied head included) and 4 L T d_attn for scores and mixing,
-    # as computed (masked positions too)
+  def flops(batch: int, tokens: int, context: float) -> float:
+    # 2 N per token for the matmuls (the tied head included) and 4 L d_attn per attended position
     return batch * tokens * (2 * n_params + 4 * layers * context * attn)
 
-  @nnx.jit
-  def prefill(m, tokens):
-    mask = jnp.pad(jnp.tril(jnp.ones((p, p), bool))[None].repeat(prompts, 0), ((0, 0), (0, 0), (0, size - p)))
-    logits, cache = m(tokens, jnp.broadcast_to(jnp.arange(p), (prompts, p)), m.init_cache(prompts, size, dtype), mask)
-    return logits[:, -1], cache
-
-  @nnx.jit(donate_argnums=2)
-  def decode_step(m, tok, cache, i):
-    mask = jnp.broadcast_to(jnp.arange(size) <= i, (rows, 1, size))
-    logits, cache = m(tok[:, None], jnp.full((rows, 1), i), cache, mask)
-    return jnp.argmax(logits[:, -1], -1), cache
+  scored = flops(prompts, p, p / 2) + flops(rows, n, p + n / 2)  # prompts once, then each completion
+  shared = SharedPrefix(model, p, group)
 
   def logp(m, tokens):
     logits, _ = m(tokens[:, :-1], positions[:, :-1], None, causal[:, :-1, :-1])
     lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    return jnp.take_along_axis(lp, tokens[:, 1:, None], axis=-1)[..., 0]
+    return jnp.take_along_axis(lp, tokens[:, p:, None], axis=-1)[..., 0]
 
-  reference = nnx.jit(lambda m, t: logp(m, t))
-  train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: -logp(m, t)[:, p:].mean())(m))
-  params = nnx.state(model, nnx.Param)
+  reference = nnx.jit(logp)
+  train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: -logp(m, t).mean())(m))
+  params = nnx.state(shared, nnx.Param)
   adamw = optax.adamw(1e-6, weight_decay=0.1)
   opt_state = adamw.init(params)
 
@@ -273,49 +272,55 @@ def worker_phases(args) -> dict:
     updates, state = adamw.update(grads, state, params)
     return optax.apply_updates(params, updates), state
 
+  sampling = SamplingParams(max_new_tokens=n, temperature=0.9, top_k=50, eos_ids=())
   result = {"model": args.model, "dtype": args.dtype, "params": n_params, **peaks, "phases": []}
+
+  def add(name: str, seconds: float, phase_flops: float, phase_bytes: float, floor_s: float | None = None):
+    result["phases"].append(
+      {
+        "phase": name,
+        "seconds": seconds,
+        "flops": phase_flops,
+        "bytes": phase_bytes,
+        "flops_per_s": phase_flops / seconds,
+        "of_matmul_peak": phase_flops / seconds / peaks[f"matmul_flops_{args.dtype}"],
+        "bytes_per_s": phase_bytes / seconds,
+        "of_read_bandwidth": phase_bytes / seconds / peaks["read_bytes_per_s"],
+        "over_read_floor": seconds / floor_s if floor_s else None,
+      }
+    )
+
   with jax.set_mesh(mesh):
-    _, cache = prefill(model, prompt)
-    one = jnp.zeros((rows,), jnp.int32)
-    full_cache = jax.tree.map(lambda c: jnp.repeat(c, group, axis=0) if c.ndim and c.shape[0] == prompts else c, cache)
+    batcher = ContinuousBatcher(model, size, rows)
 
-    def decode_all():
-      tok, c = one, jax.tree.map(jnp.copy, full_cache)
-      for i in range(p, size):
-        tok, c = decode_step(model, tok, c, jnp.int32(i))
-      return tok
+    def rollout(i: int, tokens: int) -> float:
+      """Seconds to sample `tokens` tokens for each of the step's rows, from fresh prompts."""
+      keys = [jax.random.PRNGKey(i * rows + r) for r in range(rows)]
+      prompt_ids = [rng.integers(0, cfg.vocab_size, p).astype(np.int32) for _ in range(prompts)]  # none cached
+      params = dataclasses.replace(sampling, max_new_tokens=tokens)
+      start = time.perf_counter()
+      futures = batcher.submit_many([ids for ids in prompt_ids for _ in range(group)], params, keys)
+      assert all(len(f.result().tokens) == tokens for f in futures)
+      return time.perf_counter() - start
 
-    grads = train(model, seqs)[1]
-    timings = {
-      "rollout prefill": (lambda: prefill(model, prompt), forward_flops(prompts, p, p), weight_bytes),
-      "rollout decode": (
-        decode_all,
-        forward_flops(rows, n, size),
-        n * (weight_bytes + rows * size * kv_row),
-      ),
-      "reference forward": (lambda: reference(model, seqs), forward_flops(rows, size - 1, size - 1), weight_bytes),
-      "trainer forward+backward": (
-        lambda: train(model, seqs),
-        3 * forward_flops(rows, size - 1, size - 1),
-        3 * weight_bytes,
-      ),
-      "optimizer (AdamW)": (lambda: update(params, grads, opt_state), 10 * n_params, 7 * n_params * 4),
-    }
-    for name, (fn, flops, nbytes) in timings.items():
-      seconds = _best_time(fn, args.iters)
-      peak = peaks[f"matmul_flops_{args.dtype}"]
-      result["phases"].append(
-        {
-          "phase": name,
-          "seconds": seconds,
-          "flops": flops,
-          "bytes": nbytes,
-          "flops_per_s": flops / seconds,
-          "of_matmul_peak": flops / seconds / peak,
-          "bytes_per_s": nbytes / seconds,
-          "of_read_bandwidth": nbytes / seconds / peaks["read_bytes_per_s"],
-        }
-      )
+    # The batcher dispatches prefill asynchronously, so its decode clock holds it: a one-token rollout
+    # (prefill and one decode step) and a whole one tell them apart.
+    first, whole = (min(rollout(2 * i + k, t) for i in range(args.iters + 1)) for k, t in ((0, 1), (1, n)))
+    step = (whole - first) / (n - 1)
+    batcher.close()
+    add("rollout prefill", first - step, flops(prompts, p - 1, p / 2), weight_bytes)
+    cache_bytes = rows * size * kv_per_position  # a decode step reads every cached position (masked)
+    floor = (weight_bytes + cache_bytes) / peaks["read_bytes_per_s"]
+    add("rollout decode", n * step, flops(rows, n, size), n * (weight_bytes + cache_bytes), n * floor)
+    add("reference forward", _best_time(lambda: reference(shared, seqs), args.iters), scored, weight_bytes)
+    grads = train(shared, seqs)[1]
+    add("trainer forward+backward", _best_time(lambda: train(shared, seqs), args.iters), 3 * scored, 3 * weight_bytes)
+    add(
+      "optimizer (AdamW)",
+      _best_time(lambda: update(params, grads, opt_state), args.iters),
+      10 * n_params,
+      7 * n_params * 4,  # reads weights, gradients and both moments; writes weights and moments
+    )
   return result
 
 
@@ -326,11 +331,15 @@ def _print_phases(result: dict) -> None:
     f"{result['matmul_flops_float32'] / 1e9:.0f} GFLOP/s float32, {result['matmul_flops_bfloat16'] / 1e9:.0f} "
     f"bfloat16; read bandwidth {result['read_bytes_per_s'] / 1e9:.1f} GB/s"
   )
-  print(f"{'phase':<26} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8} {'GB/s':>7} {'of bandwidth':>13}")
+  print(
+    f"{'phase':<26} {'s':>7} {'GFLOP':>8} {'GFLOP/s':>8} {'of peak':>8} {'GB/s':>7} {'of bandwidth':>13} "
+    f"{'/ read floor':>12}"
+  )
   for r in result["phases"]:
     print(
       f"{r['phase']:<26} {r['seconds']:>7.3f} {r['flops'] / 1e9:>8.1f} {r['flops_per_s'] / 1e9:>8.1f} "
-      f"{r['flops_per_s'] / peak:>8.1%} {r['bytes_per_s'] / 1e9:>7.2f} {r['of_read_bandwidth']:>13.1%}"
+      f"{r['flops_per_s'] / peak:>8.1%} {r['bytes_per_s'] / 1e9:>7.2f} {r['of_read_bandwidth']:>13.1%} "
+      f"{fmt(r['over_read_floor'], '.1f'):>12}"
     )
 
 
