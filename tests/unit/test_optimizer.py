@@ -15,12 +15,15 @@ from tests.conftest import make_config
 LR, DECAY = 0.01, 0.1
 
 
-def _one_update_without_gradient(*overrides) -> tuple[dict, dict]:
-  """Parameters before and after one AdamW update with zero gradients: only weight decay moves them."""
+def _params(model) -> dict:
+  return {"/".join(map(str, k)): np.array(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _one_update(gradient: float, *overrides) -> tuple[dict, dict, nnx.Optimizer]:
+  """Parameters before and after one update of the run's optimizer with every gradient `gradient`."""
   cfg = make_config(
     "model_name=qwen3-tiny",
     f"learning_rate={LR}",
-    f"adam_weight_decay={DECAY}",
     "warmup_steps_fraction=0",
     "gradient_clipping_threshold=0",
     *overrides,
@@ -28,21 +31,39 @@ def _one_update_without_gradient(*overrides) -> tuple[dict, dict]:
   mesh = create_meshes(cfg)[0]
   with jax.set_mesh(mesh):
     model = load.load_model(cfg, mesh)
-    before = {"/".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    before = _params(model)
     optimizer = nnx.Optimizer(model, cluster.optimizer(cfg), wrt=nnx.Param)
-    optimizer.update(model, jax.tree.map(jnp.zeros_like, nnx.state(model, nnx.Param)))
-    after = {"/".join(map(str, k)): np.asarray(v) for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
-  return before, after
+    optimizer.update(model, jax.tree.map(lambda p: jnp.full_like(p, gradient), nnx.state(model, nnx.Param)))
+    return before, _params(model), optimizer
 
 
 @pytest.mark.parametrize("decay_all", [False, True])
 def test_weight_decay_skips_norm_scales_unless_asked(decay_all):
-  before, after = _one_update_without_gradient(f"adam_weight_decay_all={str(decay_all).lower()}")
+  """With the same gradient, the update with weight decay takes lr * decay * w more off a decayed
+  weight than the update without (decoupled decay) and the same off a norm scale."""
+  flag = f"adam_weight_decay_all={str(decay_all).lower()}"
+  before, decayed, _ = _one_update(1.0, f"adam_weight_decay={DECAY}", flag)
+  _, plain, _ = _one_update(1.0, "adam_weight_decay=0", flag)
   vectors = [k for k, v in before.items() if v.ndim == 1]
   matrices = [k for k, v in before.items() if v.ndim >= 2]
   assert any("norm" in k for k in vectors) and any("embed" in k for k in matrices)
-  for name in matrices:  # decoupled decay: w - lr * decay * w
-    np.testing.assert_allclose(after[name], before[name] * (1 - LR * DECAY), rtol=1e-6, err_msg=name)
+  for name in matrices:
+    np.testing.assert_allclose(plain[name] - decayed[name], before[name] * LR * DECAY, atol=1e-7, err_msg=name)
   for name in vectors:
-    expected = before[name] * (1 - LR * DECAY) if decay_all else before[name]
-    np.testing.assert_allclose(after[name], expected, rtol=1e-6, err_msg=name)
+    expected = before[name] * LR * DECAY if decay_all else np.zeros_like(before[name])
+    np.testing.assert_allclose(plain[name] - decayed[name], expected, atol=1e-7, err_msg=name)
+
+
+def test_a_step_without_learning_signal_changes_nothing():
+  """A zero gradient (every group of the step scored alike, no KL term) leaves the weights and the
+  optimizer state as they were: AdamW would otherwise go on moving the policy with its momentum and
+  decay, with no sample asking for it."""
+  cfg_args = (f"adam_weight_decay={DECAY}",)
+  before, after, optimizer = _one_update(0.0, *cfg_args)
+  for name in before:
+    np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+  state = nnx.to_flat_state(nnx.state(optimizer, nnx.optimizer.OptState))
+  counts = [int(np.asarray(v)) for k, v in state if "count" in map(str, k)]
+  assert counts and not any(counts)  # AdamW's step count (and the schedule's) did not advance
+  _, moved, _ = _one_update(1.0, *cfg_args)
+  assert any(not np.array_equal(moved[name], before[name]) for name in before)

@@ -32,7 +32,9 @@ Role = rl_cluster_lib.Role
 def optimizer(cfg) -> optax.GradientTransformation:
   """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping. Weight
   decay applies to matrices and embeddings only, as HF's Trainer does (norm scales and biases, the
-  one-dimensional parameters, are not decayed), unless adam_weight_decay_all."""
+  one-dimensional parameters, are not decayed), unless adam_weight_decay_all. An update whose
+  gradient is zero (no sample of the step carries a learning signal) changes nothing
+  (unless_without_signal)."""
   updates = Steps.of(cfg).updates
   warmup = int(cfg.warmup_steps_fraction * updates)
   schedule = optax.warmup_cosine_decay_schedule(
@@ -45,8 +47,23 @@ def optimizer(cfg) -> optax.GradientTransformation:
   mask = None if cfg.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
   adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay, mask=mask)
   if cfg.gradient_clipping_threshold > 0:
-    return optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
-  return adamw
+    adamw = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
+  return unless_without_signal(adamw)
+
+
+def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTransformation:
+  """tx, except that a gradient of all zeros leaves the weights and tx's state as they were: a GRPO
+  step whose groups all scored alike (and no KL term) has nothing to learn from, while AdamW would
+  still move the policy with its momentum and weight decay (the calculator learning test saw a
+  policy that had learned the task drift off it over two such steps)."""
+
+  def update(grads, state, params=None):
+    updates, new_state = tx.update(grads, state, params)
+    silent = optax.global_norm(grads) == 0
+    updates = jax.tree.map(lambda u: jnp.where(silent, jnp.zeros_like(u), u), updates)
+    return updates, jax.tree.map(lambda new, old: jnp.where(silent, old, new), new_state, state)
+
+  return optax.GradientTransformation(tx.init, update)
 
 
 def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
