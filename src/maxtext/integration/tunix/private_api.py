@@ -293,6 +293,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   PrivateDependency(
     _AGENTIC,
+    "_AsyncQueueIterator",
+    "override",
+    ("q", "loop"),
+    "agentic.py",
+    "the producer's prompt stream; with dynamic sampling it must outlast the end of the data while "
+    "replacement prompts are still to come (Tunix ends it at the first None)",
+  ),
+  PrivateDependency(
+    _AGENTIC,
     "_batch_to_train_example",
     "override",
     ("self", "batch_results", "mode"),
