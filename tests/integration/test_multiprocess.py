@@ -307,6 +307,7 @@ def _recording_reward_file(tmp_path) -> str:
   return str(path)
 
 
+@pytest.mark.slow
 def test_agentic_two_processes_train_as_one_process_does(tmp_path):
   """Agentic GRPO, 2 processes x 2 devices (each sampling its half of every batch on its own
   devices) against 1 process x 4 devices, same seeds: every prompt scored once per sample (none

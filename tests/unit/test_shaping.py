@@ -71,7 +71,6 @@ def test_logp_checks_every_period_and_every_step_with_the_correction():
 @pytest.mark.parametrize(
   "args, message",
   [
-    (["rl.use_agentic_rollout=true", "rl.dynamic_sampling=true"], "rl.dynamic_sampling=True: agentic GRPO"),
     (["rl.use_agentic_rollout=true", "rl.overlong_buffer_length=4"], "rl.overlong_buffer_length=4: agentic GRPO"),
     (["rl.use_agentic_rollout=true", "rl.mask_truncated_completions=true"], "rl.mask_truncated_completions=True"),
     (["rl.dynamic_sampling=true", "rl.dynamic_sampling_max_rounds=1"], "rl.dynamic_sampling_max_rounds=1"),
