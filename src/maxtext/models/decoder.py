@@ -208,16 +208,17 @@ class Attention(_Projections):
     b, t, hq, d = q.shape
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
-    # Both dots laid out with each head's positions next to its features (a transposed copy of q,
-    # and of the output): XLA:CPU's batched dots run 2-2.5x faster so (benchmarks/RESULTS.md, "The
-    # roofline of a step"); a single decode position gains nothing from the copy.
+    # The scores' dot with each head's positions next to its features (a transposed copy of q):
+    # XLA:CPU runs it 2-2.5x faster for sequences (benchmarks/RESULTS.md, "The roofline of a step");
+    # a single decode position gains nothing from the copy. (The same for the values' dot is as fast
+    # but keeps 0.5 GB more for the backward pass on the GSM8K shape.)
     spec = "btkgd,bskd->bkgts" if t == 1 else "bkgtd,bskd->bkgts"
     q = q if t == 1 else q.transpose(0, 2, 3, 1, 4)
     scores = jnp.einsum(spec, q, k.astype(dt), preferred_element_type=jnp.float32)
     scores = scores * (d**-0.5)
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->bkgtd", probs, v.astype(dt)).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, hq, d)
     return self._project(cfg, "o_proj", "bthd,hde->bte", out), new_cache
 
 
