@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from maxtext.utils import distributed
 from maxtext.utils.errors import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -90,9 +91,7 @@ def placed(tree, shardings):
 
   def place(x, sharding):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      from jax.experimental import multihost_utils
-
-      x = multihost_utils.process_allgather(x, tiled=True)
+      x = distributed.host_array(x)
     return jax.device_put(x, sharding)
 
   return jax.tree.map(place, tree, shardings)

@@ -72,6 +72,12 @@ def _place_on_mesh(model: Decoder, mesh: Mesh) -> Decoder:
   return nnx.merge(graphdef, mesh_lib.placed(state, nnx.get_named_sharding(state, mesh)))
 
 
+def _placed_like(model: nnx.Module, params, filter_types) -> nnx.State:
+  """params (the trainer's weights) placed as `model`'s own (filtered by filter_types) are."""
+  current = nnx.state(model, filter_types) if filter_types is not None else nnx.state(model)
+  return mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current))
+
+
 def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
   """A prompt plus the tokens to generate must fit the KV cache, else an error that names both."""
   if prompt_tokens + budget > cache_size:
@@ -185,8 +191,7 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
 
   def update_params(self, params, filter_types=None) -> None:
     with jax.transfer_guard("allow"):
-      current = nnx.state(self.model(), filter_types) if filter_types is not None else nnx.state(self.model())
-      super().update_params(mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current)), filter_types)
+      super().update_params(_placed_like(self.model(), params, filter_types), filter_types)
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
     return per_token_logps(
@@ -319,8 +324,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     """New weights from the next decode step on (in-flight requests continue with them). On a shared
     trainer/sampler mesh Tunix updates the model itself, which the batcher reads between steps."""
     with jax.transfer_guard("allow"):
-      current = nnx.state(self._model, filter_types) if filter_types is not None else nnx.state(self._model)
-      nnx.update(self._model, mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current)))
+      nnx.update(self._model, _placed_like(self._model, params, filter_types))
 
   def pad_id(self) -> int:
     return self._tokenizer.pad_id()
