@@ -52,7 +52,7 @@ def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params:
   bandwidth = PEAKS.get(jax.devices()[0].device_kind, (None, None))[1]
   if not bandwidth:
     return None
-  kv = 2 * cfg.num_decoder_layers * rows * cache_size * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+  kv = 2 * cfg.model.num_decoder_layers * rows * cache_size * cfg.model.num_kv_heads * cfg.model.head_dim * dtype_bytes
   return rows * bandwidth / (n_params * dtype_bytes + kv)
 
 
@@ -75,8 +75,8 @@ def _build(args, remat="none"):
       f"remat_policy={remat}",
     ]
   )
-  mesh, _ = create_meshes(cfg)
-  model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=0)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0)
   n_params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
   return cfg, mesh, model, n_params
 
@@ -101,7 +101,7 @@ def worker_train(args) -> dict:
 
   cfg, mesh, model, n_params = _build(args, args.remat)
   b, t = args.batch, args.seq
-  tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t + 1), 0, cfg.vocab_size)
+  tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t + 1), 0, cfg.model.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
   mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
 
@@ -124,7 +124,9 @@ def worker_train(args) -> dict:
       jax.block_until_ready(step(model, tokens))
     elapsed = (time.perf_counter() - start) / args.iters
   # 6 N per token for the dense layers plus 12 L T d_attn for attention scores (fwd+bwd).
-  flops = b * t * (6 * n_params + 12 * cfg.num_decoder_layers * t * cfg.num_query_heads * cfg.head_dim)
+  flops = (
+    b * t * (6 * n_params + 12 * cfg.model.num_decoder_layers * t * cfg.model.num_query_heads * cfg.model.head_dim)
+  )
   peak_flops = PEAKS.get(jax.devices()[0].device_kind, (None, None))[0]
   return {
     "params": n_params,
@@ -151,7 +153,7 @@ def worker_decode(args) -> dict:
   b, p, n = args.batch, args.prompt, args.new_tokens
   size = p + n
   dtype = jnp.dtype(args.dtype)
-  prompt = jax.random.randint(jax.random.PRNGKey(0), (b, p), 0, cfg.vocab_size)
+  prompt = jax.random.randint(jax.random.PRNGKey(0), (b, p), 0, cfg.model.vocab_size)
 
   @nnx.jit(donate_argnums=2)
   def prefill(m, tokens, cache):
@@ -242,10 +244,10 @@ def worker_phases(args) -> dict:
   rows, size = prompts * group, p + n
   dtype = jnp.dtype(args.dtype)
   weight_bytes = n_params * dtype.itemsize
-  layers, attn = cfg.num_decoder_layers, cfg.num_query_heads * cfg.head_dim
-  kv_per_position = 2 * layers * cfg.num_kv_heads * cfg.head_dim * dtype.itemsize
+  layers, attn = cfg.model.num_decoder_layers, cfg.model.num_query_heads * cfg.model.head_dim
+  kv_per_position = 2 * layers * cfg.model.num_kv_heads * cfg.model.head_dim * dtype.itemsize
   rng = np.random.default_rng(0)
-  seqs = jnp.asarray(rng.integers(0, cfg.vocab_size, (rows, size)), jnp.int32)
+  seqs = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (rows, size)), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(size), (rows, size))
   causal = jnp.tril(jnp.ones((size, size), bool))[None].repeat(rows, 0)
 
@@ -296,7 +298,7 @@ def worker_phases(args) -> dict:
     def rollout(i: int, tokens: int) -> float:
       """Seconds to sample `tokens` tokens for each of the step's rows, from fresh prompts."""
       keys = [jax.random.PRNGKey(i * rows + r) for r in range(rows)]
-      prompt_ids = [rng.integers(0, cfg.vocab_size, p).astype(np.int32) for _ in range(prompts)]  # none cached
+      prompt_ids = [rng.integers(0, cfg.model.vocab_size, p).astype(np.int32) for _ in range(prompts)]  # none cached
       params = dataclasses.replace(sampling, max_new_tokens=tokens)
       start = time.perf_counter()
       futures = batcher.submit_many([ids for ids in prompt_ids for _ in range(group)], params, keys)

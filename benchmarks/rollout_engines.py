@@ -62,14 +62,14 @@ def _engines(args):
       "decode_sampling_temperature=1.0",
     ]
   )
-  _, mesh = create_meshes(cfg)
-  model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=0)
-  tokenizer = tokenizer_for(cfg)
-  rollout = engines_lib.rollout_configs(cfg, tokenizer.eos_token_id)[engines_lib.Mode.TRAIN]
+  _, mesh = create_meshes(cfg.mesh, agentic=False)
+  model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0)
+  tokenizer = tokenizer_for(cfg.model)
+  rollout = engines_lib.rollout_configs(cfg.sampling, "greedy", False, tokenizer.eos_token_id)[engines_lib.Mode.TRAIN]
   engines = {
     "vanilla": engines_lib.RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
     "batched": engines_lib.BatchedRolloutEngine(
-      model, tokenizer, mesh, rollout, seed=0, max_batch_size=cfg.rollout_max_batch_size
+      model, tokenizer, mesh, rollout, seed=0, max_batch_size=cfg.sampling.rollout_max_batch_size
     ),
   }
   return cfg, rollout, engines, jax.devices()[0].device_kind
@@ -105,9 +105,9 @@ def _decode_by_rows(cfg, model, rollout, rows_list=(1, 2, 4, 8), new_tokens: int
   rng = np.random.default_rng(1)
   out = []
   for rows in rows_list:
-    batcher = continuous_batching.ContinuousBatcher(model, cfg.kv_cache_size, rows)
+    batcher = continuous_batching.ContinuousBatcher(model, cfg.sampling.kv_cache_size, rows)
     for _ in range(2):  # the first round compiles; decode_rate leaves compiling steps out
-      prompts = [rng.integers(100, cfg.vocab_size - 100, cfg.max_prompt_length) for _ in range(rows)]
+      prompts = [rng.integers(100, cfg.model.vocab_size - 100, cfg.sampling.max_prompt_length) for _ in range(rows)]
       for future in batcher.submit_many(prompts, params, list(jax.random.split(jax.random.PRNGKey(rows), rows))):
         future.result()
     batcher.close()
@@ -160,7 +160,7 @@ def main() -> None:
     tokens = dict.fromkeys(engines, 0)
     for i in range(args.rounds + 1):  # engines alternate round by round, on the same prompts
       group = [
-        rng.integers(100, cfg.vocab_size - 100, args.prompt_length).astype(np.int32) for _ in range(args.prompts)
+        rng.integers(100, cfg.model.vocab_size - 100, args.prompt_length).astype(np.int32) for _ in range(args.prompts)
       ]
       for name, engine in engines.items():
         started = time.perf_counter()
@@ -181,7 +181,7 @@ def main() -> None:
           "ms_per_position": 1e3 * statistics.median(times[name]) / args.new_tokens,
           "decode_steps_per_round": steps if name == "batched" else None,
           "roofline_tokens_per_s": decode_roofline(
-            cfg, rows, cfg.kv_cache_size, np.dtype(args.dtype).itemsize, n_params
+            cfg, rows, cfg.sampling.kv_cache_size, np.dtype(args.dtype).itemsize, n_params
           ),
         }
       )

@@ -129,45 +129,49 @@ def _prepare(args, work: str) -> dict:
     )
   with open(os.path.join(work, "reward.py"), "w", encoding="utf-8") as f:
     f.write(REWARD)
+  from maxtext import tasks
   from maxtext.configs import pyconfig
-  from maxtext.input_pipeline import datasets
+  from maxtext.input_pipeline import datasets, templates
   from maxtext.input_pipeline import tokenizer as tokenizer_lib
 
   cfg = pyconfig.initialize(["vs_trl", *_config_args(args, work), "run_name=prepare"])
-  batches = list(datasets.train_batches(cfg, tokenizer_lib.tokenizer_for(cfg)))
+  tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
+  template = templates.PromptTemplate(cfg.task, tokenizer, tasks.select(cfg.data.dataset_name).template)
+  source = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
+  batches = list(datasets.train_batches(source.training(), cfg.train, cfg.data.data_shuffle_seed))
   rows = [{"prompt": str(p), "answer": str(a)} for b in batches for p, a in zip(b["prompts"], b["answer"])]
   with open(os.path.join(work, "prompts.jsonl"), "w", encoding="utf-8") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)
-  rl = cfg.rl
+  rl = cfg.algorithm
   if rl.loss_agg_mode != "sequence-mean-token-mean" or rl.num_iterations != 1 or rl.loss_algo != "grpo":
     raise SystemExit("vs_trl maps only loss_agg_mode=sequence-mean-token-mean, rl.num_iterations=1, rl.loss_algo=grpo")
-  default_targets = pyconfig.initialize(["vs_trl", "base.yml"]).lora_module_path
-  if cfg.lora_rank and cfg.lora_module_path != default_targets:
+  default_targets = pyconfig.initialize(["vs_trl", "base.yml"]).model.lora_module_path
+  if cfg.model.lora_rank and cfg.model.lora_module_path != default_targets:
     raise SystemExit("vs_trl maps only the default lora_module_path (every attention and MLP projection)")
   return {
     "steps": args.steps,
-    "prompts_per_step": cfg.batch_size,
+    "prompts_per_step": cfg.train.batch_size,
     "num_generations": rl.num_generations,
-    "micro_batch_sequences": (cfg.train_micro_batch_size or cfg.batch_size) * rl.num_generations,
-    "max_prompt_length": cfg.max_prompt_length,
-    "max_response_length": cfg.max_response_length,
-    "temperature": cfg.decode_sampling_temperature,
-    "top_k": cfg.decode_sampling_top_k,
-    "top_p": cfg.decode_sampling_top_p,
-    "learning_rate": cfg.learning_rate,
+    "micro_batch_sequences": (cfg.train.train_micro_batch_size or cfg.train.batch_size) * rl.num_generations,
+    "max_prompt_length": cfg.sampling.max_prompt_length,
+    "max_response_length": cfg.sampling.max_response_length,
+    "temperature": cfg.sampling.decode_sampling_temperature,
+    "top_k": cfg.sampling.decode_sampling_top_k,
+    "top_p": cfg.sampling.decode_sampling_top_p,
+    "learning_rate": cfg.train.learning_rate,
     "beta": rl.grpo_beta,
     "epsilon": rl.grpo_epsilon,
     "kl_loss_mode": rl.kl_loss_mode,
-    "adam_weight_decay": cfg.adam_weight_decay,
-    "gradient_clipping_threshold": cfg.gradient_clipping_threshold,
-    "adam_b1": cfg.adam_b1,
-    "adam_b2": cfg.adam_b2,
-    "warmup_steps": int(cfg.warmup_steps_fraction * args.steps),
-    "model": cfg.model_name,
-    "rollout_engine": cfg.rollout_engine,
-    "remat_policy": cfg.remat_policy,
-    "lora_rank": cfg.lora_rank,
-    "lora_alpha": cfg.lora_alpha,
+    "adam_weight_decay": cfg.train.adam_weight_decay,
+    "gradient_clipping_threshold": cfg.train.gradient_clipping_threshold,
+    "adam_b1": cfg.train.adam_b1,
+    "adam_b2": cfg.train.adam_b2,
+    "warmup_steps": int(cfg.train.warmup_steps_fraction * args.steps),
+    "model": cfg.model.model_name,
+    "rollout_engine": cfg.sampling.rollout_engine,
+    "remat_policy": cfg.model.remat_policy,
+    "lora_rank": cfg.model.lora_rank,
+    "lora_alpha": cfg.model.lora_alpha,
   }
 
 

@@ -93,13 +93,13 @@ def main(argv: list[str]) -> int:
   except pyconfig.ConfigError as e:
     print(f"config error: {e}", file=sys.stderr)
     return 2
-  if not os.path.isabs(cfg.base_output_directory) and not storage.is_url(cfg.base_output_directory):
+  if not os.path.isabs(cfg.run.base_output_directory) and not storage.is_url(cfg.run.base_output_directory):
     print(
-      f"warning: base_output_directory={cfg.base_output_directory!r} is relative: the run folder lands in each "
+      f"warning: base_output_directory={cfg.run.base_output_directory!r} is relative: the run folder lands in each "
       "host's working directory and is lost with the pod; give gs://BUCKET/PATH (or a folder every host shares)",
       file=sys.stderr,
     )
-  cmd = xpk_command(opts, train_args, cfg.run_name)
+  cmd = xpk_command(opts, train_args, cfg.run.run_name)
   if opts.dry_run:
     print(shlex.join(cmd))
     return 0

@@ -5,8 +5,9 @@ import os
 
 import pytest
 
-from maxtext import assets
+from maxtext import assets, tasks
 from maxtext.configs import pyconfig
+from maxtext.input_pipeline.templates import PromptTemplate
 from maxtext.input_pipeline.tokenizer import load_tokenizer
 from maxtext.utils import xla_flags
 
@@ -18,6 +19,18 @@ xla_flags.use_sequential_cpu_scheduler()  # as the command-line programs do, bef
 
 def make_config(*overrides, yaml="rl.yml"):
   return pyconfig.initialize(["train_rl", yaml, *overrides])
+
+
+def template_for(cfg, tokenizer) -> PromptTemplate:
+  """The run's data template, as train_rl builds it (the task's shipped one unless data_template_path)."""
+  return PromptTemplate(cfg.task, tokenizer, tasks.select(cfg.data.dataset_name).template)
+
+
+def parser_for(cfg, tokenizer):
+  """The run's chat parser, as train_rl builds it."""
+  from maxtext.integration.tunix import chat_parser
+
+  return chat_parser.for_config(cfg.agentic, template_for(cfg, tokenizer))
 
 
 @functools.cache

@@ -19,7 +19,7 @@ from tests.conftest import make_config
 
 def write_hf_like(model_name, path, dtype=torch.float32):
   """A random transformers model with the architecture of one of our model YAMLs."""
-  config = hf_config.to_hf_config(make_config(f"model_name={model_name}"))
+  config = hf_config.to_hf_config(make_config(f"model_name={model_name}").model)
   torch.manual_seed(0)
   config.initializer_range = 0.2
   model = transformers.AutoModelForCausalLM.from_config(config).to(dtype).eval()

@@ -1,16 +1,16 @@
-"""GRPO learns: the real SmolLM2-135M-Instruct, asked for a random digit, mostly starts its reply
-with words ("The number ...": greedy never answers with a digit on the held-out prompts, sampling
-does about one time in eight). Rewarded for replies that start with a digit, a few steps of
-standard GRPO, and of agentic GRPO with rl.off_policy_steps 0 and 1, make it answer with a digit
-greedily (train_rl's own greedy evaluation of the held-out prompts, before and after); with the
-reward negated the same run moves the other way. Every test here fails with the advantage's sign
-flipped. Slow tests train LoRA adapters the same way, and agentic GRPO on a reward that needs the
-calculator (two demonstrated calls in the data template's EXAMPLES). Each training runs in a fresh Python process (as
-`python -m ...train_rl` does), so the suite's memory does not pile up across them."""
+"""GRPO learns: the real SmolLM2-135M-Instruct, asked for a random digit (the random_digit task),
+mostly starts its reply with words ("The number ...": greedy never answers with a digit on the
+held-out prompts, sampling does about one time in eight). Rewarded for replies that start with a
+digit, a few steps of standard GRPO, and of agentic GRPO with rl.off_policy_steps 0 and 1, make it
+answer with a digit greedily (train_rl's own greedy evaluation of the held-out prompts, before and
+after); with the reward negated the same run moves the other way. Every test here fails with the
+advantage's sign flipped. Slow tests train LoRA adapters the same way, and agentic GRPO on a reward
+that needs the calculator (the calculator_products task: two demonstrated calls in its template's
+EXAMPLES). Each training runs in a fresh Python process (as `python -m ...train_rl` does), so the
+suite's memory does not pile up across them."""
 
 import json
 import multiprocessing
-import random
 import re
 from concurrent.futures import ProcessPoolExecutor
 
@@ -18,18 +18,6 @@ import pytest
 
 from maxtext.trainers.post_train.rl import train_rl
 
-SYSTEM = "You are a random number generator. Output one digit from 0 to 9 and nothing else."
-TRAIN = [
-  "Random digit:",
-  "Give me a random digit:",
-  "Digit, please:",
-  "One random digit:",
-  "A random digit:",
-  "Random digit, please:",
-  "Your random digit:",
-  "Quick, a random digit:",
-]
-HELD_OUT = ["Random number:", "Some digit:", "Say a random digit:", "Random digit now:"]
 COMMON = [
   "max_response_length=3",
   "max_prompt_length=40",
@@ -44,7 +32,6 @@ COMMON = [
   "eval_batch_size=4",
   "eval_sampling_strategy=greedy",
   "checkpoint_period=100",
-  "answer_format=last_number",
   "num_epoch=2",
 ]
 
@@ -54,23 +41,17 @@ def starts_with_digit(text: str) -> bool:
 
 
 def _setup(folder, sign: float) -> list[str]:
-  """The data files, the template and a reward of sign * 1 for a reply that starts with a digit."""
-  (folder / "train.jsonl").write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in TRAIN * 4))
-  (folder / "eval.jsonl").write_text("".join(json.dumps({"question": q, "answer": "0"}) + "\n" for q in HELD_OUT * 5))
-  (folder / "template.json").write_text(json.dumps({"SYSTEM_PROMPT": SYSTEM, "TEMPLATE": "{question}"}))
-  (folder / "reward.py").write_text(
-    "import re\n"
-    "def digit_first(prompts, completions, tmvp_config, **kwargs):\n"
-    f"  return [{sign} * float(bool(re.match(r'\\s*\\d', c))) for c in completions]\n"
-  )
-  return [
-    f"dataset_name={folder / 'train.jsonl'}",
-    f"eval_dataset_name={folder / 'eval.jsonl'}",
-    f"data_template_path={folder / 'template.json'}",
-    f"reward_functions_path={folder / 'reward.py'}",
-    "reward_functions=[digit_first]",
-    f"base_output_directory={folder}",
-  ]
+  """The random_digit task (its reward: 1 for a reply that starts with a digit); with sign -1 that
+  reward negated, through a reward file."""
+  args = ["dataset_name=random_digit", f"base_output_directory={folder}"]
+  if sign < 0:
+    (folder / "reward.py").write_text(
+      "from maxtext.tasks import random_digit\n"
+      "def negated_digit_first(prompts, completions, tmvp_config, **kwargs):\n"
+      "  return [-r for r in random_digit.digit_first(prompts, completions, tmvp_config, **kwargs)]\n"
+    )
+    args += [f"reward_functions_path={folder / 'reward.py'}", "reward_functions=[negated_digit_first]"]
+  return args
 
 
 def _learn(folder, sign: float, mode: list[str]) -> dict:
@@ -192,47 +173,19 @@ def test_lora_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
   assert runs[-1.0]["after"] == 0.0
 
 
-def _learn_tool_use(folder, sign: float) -> list[dict]:
-  """An agentic run whose reward needs the calculator: "What is a * b?" for four-digit a and two-digit
-  b, rewarded (times sign) when the reply's last number is the product, which SmolLM2-135M cannot
-  compute itself. The data template demonstrates two calculator calls, each with its result and the
-  answer (EXAMPLES); with them about half of the sampled conversations call the calculator well and
-  answer with its result (15 of 32 in a probe at temperature 0.9; with one demonstration 1 of 16).
-  Returns metrics.jsonl's rows (no evaluation: train_rl's evaluation samples one turn without tools)."""
-  rng = random.Random(0)
-  pairs = [(rng.randint(1000, 9999), rng.randint(11, 99)) for _ in range(40)]
-  (folder / "train.jsonl").write_text(
-    "".join(json.dumps({"question": f"What is {a} * {b}?", "answer": str(a * b)}) + "\n" for a, b in pairs)
-  )
-  examples = []
-  for a, b in [(2317, 48), (6154, 23)]:
-    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{a} * {b}"}}}}\n</tool_call>'
-    examples += [
-      {"role": "user", "content": f"What is {a} * {b}?"},
-      {"role": "assistant", "content": call},
-      {"role": "tool", "content": f"Tool returned result: {a * b}"},
-      {"role": "assistant", "content": str(a * b)},
-    ]
-  (folder / "template.json").write_text(
-    json.dumps(
-      {"SYSTEM_PROMPT": "Answer with the product. Use the calculator.", "TEMPLATE": "{question}", "EXAMPLES": examples}
-    )
-  )
-  (folder / "reward.py").write_text(
-    "import re\n"
-    "def exact_product(prompts, completions, tmvp_config, answer, **kwargs):\n"
-    "  last = [re.findall(r'\\d+', c.split('</tool_call>')[-1])[-1:] for c in completions]\n"
-    f"  return [{sign} * float(n == [str(a)]) for n, a in zip(last, answer)]\n"
-  )
+def _learn_tool_use(folder) -> list[dict]:
+  """An agentic run of the calculator_products task: "What is a * b?" for four-digit a and two-digit b,
+  rewarded when the reply's last number is the product, which SmolLM2-135M cannot compute itself.
+  The task's template demonstrates two calculator calls, each with its result and the answer
+  (EXAMPLES); with them about half of the sampled conversations call the calculator well and answer
+  with its result (15 of 32 in a probe at temperature 0.9; with one demonstration 1 of 16). Returns
+  metrics.jsonl's rows (no evaluation: train_rl's evaluation samples one turn without tools)."""
   args = [
     "train_rl",
     "rl.yml",
-    f"dataset_name={folder / 'train.jsonl'}",
+    "dataset_name=calculator_products",
     "train_fraction=0.9",
-    f"data_template_path={folder / 'template.json'}",
-    f"reward_functions_path={folder / 'reward.py'}",
-    "reward_functions=[exact_product]",
-    "answer_format=last_number",
+    "reward_exact_answer=1.0",
     f"base_output_directory={folder}",
     "run_name=run",
     "rl.use_agentic_rollout=true",
@@ -262,7 +215,7 @@ def _learn_tool_use(folder, sign: float) -> list[dict]:
 def test_agentic_grpo_learns_to_call_the_calculator(tmp_path):
   """The share of conversations that call the calculator and answer with its result rises (sampled,
   per step: the mean of the last two steps against the first two)."""
-  rows = _in_fresh_process(_learn_tool_use, tmp_path, 1.0)
+  rows = _in_fresh_process(_learn_tool_use, tmp_path)
   rewards = [r["rewards/mean"] for r in rows]
   calls = [r["tools/call_frequency"] for r in rows]
   failures = [r["tools/failure_frequency"] for r in rows]

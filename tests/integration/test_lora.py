@@ -76,7 +76,7 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
 
   # Only the adapters changed: the base weights are bit for bit the initial ones.
   cfg = make_config(*args, "num_batches=2")
-  initial = load.load_model(cfg, create_meshes(cfg)[0])
+  initial = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
   base_before, base_after = builder.to_arrays(builder.base_of(initial)), builder.to_arrays(builder.base_of(actor))
   assert all(np.array_equal(base_before[n], base_after[n]) for n in base_before)
   adapters_before, adapters_after = builder.adapters(initial), builder.adapters(actor)
@@ -103,7 +103,7 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", f"load_parameters_path={run / 'checkpoints'}"]) == 2
   assert "lora_input_adapters_path" in capsys.readouterr().err
   with pytest.raises(pyconfig.ConfigError, match="lora_alpha=4.0 but the adapters were trained with lora_alpha=8"):
-    load.read_adapters(str(run / "checkpoints"), make_config(*args, "lora_alpha=4"))
+    load.read_adapters(str(run / "checkpoints"), make_config(*args, "lora_alpha=4").model)
 
   # The export merges the adapters: transformers' greedy decode of it equals ours of base + adapters.
   assert (
@@ -186,7 +186,7 @@ _SPLIT = textwrap.dedent("""
     for row, t in zip(completions, out.tokens):
       row[:len(t)] = t
     cfg = make_config(*args)
-    initial = load.load_model(cfg, create_meshes(cfg)[0])
+    initial = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
     logps = {name: np.asarray(rollout.per_token_logps(model, prompts, completions, engine.pad_id(), engine.eos_id(),
                                                       engine.temperature))
              for name, model in (("sampler", engine.model()), ("trainer", trainer), ("initial", initial))}

@@ -41,7 +41,7 @@ def _reward_file(tmp_path, body):
 
 def _changed(args, run_dir):
   cfg = make_config(*args)
-  initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
+  initial = builder.to_arrays(load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0]))
   trained = orbax_checkpoint.restore_arrays(str(run_dir / "checkpoints"))
   return sum(not np.array_equal(initial[n], trained[n]) for n in initial) / len(initial)
 

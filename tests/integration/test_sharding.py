@@ -25,8 +25,8 @@ _LAYOUT_CHECK = textwrap.dedent("""
     from maxtext.utils.mesh import create_meshes, MESH_AXES
 
     def logits(cfg, mesh):
-      model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=3)
-      tokens = jax.random.randint(jax.random.PRNGKey(0), (8, 16), 0, cfg.vocab_size)
+      model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=3)
+      tokens = jax.random.randint(jax.random.PRNGKey(0), (8, 16), 0, cfg.model.vocab_size)
       pos = jnp.broadcast_to(jnp.arange(16), (8, 16))
       mask = jnp.tril(jnp.ones((16, 16), bool))[None].repeat(8, 0)
       with jax.set_mesh(mesh):
@@ -41,7 +41,7 @@ _LAYOUT_CHECK = textwrap.dedent("""
       data, fsdp, tensor = map(int, layout.split("x"))
       cfg = pyconfig.initialize(base + [f"ici_data_parallelism={data}", f"ici_fsdp_parallelism={fsdp}",
                                         f"ici_tensor_parallelism={tensor}"])
-      mesh, _ = create_meshes(cfg)
+      mesh, _ = create_meshes(cfg.mesh, agentic=False)
       model, out = logits(cfg, mesh)
       q = model.layers[0].attn.q_proj[...]
       report[layout] = {
@@ -168,8 +168,8 @@ _SHARD_OPTIMIZER = textwrap.dedent("""
     cfg = pyconfig.initialize(["x", "rl.yml", "model_name=qwen3-tiny", "ici_fsdp_parallelism=2",
                                "ici_tensor_parallelism=2", "trainer_devices_fraction=0.5",
                                "sampler_devices_fraction=0.5"])
-    mesh, _ = create_meshes(cfg)
-    model = builder.init_random(ModelConfig.from_config(cfg), mesh, seed=0)
+    mesh, _ = create_meshes(cfg.mesh, agentic=False)
+    model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0)
     with jax.set_mesh(mesh):
       trainer = peft_trainer.PeftTrainer(model, optax.adam(1e-3), peft_trainer.TrainingConfig(eval_every_n_steps=10))
     mu = trainer.optimizer.opt_state[0].mu

@@ -82,7 +82,7 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   cfg = make_config(*args)
   initial = {
     param_name(p): np.asarray(v.get_value())
-    for p, v in nnx.to_flat_state(nnx.state(load.load_model(cfg, create_meshes(cfg)[0])))
+    for p, v in nnx.to_flat_state(nnx.state(load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])))
   }
   assert (run / "checkpoints" / "actor" / "2" / "model_params").is_dir()
   flat = orbax_checkpoint.restore_arrays(str(run / "checkpoints"))  # the latest step
@@ -178,8 +178,8 @@ def test_real_model_answers_paris(smollm2_tokenizer):
   from maxtext.integration.tunix.rollout import RolloutEngine
 
   cfg = make_config()
-  mesh, _ = create_meshes(cfg)
-  model = load.load_model(cfg, mesh)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  model = load.load_model(cfg.model, mesh)
   config = base_rollout.RolloutConfig(
     max_tokens_to_generate=16,
     max_prompt_length=64,
@@ -204,16 +204,16 @@ def test_default_demo(tmp_path):
   accuracy on at least 200 questions, with a paired bootstrap 95% interval above 0 and a rising reward."""
   assert train_rl.main(["train_rl", "rl_times_table.yml", f"base_output_directory={tmp_path}"]) == 0
   cfg = pyconfig.initialize(["train_rl", "rl_times_table.yml"])
-  rows = _read_jsonl(tmp_path / cfg.run_name / "metrics.jsonl")
-  assert [r["step"] for r in rows] == list(range(1, cfg.num_batches + 1))
-  results = json.loads((tmp_path / cfg.run_name / "eval.json").read_text())
-  assert results["before"]["num_examples"] == cfg.num_test_batches * cfg.eval_batch_size >= 200
+  rows = _read_jsonl(tmp_path / cfg.run.run_name / "metrics.jsonl")
+  assert [r["step"] for r in rows] == list(range(1, cfg.train.num_batches + 1))
+  results = json.loads((tmp_path / cfg.run.run_name / "eval.json").read_text())
+  assert results["before"]["num_examples"] == cfg.eval.num_test_batches * cfg.eval.eval_batch_size >= 200
   gain = results["gain"]
   print(f"accuracy {results['before']['accuracy']:.3f} -> {results['after']['accuracy']:.3f}, gain {gain}")
   assert gain["ci95_low"] > 0
   rewards = [r["rewards/mean"] for r in rows]
   assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3
-  assert "Accuracy gain after training" in (tmp_path / cfg.run_name / "report.md").read_text()
+  assert "Accuracy gain after training" in (tmp_path / cfg.run.run_name / "report.md").read_text()
 
 
 def test_custom_reward_file_and_processor_end_to_end(tmp_path):
@@ -359,7 +359,7 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   reuse = [r["rollout/prefix_reuse_fraction"] for r in rows]
   assert all(0.3 < x < 1 for x in reuse)
   cfg = make_config(*args)
-  initial = builder.to_arrays(load.load_model(cfg, create_meshes(cfg)[0]))
+  initial = builder.to_arrays(load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0]))
   # A decode step reads every weight and shares it among at most rl.max_concurrency busy rows.
   weights = sum(a.nbytes for a in initial.values())
   for r in rows:

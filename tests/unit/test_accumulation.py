@@ -60,8 +60,8 @@ class _GradNorms:
 
 def _train(overrides, in_place: bool, tmp_path):
   cfg = make_config(*overrides)
-  mesh = create_meshes(cfg)[0]
-  model = load.load_model(cfg, mesh)
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
+  model = load.load_model(cfg.model, mesh)
   tx = optax.chain(optax.clip_by_global_norm(0.5), optax.adamw(1e-2, weight_decay=0.1))
   norms = _GradNorms()
   name = "in_place" if in_place else "multi"
@@ -76,7 +76,7 @@ def _train(overrides, in_place: bool, tmp_path):
   )
   with jax.set_mesh(mesh):
     trainer = peft_trainer.PeftTrainer(model, tx, config).with_loss_fn(_loss, has_aux=True)
-  trained = nnx.LoRAParam if cfg.lora_rank else nnx.Param  # a weight the optimizer trains
+  trained = nnx.LoRAParam if cfg.model.lora_rank else nnx.Param  # a weight the optimizer trains
   watch = _Watch(lambda m: jax.tree.leaves(nnx.state(m, trained))[0])
   trainer.with_training_hooks(watch)
   if in_place:
@@ -84,7 +84,7 @@ def _train(overrides, in_place: bool, tmp_path):
   rng = np.random.default_rng(0)
   batches = [{"tokens": jnp.asarray(rng.integers(2, 500, (2, 9)), jnp.int32)} for _ in range(MICRO * STEPS)]
   with jax.set_mesh(mesh):
-    first_update = _first_update_gradient_norms(load.load_model(cfg, mesh), batches[:MICRO], trained)
+    first_update = _first_update_gradient_norms(load.load_model(cfg.model, mesh), batches[:MICRO], trained)
     trainer.train(batches)
   trainer.close()  # writes the last step's metrics
   return trainer, watch.seen, [v for _, v in sorted(norms.by_step.items())], first_update

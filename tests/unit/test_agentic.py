@@ -13,9 +13,9 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, algorithm, chat_parser, rollout, step_metrics, trajectories
+from maxtext.integration.tunix import agentic, algorithm, rollout, step_metrics, trajectories
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
-from tests.conftest import make_config
+from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
 # assistant and tool turns; user content arrives as a numpy string.
@@ -45,26 +45,34 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
     "rl.filter_zero_variance_groups=true",
     "max_response_length=96",
   )
-  c = algorithm.grpo_config(cfg, chat_parser.for_config(cfg, smollm2_tokenizer).system_prompt)
+  c = algorithm.grpo_config(cfg.algorithm, cfg.sampling, cfg.agentic, parser_for(cfg, smollm2_tokenizer).system_prompt)
   assert (c.num_generations, c.beta, c.epsilon, c.epsilon_high) == (3, 0.01, 0.1, 0.28)
   assert (c.loss_algo, c.loss_agg_mode, c.system_prompt) == ("gspo-token", "token-mean", "Be brief.")
   assert (c.max_concurrency, c.off_policy_steps, c.max_response_length) == (64, 2, 96)
   assert (c.sampler_is, c.sampler_is_threshold, c.degenerate_group_masking) == ("token", 3.0, True)
   agentic_cfg = make_config("rl.use_agentic_rollout=true")
-  default = algorithm.grpo_config(agentic_cfg, chat_parser.for_config(agentic_cfg, smollm2_tokenizer).system_prompt)
+  default = algorithm.grpo_config(
+    agentic_cfg.algorithm,
+    agentic_cfg.sampling,
+    agentic_cfg.agentic,
+    parser_for(agentic_cfg, smollm2_tokenizer).system_prompt,
+  )
   assert default.epsilon_high == default.epsilon and default.sampler_is is None
   assert default.system_prompt.startswith("You are given a problem.")  # the data template's
   assert default.use_rollout_logps  # the default engine, batched, returns the sampler's log-probs
+  vanilla = make_config("rl.use_agentic_rollout=true", "rollout_engine=vanilla")
   assert not algorithm.grpo_config(
-    make_config("rl.use_agentic_rollout=true", "rollout_engine=vanilla"), "S"
+    vanilla.algorithm, vanilla.sampling, vanilla.agentic, "S"
   ).use_rollout_logps  # vanilla returns none
-  configs = rollout.rollout_configs(make_config("rl.use_agentic_rollout=true"), eos_id=2)
+
+  def rollout_configs(cfg):
+    return rollout.rollout_configs(cfg.sampling, "greedy", cfg.agentic.use_agentic_rollout, eos_id=2)
+
+  configs = rollout_configs(make_config("rl.use_agentic_rollout=true"))
   assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
-  standard = rollout.rollout_configs(make_config(), eos_id=2)  # for the check and the correction of the batch
+  standard = rollout_configs(make_config())  # for the check and the correction of the batch
   assert standard[rollout.Mode.TRAIN].return_logprobs and not standard[rollout.Mode.EVAL].return_logprobs
-  assert not rollout.rollout_configs(make_config("rollout_engine=vanilla"), eos_id=2)[
-    rollout.Mode.TRAIN
-  ].return_logprobs
+  assert not rollout_configs(make_config("rollout_engine=vanilla"))[rollout.Mode.TRAIN].return_logprobs
 
 
 @pytest.mark.parametrize(
@@ -78,7 +86,8 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
 )
 def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
   agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
-  agent.algo_config = algorithm.grpo_config(make_config(*overrides, "rl.use_agentic_rollout=true"), "S")
+  cfg = make_config(*overrides, "rl.use_agentic_rollout=true")
+  agent.algo_config = algorithm.grpo_config(cfg.algorithm, cfg.sampling, cfg.agentic, "S")
   agent._logp_check_period = period
   recomputes = agent._trainer_recomputes
   assert [s for s in range(7) if recomputes(rollout.Mode.TRAIN, s)] == train_steps_recomputed
@@ -187,8 +196,8 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   from maxtext.trainers.post_train.rl import tools
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
-  parser = chat_parser.for_config(cfg, smollm2_tokenizer)
-  tool_map = tools.tool_map(cfg)
+  parser = parser_for(cfg, smollm2_tokenizer)
+  tool_map = tools.tool_map(cfg.tools)
   sent = []
 
   def model_call(messages, env=None, max_generation_steps=None):
@@ -223,11 +232,11 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
     chat_parser=parser,
   )
   asyncio.run(engine.collect(mode="Trajectory"))
-  expected = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Solve: What is 6*7?")
+  expected = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("Solve: What is 6*7?")
   assert sent == [expected]
   assert expected.startswith("<|im_start|>system\nSYS") and "calculator" in expected
   plain = trajectories.first_prompt_renderer(
-    make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS"), parser
+    make_config("rl.use_agentic_rollout=true", "rl.system_prompt=SYS").tools, parser
   )("What is 6*7?")
   assert plain == parser.parse(
     [{"role": "system", "content": "SYS"}, {"role": "user", "content": "What is 6*7?"}],
@@ -310,7 +319,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   template = tmp_path / "template.json"
   template.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "Q: {question}", "EXAMPLES": examples}))
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", f"data_template_path={template}")
-  parser, tool_map = chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg)
+  parser, tool_map = parser_for(cfg, smollm2_tokenizer), tools.tool_map(cfg.tools)
   replies = ['<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>', "84"]
   sent = []
 
@@ -323,7 +332,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
       text=[replies[len(sent) - 1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=padded, logprobs=None
     )
 
-  kwargs = trajectories.agent_kwargs(cfg, tool_map, parser.example_turns)
+  kwargs = trajectories.agent_kwargs(cfg.tools, tool_map, parser.example_turns)
   agent = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"])
   env = tool_environment.ToolEnvironment(
     {"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3
@@ -338,7 +347,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
       chat_parser=parser,
     ).collect(mode="Trajectory")
   )
-  first = trajectories.first_prompt_renderer(cfg, parser, tool_map)("Q: What is 12*7?")
+  first = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("Q: What is 12*7?")
   assert sent[0] == first
   assert (
     first.index("SYS")

@@ -9,7 +9,7 @@ from maxtext.utils import errors
 
 def test_input_error_is_one_line_and_exit_2(capsys):
   def job(cfg):
-    raise errors.MissingInputError(f"dataset_name=/data/{cfg.run_name}.jsonl: dataset file not found")
+    raise errors.MissingInputError(f"dataset_name=/data/{cfg.run.run_name}.jsonl: dataset file not found")
 
   assert cli.main(["prog", "rl.yml", "run_name=gone"], job) == 2
   assert (

@@ -22,7 +22,7 @@ PROMPTS = [RNG.integers(1, 1000, size=n).tolist() for n in (3, 9, 17, 5, 12, 7)]
 @pytest.fixture(scope="module")
 def model():
   cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024")  # a small vocabulary keeps the reference quick
-  return load.load_model(cfg, create_meshes(cfg)[0])
+  return load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
 
 
 _WIDTH = 64

@@ -2,19 +2,37 @@
 processor), train_fraction splits, prompt rendering and dropping of long prompts."""
 
 import json
+import os
 import re
 
 import pytest
 
+from maxtext import assets
 from maxtext.configs import pyconfig
 from maxtext.input_pipeline import datasets
-from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.tasks.task import final_answer
 from maxtext.utils import jsonl
-from tests.conftest import make_config
+from tests.conftest import make_config, parser_for, template_for
+
+
+def _to_examples(cfg, tok, name, rows):
+  return datasets.to_examples(cfg.data, template_for(cfg, tok), name, rows, cfg.maxtext_view())
 
 
 def _examples(cfg, tok, name, split="train", training=True):
-  return datasets.to_examples(cfg, tok, name, datasets.load_rows(cfg, name, split, training))
+  return _to_examples(cfg, tok, name, datasets.load_rows(cfg.data, name, split, training))
+
+
+def _source(cfg, tok):
+  return datasets.Examples(cfg.data, template_for(cfg, tok), cfg.sampling.max_prompt_length, cfg.maxtext_view())
+
+
+def _eval_examples(cfg, tok):
+  return _source(cfg, tok).evaluation(cfg.eval.num_test_batches * cfg.eval.eval_batch_size)
+
+
+def _train_batches(cfg, tok, render=None):
+  return datasets.train_batches(_source(cfg, tok).training(render), cfg.train, cfg.data.data_shuffle_seed)
 
 
 def test_gsm8k_splits_and_answers(smollm2_tokenizer):
@@ -32,22 +50,22 @@ def test_gsm8k_splits_and_answers(smollm2_tokenizer):
 )
 def test_test_only_sets_split_by_train_fraction(smollm2_tokenizer, name, total, first_answer):
   cfg = make_config(f"dataset_name={name}", "train_fraction=0.75")
-  train = datasets.load_rows(cfg, name, "train", training=True)
-  test = datasets.load_rows(cfg, name, "test", training=False)  # test-only sets are split too
+  train = datasets.load_rows(cfg.data, name, "train", training=True)
+  test = datasets.load_rows(cfg.data, name, "test", training=False)  # test-only sets are split too
   assert len(train) == round(0.75 * total) and len(train) + len(test) == total
   assert not {json.dumps(r, sort_keys=True) for r in train} & {json.dumps(r, sort_keys=True) for r in test}
-  assert datasets.load_rows(cfg, name, "train", training=True) == train  # deterministic
-  other = datasets.load_rows(make_config("train_fraction=0.75", "data_shuffle_seed=1"), name, "train", True)
+  assert datasets.load_rows(cfg.data, name, "train", training=True) == train  # deterministic
+  other = datasets.load_rows(make_config("train_fraction=0.75", "data_shuffle_seed=1").data, name, "train", True)
   assert other != train
-  everything = datasets.to_examples(cfg, smollm2_tokenizer, name, train + test)
+  everything = _to_examples(cfg, smollm2_tokenizer, name, train + test)
   assert all(e["answer"] and e["question"] for e in everything)
-  rows = jsonl.read(datasets.assets.math_data_file(name, "test"))
-  assert datasets.to_examples(cfg, smollm2_tokenizer, name, rows[:1])[0]["answer"] == first_answer
+  rows = jsonl.read(assets.math_data_file(name, "test"))
+  assert _to_examples(cfg, smollm2_tokenizer, name, rows[:1])[0]["answer"] == first_answer
 
 
 def test_final_answer_parsing():
-  assert datasets.final_answer("work\n#### 1,234") == "1234"
-  assert datasets.final_answer("#### -3") == "-3"
+  assert final_answer("work\n#### 1,234") == "1234"
+  assert final_answer("#### -3") == "-3"
 
 
 def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
@@ -62,9 +80,9 @@ def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
   held_out = tmp_path / "held_out.jsonl"
   held_out.write_text("".join(json.dumps({"question": f"{i}*2?", "answer": str(2 * i)}) + "\n" for i in range(8)))
   both = make_config(f"dataset_name={path}", f"eval_dataset_name={held_out}", "num_test_batches=2", "eval_batch_size=8")
-  assert [e["answer"] for e in datasets.eval_examples(both, smollm2_tokenizer)] == [str(2 * i) for i in range(8)]
+  assert [e["answer"] for e in _eval_examples(both, smollm2_tokenizer)] == [str(2 * i) for i in range(8)]
   same = make_config(f"dataset_name={path}", f"eval_dataset_name={path}", "train_fraction=0.8", "num_test_batches=2")
-  assert len(datasets.eval_examples(same, smollm2_tokenizer)) == 2
+  assert len(_eval_examples(same, smollm2_tokenizer)) == 2
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
   with pytest.raises(ValueError, match=r"row 0 lacks field\(s\) \['question', 'answer'\]"):
@@ -78,8 +96,8 @@ def test_local_parquet(tmp_path, smollm2_tokenizer):
   path = tmp_path / "mine.parquet"
   pq.write_table(pa.table({"question": ["a?", "b?", "c?", "d?"], "answer": ["#### 3", "4", "5", "6"]}), path)
   cfg = make_config(f"dataset_name={path}", "train_fraction=0.5")
-  rows = datasets.load_rows(cfg, str(path), "train", True) + datasets.load_rows(cfg, str(path), "test", False)
-  assert sorted(e["answer"] for e in datasets.to_examples(cfg, smollm2_tokenizer, str(path), rows)) == [
+  rows = datasets.load_rows(cfg.data, str(path), "train", True) + datasets.load_rows(cfg.data, str(path), "test", False)
+  assert sorted(e["answer"] for e in _to_examples(cfg, smollm2_tokenizer, str(path), rows)) == [
     "3",
     "4",
     "5",
@@ -144,28 +162,28 @@ def test_user_processor(tmp_path, smollm2_tokenizer):
 
 def test_unknown_dataset_and_missing_file(smollm2_tokenizer):
   with pytest.raises(FileNotFoundError, match="dataset_name=/tmp/no_such_dataset_dir"):
-    datasets.load_rows(make_config(), "/tmp/no_such_dataset_dir", "train", True)
+    datasets.load_rows(make_config().data, "/tmp/no_such_dataset_dir", "train", True)
   with pytest.raises(FileNotFoundError, match="nope.jsonl: dataset file not found"):
-    datasets.load_rows(make_config(), "/tmp/nope.jsonl", "train", True)
+    datasets.load_rows(make_config().data, "/tmp/nope.jsonl", "train", True)
 
 
 def test_prompt_rendered_through_chat_template(smollm2_tokenizer):
   cfg = make_config()
-  template = PromptTemplate(cfg, smollm2_tokenizer)
+  template = template_for(cfg, smollm2_tokenizer)
   prompt = template.render("What is 2+2?")
   assert prompt.startswith("<|im_start|>system\nYou are given a problem.")
   assert "<reasoning> and </reasoning>" in prompt and "<answer> and </answer>" in prompt
   assert prompt.endswith("<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
   assert "SmolLM" not in prompt  # our system prompt replaces the template's default one
   assert "<start_of_turn>" not in prompt
-  with_tag = PromptTemplate(make_config("reasoning_start_token_in_prompt=true"), smollm2_tokenizer)
+  with_tag = template_for(make_config("reasoning_start_token_in_prompt=true"), smollm2_tokenizer)
   assert with_tag.render("What is 2+2?") == prompt + "<reasoning>"
 
 
 def test_shipped_templates_render(qwen3_tokenizer):
   for name in ("gsm8k_rl.json", "tool_use_rl.json", "mawps.json"):
-    path = datasets.os.path.join(datasets.os.path.dirname(datasets.__file__), "..", "configs", "templates", name)
-    prompt = PromptTemplate(make_config(f"data_template_path={path}"), qwen3_tokenizer).render("What is 12*7?")
+    path = os.path.join(os.path.dirname(datasets.__file__), "..", "configs", "templates", name)
+    prompt = template_for(make_config(f"data_template_path={path}"), qwen3_tokenizer).render("What is 12*7?")
     assert prompt.startswith("<|im_start|>system\n") and "What is 12*7?" in prompt
 
 
@@ -173,9 +191,7 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
   cfg = make_config()
   rows = [{"question": "short?", "answer": "1"}, {"question": "long " * 400, "answer": "2"}]
   with caplog.at_level("INFO"):
-    examples = datasets.fitting(
-      datasets.to_examples(cfg, smollm2_tokenizer, "x.jsonl", rows), smollm2_tokenizer, 128, "t"
-    )
+    examples = datasets.fitting(_to_examples(cfg, smollm2_tokenizer, "x.jsonl", rows), smollm2_tokenizer, 128, "t")
   assert [e["answer"] for e in examples] == ["1"]
   assert "1 dropped for exceeding max_prompt_length=128" in caplog.text
   shortest = len(smollm2_tokenizer.encode(examples[0]["prompts"], add_special_tokens=False))
@@ -190,7 +206,7 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
 def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_path, smollm2_tokenizer):
   """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
   prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
-  from maxtext.integration.tunix import chat_parser, trajectories
+  from maxtext.integration.tunix import trajectories
   from maxtext.trainers.post_train.rl import tools
 
   data = tmp_path / "train.jsonl"
@@ -205,9 +221,9 @@ def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_pat
       "rl.use_agentic_rollout=true", "rl.tools=[calculator]", "num_batches=2", f"dataset_name={data}", *overrides
     )
     renderer = trajectories.first_prompt_renderer(
-      cfg, chat_parser.for_config(cfg, smollm2_tokenizer), tools.tool_map(cfg)
+      cfg.tools, parser_for(cfg, smollm2_tokenizer), tools.tool_map(cfg.tools)
     )
-    return datasets.train_batches(cfg, smollm2_tokenizer, renderer)
+    return _train_batches(cfg, smollm2_tokenizer, renderer)
 
   with pytest.raises(ValueError, match=r"every prompt exceeds max_prompt_length=\d+; set max_prompt_length=(\d+)") as e:
     batches()
@@ -217,13 +233,11 @@ def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_pat
 
 def test_train_batches_are_deterministic_and_bounded(smollm2_tokenizer):
   cfg = make_config("batch_size=3", "num_batches=4")
-  a = list(datasets.train_batches(cfg, smollm2_tokenizer))
-  b = list(datasets.train_batches(cfg, smollm2_tokenizer))
+  a = list(_train_batches(cfg, smollm2_tokenizer))
+  b = list(_train_batches(cfg, smollm2_tokenizer))
   assert len(a) == 4 and all(len(x["prompts"]) == 3 for x in a)
   assert [list(x["question"]) for x in a] == [list(x["question"]) for x in b]
-  other = list(
-    datasets.train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer)
-  )
+  other = list(_train_batches(make_config("batch_size=3", "num_batches=4", "data_shuffle_seed=7"), smollm2_tokenizer))
   assert [list(x["question"]) for x in a] != [list(x["question"]) for x in other]
 
 
@@ -231,8 +245,8 @@ def test_reserve_batches_are_the_training_set_in_another_order_without_end(tmp_p
   path = tmp_path / "ten.jsonl"
   path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(10)))
   cfg = make_config(f"dataset_name={path}", "train_fraction=0.5", "batch_size=5", "num_batches=1")
-  [train] = list(datasets.train_batches(cfg, smollm2_tokenizer))
-  reserve = datasets.reserve_batches(cfg, smollm2_tokenizer)
+  [train] = list(_train_batches(cfg, smollm2_tokenizer))
+  reserve = datasets.reserve_batches(_source(cfg, smollm2_tokenizer).training(), cfg.train, cfg.data.data_shuffle_seed)
   drawn = [list(reserve[i]["answer"]) for i in range(3)]
   assert all(sorted(d) == sorted(train["answer"]) for d in drawn)  # the five training examples each epoch
   assert drawn[0] != list(train["answer"])  # in another order (data_shuffle_seed + 1)
@@ -242,8 +256,8 @@ def test_reserve_batches_are_the_training_set_in_another_order_without_end(tmp_p
 
 def test_the_mawps_recipe_loads_with_its_template(smollm2_tokenizer):
   cfg = pyconfig.initialize(["x", "rl_mawps.yml"])
-  assert cfg.dataset_name == "mawps" and cfg.rl.dynamic_sampling
-  prompt = PromptTemplate(cfg, smollm2_tokenizer).render("Tom has 2 cats and 3 dogs. How many pets ?")
+  assert cfg.data.dataset_name == "mawps" and cfg.algorithm.dynamic_sampling
+  prompt = template_for(cfg, smollm2_tokenizer).render("Tom has 2 cats and 3 dogs. How many pets ?")
   assert "3 + 5 = 8" in prompt and prompt.endswith("<|im_start|>assistant\n")
 
 
@@ -251,7 +265,7 @@ def test_epochs_repeat_the_data(tmp_path, smollm2_tokenizer):
   path = tmp_path / "four.jsonl"
   path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(5)))
   cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=100", "num_epoch=3")
-  batches = list(datasets.train_batches(cfg, smollm2_tokenizer))
+  batches = list(_train_batches(cfg, smollm2_tokenizer))
   answers = [a for b in batches for a in b["answer"]]
   assert len(batches) == 6 and sorted(answers) == sorted(answers[:4] * 3)
 
@@ -260,7 +274,7 @@ def test_template_missing_field(tmp_path, smollm2_tokenizer):
   path = tmp_path / "t.json"
   path.write_text(json.dumps({"SYSTEM_PROMPT": "x"}))
   with pytest.raises(ValueError, match=r"missing field\(s\) \['TEMPLATE'\]"):
-    PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer)
+    template_for(make_config(f"data_template_path={path}"), smollm2_tokenizer)
 
 
 def test_template_example_turns(tmp_path, smollm2_tokenizer):
@@ -269,7 +283,7 @@ def test_template_example_turns(tmp_path, smollm2_tokenizer):
   path = tmp_path / "t.json"
   examples = [{"role": "user", "content": "What is 3*4?"}, {"role": "assistant", "content": "12"}]
   path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": examples}))
-  prompt = PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer).render("What is 6*7?")
+  prompt = template_for(make_config(f"data_template_path={path}"), smollm2_tokenizer).render("What is 6*7?")
   assert prompt == (
     "<|im_start|>system\nSYS<|im_end|>\n<|im_start|>user\nWhat is 3*4?<|im_end|>\n"
     "<|im_start|>assistant\n12<|im_end|>\n<|im_start|>user\nWhat is 6*7?<|im_end|>\n"
@@ -282,4 +296,4 @@ def test_template_example_turns(tmp_path, smollm2_tokenizer):
   ):
     path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": bad}))
     with pytest.raises(ValueError, match=f"data_template_path={path}: {shown}.*expected a list of"):
-      PromptTemplate(make_config(f"data_template_path={path}"), smollm2_tokenizer)
+      template_for(make_config(f"data_template_path={path}"), smollm2_tokenizer)

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from maxtext import tasks
 from maxtext.trainers.post_train.rl import evaluate_rl
 from tests.conftest import make_config
 
@@ -15,6 +16,11 @@ UNFORMATTED = "the answer is <answer>7</answer>"
 
 def _examples(n):
   return [{"prompts": f"p{i}", "question": f"q{i}", "answer": "42"} for i in range(n)]
+
+
+def _evaluate(generate, examples, cfg):
+  score = evaluate_rl.scorer(tasks.select(cfg.data.dataset_name), cfg.task)
+  return evaluate_rl.evaluate(generate, examples, score, cfg.eval, "t")
 
 
 def _scripted(passes):
@@ -47,7 +53,7 @@ PASSES = [
 )
 def test_eval_modes(mode, accuracy, partial, fmt):
   cfg = make_config("num_eval_passes=3", f"eval_mode={mode}", "eval_batch_size=8")
-  result = evaluate_rl.evaluate(_scripted(PASSES), _examples(3), cfg, "t")
+  result = _evaluate(_scripted(PASSES), _examples(3), cfg)
   assert result["accuracy"] == pytest.approx(accuracy)
   assert result["partial_accuracy"] == pytest.approx(partial)
   assert result["format_accuracy"] == pytest.approx(fmt)
@@ -57,7 +63,7 @@ def test_eval_modes(mode, accuracy, partial, fmt):
 
 def test_eval_make_lst_false_drops_records():
   cfg = make_config("eval_make_lst=false")
-  result = evaluate_rl.evaluate(_scripted([[RIGHT, WRONG]]), _examples(2), cfg, "t")
+  result = _evaluate(_scripted([[RIGHT, WRONG]]), _examples(2), cfg)
   assert "examples" not in result and result["accuracy"] == 0.5
 
 

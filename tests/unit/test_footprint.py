@@ -34,15 +34,15 @@ def _nbytes(tree) -> int:
 )
 def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):
   cfg = make_config(*args)
-  mesh = create_meshes(cfg)[0]
-  base = builder.init_random(ModelConfig.from_config(make_config(args[0])), mesh, 0)
-  model = builder.with_lora(base, ModelConfig.from_config(cfg), 0) if cfg.lora_rank else base
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
+  base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
+  model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
   weights = nnx.state(model, nnx.Not(nnx.LoRAParam))
   adapters = nnx.state(model, nnx.LoRAParam)
-  assert footprint.parameter_count(cfg) == sum(x.size for x in jax.tree.leaves(weights))
-  assert footprint.adapter_count(cfg) == sum(x.size for x in jax.tree.leaves(adapters))
+  assert footprint.parameter_count(cfg.model) == sum(x.size for x in jax.tree.leaves(weights))
+  assert footprint.adapter_count(cfg.model) == sum(x.size for x in jax.tree.leaves(adapters))
   parts = footprint.estimate(cfg).parts
-  trained = adapters if cfg.lora_rank else weights
+  trained = adapters if cfg.model.lora_rank else weights
   moments = [v for k, v in parts.items() if k.startswith("AdamW moments")][0]
   assert moments == _nbytes(optax.adamw(1e-3).init(trained)) - 4  # less AdamW's step count
   assert parts["gradient"] == _nbytes(trained)
@@ -52,7 +52,7 @@ def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):
 def test_kl_reference_copy_only_for_full_fine_tuning_with_kl():
   copy = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts["KL reference copy"]
   assert copy("rl.grpo_beta=0") == 0
-  assert copy("rl.grpo_beta=0.04") == footprint.parameter_count(make_config("model_name=qwen3-tiny")) * 4
+  assert copy("rl.grpo_beta=0.04") == footprint.parameter_count(make_config("model_name=qwen3-tiny").model) * 4
   assert copy("rl.grpo_beta=0.04", "lora_rank=8") == 0  # the frozen base is the reference
 
 
@@ -61,18 +61,20 @@ def test_policy_snapshot_only_for_the_agentic_learner():
     "policy snapshot (Tunix, host; agentic)"
   ]
   assert snapshot("rl.use_agentic_rollout=false") == 0
-  assert snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny")) * 4
+  assert (
+    snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny").model) * 4
+  )
 
 
 def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
   cfg = make_config(
     "model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8", "num_test_batches=0"
   )
-  model = builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0)
-  cache = model.init_cache(8, cfg.kv_cache_size, jnp.float32)  # min(4 x 4 prompts' samples, 8 slots)
+  model = builder.init_random(ModelConfig.from_config(cfg.model), create_meshes(cfg.mesh, agentic=False)[0], 0)
+  cache = model.init_cache(8, cfg.sampling.kv_cache_size, jnp.float32)  # min(4 x 4 prompts' samples, 8 slots)
   expected = sum(layer["k"].nbytes + layer["v"].nbytes for layer in cache.values())
   parts = footprint.estimate(cfg).parts
-  assert parts[f"sampler KV cache (8 rows x {cfg.kv_cache_size})"] == expected
+  assert parts[f"sampler KV cache (8 rows x {cfg.sampling.kv_cache_size})"] == expected
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])
@@ -97,21 +99,21 @@ def test_training_temporaries_are_within_a_factor_of_two_of_xlas(remat):
     f"remat_policy={remat}",
   )
   model = SharedPrefix(
-    builder.init_random(ModelConfig.from_config(cfg), create_meshes(cfg)[0], 0),
-    cfg.max_prompt_length,
-    cfg.rl.num_generations,
+    builder.init_random(ModelConfig.from_config(cfg.model), create_meshes(cfg.mesh, agentic=False)[0], 0),
+    cfg.sampling.max_prompt_length,
+    cfg.algorithm.num_generations,
   )
   graphdef, params = nnx.split(model)
-  sequences, length = cfg.rl.num_generations, cfg.max_target_length
+  sequences, length = cfg.algorithm.num_generations, cfg.sampling.max_target_length
   tokens = jnp.zeros((sequences, length), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(length), (sequences, length))
   mask = jnp.broadcast_to(jnp.tril(jnp.ones((length, length), bool)), (sequences, length, length))
 
   def loss(p):
     logits, _ = nnx.merge(graphdef, p)(tokens, positions, None, mask)
-    logits = logits[:, -cfg.max_response_length - 1 : -1]
+    logits = logits[:, -cfg.sampling.max_response_length - 1 : -1]
     logps = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logps, tokens[:, -cfg.max_response_length :, None], axis=-1).mean()
+    return jnp.take_along_axis(logps, tokens[:, -cfg.sampling.max_response_length :, None], axis=-1).mean()
 
   compiled = jax.jit(jax.grad(loss)).lower(params).compile()
   xla = compiled.memory_analysis().temp_size_in_bytes + compiled.memory_analysis().output_size_in_bytes

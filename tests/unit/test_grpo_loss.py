@@ -40,7 +40,7 @@ def _example(completions, ref_logps=None, old_logps=None, advantages=None):
 
 
 def _loss_and_grad(cfg, model, example):
-  config = algorithm.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 1.0  # what the learner sets from the training rollout config
 
   def loss(m):
@@ -67,7 +67,7 @@ def test_default_kl_estimator_pulls_the_policy_back_to_the_reference():
   """low_var_kl (k3 = exp(ref - logp) - (ref - logp) - 1) has the on-policy expected gradient
   d/dlogits KL(ref || policy) = policy - ref (by hand: dk3/dlogp = 1 - ref/policy, weighted by the
   policy); a gradient step along it lowers the true KL."""
-  assert make_config().rl.kl_loss_mode == "low_var_kl"
+  assert make_config().algorithm.kl_loss_mode == "low_var_kl"
   grad = _on_policy_kl_gradient("low_var_kl", POLICY, REFERENCE)
   policy, ref = jax.nn.softmax(POLICY), jax.nn.softmax(REFERENCE)
   np.testing.assert_allclose(grad, policy - ref, atol=0.02)

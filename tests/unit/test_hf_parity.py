@@ -109,15 +109,15 @@ def our_greedy(m, prompt, n):
 
 def load_ours(path, *overrides):
   cfg = make_config(f"load_parameters_path={path}", "max_prompt_length=16", "max_response_length=48", *overrides)
-  mesh, _ = create_meshes(cfg)
-  return cfg, load.load_model(cfg, mesh)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  return cfg, load.load_model(cfg.model, mesh)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
   hf = write_hf_model(tmp_path, shape)
   cfg, ours = load_ours(tmp_path)
-  assert cfg.decoder_family == SHAPES[shape][0].model_type
+  assert cfg.model.decoder_family == SHAPES[shape][0].model_type
   tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
   with torch.no_grad():
     ref = hf(torch.tensor(tokens)).logits.numpy()

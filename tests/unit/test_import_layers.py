@@ -8,7 +8,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # Lowest first. A module belongs to the layer of the longest prefix matching its name.
 LAYERS = [
-  ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext"]),
+  ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext", "maxtext.configs.sections"]),
   (
     "file formats",
     [
@@ -19,7 +19,7 @@ LAYERS = [
     ],
   ),
   ("config", ["maxtext.configs"]),
-  ("models and data", ["maxtext.models", "maxtext.input_pipeline"]),
+  ("models and data", ["maxtext.models", "maxtext.input_pipeline", "maxtext.tasks"]),
   ("engines", ["maxtext.inference.continuous_batching"]),
   (
     "Tunix boundary and RL pieces",
@@ -27,9 +27,7 @@ LAYERS = [
       "maxtext.integration",
       "maxtext.trainers.post_train.rl.tools",
       "maxtext.trainers.post_train.rl.sandbox",
-      "maxtext.trainers.post_train.rl.utils_rl",
       "maxtext.trainers.post_train.rl.run_folder",
-      "maxtext.trainers.post_train.rl.footprint",
     ],
   ),
   (
@@ -42,6 +40,7 @@ LAYERS = [
       "maxtext.trainers.post_train.rl.training_run",
       "maxtext.trainers.post_train.rl.evaluate_rl",
       "maxtext.trainers.post_train.rl.report",
+      "maxtext.trainers.post_train.rl.footprint",
     ],
   ),
 ]

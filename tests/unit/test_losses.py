@@ -43,7 +43,7 @@ def _grad(cfg, old_shift: float, advantage: float, loss_name: str) -> np.ndarray
   model = Categorical(LOGITS)
   logp = float(jax.nn.log_softmax(jnp.asarray(LOGITS))[2])
   example = _example([2], old_logps=jnp.full((1, 1), logp - old_shift), advantages=[advantage])
-  config = algorithm.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 1.0
   fn = function_registry.get_policy_loss_fn(loss_name)
   grads = nnx.grad(lambda m: fn(m, example, config, pad_id=PAD, eos_id=EOS)[0])(model)
@@ -83,7 +83,7 @@ def test_outside_the_clip_range_ppo_drops_the_token_and_cispo_truncates_its_weig
 
 def test_cispo_keeps_the_kl_penalty_and_the_diagnostics_tunix_logs():
   cfg = make_config("rl.policy_loss_fn=cispo", "rl.grpo_beta=0.5", "rl.kl_loss_mode=mse_kl")
-  config = algorithm.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 1.0
   logp = float(jax.nn.log_softmax(jnp.asarray(LOGITS))[2])
   example = _example([2], ref_logps=jnp.full((1, 1), logp - 0.4), advantages=[0.0])
@@ -114,4 +114,5 @@ def test_every_aggregation_listed_is_one_tunix_implements():
 )
 def test_misspelt_or_conflicting_algorithm_values_are_refused(args, message):
   with pytest.raises(ConfigError, match=message):
-    losses.check(make_config(*args))
+    cfg = make_config(*args)
+    losses.check(cfg.algorithm, cfg.agentic.use_agentic_rollout)

@@ -17,7 +17,7 @@ from tests.conftest import make_config
   ],
 )
 def test_mesh_shapes(args, devices, shape):
-  assert mesh.mesh_shape(make_config(*args), devices) == shape
+  assert mesh.mesh_shape(make_config(*args).mesh, devices) == shape
 
 
 @pytest.mark.parametrize(
@@ -31,7 +31,7 @@ def test_mesh_shapes(args, devices, shape):
 )
 def test_inconsistent_mesh_sizes_name_the_keys_and_devices(args, devices, message):
   with pytest.raises(ConfigError, match=message) as e:
-    mesh.mesh_shape(make_config(*args), devices)
+    mesh.mesh_shape(make_config(*args).mesh, devices)
   assert "ici_" in str(e.value)
 
 
@@ -41,4 +41,4 @@ def test_device_fractions_need_a_device_each():
     match=r"trainer_devices_fraction=0.5, sampler_devices_fraction=0.5: need at "
     r"least one device each and no more than the 1 available \(got 0 \+ 0\)",
   ):
-    mesh.create_meshes(make_config("trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"))
+    mesh.create_meshes(make_config("trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5").mesh, agentic=False)

@@ -18,8 +18,8 @@ from tests.conftest import make_config
 
 def _model(*overrides):
   cfg = make_config(*overrides)
-  mesh, _ = create_meshes(cfg)
-  return cfg, mesh, load.load_model(cfg, mesh)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  return cfg, mesh, load.load_model(cfg.model, mesh)
 
 
 @pytest.mark.parametrize("model", ["qwen3-tiny", "llama-tiny"])
@@ -72,12 +72,12 @@ def _llama_cpp_permute(w, n_head):
 
 def _write_tiny_gguf(path, cfg, hf):
   w = gguf.GGUFWriter(str(path), "llama")
-  w.add_block_count(cfg.num_decoder_layers)
-  w.add_embedding_length(cfg.emb_dim)
-  w.add_feed_forward_length(cfg.mlp_dim)
-  w.add_head_count(cfg.num_query_heads)
-  w.add_head_count_kv(cfg.num_kv_heads)
-  w.add_vocab_size(cfg.vocab_size)
+  w.add_block_count(cfg.model.num_decoder_layers)
+  w.add_embedding_length(cfg.model.emb_dim)
+  w.add_feed_forward_length(cfg.model.mlp_dim)
+  w.add_head_count(cfg.model.num_query_heads)
+  w.add_head_count_kv(cfg.model.num_kv_heads)
+  w.add_vocab_size(cfg.model.vocab_size)
   names = {v: k for k, v in gguf_reader._GLOBAL_NAMES.items()}
   blocks = {v: k for k, v in gguf_reader._BLOCK_NAMES.items()}
   for name, arr in hf.items():
@@ -86,9 +86,9 @@ def _write_tiny_gguf(path, cfg, hf):
       continue
     layer, rest = name.split(".")[2], ".".join(name.split(".")[3:-1])
     if rest == "self_attn.q_proj":
-      arr = _llama_cpp_permute(arr, cfg.num_query_heads)
+      arr = _llama_cpp_permute(arr, cfg.model.num_query_heads)
     elif rest == "self_attn.k_proj":
-      arr = _llama_cpp_permute(arr, cfg.num_kv_heads)
+      arr = _llama_cpp_permute(arr, cfg.model.num_kv_heads)
     w.add_tensor(f"blk.{layer}.{blocks[rest]}.weight", arr)
   w.write_header_to_file()
   w.write_kv_data_to_file()
@@ -98,20 +98,20 @@ def _write_tiny_gguf(path, cfg, hf):
 
 def _random_hf_llama(cfg, seed=0):
   rng = np.random.default_rng(seed)
-  e, m, d = cfg.emb_dim, cfg.mlp_dim, cfg.head_dim
+  e, m, d = cfg.model.emb_dim, cfg.model.mlp_dim, cfg.model.head_dim
   hf = {
-    "model.embed_tokens.weight": rng.normal(size=(cfg.vocab_size, e)),
+    "model.embed_tokens.weight": rng.normal(size=(cfg.model.vocab_size, e)),
     "model.norm.weight": 1 + 0.1 * rng.normal(size=e),
-    "lm_head.weight": rng.normal(size=(cfg.vocab_size, e)) * 0.1,
+    "lm_head.weight": rng.normal(size=(cfg.model.vocab_size, e)) * 0.1,
   }
-  for i in range(cfg.num_decoder_layers):
+  for i in range(cfg.model.num_decoder_layers):
     p = f"model.layers.{i}."
     hf[p + "input_layernorm.weight"] = 1 + 0.1 * rng.normal(size=e)
     hf[p + "post_attention_layernorm.weight"] = 1 + 0.1 * rng.normal(size=e)
-    hf[p + "self_attn.q_proj.weight"] = rng.normal(size=(cfg.num_query_heads * d, e)) * 0.1
-    hf[p + "self_attn.k_proj.weight"] = rng.normal(size=(cfg.num_kv_heads * d, e)) * 0.1
-    hf[p + "self_attn.v_proj.weight"] = rng.normal(size=(cfg.num_kv_heads * d, e)) * 0.1
-    hf[p + "self_attn.o_proj.weight"] = rng.normal(size=(e, cfg.num_query_heads * d)) * 0.1
+    hf[p + "self_attn.q_proj.weight"] = rng.normal(size=(cfg.model.num_query_heads * d, e)) * 0.1
+    hf[p + "self_attn.k_proj.weight"] = rng.normal(size=(cfg.model.num_kv_heads * d, e)) * 0.1
+    hf[p + "self_attn.v_proj.weight"] = rng.normal(size=(cfg.model.num_kv_heads * d, e)) * 0.1
+    hf[p + "self_attn.o_proj.weight"] = rng.normal(size=(e, cfg.model.num_query_heads * d)) * 0.1
     hf[p + "mlp.gate_proj.weight"] = rng.normal(size=(m, e)) * 0.1
     hf[p + "mlp.up_proj.weight"] = rng.normal(size=(m, e)) * 0.1
     hf[p + "mlp.down_proj.weight"] = rng.normal(size=(e, m)) * 0.1
@@ -129,9 +129,9 @@ def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
     np.testing.assert_array_equal(read[name], arr, err_msg=name)
 
   cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}")
-  mesh, _ = create_meshes(cfg)
-  loaded = load.load_model(cfg, mesh)
-  mcfg = ModelConfig.from_config(cfg)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  loaded = load.load_model(cfg.model, mesh)
+  mcfg = ModelConfig.from_config(cfg.model)
   expected = builder.from_arrays(mcfg, mesh, hf_layout.hf_to_maxtext(hf, mcfg), "reference")
   tokens = jnp.array([[1, 2, 3, 4, 5]])
   mask = jnp.tril(jnp.ones((5, 5), bool))[None]
@@ -165,7 +165,7 @@ def test_random_weights_give_any_model_its_shape_without_a_file():
   assert arrays["layers.0.attn.k_proj"].shape == (1024, 8, 128) and "layers.2.attn.k_proj" not in arrays
   logits, _ = model(jnp.array([[1, 2, 3]]), jnp.arange(3)[None], None, jnp.tril(jnp.ones((1, 3, 3), bool)))
   assert logits.shape == (1, 3, 512) and np.isfinite(np.asarray(logits)).all()
-  assert cfg.num_query_heads == 16 and cfg.head_dim == 128  # the rest of qwen3-0.6b's shape
+  assert cfg.model.num_query_heads == 16 and cfg.model.head_dim == 128  # the rest of qwen3-0.6b's shape
   with pytest.raises(ValueError, match="random_weights=true and load_parameters_path=/tmp/w.gguf: expected one"):
     _model("model_name=qwen3-0.6b", "random_weights=true", "load_parameters_path=/tmp/w.gguf")
 
@@ -173,7 +173,7 @@ def test_random_weights_give_any_model_its_shape_without_a_file():
 def test_relative_output_and_checkpoint_paths_are_under_the_working_directory(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   cfg, _, model = _model("model_name=qwen3-tiny", "base_output_directory=outputs", "run_name=rel")
-  assert cfg.run_dir == str(tmp_path / "outputs" / "rel")  # where train_rl's checkpoints go
+  assert cfg.run.run_dir == str(tmp_path / "outputs" / "rel")  # where train_rl's checkpoints go
   step_dir = orbax_checkpoint.save_params("converted", model)  # as to_maxtext base_output_directory=converted
   assert step_dir == str(tmp_path / "converted" / "0") and os.path.isdir(step_dir)
   arrays = orbax_checkpoint.restore_arrays("converted")
@@ -200,8 +200,8 @@ def test_remat_full_recomputes_layers_and_cuts_the_training_steps_memory():
   temps = {}
   for remat in ("none", "full"):
     cfg = make_config("model_name=smollm2-135m", "num_decoder_layers=8", "vocab_size=8192", f"remat_policy={remat}")
-    mesh, _ = create_meshes(cfg)
-    graphdef, abstract, _ = builder._abstract(ModelConfig.from_config(cfg), mesh)
+    mesh, _ = create_meshes(cfg.mesh, agentic=False)
+    graphdef, abstract, _ = builder._abstract(ModelConfig.from_config(cfg.model), mesh)
     step = _training_step(cfg, mesh, graphdef, jnp.zeros((4, 256), jnp.int32))
     with jax.set_mesh(mesh):
       temps[remat] = step.lower(abstract).compile().memory_analysis().temp_size_in_bytes

@@ -10,6 +10,7 @@ from flax import nnx
 from maxtext.integration.tunix import cluster
 from maxtext.models import load
 from maxtext.utils.mesh import create_meshes
+from maxtext.utils.steps import Steps
 from tests.conftest import make_config
 
 LR, DECAY = 0.01, 0.1
@@ -29,10 +30,10 @@ def _one_update(gradient: float, *overrides, first: float | None = None) -> tupl
     "gradient_clipping_threshold=0",
     *overrides,
   )
-  mesh = create_meshes(cfg)[0]
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
   with jax.set_mesh(mesh):
-    model = load.load_model(cfg, mesh)
-    optimizer = nnx.Optimizer(model, cluster.optimizer(cfg), wrt=nnx.Param)
+    model = load.load_model(cfg.model, mesh)
+    optimizer = nnx.Optimizer(model, cluster.optimizer(cfg.train, Steps.of(cfg.train, cfg.algorithm)), wrt=nnx.Param)
     if first is not None:
       optimizer.update(model, jax.tree.map(lambda p: jnp.full_like(p, first), nnx.state(model, nnx.Param)))
     before = _params(model)

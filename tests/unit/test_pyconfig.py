@@ -12,31 +12,33 @@ from tests.conftest import make_config
 
 def test_precedence_base_rl_model_cli():
   cfg = make_config()
-  assert cfg.run_name == "rl_gsm8k"  # rl.yml over base.yml
-  assert cfg.model_name == "smollm2-135m" and cfg.emb_dim == 576
+  assert cfg.run.run_name == "rl_gsm8k"  # rl.yml over base.yml
+  assert cfg.model.model_name == "smollm2-135m" and cfg.model.emb_dim == 576
   cfg = make_config("model_name=qwen3-0.6b")
-  assert cfg.emb_dim == 1024 and cfg.use_qk_norm and cfg.decoder_family == "qwen3"  # model YAML over base
+  assert (
+    cfg.model.emb_dim == 1024 and cfg.model.use_qk_norm and cfg.model.decoder_family == "qwen3"
+  )  # model YAML over base
   cfg = make_config("model_name=qwen3-0.6b", "emb_dim=512")
-  assert cfg.emb_dim == 512  # command line over model YAML
+  assert cfg.model.emb_dim == 512  # command line over model YAML
 
 
 def test_bare_file_name_and_base_yml():
-  assert make_config(yaml="base.yml").run_name == "default_run"
-  assert make_config(yaml=os.path.join(pyconfig.CONFIG_DIR, "post_train", "rl.yml")).run_name == "rl_gsm8k"
+  assert make_config(yaml="base.yml").run.run_name == "default_run"
+  assert make_config(yaml=os.path.join(pyconfig.CONFIG_DIR, "post_train", "rl.yml")).run.run_name == "rl_gsm8k"
 
 
 def test_dotted_keys_reach_nested_sections():
   cfg = make_config("rl.num_generations=8", "rl.grpo_beta=0")
-  assert cfg.rl.num_generations == 8
-  assert cfg.rl.grpo_beta == 0.0 and isinstance(cfg.rl.grpo_beta, float)  # int widens to float
+  assert cfg.algorithm.num_generations == 8
+  assert cfg.algorithm.grpo_beta == 0.0 and isinstance(cfg.algorithm.grpo_beta, float)  # int widens to float
 
 
 def test_exponent_without_dot_is_a_float():
-  assert make_config("learning_rate=1e-6").learning_rate == 1e-6
+  assert make_config("learning_rate=1e-6").train.learning_rate == 1e-6
 
 
 def test_model_alias():
-  assert make_config("model=qwen3-tiny").model_name == "qwen3-tiny"
+  assert make_config("model=qwen3-tiny").model.model_name == "qwen3-tiny"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +74,7 @@ def test_a_recipe_key_ignored_by_a_later_choice_is_reported_not_refused(tmp_path
   the run goes on and says the recipe's key is unused. Set in the same layer, it is still refused."""
   with caplog.at_level("WARNING"):
     cfg = pyconfig.initialize(["x", "rl_times_table.yml", "num_test_batches=0"])
-  assert cfg.num_test_batches == 0
+  assert cfg.eval.num_test_batches == 0
   assert "eval_batch_size=50 (from " in caplog.text and "rl_times_table.yml) is not used" in caplog.text
   assert "num_test_batches=0 from command line" in caplog.text
   with pytest.raises(pyconfig.ConfigError, match="eval_batch_size=4: standard GRPO .*num_test_batches=0 runs no"):
@@ -98,10 +100,10 @@ def test_unknown_model_lists_known_ones():
 
 def test_length_aliases():
   cfg = make_config("max_prefill_predict_length=100", "max_target_length=300")
-  assert (cfg.max_prompt_length, cfg.max_response_length) == (100, 200)
-  assert cfg.kv_cache_size == 300
+  assert (cfg.sampling.max_prompt_length, cfg.sampling.max_response_length) == (100, 200)
+  assert cfg.sampling.kv_cache_size == 300
   cfg = make_config("max_prompt_length=64", "max_response_length=32")
-  assert cfg.max_target_length == 96 and cfg.max_prefill_predict_length == 64
+  assert cfg.sampling.max_target_length == 96 and cfg.sampling.max_prefill_predict_length == 64
 
 
 def test_conflicting_length_aliases_are_an_error():
@@ -119,7 +121,7 @@ def test_lengths_beyond_model_context():
 def test_config_is_frozen_and_round_trips(tmp_path):
   cfg = make_config("rl.num_generations=3")
   with pytest.raises(AttributeError):
-    cfg.run_name = "x"
+    cfg.run.run_name = "x"
   path = tmp_path / "config.yml"
   pyconfig.write_yaml(cfg, str(path))
   assert yaml.safe_load(path.read_text())["rl"]["num_generations"] == 3
@@ -166,7 +168,7 @@ def test_docs_hold_the_generated_config_reference():
 
 
 def test_train_micro_batch_size_divides_batch_size():
-  assert make_config("batch_size=4", "train_micro_batch_size=2").train_micro_batch_size == 2
+  assert make_config("batch_size=4", "train_micro_batch_size=2").train.train_micro_batch_size == 2
   with pytest.raises(pyconfig.ConfigError, match="train_micro_batch_size=3: expected 0 .* divisor of batch_size=4"):
     make_config("batch_size=4", "train_micro_batch_size=3")
 
@@ -189,7 +191,7 @@ def test_unreadable_yaml_names_the_file(tmp_path):
 def test_lora_keys_are_refused_without_adapters(arg):
   key = arg.split("=")[0]
   assert (
-    getattr(make_config(arg, "lora_rank=8"), key)
+    getattr(make_config(arg, "lora_rank=8").model, key)
     == pyconfig.initialize(["x", "rl.yml", arg, "lora_rank=8"]).flat()[key]
   )
   with pytest.raises(pyconfig.ConfigError, match=f"{key}=.*lora_rank=0 trains the full weights"):

@@ -2,13 +2,19 @@
 
 import pytest
 
-from maxtext.trainers.post_train.rl import utils_rl
+from maxtext import tasks
+from maxtext.tasks import answers, rewards, word_problems
 from tests.conftest import make_config
 
-CFG = make_config()
+CFG = make_config().task
 # Defaults: exact format 3.0, partial 0.5 per tag, format penalty -0.5 per tag, exact answer 3.0,
 # whitespace match 1.5, within 10% 0.5, within 20% 0.25, wrong answer -1.0.
 GOOD = "<reasoning>6 times 7</reasoning>\n<answer>42</answer>"
+
+
+def _reward_functions(cfg):
+  """The run's reward functions, as train_rl binds them."""
+  return rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view())
 
 
 @pytest.mark.parametrize(
@@ -22,7 +28,7 @@ GOOD = "<reasoning>6 times 7</reasoning>\n<answer>42</answer>"
   ],
 )
 def test_match_format_exactly(completion, expected):
-  assert utils_rl.match_format_exactly(None, [completion], CFG) == [expected]
+  assert word_problems.match_format_exactly(None, [completion], CFG) == [expected]
 
 
 @pytest.mark.parametrize(
@@ -35,7 +41,7 @@ def test_match_format_exactly(completion, expected):
   ],
 )
 def test_match_format_approximately(completion, expected):
-  assert utils_rl.match_format_approximately(None, [completion], CFG) == [pytest.approx(expected)]
+  assert word_problems.match_format_approximately(None, [completion], CFG) == [pytest.approx(expected)]
 
 
 @pytest.mark.parametrize(
@@ -51,7 +57,7 @@ def test_match_format_approximately(completion, expected):
   ],
 )
 def test_check_answer(completion, truth, expected):
-  assert utils_rl.check_answer(None, [completion], CFG, answer=[truth]) == [expected]
+  assert word_problems.check_answer(None, [completion], CFG, answer=[truth]) == [expected]
 
 
 @pytest.mark.parametrize(
@@ -72,23 +78,23 @@ def test_check_answer(completion, truth, expected):
   ],
 )
 def test_check_numbers(completion, truth, expected):
-  assert utils_rl.check_numbers(None, [completion], CFG, answer=[truth]) == [expected]
+  assert word_problems.check_numbers(None, [completion], CFG, answer=[truth]) == [expected]
 
 
 def test_weights_come_from_config():
-  cfg = make_config("reward_exact_answer=10", "penalty_incorrect_answer=-7")
-  assert utils_rl.check_numbers(None, [GOOD, "<answer>1</answer>"], cfg, answer=["42", "42"]) == [10.0, -7.0]
+  cfg = make_config("reward_exact_answer=10", "penalty_incorrect_answer=-7").task
+  assert word_problems.check_numbers(None, [GOOD, "<answer>1</answer>"], cfg, answer=["42", "42"]) == [10.0, -7.0]
 
 
 def test_bound_reward_keeps_name_and_batch():
-  fn = utils_rl.bind_config(utils_rl.check_numbers, CFG)
+  fn = rewards.bind_config(word_problems.check_numbers, CFG)
   assert fn.__name__ == "check_numbers"
   assert fn(prompts=["p", "p"], completions=[GOOD, "x"], answer=["42", "42"], question=["q", "q"]) == [3.0, 0.0]
 
 
 def test_last_boxed_handles_nesting():
-  assert utils_rl.last_boxed("a \\boxed{1} b \\boxed{\\frac{3}{\\sqrt{4}}} c") == "\\frac{3}{\\sqrt{4}}"
-  assert utils_rl.last_boxed("\\boxed{unclosed") is None
+  assert answers.last_boxed("a \\boxed{1} b \\boxed{\\frac{3}{\\sqrt{4}}} c") == "\\frac{3}{\\sqrt{4}}"
+  assert answers.last_boxed("\\boxed{unclosed") is None
 
 
 def _hangs(guess, truth):
@@ -102,12 +108,12 @@ def test_math_verify_deadline_scores_zero_and_never_hangs():
   """Checks that outlive math_verify_timeout score as wrong, within the deadline; the pool recovers."""
   import time
 
-  hanging = utils_rl.MathVerifier(check=_hangs)
+  hanging = answers.MathVerifier(check=_hangs)
   start = time.monotonic()
   assert hanging.equivalent([("1", "1"), ("2", "2")], timeout=3.0, num_procs=1) == [None, None]
   assert time.monotonic() - start < 30  # the worker pool starts, then the 3 s deadline
   hanging.close()
-  real = utils_rl.MathVerifier()
+  real = answers.MathVerifier()
   assert real.equivalent([("\\frac{1}{2}", "0.5"), ("3", "4")], timeout=60.0, num_procs=1) == [True, False]
   real.close()
 
@@ -123,30 +129,30 @@ def test_custom_reward_file_replaces_builtins(tmp_path):
     "  return [1.0]\n"
   )
   cfg = make_config(f"reward_functions_path={path}", "reward_functions=[length_penalty]")
-  [fn] = utils_rl.reward_functions(cfg)
+  [fn] = _reward_functions(cfg)
   assert fn.__name__ == "length_penalty" and fn(["p", "p"], ["abcd", "ab"]) == [-0.04, -0.02]
   for name, message in (
     ("broken", "reward function broken raised RuntimeError: boom"),
     ("short", "reward function short returned 1 values for 2 completions"),
   ):
-    [bad] = utils_rl.reward_functions(make_config(f"reward_functions_path={path}", f"reward_functions={name}"))
-    with pytest.raises(utils_rl.RewardFunctionError, match=message):
+    [bad] = _reward_functions(make_config(f"reward_functions_path={path}", f"reward_functions={name}"))
+    with pytest.raises(rewards.RewardFunctionError, match=message):
       bad(["p", "p"], ["a", "b"])
   with pytest.raises(ValueError, match=r"\['nope'\] not defined"):
-    utils_rl.reward_functions(make_config(f"reward_functions_path={path}", "reward_functions=[nope]"))
+    _reward_functions(make_config(f"reward_functions_path={path}", "reward_functions=[nope]"))
   with pytest.raises(FileNotFoundError, match="reward_functions_path="):
-    utils_rl.reward_functions(make_config(f"reward_functions_path={tmp_path / 'x.py'}", "reward_functions=[a]"))
+    _reward_functions(make_config(f"reward_functions_path={tmp_path / 'x.py'}", "reward_functions=[a]"))
 
 
 def test_reasoning_start_token_in_prompt_is_read_back():
   cfg = make_config("reasoning_start_token_in_prompt=true")
-  fn = utils_rl.bind_config(utils_rl.match_format_exactly, cfg)
+  [fn, *_] = _reward_functions(cfg)
   assert fn(["p"], ["6 times 7</reasoning><answer>42</answer>"]) == [3.0]
 
 
 def test_math_verify_timeout_scores_zero(monkeypatch):
-  monkeypatch.setattr(utils_rl._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))
-  assert utils_rl.check_numbers(None, ["<answer>x^2</answer>", GOOD], CFG, answer=["4", "42"]) == [0.0, 3.0]
+  monkeypatch.setattr(answers._VERIFIER, "equivalent", lambda pairs, timeout, num_procs: [None] * len(pairs))
+  assert word_problems.check_numbers(None, ["<answer>x^2</answer>", GOOD], CFG, answer=["4", "42"]) == [0.0, 3.0]
 
 
 @pytest.mark.parametrize(
@@ -161,6 +167,6 @@ def test_math_verify_timeout_scores_zero(monkeypatch):
 )
 def test_last_number_answer_format(completion, truth, expected):
   cfg = make_config("answer_format=last_number")
-  (reward,) = utils_rl.reward_functions(cfg)
+  (reward,) = _reward_functions(cfg)
   assert reward.__name__ == "last_number_correct"
   assert reward(["q"], [completion], answer=[truth]) == [expected]

@@ -4,9 +4,9 @@ that mode builds or stops the config with an error naming the key and the mode."
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.integration.tunix import agentic, chat_parser, learner, trajectories
+from maxtext.integration.tunix import agentic, learner, trajectories
 from maxtext.trainers.post_train.rl import tools
-from tests.conftest import make_config
+from tests.conftest import make_config, parser_for
 
 # A value away from the default for every rl.* key, and where each mode's learner shows it.
 CHANGED = {
@@ -72,11 +72,21 @@ ALGO_FIELDS = {
 def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
   """The keyword arguments train_rl's learner would be built with (the class replaced by a recorder)."""
   record = lambda **kwargs: kwargs
-  if cfg.rl.use_agentic_rollout:
+  if cfg.agentic.use_agentic_rollout:
     monkeypatch.setattr(agentic, "AgenticGRPOLearner", record)
-    return agentic.build_learner(cfg, None, [], chat_parser.for_config(cfg, tokenizer), tools.tool_map(cfg))
+    return agentic.build_learner(
+      cfg.train,
+      cfg.algorithm,
+      cfg.sampling,
+      cfg.agentic,
+      cfg.tools,
+      None,
+      [],
+      parser_for(cfg, tokenizer),
+      tools.tool_map(cfg.tools),
+    )
   monkeypatch.setattr(learner, "GRPOLearner", record)
-  return learner.build_learner(cfg, None, [])
+  return learner.build_learner(cfg.train, cfg.algorithm, cfg.sampling, None, [])
 
 
 def _observed(key: str, kwargs: dict):
@@ -175,13 +185,13 @@ def test_tool_limits_take_effect_with_the_python_tool():
     "rl.tool_timeout_s=1.5",
     "rl.max_turns=2",
   )
-  python = tools.tool_map(cfg)["python"](name="python", description="")
+  python = tools.tool_map(cfg.tools)["python"](name="python", description="")
   long = python.apply(code="print('x' * 5000)")
   assert long.error is None and 100 <= len(long.output) < 200 and "truncated" in long.output
   assert python.apply(code="b = bytearray(200 << 20)\nprint('allocated')").error is not None  # 200 MB > 64 MB
   slow = python.apply(code="import time\ntime.sleep(5)")
   assert "timed out after 1.5 s" in slow.error
-  assert trajectories.agent_kwargs(cfg, tools.tool_map(cfg), ())["env_kwargs"]["max_steps"] == 2
+  assert trajectories.agent_kwargs(cfg.tools, tools.tool_map(cfg.tools), ())["env_kwargs"]["max_steps"] == 2
 
 
 @pytest.mark.parametrize(

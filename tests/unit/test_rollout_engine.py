@@ -20,8 +20,8 @@ PROMPTS = ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"] * 2
 @pytest.fixture(scope="module")
 def setup(qwen3_tokenizer):
   cfg = make_config("model_name=qwen3-tiny", "max_prompt_length=16", "max_response_length=8")
-  mesh, _ = create_meshes(cfg)
-  model = load.load_model(cfg, mesh)
+  mesh, _ = create_meshes(cfg.mesh, agentic=False)
+  model = load.load_model(cfg.model, mesh)
   config = base_rollout.RolloutConfig(
     max_tokens_to_generate=8,
     max_prompt_length=16,

@@ -4,11 +4,13 @@ import json
 import os
 
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
+from maxtext.utils.steps import Steps
 from tests.conftest import make_config
 
 
 def _folder(tmp_path, *overrides) -> RunFolder:
-  return RunFolder(make_config(f"base_output_directory={tmp_path}", "run_name=run", *overrides))
+  cfg = make_config(f"base_output_directory={tmp_path}", "run_name=run", *overrides)
+  return RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm))
 
 
 def _checkpoint(folder: RunFolder, update: int) -> None:

@@ -60,12 +60,12 @@ def test_sampler_is_weights_and_mismatch_by_hand():
 
 def test_logp_checks_every_period_and_every_step_with_the_correction():
   cfg = pyconfig.initialize(["x", "rl.yml", "rl.logp_check_period=3"])
-  shape = shaping.Shaping.from_config(cfg)
+  shape = shaping.Shaping.from_config(cfg.algorithm, cfg.sampling)
   assert [s for s in range(7) if shape.checks_logps(s)] == [0, 3, 6]
   cfg = pyconfig.initialize(["x", "rl.yml", "rl.sampler_is=token"])
-  assert all(shaping.Shaping.from_config(cfg).checks_logps(s) for s in range(7))
+  assert all(shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).checks_logps(s) for s in range(7))
   cfg = pyconfig.initialize(["x", "rl.yml", "rollout_engine=vanilla"])
-  assert not any(shaping.Shaping.from_config(cfg).checks_logps(s) for s in range(7))
+  assert not any(shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).checks_logps(s) for s in range(7))
 
 
 @pytest.mark.parametrize(
@@ -90,4 +90,4 @@ def test_shaping_settings_are_refused_where_they_would_not_take_effect(args, mes
 def test_reinforce_pp_with_dynamic_sampling_is_refused():
   cfg = pyconfig.initialize(["x", "rl.yml", "rl.advantage_estimator=reinforce_pp", "rl.dynamic_sampling=true"])
   with pytest.raises(ConfigError, match="rl.dynamic_sampling=true: REINFORCE"):
-    losses.check(cfg)
+    losses.check(cfg.algorithm, cfg.agentic.use_agentic_rollout)

@@ -41,11 +41,11 @@ def _example(seed=0, prompts=2):
 
 def _model(*overrides):
   cfg = make_config(*overrides)
-  return cfg, load.load_model(cfg, create_meshes(cfg)[0])
+  return cfg, load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
 
 
 def _loss(cfg, shared: bool):
-  config = algorithm.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 0.9
   tunix_loss = lambda m, ex, algo: algo_core.grpo_loss_fn(m, ex, algo, pad_id=PAD, eos_id=EOS)
   loss = prefix_sharing.SharedPrefixLoss(tunix_loss, GROUP) if shared else tunix_loss
@@ -62,7 +62,7 @@ def _loss(cfg, shared: bool):
 )
 def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
   cfg, model = _model(*overrides, f"rl.num_generations={GROUP}")
-  if cfg.lora_rank:  # adapters that start at zero would leave their B gradient-free
+  if cfg.model.lora_rank:  # adapters that start at zero would leave their B gradient-free
     builder.set_adapters(
       model,
       {n: np.random.default_rng(1).normal(0, 0.1, a.shape).astype(a.dtype) for n, a in builder.adapters(model).items()},
@@ -73,10 +73,10 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
   tokens, positions, attention, _ = common.process_ids(example.prompt_ids, example.completion_ids, PAD, EOS)
   whole, _ = model(tokens, positions, None, attention)
   shared, _ = SharedPrefix(model, PROMPT, GROUP)(tokens, positions, None, attention)
-  assert shared.shape == (len(tokens), COMPLETION + 1, cfg.vocab_size)
+  assert shared.shape == (len(tokens), COMPLETION + 1, cfg.model.vocab_size)
   np.testing.assert_allclose(shared, whole[:, PROMPT - 1 :], rtol=1e-5, atol=1e-5)
 
-  wrt = nnx.LoRAParam if cfg.lora_rank else nnx.Param
+  wrt = nnx.LoRAParam if cfg.model.lora_rank else nnx.Param
   results = [nnx.value_and_grad(_loss(cfg, s), argnums=nnx.DiffState(0, wrt))(model, example) for s in (False, True)]
   (want, want_grads), (got, got_grads) = results
   assert abs(float(got) - float(want)) < 1e-6 * max(1.0, abs(float(want))) and float(want) != 0
@@ -92,7 +92,7 @@ def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
   cfg, model = _model(
     "model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04", f"max_prompt_length={PROMPT - 6}"
   )
-  reference = cluster.reference_model(cfg, model)
+  reference = cluster.reference_model(cfg.algorithm, model, cfg.sampling.max_prompt_length)
   assert isinstance(reference, SharedPrefix) and reference.prompt_length == PROMPT - 6
   example = _example(seed=3)
   logps = [

@@ -5,7 +5,8 @@ from tests.conftest import make_config
 
 
 def test_steps_and_updates_by_hand():
-  steps = Steps.of(make_config("num_batches=8", "rl.num_iterations=3"))
+  cfg = make_config("num_batches=8", "rl.num_iterations=3")
+  steps = Steps.of(cfg.train, cfg.algorithm)
   assert (steps.steps, steps.updates_per_step, steps.updates) == (8, 3, 24)
   assert steps.updates_in(2) == 6
   assert [steps.done(u) for u in (0, 2, 3, 5, 6)] == [0, 0, 1, 1, 2]

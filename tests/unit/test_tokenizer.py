@@ -95,7 +95,7 @@ def test_tokenizer_larger_than_the_embedding_is_a_config_error():
   from tests.conftest import make_config
 
   with pytest.raises(ConfigError, match=r"tokenizer_path=.*: 151669 tokens exceed the model's vocab_size=1000"):
-    tokenizer_for(make_config("model_name=qwen3-tiny", "vocab_size=1000"))
+    tokenizer_for(make_config("model_name=qwen3-tiny", "vocab_size=1000").model)
 
 
 @pytest.mark.parametrize("model_name", ["qwen3-0.6b", "qwen3-8b"])
@@ -103,7 +103,7 @@ def test_every_qwen3_size_defaults_to_the_qwen3_tokenizer(model_name):
   from maxtext.input_pipeline.tokenizer import tokenizer_for
   from tests.conftest import make_config
 
-  tok = tokenizer_for(make_config(f"model_name={model_name}"))
+  tok = tokenizer_for(make_config(f"model_name={model_name}").model)
   assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<tool_call>"]) == [151644, 151645, 151657]
   text = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
   assert text.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")

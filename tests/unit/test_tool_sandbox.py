@@ -244,12 +244,12 @@ def test_python_tool_fails_closed_where_the_sandbox_cannot_start(monkeypatch, ca
   sandbox.check.cache_clear()
   try:
     with pytest.raises(pyconfig.ConfigError, match="rl.tool_sandbox=none"):
-      tools.tool_map(cfg)
+      tools.tool_map(cfg.tools)
   finally:
     sandbox.check.cache_clear()
   none = make_config("rl.use_agentic_rollout=true", "rl.tools=[python]", "rl.tool_sandbox=none")
   with caplog.at_level("WARNING"):
-    python = tools.tool_map(none)["python"]("python", "run python")
+    python = tools.tool_map(none.tools)["python"]("python", "run python")
   assert "UNSANDBOXED" in caplog.text
   assert python.apply(code="print(open('/etc/passwd').read()[:4])").output == "root\n"
 
@@ -289,7 +289,7 @@ def test_python_tool_from_a_venv_under_tmp():
     script = (
       "from maxtext.trainers.post_train.rl import tools\nfrom tests.conftest import make_config\n"
       "cfg = make_config('rl.use_agentic_rollout=true', 'rl.tools=[python]')\n"
-      f"print(tools.tool_map(cfg)['python']('python', 'run python').apply(code={probe!r}).output)"
+      f"print(tools.tool_map(cfg.tools)['python']('python', 'run python').apply(code={probe!r}).output)"
     )
     result = subprocess.run(
       [os.path.join(venv, "bin", "python"), "-c", script],

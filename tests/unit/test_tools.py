@@ -53,7 +53,7 @@ def test_calculator_wrong_arguments():
 
 @pytest.fixture(scope="module")
 def python():
-  cls = tools.tool_map(CFG)["python"]
+  cls = tools.tool_map(CFG.tools)["python"]
   return cls("python", "run python")
 
 
@@ -86,7 +86,7 @@ def test_python_output_is_truncated(python):
 
 def test_unknown_tool_is_a_config_error():
   with pytest.raises(ValueError, match=r"rl.tools: unknown tool\(s\) \['browser'\]"):
-    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[browser]"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[browser]").tools)
 
 
 def test_user_tools_from_tools_path(tmp_path):
@@ -101,7 +101,7 @@ def test_user_tools_from_tools_path(tmp_path):
     "TOOLS = {'echo': Echo}\n"
   )
   found = tools.tool_map(
-    make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, echo]", f"rl.tools_path={path}")
+    make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator, echo]", f"rl.tools_path={path}").tools
   )
   assert sorted(found) == ["calculator", "echo"] and found["echo"].__name__ == "Echo"
   with pytest.raises(
@@ -109,13 +109,15 @@ def test_user_tools_from_tools_path(tmp_path):
     match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
     r"\['calculator', 'echo', 'python'\]",
   ):
-    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}"))
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}").tools)
   (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
   with pytest.raises(pyconfig.ConfigError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
-    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}"))
+    tools.tool_map(
+      make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}").tools
+    )
   with pytest.raises(FileNotFoundError, match="missing.py: file not found"):
     tools.tool_map(
-      make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}")
+      make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'missing.py'}").tools
     )
 
 
@@ -141,7 +143,9 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   )
   manager = tool_manager.ToolManager(
     tools.tool_map(
-      make_config("rl.use_agentic_rollout=true", "rl.tools=[nap]", f"rl.tools_path={path}", "rl.tool_timeout_s=0.5")
+      make_config(
+        "rl.use_agentic_rollout=true", "rl.tools=[nap]", f"rl.tools_path={path}", "rl.tool_timeout_s=0.5"
+      ).tools
     )
   )
   assert manager.get_tools()[0].description.startswith("Sleeps for")
@@ -165,9 +169,9 @@ def test_every_builtin_tool_is_bounded_by_the_timeout_and_its_limits_are_the_one
   """Each built-in tool is bounded by rl.tool_timeout_s (a calculator call that hangs comes back as
   the timeout error), and the config accepts exactly the rl.tool_* limits its BUILTIN_TOOLS entry
   names."""
-  calc = tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.tool_timeout_s=0.2"))[
-    "calculator"
-  ]("calculator", "calc")
+  calc = tools.tool_map(
+    make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.tool_timeout_s=0.2").tools
+  )["calculator"]("calculator", "calc")
   released = threading.Event()
   original = tools.CalculatorTool.run
   monkeypatch.setattr(tools.CalculatorTool, "run", lambda self, value: released.wait(5) or original(self, value))

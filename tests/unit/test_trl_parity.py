@@ -140,7 +140,7 @@ def _trl_side(path, batch, trl_args: dict, beta: float, variant: str):
 
 def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndarray, variant: str):
   cfg, model = load_ours(path, f"rl.grpo_beta={beta}", "rl.grpo_epsilon=0.2", "rl.kl_loss_mode=low_var_kl", *overrides)
-  config = algorithm.grpo_config(cfg)
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = TEMPERATURE  # what the learner sets from the training rollout config
   example = grpo_learner.TrainExample(
     prompt_ids=jnp.asarray(batch["prompts"], jnp.int32),
@@ -153,9 +153,9 @@ def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndar
   )
   weights = _sampler_is_weights(batch, trl_logps, variant)
   if weights is not None:
-    assert cfg.rl.sampler_is == "token"
+    assert cfg.algorithm.sampler_is == "token"
     example = example.replace(sampler_is_weights=jnp.asarray(weights))
-  loss_fn = function_registry.get_policy_loss_fn(cfg.rl.policy_loss_fn)
+  loss_fn = function_registry.get_policy_loss_fn(cfg.algorithm.policy_loss_fn)
   (loss, aux), grads = nnx.value_and_grad(lambda m: loss_fn(m, example, config, pad_id=PAD, eos_id=EOS), has_aux=True)(
     model
   )

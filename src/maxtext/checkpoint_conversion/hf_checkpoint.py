@@ -11,6 +11,7 @@ from safetensors import numpy as safetensors_np
 from safetensors import safe_open
 
 from maxtext.checkpoint_conversion import hf_config
+from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors
 
 
@@ -35,7 +36,7 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-def write(path: str, state: dict[str, np.ndarray], cfg, tokenizer=None) -> None:
+def write(path: str, state: dict[str, np.ndarray], cfg: ModelSection, tokenizer=None) -> None:
   """config.json, model.safetensors and (when given) the tokenizer files with their chat template."""
   os.makedirs(path, exist_ok=True)
   hf_config.to_hf_config(cfg, tokenizer).save_pretrained(path)

@@ -7,6 +7,7 @@ from typing import Any
 
 from etils import epath
 
+from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors, storage
 
 # Model-YAML keys that define the architecture, in the order they are reported.
@@ -89,14 +90,14 @@ def architecture(path: str) -> dict[str, Any]:
   }
 
 
-def to_hf_config(cfg, tokenizer=None):
+def to_hf_config(cfg: ModelSection, tokenizer=None):
   """A transformers config object for the run config's architecture (weights dtype included)."""
   import transformers  # heavy; only the exporter needs it
 
   rope = {"rope_type": "default", "rope_theta": cfg.rope_max_timescale}
   if cfg.rope_scaling:
-    rope = {"rope_type": "llama3", "rope_theta": cfg.rope_max_timescale, **cfg.rope_scaling.to_dict()}
-  kwargs = dict(
+    rope = {"rope_type": "llama3", "rope_theta": cfg.rope_max_timescale, **cfg.rope_scaling}
+  kwargs: dict[str, Any] = dict(
     vocab_size=cfg.vocab_size,
     hidden_size=cfg.emb_dim,
     num_hidden_layers=cfg.num_decoder_layers,

@@ -14,12 +14,13 @@ import sys
 import tempfile
 
 from maxtext.configs import cli
+from maxtext.configs.sections import ModelSection, RunConfig
 from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
 
 
-def export(model, cfg, tokenizer, path: str) -> None:
+def export(model, cfg: ModelSection, tokenizer, path: str) -> None:
   """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory (local or
   gs://): every process gathers the weights, process 0 writes them."""
   from maxtext.checkpoint_conversion import hf_checkpoint
@@ -37,17 +38,17 @@ def export(model, cfg, tokenizer, path: str) -> None:
   log.info("Wrote HF checkpoint %s", path)
 
 
-def convert(cfg) -> None:
+def convert(cfg: RunConfig) -> None:
   from maxtext.input_pipeline.tokenizer import tokenizer_for
   from maxtext.models.load import load_model
   from maxtext.utils import distributed
   from maxtext.utils import mesh as mesh_lib
 
-  if not cfg.hf_output_path:
+  if not cfg.run.hf_output_path:
     raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
   distributed.initialize()
-  trainer_mesh, _ = mesh_lib.create_meshes(cfg)
-  export(load_model(cfg, trainer_mesh), cfg, tokenizer_for(cfg), cfg.hf_output_path)
+  trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
+  export(load_model(cfg.model, trainer_mesh), cfg.model, tokenizer_for(cfg.model), cfg.run.hf_output_path)
 
 
 def main(argv: list[str]) -> int:

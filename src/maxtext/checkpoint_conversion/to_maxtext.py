@@ -14,21 +14,22 @@ import logging
 import sys
 
 from maxtext.configs import cli, pyconfig
+from maxtext.configs.sections import RunConfig
 
 log = logging.getLogger(__name__)
 
 
-def convert(cfg) -> None:
+def convert(cfg: RunConfig) -> None:
   from maxtext.checkpoint_conversion import orbax_checkpoint
   from maxtext.models.load import load_model
   from maxtext.utils import distributed, storage
   from maxtext.utils import mesh as mesh_lib
 
   distributed.initialize()
-  trainer_mesh, _ = mesh_lib.create_meshes(cfg)
-  step_dir = orbax_checkpoint.save_params(cfg.base_output_directory, load_model(cfg, trainer_mesh))
+  trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
+  step_dir = orbax_checkpoint.save_params(cfg.run.base_output_directory, load_model(cfg.model, trainer_mesh))
   if distributed.is_main():
-    pyconfig.write_yaml(cfg, storage.join(cfg.base_output_directory, "config.yml"))
+    pyconfig.write_yaml(cfg, storage.join(cfg.run.base_output_directory, "config.yml"))
   log.info("Wrote %s", step_dir)
 
 

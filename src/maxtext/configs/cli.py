@@ -41,7 +41,7 @@ def reference_markdown() -> str:
   return "\n".join(rows) + "\n"
 
 
-def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | None]) -> int:
+def main(argv: list[str], job: Callable[[pyconfig.RunConfig], list[dict] | None]) -> int:
   xla_flags.use_sequential_cpu_scheduler()  # before JAX starts
   if any(a in ("-h", "--help") for a in argv[1:]):
     spec = getattr(sys.modules[job.__module__], "__spec__", None)
@@ -53,14 +53,14 @@ def main(argv: list[str], job: Callable[[pyconfig.ResolvedConfig], list[dict] | 
     print(f"config error: {e}", file=sys.stderr)
     return 2
   logging.basicConfig(
-    level=cfg.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    level=cfg.run.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
   )
   # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
-  absl_logging.set_verbosity("debug" if cfg.log_level == "debug" else "warning")
-  if cfg.jax_cache_dir:
+  absl_logging.set_verbosity("debug" if cfg.run.log_level == "debug" else "warning")
+  if cfg.run.jax_cache_dir:
     import jax
 
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.jax_cache_dir))
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cfg.run.jax_cache_dir))
   try:
     cfg = pyconfig.with_local_inputs(cfg)
     with contextlib.redirect_stdout(sys.stderr):

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from maxtext.checkpoint_conversion import hf_config
+from maxtext.configs.sections import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
@@ -33,47 +34,6 @@ KEY_ALIASES = {"model": "model_name"}
 # Keys whose value is a whole mapping (not a section of keys).
 MAPPING_VALUED_KEYS = ("rope_scaling",)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
-
-
-class Config:
-  """A frozen, attribute-access view of a nested config mapping."""
-
-  def __init__(self, values: dict[str, Any]):
-    object.__setattr__(
-      self,
-      "_values",
-      {k: Config(v) if isinstance(v, dict) else v for k, v in values.items()},
-    )
-
-  def __getattr__(self, name: str) -> Any:
-    try:
-      return self._values[name]
-    except KeyError:
-      raise AttributeError(f"config has no key {name!r}") from None
-
-  def __setattr__(self, name, value):
-    raise AttributeError(f"config is frozen; cannot set {name!r}")
-
-  def __contains__(self, name: str) -> bool:
-    return name in self._values
-
-  def to_dict(self) -> dict[str, Any]:
-    return {k: v.to_dict() if isinstance(v, Config) else v for k, v in self._values.items()}
-
-  def flat(self) -> dict[str, Any]:
-    """Dotted key -> leaf value."""
-    return _flatten(self.to_dict())
-
-  @property
-  def kv_cache_size(self) -> int:
-    """Slots of the sampler's KV cache: the longest prompt plus the longest response."""
-    return self.max_prompt_length + self.max_response_length
-
-  @property
-  def run_dir(self) -> str:
-    """Absolute, as Orbax needs (a relative base_output_directory is under the working directory),
-    or a gs:// URL."""
-    return storage.join(self.base_output_directory, self.run_name)
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -519,33 +479,21 @@ def known_models() -> list[str]:
   return sorted(f[:-4] for f in os.listdir(MODELS_DIR) if f.endswith(".yml"))
 
 
-class ResolvedConfig(Config):
-  """The run config plus the keys set away from base.yml's defaults, and the URLs of the inputs
-  replaced by local copies (with_local_inputs)."""
-
-  def __init__(
-    self, values: dict[str, Any], overridden: dict[str, tuple[Any, str]], urls: dict[str, str] | None = None
-  ):
-    super().__init__(values)
-    object.__setattr__(self, "overridden", overridden)
-    object.__setattr__(self, "urls", urls or {})
-
-
-def with_local_inputs(cfg: ResolvedConfig) -> ResolvedConfig:
+def with_local_inputs(cfg: RunConfig) -> RunConfig:
   """cfg with every input on a bucket replaced by a local copy, but Orbax checkpoints, which Orbax
   reads where they are; config.yml keeps recording the URLs."""
   from maxtext.checkpoint_conversion import orbax_checkpoint
 
-  flat, urls = cfg.flat(), {}
+  flat, urls, copies = cfg.flat(), {}, {}
   for key in _COPIED_INPUTS:
     url = flat[key]
     if not storage.is_url(url) or (key == "load_parameters_path" and orbax_checkpoint.is_orbax_checkpoint(url)):
       continue
-    urls[key], flat[key] = url, storage.local_copy(key, url)
-  return ResolvedConfig(_unflatten(flat), cfg.overridden, {**cfg.urls, **urls}) if urls else cfg
+    urls[key], copies[key] = url, storage.local_copy(key, url)
+  return cfg.replace_values(copies, urls) if urls else cfg
 
 
-def initialize(argv: list[str]) -> ResolvedConfig:
+def initialize(argv: list[str]) -> RunConfig:
   """argv as on the command line (argv[0] ignored): [yaml] key=value ... -> frozen config."""
   args = list(argv[1:])
   yaml_path = BASE_YAML
@@ -587,17 +535,17 @@ def initialize(argv: list[str]) -> ResolvedConfig:
   overridden = {
     k: (merger.values[k], merger.set_by.get(k, "derived")) for k in merger.values if merger.values[k] != defaults[k]
   }
-  return ResolvedConfig(_unflatten(merger.values), overridden)
+  return RunConfig.from_values(merger.values, overridden)
 
 
-def write_yaml(config: Config, path: str) -> None:
+def write_yaml(config: RunConfig, path: str) -> None:
   """Writes config as YAML to a local path or a gs:// URL."""
   if storage.is_url(path):
     with tempfile.TemporaryDirectory() as folder:
       write_yaml(config, os.path.join(folder, "config.yml"))
       storage.upload(os.path.join(folder, "config.yml"), path)
     return
-  values = {**config.flat(), **getattr(config, "urls", {})}
+  values = {**config.flat(), **config.urls}
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     yaml.safe_dump(_unflatten(values), f, sort_keys=False)

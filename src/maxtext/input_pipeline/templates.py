@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 import os
 
+from maxtext.configs.sections import TaskSection
 from maxtext.utils import errors
 
 TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates")
 
 
-def template_path(cfg) -> str:
+def template_path(cfg: TaskSection, default: str) -> str:
   """data_template_path as given, a shipped template's bare file name (configs/templates/), or the
-  shipped gsm8k_rl.json when empty."""
-  path = cfg.data_template_path or "gsm8k_rl.json"
+  shipped `default` (the task's) when empty."""
+  path = cfg.data_template_path or default
   shipped = os.path.join(TEMPLATE_DIR, path)
   return shipped if not os.path.exists(path) and os.path.basename(path) == path and os.path.isfile(shipped) else path
 
@@ -45,7 +46,7 @@ def _example_turns(data: dict, path: str) -> list[dict[str, str]]:
   return [dict(t) for t in turns]
 
 
-def answer_prefix(cfg) -> str:
+def answer_prefix(cfg: TaskSection) -> str:
   """What the prompt ends with and the model's completion therefore lacks: the reasoning start
   token when reasoning_start_token_in_prompt is set."""
   return cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
@@ -55,8 +56,8 @@ class PromptTemplate:
   """SYSTEM_PROMPT (formatted with the config's tag tokens), EXAMPLES and TEMPLATE (formatted with
   {question})."""
 
-  def __init__(self, cfg, tokenizer):
-    path = template_path(cfg)
+  def __init__(self, cfg: TaskSection, tokenizer, default: str):
+    path = template_path(cfg, default)
     try:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)

@@ -14,6 +14,7 @@ import transformers
 
 from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_config
+from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors
 from maxtext.utils.errors import ConfigError
 
@@ -96,7 +97,7 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   return tok
 
 
-def tokenizer_path(cfg) -> str:
+def tokenizer_path(cfg: ModelSection) -> str:
   """tokenizer_path, else the HF checkpoint's own tokenizer, else the model's default."""
   if cfg.tokenizer_path:
     return cfg.tokenizer_path
@@ -110,7 +111,7 @@ def tokenizer_path(cfg) -> str:
   raise ConfigError(f"tokenizer_path: required for model_name={cfg.model_name} (no default tokenizer)")
 
 
-def tokenizer_for(cfg) -> transformers.PreTrainedTokenizerBase:
+def tokenizer_for(cfg: ModelSection) -> transformers.PreTrainedTokenizerBase:
   """The run's tokenizer, checked against the model's vocabulary."""
   path = tokenizer_path(cfg)
   tok = load_tokenizer(path)

@@ -20,13 +20,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from maxtext.configs.sections import ModelSection
+
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Architecture of one decoder; built from the run config by `from_config`."""
+  """Architecture of one decoder; built from the run config's model section by `from_config`."""
 
   family: str
   vocab_size: int
@@ -50,7 +52,7 @@ class ModelConfig:
   lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
 
   @classmethod
-  def from_config(cls, cfg) -> ModelConfig:
+  def from_config(cls, cfg: ModelSection) -> ModelConfig:
     scaling = cfg.rope_scaling
     return cls(
       family=cfg.decoder_family,
@@ -62,7 +64,7 @@ class ModelConfig:
       head_dim=cfg.head_dim,
       mlp_dim=cfg.mlp_dim,
       rope_theta=cfg.rope_max_timescale,
-      rope_scaling=tuple(sorted(scaling.to_dict().items())) if scaling else None,
+      rope_scaling=tuple(sorted(scaling.items())) if scaling else None,
       norm_eps=cfg.normalization_layer_epsilon,
       use_qk_norm=cfg.use_qk_norm,
       tie_embeddings=cfg.logits_via_embedding,

@@ -14,6 +14,7 @@ from jax.sharding import Mesh
 
 from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, orbax_checkpoint
+from maxtext.configs.sections import ModelSection
 from maxtext.models import builder, hf_layout
 from maxtext.models.decoder import Decoder, ModelConfig
 from maxtext.utils import errors, heap, storage
@@ -22,7 +23,7 @@ from maxtext.utils.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _check_gguf_architecture(path: str, cfg) -> None:
+def _check_gguf_architecture(path: str, cfg: ModelSection) -> None:
   reader = gguf_reader.open_gguf(path)
   arch = gguf_reader.field(reader, "general.architecture")
   expected = {
@@ -42,7 +43,7 @@ def _check_gguf_architecture(path: str, cfg) -> None:
     raise ConfigError(f"{path}: does not match model_name={cfg.model_name}: " + "; ".join(diffs))
 
 
-def parameters_path(cfg) -> str:
+def parameters_path(cfg: ModelSection) -> str:
   """The weights of the run; empty for a seeded random init."""
   if cfg.random_weights:
     if cfg.load_parameters_path:
@@ -60,7 +61,7 @@ def parameters_path(cfg) -> str:
   raise ConfigError(f"load_parameters_path: required for model_name={cfg.model_name} (no embedded default weights)")
 
 
-def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
+def read_arrays(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
   """Our dotted parameter names -> arrays (as stored) from a GGUF file, HF directory or Orbax checkpoint."""
   mcfg = ModelConfig.from_config(cfg)
   if path.endswith(".gguf"):
@@ -84,7 +85,7 @@ def read_arrays(path: str, cfg) -> dict[str, np.ndarray]:
   )
 
 
-def _check_adapters_config(path: str, cfg) -> None:
+def _check_adapters_config(path: str, cfg: ModelSection) -> None:
   """Adapters inside a run folder must be read with the LoRA settings of that run's config.yml."""
   folder = epath.Path(storage.join(path))
   for _ in range(5):
@@ -104,7 +105,7 @@ def _check_adapters_config(path: str, cfg) -> None:
     folder = folder.parent
 
 
-def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:
+def read_adapters(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
   """Dotted adapter names -> arrays from an Orbax checkpoint (a LoRA run's checkpoints/ or one step)."""
   if not orbax_checkpoint.is_orbax_checkpoint(path):
     raise errors.MissingInputError(
@@ -121,7 +122,7 @@ def read_adapters(path: str, cfg) -> dict[str, np.ndarray]:
   return adapters
 
 
-def load_model(cfg, mesh: Mesh) -> Decoder:
+def load_model(cfg: ModelSection, mesh: Mesh) -> Decoder:
   """The run's decoder: its weights, with LoRA adapters (fresh, or lora_input_adapters_path's) when
   lora_rank > 0."""
   mcfg = ModelConfig.from_config(cfg)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from maxtext.configs.sections import MeshSection
 from maxtext.utils import distributed
 from maxtext.utils.errors import ConfigError
 
@@ -16,7 +17,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 DATA_AXES = ("data", "fsdp")
 
 
-def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
+def mesh_shape(cfg: MeshSection, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) sizes for num_devices; one -1 entry fills the remaining devices."""
   keys = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
   sizes = [getattr(cfg, k) for k in keys]
@@ -39,19 +40,19 @@ def mesh_shape(cfg, num_devices: int) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
-def _mesh(cfg, devices: list) -> Mesh:
+def _mesh(cfg: MeshSection, devices: list) -> Mesh:
   return Mesh(np.array(devices).reshape(mesh_shape(cfg, len(devices))), MESH_AXES)
 
 
-def create_meshes(cfg) -> tuple[Mesh, Mesh]:
+def create_meshes(cfg: MeshSection, agentic: bool) -> tuple[Mesh, Mesh]:
   """(trainer mesh, sampler mesh); the same mesh unless the device fractions split the devices, or
-  agentic GRPO runs across processes: there each process samples on its own devices
+  `agentic` GRPO runs across processes: there each process samples on its own devices
   (`process_local`), for its share of each batch."""
   devices = jax.devices()
   tf, sf = cfg.trainer_devices_fraction, cfg.sampler_devices_fraction
   if tf == 1.0 and sf == 1.0:
     mesh = _mesh(cfg, devices)
-    if cfg.rl.use_agentic_rollout and jax.process_count() > 1:
+    if agentic and jax.process_count() > 1:
       return mesh, _process_mesh(cfg)
     return mesh, mesh
   if jax.process_count() > 1:
@@ -69,7 +70,7 @@ def create_meshes(cfg) -> tuple[Mesh, Mesh]:
   return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train : n_train + n_sample])
 
 
-def _process_mesh(cfg) -> Mesh:
+def _process_mesh(cfg: MeshSection) -> Mesh:
   local = jax.local_devices()
   try:
     return _mesh(cfg, local)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from maxtext.configs.sections import AlgorithmSection, TrainSection
+
 
 @dataclasses.dataclass(frozen=True)
 class Steps:
@@ -17,8 +19,8 @@ class Steps:
   updates_per_step: int = 1  # rl.num_iterations
 
   @classmethod
-  def of(cls, cfg) -> Steps:
-    return cls(cfg.num_batches, cfg.rl.num_iterations)
+  def of(cls, train: TrainSection, algorithm: AlgorithmSection) -> Steps:
+    return cls(train.num_batches, algorithm.num_iterations)
 
   @property
   def updates(self) -> int:

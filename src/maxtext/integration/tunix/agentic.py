@@ -58,6 +58,7 @@ from tunix.rl import utils as rl_utils
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
+from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
 from maxtext.integration.tunix import step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
@@ -454,7 +455,11 @@ _TURNS = "model_turns_started"
 
 
 def build_learner(
-  cfg,
+  train: TrainSection,
+  rl: AlgorithmSection,
+  sampling: SamplingSection,
+  agentic: AgenticSection,
+  tools: ToolsSection,
   cluster,
   reward_fns,
   parser: ConfigChatParser,
@@ -464,14 +469,14 @@ def build_learner(
 ) -> AgenticGRPOLearner:
   """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling)."""
   return AgenticGRPOLearner(
-    batch_size=cfg.batch_size,
-    dynamic_sampling_rounds=cfg.rl.dynamic_sampling_max_rounds if cfg.rl.dynamic_sampling else 1,
+    batch_size=train.batch_size,
+    dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
     reserve=reserve,
     before_step=before_step,
-    logp_check_period=cfg.rl.logp_check_period,
+    logp_check_period=rl.logp_check_period,
     rl_cluster=cluster,
-    algo_config=grpo_config(cfg, parser.system_prompt),
+    algo_config=grpo_config(rl, sampling, agentic, parser.system_prompt),
     reward_fns=list(reward_fns),
     chat_parser=parser,
-    **agent_kwargs(cfg, tool_map, parser.example_turns),
+    **agent_kwargs(tools, tool_map, parser.example_turns),
   )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.grpo import grpo_learner
 
+from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection
 from maxtext.integration.tunix import losses
 
 log = logging.getLogger(__name__)
@@ -21,12 +23,14 @@ class GRPOConfig(grpo_learner.GRPOConfig):
   epsilon_high: float
 
 
-def grpo_config(cfg, system_prompt: str = "") -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
+def grpo_config(
+  rl: AlgorithmSection, sampling: SamplingSection, agentic: AgenticSection | None = None, system_prompt: str = ""
+) -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
   """The learner's algorithm config: agentic GRPO's (with the conversations' system prompt) when
-  rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are registered."""
+  `agentic` says rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are
+  registered."""
   losses.register()
-  rl = cfg.rl
-  common = dict(
+  common: dict[str, Any] = dict(
     advantage_estimator=rl.advantage_estimator,
     policy_loss_fn=rl.policy_loss_fn,
     num_generations=rl.num_generations,
@@ -38,18 +42,18 @@ def grpo_config(cfg, system_prompt: str = "") -> GRPOConfig | agentic_grpo_learn
     loss_algo=rl.loss_algo,
     loss_agg_mode=rl.loss_agg_mode,
   )
-  if not rl.use_agentic_rollout:
+  if agentic is None or not agentic.use_agentic_rollout:
     return GRPOConfig(**common)
   config = agentic_grpo_learner.GRPOConfig(
     **common,
     system_prompt=system_prompt,
-    max_concurrency=rl.max_concurrency,
-    off_policy_steps=rl.off_policy_steps,
-    max_response_length=cfg.max_response_length,
+    max_concurrency=agentic.max_concurrency,
+    off_policy_steps=agentic.off_policy_steps,
+    max_response_length=sampling.max_response_length,
     sampler_is=rl.sampler_is or None,
     sampler_is_threshold=rl.sampler_is_threshold,
     degenerate_group_masking=rl.filter_zero_variance_groups,
-    use_rollout_logps=cfg.rollout_engine == "batched",
+    use_rollout_logps=sampling.rollout_engine == "batched",
   )
   log.info("Agentic GRPO algorithm config: %s", config)
   return config

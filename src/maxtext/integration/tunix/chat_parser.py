@@ -24,6 +24,7 @@ import jinja2
 import numpy as np
 from tunix.rl.agentic.parser.chat_template_parser import parser as tunix_parser
 
+from maxtext.configs.sections import AgenticSection
 from maxtext.input_pipeline.templates import PromptTemplate
 
 log = logging.getLogger(__name__)
@@ -129,8 +130,7 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     return self.render(anchor + list(messages), add_generation_prompt)[len(base) :]
 
 
-def for_config(cfg, tokenizer) -> ConfigChatParser:
+def for_config(agentic: AgenticSection, template: PromptTemplate) -> ConfigChatParser:
   """The run's parser: system prompt rl.system_prompt (else the data template's SYSTEM_PROMPT) and the
-  data template's example turns."""
-  template = PromptTemplate(cfg, tokenizer)
-  return ConfigChatParser(tokenizer, cfg.rl.system_prompt or template.system_prompt, template.examples)
+  data template's example turns, through the template's tokenizer."""
+  return ConfigChatParser(template.tokenizer, agentic.system_prompt or template.system_prompt, template.examples)

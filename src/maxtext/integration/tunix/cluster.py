@@ -1,5 +1,5 @@
-"""Builds Tunix's RLCluster from the config: actor, reference, optimizer, meshes, rollout engine,
-checkpointing and metric sinks.
+"""Builds Tunix's RLCluster: actor, reference, optimizer, meshes, rollout engine, checkpointing and
+metric sinks.
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
@@ -18,7 +18,8 @@ from tunix.sft import hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
-from maxtext.integration.tunix import accumulation, metrics, rollout
+from maxtext.configs.sections import AlgorithmSection, RunSection, TrainSection
+from maxtext.integration.tunix import accumulation, metrics
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
@@ -29,13 +30,13 @@ from maxtext.utils.steps import Steps
 Role = rl_cluster_lib.Role
 
 
-def optimizer(cfg) -> optax.GradientTransformation:
+def optimizer(cfg: TrainSection, steps: Steps) -> optax.GradientTransformation:
   """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping. Weight
   decay applies to matrices and embeddings only, as HF's Trainer does (norm scales and biases, the
   one-dimensional parameters, are not decayed), unless adam_weight_decay_all. An update whose
   gradient is zero (no sample of the step carries a learning signal) does not move the weights
   (unless_without_signal)."""
-  updates = Steps.of(cfg).updates
+  updates = steps.updates
   warmup = int(cfg.warmup_steps_fraction * updates)
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
@@ -73,15 +74,15 @@ def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
   return managers.AnySavePolicy([managers.FixedIntervalPolicy(interval), managers.PreemptionCheckpointingPolicy()])
 
 
-def reference_model(cfg, actor: Decoder) -> nnx.Module | None:
+def reference_model(cfg: AlgorithmSection, actor: Decoder, max_prompt_length: int) -> nnx.Module | None:
   """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
   weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
   group's prompt once (SharedPrefix over the first max_prompt_length tokens, which the group's samples
   share: both learners pad prompts to at least that length)."""
-  if cfg.rl.grpo_beta == 0.0:
+  if cfg.grpo_beta == 0.0:
     return None
-  base = builder.base_of(actor) if cfg.lora_rank else nnx.clone(actor)
-  return SharedPrefix(base, cfg.max_prompt_length, cfg.rl.num_generations)
+  base = builder.base_of(actor) if actor.config.lora_rank else nnx.clone(actor)
+  return SharedPrefix(base, max_prompt_length, cfg.num_generations)
 
 
 class ReleaseFreedMemory(hooks.TrainingHooks):
@@ -109,38 +110,51 @@ class ReleaseFreedMemory(hooks.TrainingHooks):
     pass
 
 
-def build_cluster(
-  cfg, actor: Decoder, tokenizer, trainer_mesh, sampler_mesh, sinks: metrics.MetricSinks, checkpoints: str
-) -> rl_cluster_lib.RLCluster:
-  """Tunix's RLCluster, checkpointing under `checkpoints` (a local folder or gs://); with LoRA
-  adapters in the actor (lora_rank > 0) Tunix trains, syncs and checkpoints only those."""
-  reference = reference_model(cfg, actor)
-  steps = Steps.of(cfg)
-  training = rl_cluster_lib.RLTrainingConfig(
-    actor_optimizer=optimizer(cfg),
+def training_config(
+  run: RunSection, train: TrainSection, algorithm: AlgorithmSection, sinks: metrics.MetricSinks, checkpoints: str
+) -> rl_cluster_lib.RLTrainingConfig:
+  """Tunix's training config: the optimizer, batch sizes, checkpointing under `checkpoints` (a local
+  folder or gs://) and the metric sinks."""
+  steps = Steps.of(train, algorithm)
+  return rl_cluster_lib.RLTrainingConfig(
+    actor_optimizer=optimizer(train, steps),
     eval_every_n_steps=steps.updates + 1,
     max_steps=steps.updates,
     checkpoint_root_directory=checkpoints,
     checkpointing_options=ocp.CheckpointManagerOptions(
-      save_decision_policy=save_policy(steps.updates_in(cfg.checkpoint_period)),
-      max_to_keep=cfg.max_num_checkpoints_to_keep,
+      save_decision_policy=save_policy(steps.updates_in(run.checkpoint_period)),
+      max_to_keep=run.max_num_checkpoints_to_keep,
     ),
     metrics_logging_options=metrics_logger.MetricsLoggerOptions(
       log_dir=sinks.log_dir,
-      run_name=cfg.run_name,
+      run_name=run.run_name,
       backend_kwargs={"custom_backend": sinks.factories()},
     ),
     data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
-    mini_batch_size=cfg.batch_size,
-    train_micro_batch_size=cfg.train_micro_batch_size or None,
+    mini_batch_size=train.batch_size,
+    train_micro_batch_size=train.train_micro_batch_size or None,
     # dynamic sampling fills the whole step's batch with groups that have signal: one call per step
-    rollout_micro_batch_size=cfg.batch_size if cfg.rl.dynamic_sampling else None,
+    rollout_micro_batch_size=train.batch_size if algorithm.dynamic_sampling else None,
   )
+
+
+def build_cluster(
+  actor: Decoder,
+  reference: nnx.Module | None,
+  tokenizer,
+  trainer_mesh,
+  sampler_mesh,
+  training: rl_cluster_lib.RLTrainingConfig,
+  rollout_engine,
+  rollout_configs: dict,
+) -> rl_cluster_lib.RLCluster:
+  """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
+  rollout_engine and rollout_configs: rollout.rollout_engine's and rollout.rollout_configs'."""
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
-    rollout_engine=rollout.rollout_engine(cfg),
+    rollout_engine=rollout_engine,
     training_config=training,
-    rollout_config=rollout.rollout_configs(cfg, tokenizer.eos_token_id),
+    rollout_config=rollout_configs,
   )
   cluster = rl_cluster_lib.RLCluster(
     actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config

@@ -18,6 +18,7 @@ from tunix.rl import common
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
+from maxtext.configs.sections import AlgorithmSection, SamplingSection, TrainSection
 from maxtext.integration.tunix import shaping
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.wiring import LearnerWiring
@@ -219,14 +220,22 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     return out
 
 
-def build_learner(cfg, cluster, reward_fns, before_step=None, reserve=None) -> GRPOLearner:
+def build_learner(
+  train: TrainSection,
+  rl: AlgorithmSection,
+  sampling: SamplingSection,
+  cluster,
+  reward_fns,
+  before_step=None,
+  reserve=None,
+) -> GRPOLearner:
   """reserve: see GRPOLearner (needed with rl.dynamic_sampling)."""
   return GRPOLearner(
     rl_cluster=cluster,
-    algo_config=grpo_config(cfg),
+    algo_config=grpo_config(rl, sampling),
     reward_fns=list(reward_fns),
-    steps=Steps.of(cfg),
+    steps=Steps.of(train, rl),
     before_step=before_step,
-    shape=shaping.Shaping.from_config(cfg),
+    shape=shaping.Shaping.from_config(rl, sampling),
     reserve=reserve,
   )

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 from tunix.rl import algo_core, common, function_registry
 
+from maxtext.configs.sections import AlgorithmSection
 from maxtext.utils.errors import ConfigError
 
 _EPS = 1e-6
@@ -139,10 +140,9 @@ LOSS_AGGREGATIONS = (
 )
 
 
-def check(cfg) -> None:
+def check(rl: AlgorithmSection, agentic: bool) -> None:
   """Refuses an algorithm key whose value no registry here holds, naming the key, the value and the
-  choices, and combinations that would not do what they say."""
-  rl = cfg.rl
+  choices, and combinations that would not do what they say (`agentic`: rl.use_agentic_rollout)."""
   for key, value, choices in (
     ("rl.advantage_estimator", rl.advantage_estimator, tuple(ADVANTAGE_ESTIMATORS)),
     ("rl.policy_loss_fn", rl.policy_loss_fn, tuple(POLICY_LOSSES)),
@@ -161,7 +161,7 @@ def check(cfg) -> None:
       "rl.advantage_estimator='reinforce_pp' with rl.dynamic_sampling=true: REINFORCE++ normalises over the "
       "sampled batch, not the groups dynamic sampling keeps (expected grpo, dr_grpo or rloo)"
     )
-  if rl.advantage_estimator == "reinforce_pp" and rl.use_agentic_rollout:
+  if rl.advantage_estimator == "reinforce_pp" and agentic:
     raise ConfigError(
       "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
       "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"

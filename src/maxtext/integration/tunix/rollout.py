@@ -54,6 +54,7 @@ from tunix.rl import common
 from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
+from maxtext.configs.sections import MeshSection, ModelSection, SamplingSection
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
@@ -344,16 +345,16 @@ EVAL_SAMPLING = {
 }
 
 
-def rollout_engine(cfg):
+def rollout_engine(cfg: SamplingSection):
   """ClusterConfig.rollout_engine for cfg.rollout_engine: our engine bound to its settings."""
   if cfg.rollout_engine == "batched":
     return functools.partial(BatchedRolloutEngine, seed=cfg.decode_seed, max_batch_size=cfg.rollout_max_batch_size)
   return functools.partial(RolloutEngine, seed=cfg.decode_seed)
 
 
-def rollout_configs(cfg, eos_id: int) -> dict:
+def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: str, agentic: bool, eos_id: int) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
-  log-probs for agentic runs on the batched engine) and for evaluation (eval_sampling_strategy)."""
+  log-probs on the batched engine) and for evaluation (with log-probs in `agentic` runs)."""
   shared = dict(
     max_tokens_to_generate=cfg.max_response_length,
     max_prompt_length=cfg.max_prompt_length,
@@ -371,25 +372,27 @@ def rollout_configs(cfg, eos_id: int) -> dict:
       **shared,
     )
   )
-  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[cfg.eval_sampling_strategy], **shared)
+  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[eval_sampling_strategy], **shared)
   if cfg.rollout_engine == "batched":  # the agentic learner trains on them; both learners check them
     train = dataclasses.replace(train, return_logprobs=True)
-    if cfg.rl.use_agentic_rollout:
+    if agentic:
       evaluation = dataclasses.replace(evaluation, return_logprobs=True)
   return {Mode.TRAIN: train, Mode.EVAL: evaluation}
 
 
-def load_sampler(cfg, mode: Mode) -> tuple[Callable, transformers.PreTrainedTokenizerBase]:
-  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched), built from
-  cfg. generate(prompts) returns Tunix's RolloutOutput, sampled as `mode` says."""
+def load_sampler(
+  model: ModelSection, devices: MeshSection, sampling: SamplingSection, eval_sampling_strategy: str, mode: Mode
+) -> tuple[Callable, transformers.PreTrainedTokenizerBase]:
+  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched). generate(prompts)
+  returns Tunix's RolloutOutput, sampled as `mode` says."""
   from maxtext.input_pipeline.tokenizer import tokenizer_for
   from maxtext.models.load import load_model
   from maxtext.utils import distributed
   from maxtext.utils import mesh as mesh_lib
 
   distributed.initialize()
-  _, mesh = mesh_lib.create_meshes(cfg)
-  tokenizer = tokenizer_for(cfg)
-  config = rollout_configs(cfg, tokenizer.eos_token_id)[mode]
-  engine = rollout_engine(cfg)(load_model(cfg, mesh), tokenizer, mesh, config)
+  _, mesh = mesh_lib.create_meshes(devices, agentic=False)
+  tokenizer = tokenizer_for(model)
+  config = rollout_configs(sampling, eval_sampling_strategy, False, tokenizer.eos_token_id)[mode]
+  engine = rollout_engine(sampling)(load_model(model, mesh), tokenizer, mesh, config)
   return (lambda prompts: engine.generate(prompts, config)), tokenizer

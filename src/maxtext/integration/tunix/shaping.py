@@ -21,6 +21,8 @@ import dataclasses
 
 import numpy as np
 
+from maxtext.configs.sections import AlgorithmSection, SamplingSection
+
 
 @dataclasses.dataclass(frozen=True)
 class Shaping:
@@ -36,17 +38,16 @@ class Shaping:
   logp_check_period: int  # sampler_trainer/* metrics at steps 0, p, 2p, ... (every step with sampler_is)
 
   @classmethod
-  def from_config(cls, cfg) -> Shaping:
-    rl = cfg.rl
+  def from_config(cls, rl: AlgorithmSection, sampling: SamplingSection) -> Shaping:
     return cls(
       dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
       overlong_buffer_length=rl.overlong_buffer_length,
       overlong_penalty=rl.overlong_penalty,
-      max_response_length=cfg.max_response_length,
+      max_response_length=sampling.max_response_length,
       mask_truncated_completions=rl.mask_truncated_completions,
       sampler_is=rl.sampler_is == "token",
       sampler_is_threshold=rl.sampler_is_threshold,
-      logp_check_period=rl.logp_check_period if cfg.rollout_engine == "batched" else 0,
+      logp_check_period=rl.logp_check_period if sampling.rollout_engine == "batched" else 0,
     )
 
   def checks_logps(self, step: int) -> bool:

@@ -23,6 +23,7 @@ from tunix.rl.agentic.agents import model_agent, tool_agent
 from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
+from maxtext.configs.sections import ToolsSection
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 
 
@@ -189,7 +190,7 @@ def _json_object_text(arguments) -> str:
   return json.dumps({"invalid_arguments": arguments if isinstance(arguments, str) else repr(arguments)})
 
 
-def agent_kwargs(cfg, tool_map, example_turns) -> dict:
+def agent_kwargs(tools: ToolsSection, tool_map, example_turns) -> dict:
   """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with
   tools, else ExampleTurnsModelAgent in Tunix's default environment."""
   if not tool_map:
@@ -198,14 +199,14 @@ def agent_kwargs(cfg, tool_map, example_turns) -> dict:
     agent_class=UserTurnToolAgent,
     agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
     env_class=tool_environment.ToolEnvironment,
-    env_kwargs={"tool_map": tool_map, "max_steps": cfg.rl.max_turns},
+    env_kwargs={"tool_map": tool_map, "max_steps": tools.max_turns},
   )
 
 
-def first_prompt_renderer(cfg, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
+def first_prompt_renderer(tools: ToolsSection, parser: ConfigChatParser, tool_map=None) -> Callable[[str], str]:
   """user turn -> the first prompt the agent sends to the sampler (system prompt with the tools'
   descriptions, example turns, user turn, generation prompt), which max_prompt_length must bound."""
-  kwargs = agent_kwargs(cfg, tool_map, parser.example_turns)
+  kwargs = agent_kwargs(tools, tool_map, parser.example_turns)
   opening = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"]).chat_completions
   return lambda user: parser.parse(
     [*opening, {"role": "user", "content": user}], add_generation_prompt=True, is_first_msg=True

@@ -16,30 +16,22 @@ from collections.abc import Callable
 import numpy as np
 import tqdm
 
+from maxtext import tasks
 from maxtext.configs import cli
+from maxtext.configs.sections import EvalSection, RunConfig, TaskSection
 from maxtext.input_pipeline import templates
-from maxtext.trainers.post_train.rl import utils_rl
+from maxtext.tasks.task import Task
 from maxtext.utils import numbers
 from maxtext.utils.errors import ConfigError
 
+Score = Callable[[list[str], list[str]], list[dict]]
 
-def score(completions: list[str], truths: list[str], cfg) -> list[dict]:
-  """Per-completion verdicts: the extracted answer, correct, within 10%, formatted (the exact tag format, or
-  with answer_format=last_number a number present)."""
-  completions = [templates.answer_prefix(cfg) + c for c in completions]
-  guesses = [utils_rl.extract_answer(c, cfg) for c in completions]
-  correct = utils_rl.answers_match(guesses, truths, cfg)
-  formatted: list[bool] | list[float]
-  if cfg.answer_format == "last_number":
-    formatted = [guess is not None for guess in guesses]
-  else:
-    formatted = utils_rl.match_format_exactly(None, completions, cfg)
-  out = []
-  for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
-    value = numbers.parse_number(guess) if guess else None
-    near = numbers.within(value, numbers.parse_number(truth), 0.1)
-    out.append({"answer": guess, "correct": bool(ok), "partially_correct": bool(ok) or near, "formatted": fmt > 0})
-  return out
+
+def scorer(task: Task, cfg: TaskSection) -> Score:
+  """(completions, truths) -> the task's per-completion verdicts, on the completions as the model wrote
+  them (after the prompt's answer prefix, reasoning_start_token_in_prompt)."""
+  prefix = templates.answer_prefix(cfg)
+  return lambda completions, truths: task.score([prefix + c for c in completions], truths, cfg)
 
 
 def aggregate(passes: list[dict], mode: str) -> dict:
@@ -57,7 +49,9 @@ def aggregate(passes: list[dict], mode: str) -> dict:
   return {k: chosen[k] for k in ("correct", "partially_correct", "formatted")}
 
 
-def evaluate(generate: Callable[[list[str]], list[str]], examples: list[dict], cfg, desc: str) -> dict:
+def evaluate(
+  generate: Callable[[list[str]], list[str]], examples: list[dict], score: Score, cfg: EvalSection, desc: str
+) -> dict:
   """Completions for examples (num_eval_passes each), scored and combined per eval_mode."""
   per_example: list[list[dict]] = [[] for _ in examples]
   batches = range(0, len(examples), cfg.eval_batch_size)
@@ -66,9 +60,7 @@ def evaluate(generate: Callable[[list[str]], list[str]], examples: list[dict], c
       for start in batches:
         batch = examples[start : start + cfg.eval_batch_size]
         completions = generate([ex["prompts"] for ex in batch])
-        for i, (completion, verdict) in enumerate(
-          zip(completions, score(completions, [ex["answer"] for ex in batch], cfg))
-        ):
+        for i, (completion, verdict) in enumerate(zip(completions, score(completions, [ex["answer"] for ex in batch]))):
           per_example[start + i].append({"completion": completion, **verdict})
         bar.update()
   verdicts = [aggregate(p, cfg.eval_mode) for p in per_example]
@@ -114,19 +106,25 @@ def summary_of(result: dict | None) -> dict | None:
   return None if result is None else {k: v for k, v in result.items() if k != "examples"}
 
 
-def evaluate_checkpoint(cfg) -> list[dict]:
+def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
   """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
   returns the summary (the command's stdout line)."""
   from maxtext.input_pipeline import datasets
   from maxtext.integration.tunix import rollout
   from maxtext.trainers.post_train.rl.run_folder import RunFolder
+  from maxtext.utils.steps import Steps
 
-  if cfg.num_test_batches == 0:
+  if cfg.eval.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
-  generate, tokenizer = rollout.load_sampler(cfg, rollout.Mode.EVAL)
-  examples = datasets.eval_examples(cfg, tokenizer)
-  result = evaluate(lambda prompts: generate(prompts).text, examples, cfg, "eval")
-  RunFolder(cfg).write_results({"checkpoint": result})
+  task = tasks.select(cfg.data.dataset_name)
+  generate, tokenizer = rollout.load_sampler(
+    cfg.model, cfg.mesh, cfg.sampling, cfg.eval.eval_sampling_strategy, rollout.Mode.EVAL
+  )
+  template = templates.PromptTemplate(cfg.task, tokenizer, task.template)
+  source = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
+  examples = source.evaluation(cfg.eval.num_test_batches * cfg.eval.eval_batch_size)
+  result = evaluate(lambda prompts: generate(prompts).text, examples, scorer(task, cfg.task), cfg.eval, "eval")
+  RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)).write_results({"checkpoint": result})
   summary = summary_of(result)
   assert summary is not None  # result is a dict
   return [summary]

@@ -23,6 +23,7 @@ import logging
 import os
 import resource
 
+from maxtext.configs.sections import ModelSection, RunConfig
 from maxtext.models.decoder import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ _PROJECTIONS = {
 }
 
 
-def parameter_count(cfg) -> int:
+def parameter_count(cfg: ModelSection) -> int:
   """Weights of the decoder (without LoRA adapters)."""
   e, layers = cfg.emb_dim, cfg.num_decoder_layers
   per_layer = sum(i * o for i, o in (f(cfg) for f in _PROJECTIONS.values())) + 2 * e
@@ -50,7 +51,7 @@ def parameter_count(cfg) -> int:
   return cfg.vocab_size * e + layers * per_layer + e + head
 
 
-def adapter_count(cfg) -> int:
+def adapter_count(cfg: ModelSection) -> int:
   """LoRA adapter parameters (A and B of every weight lora_module_path names); 0 without LoRA."""
   mcfg = ModelConfig.from_config(cfg)
   return sum(
@@ -61,15 +62,18 @@ def adapter_count(cfg) -> int:
   )
 
 
-def _sampler_rows(cfg) -> int:
+def _sampler_rows(cfg: RunConfig) -> int:
   """The most sequences the sampler decodes at once (training rollouts or evaluation)."""
-  demand = cfg.rl.max_concurrency if cfg.rl.use_agentic_rollout else cfg.batch_size * cfg.rl.num_generations
-  if cfg.num_test_batches:
-    demand = max(demand, cfg.eval_batch_size)
-  return min(demand, cfg.rollout_max_batch_size) if cfg.rollout_engine == "batched" else demand
+  agentic, sampling = cfg.agentic, cfg.sampling
+  demand = (
+    agentic.max_concurrency if agentic.use_agentic_rollout else cfg.train.batch_size * cfg.algorithm.num_generations
+  )
+  if cfg.eval.num_test_batches:
+    demand = max(demand, cfg.eval.eval_batch_size)
+  return min(demand, sampling.rollout_max_batch_size) if sampling.rollout_engine == "batched" else demand
 
 
-def _activation_values_per_token(cfg, length: int) -> int:
+def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
   """Values the backward pass keeps per token and layer without remat: norm inputs and outputs,
   q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate,
   up, activation and product, and the residual stream."""
@@ -90,36 +94,38 @@ class Footprint:
     return "\n".join([*rows, f"  {'total':<48} {self.total / GB:7.2f} GB"])
 
 
-def estimate(cfg) -> Footprint:
-  weight_bytes = 2 if cfg.weight_dtype == "bfloat16" else 4
-  act_bytes = 2 if cfg.dtype == "bfloat16" else 4
-  n = parameter_count(cfg)
-  lora = adapter_count(cfg)
+def estimate(cfg: RunConfig) -> Footprint:
+  """The run's expected memory, part by part (the whole config: every section shapes some part)."""
+  model, sampling, train = cfg.model, cfg.sampling, cfg.train
+  weight_bytes = 2 if model.weight_dtype == "bfloat16" else 4
+  act_bytes = 2 if model.dtype == "bfloat16" else 4
+  n = parameter_count(model)
+  lora = adapter_count(model)
   trained, trained_bytes = (lora, 4) if lora else (n, weight_bytes)  # adapters are float32
-  prompts = cfg.train_micro_batch_size or cfg.batch_size
-  sequences = prompts * cfg.rl.num_generations
-  length = cfg.max_target_length
-  tokens = prompts * cfg.max_prompt_length + sequences * cfg.max_response_length
-  scored = cfg.max_response_length + 1  # positions whose logits the loss reads
+  prompts = train.train_micro_batch_size or train.batch_size
+  sequences = prompts * cfg.algorithm.num_generations
+  length = sampling.max_target_length
+  tokens = prompts * sampling.max_prompt_length + sequences * sampling.max_response_length
+  scored = sampling.max_response_length + 1  # positions whose logits the loss reads
   per_token = (
-    cfg.num_decoder_layers * cfg.emb_dim + _activation_values_per_token(cfg, length)
-    if cfg.remat_policy == "full"
-    else cfg.num_decoder_layers * _activation_values_per_token(cfg, length)
+    model.num_decoder_layers * model.emb_dim + _activation_values_per_token(model, length)
+    if model.remat_policy == "full"
+    else model.num_decoder_layers * _activation_values_per_token(model, length)
   )
-  kv = 2 * cfg.num_decoder_layers * cfg.num_kv_heads * cfg.head_dim * act_bytes
+  kv = 2 * model.num_decoder_layers * model.num_kv_heads * model.head_dim * act_bytes
   rows = _sampler_rows(cfg)
-  parts = {
+  parts: dict[str, float] = {
     f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): n
     * weight_bytes
     + lora * 4,
-    "KL reference copy": n * weight_bytes if cfg.rl.grpo_beta != 0 and not lora else 0,
-    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.rl.use_agentic_rollout else 0,
+    "KL reference copy": n * weight_bytes if cfg.algorithm.grpo_beta != 0 and not lora else 0,
+    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.agentic.use_agentic_rollout else 0,
     f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
     "gradient": trained * trained_bytes,
-    "gradient accumulator": trained * trained_bytes if cfg.train_micro_batch_size else 0,
-    f"sampler KV cache ({rows} rows x {cfg.kv_cache_size})": rows * cfg.kv_cache_size * kv,
-    f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * cfg.vocab_size * 4,
-    f"activations of {tokens} tokens (remat {cfg.remat_policy})": tokens * per_token * act_bytes,
+    "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
+    f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
+    f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * model.vocab_size * 4,
+    f"activations of {tokens} tokens (remat {model.remat_policy})": tokens * per_token * act_bytes,
   }
   return Footprint(parts)
 
@@ -133,7 +139,7 @@ def peak_rss_bytes() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
-def log_estimate(cfg) -> Footprint:
+def log_estimate(cfg: RunConfig) -> Footprint:
   footprint = estimate(cfg)
   log.info("Expected memory (runtime and compiled programs not included):\n%s", footprint.table())
   return footprint

@@ -27,6 +27,7 @@ from typing import Any
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
+from maxtext.configs.sections import RunConfig, RunSection
 from maxtext.integration.tunix import metrics
 from maxtext.utils import distributed, storage
 from maxtext.utils.steps import Steps
@@ -35,10 +36,10 @@ log = logging.getLogger("maxtext.train_rl")
 
 
 class RunFolder:
-  """The run folder of cfg (cfg.run_dir)."""
+  """The run folder, run.run_dir; `steps` says how its checkpoints' updates map to training steps."""
 
-  def __init__(self, cfg):
-    self.url = cfg.run_dir
+  def __init__(self, run: RunSection, steps: Steps):
+    self.url = run.run_dir
     self.path = self.url
     if storage.is_url(self.url):
       self.path = tempfile.mkdtemp(prefix="maxtext-run-")
@@ -51,7 +52,7 @@ class RunFolder:
     self.evaluations = os.path.join(self.path, "eval.json")
     self._actor = storage.join(self.checkpoints, "actor")
     self._set_aside = storage.join(self.checkpoints, "set_aside")
-    self._steps = Steps.of(cfg)
+    self._steps = steps
     self._in_bucket = self._local_files() if self.path != self.url else {}  # as fetched
 
   def _local_files(self) -> dict[str, tuple[int, int]]:
@@ -76,7 +77,7 @@ class RunFolder:
       storage.remove(storage.join(self.url, rel))
     self._in_bucket = now
 
-  def write_config(self, cfg) -> None:
+  def write_config(self, cfg: RunConfig) -> None:
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)

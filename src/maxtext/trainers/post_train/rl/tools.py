@@ -31,6 +31,7 @@ from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
 
+from maxtext.configs.sections import ToolsSection
 from maxtext.trainers.post_train.rl import sandbox
 from maxtext.utils import user_code
 from maxtext.utils.errors import ConfigError
@@ -122,10 +123,9 @@ class CalculatorTool(_OneArgumentTool):
     return base_tool.ToolOutput(name=self.name, output=str(result))
 
 
-def python_tool(cfg) -> type[base_tool.BaseTool]:
+def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:
   """A python tool class with the run's sandbox and limits (Tunix instantiates tool classes itself).
   ConfigError where rl.tool_sandbox=bwrap cannot start here."""
-  rl = cfg.rl
   if rl.tool_sandbox == "bwrap":
     try:
       sandbox.check()
@@ -197,10 +197,10 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinTool:
-  """make(cfg) gives the tool's class; `limits` are the rl.tool_* keys besides rl.tool_timeout_s it
+  """make(tools section) gives the tool's class; `limits` are the rl.tool_* keys besides rl.tool_timeout_s it
   reads; a tool that `times_itself` enforces rl.tool_timeout_s on its own (else a deadline thread does)."""
 
-  make: Callable[[Any], type[base_tool.BaseTool]]
+  make: Callable[[ToolsSection], type[base_tool.BaseTool]]
   limits: tuple[str, ...] = ()
   times_itself: bool = False
 
@@ -213,27 +213,27 @@ BUILTIN_TOOLS = {
 }
 
 
-def _bounded(tool: BuiltinTool, cfg) -> type[base_tool.BaseTool]:
+def _bounded(tool: BuiltinTool, cfg: ToolsSection) -> type[base_tool.BaseTool]:
   cls = tool.make(cfg)
-  return cls if tool.times_itself else with_deadline(cls, cfg.rl.tool_timeout_s)
+  return cls if tool.times_itself else with_deadline(cls, cfg.tool_timeout_s)
 
 
-def tool_map(cfg) -> dict[str, type[base_tool.BaseTool]]:
+def tool_map(cfg: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
   config error."""
-  timeout = cfg.rl.tool_timeout_s
+  timeout = cfg.tool_timeout_s
   available: dict[str, Callable[[], type[base_tool.BaseTool]]] = {
     name: functools.partial(_bounded, tool, cfg) for name, tool in BUILTIN_TOOLS.items()
   }
-  if cfg.rl.tools_path:
-    mine = user_tools(cfg.rl.tools_path)
-    if not set(mine) & set(cfg.rl.tools):
+  if cfg.tools_path:
+    mine = user_tools(cfg.tools_path)
+    if not set(mine) & set(cfg.names):
       raise ConfigError(
-        f"rl.tools_path={cfg.rl.tools_path}: agentic GRPO would ignore it, since rl.tools="
-        f"{list(cfg.rl.tools)} names none of its tools ({', '.join(sorted(mine))})"
+        f"rl.tools_path={cfg.tools_path}: agentic GRPO would ignore it, since rl.tools="
+        f"{list(cfg.names)} names none of its tools ({', '.join(sorted(mine))})"
       )
     available.update({name: functools.partial(with_deadline, c, timeout) for name, c in mine.items()})
-  unknown = [t for t in cfg.rl.tools if t not in available]
+  unknown = [t for t in cfg.names if t not in available]
   if unknown:
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
-  return {name: available[name]() for name in cfg.rl.tools}
+  return {name: available[name]() for name in cfg.names}

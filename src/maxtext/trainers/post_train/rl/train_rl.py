@@ -13,9 +13,10 @@ from __future__ import annotations
 import sys
 
 from maxtext.configs import cli
+from maxtext.configs.sections import RunConfig
 
 
-def run(cfg) -> dict:
+def run(cfg: RunConfig) -> dict:
   """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
   and after training."""
   # Heavy imports after config validation, so config errors come back at once.
@@ -32,7 +33,7 @@ def run(cfg) -> dict:
   return job.summary()
 
 
-def _job(cfg) -> list[dict]:
+def _job(cfg: RunConfig) -> list[dict]:
   print("Config keys that differ from base.yml:", file=sys.stderr)
   for key, (value, source) in sorted(cfg.overridden.items()):
     print(f"  {key} = {value!r}  ({source})", file=sys.stderr)

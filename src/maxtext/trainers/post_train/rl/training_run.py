@@ -12,18 +12,23 @@ from __future__ import annotations
 import logging
 import os
 import time
+from typing import Any
 
 import jax
 import numpy as np
 
+from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
-from maxtext.input_pipeline import datasets
+from maxtext.configs.sections import RunConfig
+from maxtext.input_pipeline import datasets, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
-from maxtext.integration.tunix import agentic, chat_parser, losses, metrics, rollout, trajectories
+from maxtext.integration.tunix import agentic as agentic_lib
+from maxtext.integration.tunix import chat_parser, losses, metrics, rollout, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model
-from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools, utils_rl
+from maxtext.tasks import rewards
+from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown
 from maxtext.utils import mesh as mesh_lib
@@ -34,67 +39,99 @@ log = logging.getLogger("maxtext.train_rl")
 
 
 class TrainingRun:
-  def __init__(self, cfg):
-    losses.check(cfg)
+  def __init__(self, cfg: RunConfig):
+    agentic = cfg.agentic.use_agentic_rollout
+    losses.check(cfg.algorithm, agentic)
+    self.task = task = tasks.select(cfg.data.dataset_name)
+    task.check(list(cfg.overridden), user_rewards=bool(cfg.task.reward_functions_path))
     distributed.initialize()  # before anything asks JAX about its devices
     self.cfg = cfg
-    self.folder = folder = RunFolder(cfg)
+    self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
+    self.folder = folder = RunFolder(cfg.run, steps)
     folder.write_config(cfg)
     self._expected_peak = footprint.log_estimate(cfg)
     heap.release_after_compiling()
     processes = jax.process_count()
-    if cfg.rl.use_agentic_rollout and processes > 1:
-      if cfg.rl.dynamic_sampling:
+    if agentic and processes > 1:
+      if cfg.algorithm.dynamic_sampling:
         raise ConfigError(
           f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
           "replacement prompts would have to be sampled in step on every process); use standard GRPO"
         )
       for key in ("batch_size", "train_micro_batch_size"):
-        if getattr(cfg, key) % processes:
+        if getattr(cfg.train, key) % processes:
           raise ConfigError(
-            f"{key}={getattr(cfg, key)}: agentic GRPO across {processes} processes gives every process "
+            f"{key}={getattr(cfg.train, key)}: agentic GRPO across {processes} processes gives every process "
             f"an equal share of each batch; expected a multiple of {processes}"
           )
-    trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg)
+    trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg.mesh, agentic)
     log.info(
       "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
     )
-    self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg)
-    if cfg.rl.use_agentic_rollout:
-      tool_map = tools.tool_map(cfg)
-      parser = chat_parser.for_config(cfg, tokenizer)
-      render = trajectories.first_prompt_renderer(cfg, parser, tool_map)
-      self.train_ds = agentic.user_turn_batches(datasets.train_batches(cfg, tokenizer, render))
-    else:
-      self.train_ds = datasets.train_batches(cfg, tokenizer)
-    self.eval_examples = datasets.eval_examples(cfg, tokenizer) if cfg.num_test_batches else []
-    reward_fns = utils_rl.reward_functions(cfg)
-    actor = load_model(cfg, trainer_mesh)
+    self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
+    template = templates.PromptTemplate(cfg.task, tokenizer, task.template)
+    examples = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
+    render = None
+    if agentic:
+      tool_map = tools.tool_map(cfg.tools)
+      parser = chat_parser.for_config(cfg.agentic, template)
+      render = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)
+    training = examples.training(render)
+    seed = cfg.data.data_shuffle_seed
+    self.train_ds: Any = datasets.train_batches(training, cfg.train, seed)
+    reserve_ds: Any = datasets.reserve_batches(training, cfg.train, seed) if cfg.algorithm.dynamic_sampling else None
+    if agentic:
+      self.train_ds = agentic_lib.user_turn_batches(self.train_ds)
+      reserve_ds = reserve_ds and agentic_lib.user_turn_batches(reserve_ds)
+    evaluations = cfg.eval
+    self.eval_examples = (
+      examples.evaluation(evaluations.num_test_batches * evaluations.eval_batch_size)
+      if evaluations.num_test_batches
+      else []
+    )
+    self.score = evaluate_rl.scorer(task, cfg.task)
+    reward_fns = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())
+    actor = load_model(cfg.model, trainer_mesh)
 
     self.results = folder.previous_results(folder.resume())
+    run = cfg.run
     wandb = None
-    if cfg.wandb_project and distributed.is_main():
-      wandb = metrics.WandbRun(cfg.wandb_project, cfg.run_name, folder.path, cfg.to_dict())
-    self.sinks = metrics.MetricSinks(folder.path, lag=cfg.rl.off_policy_steps + 2, wandb=wandb, steps=Steps.of(cfg))
+    if run.wandb_project and distributed.is_main():
+      wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
+    self.sinks = metrics.MetricSinks(folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps)
     self.stop = shutdown.GracefulStop()
     try:
       with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
         self.cluster = cluster_lib.build_cluster(
-          cfg, actor, tokenizer, trainer_mesh, sampler_mesh, self.sinks, folder.checkpoints
+          actor,
+          cluster_lib.reference_model(cfg.algorithm, actor, cfg.sampling.max_prompt_length),
+          tokenizer,
+          trainer_mesh,
+          sampler_mesh,
+          cluster_lib.training_config(run, cfg.train, cfg.algorithm, self.sinks, folder.checkpoints),
+          rollout.rollout_engine(cfg.sampling),
+          rollout.rollout_configs(cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id),
         )
+      reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
-        if cfg.rl.use_agentic_rollout:
-          reserve = (
-            agentic.user_turn_batches(datasets.reserve_batches(cfg, tokenizer, render)).__getitem__
-            if cfg.rl.dynamic_sampling
-            else None
-          )
-          self.learner = agentic.build_learner(
-            cfg, self.cluster, reward_fns, parser, tool_map, before_step=self._between_steps, reserve=reserve
+        if agentic:
+          self.learner = agentic_lib.build_learner(
+            cfg.train,
+            cfg.algorithm,
+            cfg.sampling,
+            cfg.agentic,
+            cfg.tools,
+            self.cluster,
+            reward_fns,
+            parser,
+            tool_map,
+            before_step=self._between_steps,
+            reserve=reserve,
           )
         else:
-          reserve = datasets.reserve_batches(cfg, tokenizer).__getitem__ if cfg.rl.dynamic_sampling else None
-          self.learner = learner_lib.build_learner(cfg, self.cluster, reward_fns, self._before_step, reserve)
+          self.learner = learner_lib.build_learner(
+            cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_fns, self._before_step, reserve
+          )
     except BaseException:
       self.close()
       raise
@@ -104,7 +141,7 @@ class TrainingRun:
     if not self.eval_examples:
       log.info("%s: none (num_test_batches=0)", desc)
       return None
-    result = evaluate_rl.evaluate(self._generate, self.eval_examples, self.cfg, desc)
+    result = evaluate_rl.evaluate(self._generate, self.eval_examples, self.score, self.cfg.eval, desc)
     log.info("%s: %s", desc, evaluate_rl.summary_of(result))
     return result
 
@@ -144,7 +181,7 @@ class TrainingRun:
   def _before_step(self, steps_done: int) -> None:
     """_between_steps, and the evaluation every eval_interval steps (standard GRPO)."""
     self._between_steps(steps_done)
-    interval = self.cfg.eval_interval
+    interval = self.cfg.eval.eval_interval
     if self.eval_examples and interval and steps_done and steps_done % interval == 0:
       result = self.evaluate(f"eval at step {steps_done}")
       assert result is not None  # there are evaluation examples
@@ -162,7 +199,7 @@ class TrainingRun:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
-    trained = Steps.of(self.cfg).done(cluster.actor_trainer.train_steps)
+    trained = self.steps.done(cluster.actor_trainer.train_steps)
     self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
     log.info(
       "Trained %d steps in %.1f s (%.1f s of it compiling)",
@@ -195,10 +232,11 @@ class TrainingRun:
 
   def export(self) -> None:
     """The trained policy as an HF checkpoint, with export_hf=true."""
-    cfg = self.cfg
-    if cfg.export_hf:
+    run = self.cfg.run
+    if run.export_hf:
       model = self.cluster.actor_trainer.model
-      to_huggingface.export(model, cfg, self.tokenizer, cfg.hf_output_path or os.path.join(self.folder.path, "hf"))
+      path = run.hf_output_path or os.path.join(self.folder.path, "hf")
+      to_huggingface.export(model, self.cfg.model, self.tokenizer, path)
 
   def close(self) -> None:
     """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder."""

@@ -1,0 +1,357 @@
+"""The run config as typed, frozen sections: each component receives the section(s) it reads.
+
+base.yml stays flat (MaxText's keys) and the single source of defaults; every one of its keys is a
+field of exactly one section (`RunConfig.from_values` refuses a key no section claims). A field's
+key is its section's PREFIX plus the field name, or the key its metadata names. Lists become tuples
+and mappings read-only, so a section can be shared without being changed.
+
+User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
+flat attribute view `RunConfig.maxtext_view()`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from maxtext.utils import storage
+
+
+def _key(key: str) -> Any:
+  """A field whose YAML key (after the section's PREFIX) differs from its name."""
+  return dataclasses.field(metadata={"key": key})
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSection:
+  """Where the run writes and how it reports."""
+
+  PREFIX: ClassVar[str] = ""
+  run_name: str
+  base_output_directory: str
+  log_level: str
+  jax_cache_dir: str
+  export_hf: bool
+  hf_output_path: str
+  wandb_project: str
+  checkpoint_period: int
+  max_num_checkpoints_to_keep: int
+
+  @property
+  def run_dir(self) -> str:
+    """base_output_directory/run_name: absolute, as Orbax needs (a relative base_output_directory is
+    under the working directory), or a gs:// URL."""
+    return storage.join(self.base_output_directory, self.run_name)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+  """The decoder's architecture, its weights, tokenizer, LoRA adapters and the logical-axis rules that
+  shard its parameters."""
+
+  PREFIX: ClassVar[str] = ""
+  model_name: str
+  decoder_family: str
+  vocab_size: int
+  emb_dim: int
+  num_decoder_layers: int
+  num_query_heads: int
+  num_kv_heads: int
+  head_dim: int
+  mlp_dim: int
+  rope_max_timescale: float
+  rope_scaling: Mapping[str, float] | None
+  normalization_layer_epsilon: float
+  use_qk_norm: bool
+  logits_via_embedding: bool
+  max_position_embeddings: int
+  dtype: str
+  weight_dtype: str
+  remat_policy: str
+  load_parameters_path: str
+  tokenizer_path: str
+  init_weights_seed: int
+  random_weights: bool
+  lora_rank: int
+  lora_alpha: float
+  lora_module_path: str
+  lora_input_adapters_path: str
+  logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSection:
+  """Devices: mesh axes and the trainer/sampler split."""
+
+  PREFIX: ClassVar[str] = ""
+  ici_data_parallelism: int
+  ici_fsdp_parallelism: int
+  ici_tensor_parallelism: int
+  trainer_devices_fraction: float
+  sampler_devices_fraction: float
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSection:
+  """Where the questions come from and how they are split."""
+
+  PREFIX: ClassVar[str] = ""
+  dataset_name: str
+  eval_dataset_name: str
+  hf_subset: str
+  tfds_data_dir: str
+  train_split: str
+  eval_split: str
+  train_fraction: float
+  dataset_processor_path: str
+  data_shuffle_seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSection:
+  """How a question becomes a prompt and a completion a reward: template, answer format, weights."""
+
+  PREFIX: ClassVar[str] = ""
+  data_template_path: str
+  answer_format: str
+  reasoning_start_token: str
+  reasoning_end_token: str
+  solution_start_token: str
+  solution_end_token: str
+  reasoning_start_token_in_prompt: bool
+  reward_exact_format_match: float
+  reward_white_space_format_match: float
+  reward_partial_format_match: float
+  reward_ratio_guess_to_answer_high: float
+  reward_ratio_guess_to_answer_low: float
+  reward_exact_answer: float
+  penalty_incorrect_format: float
+  penalty_incorrect_answer: float
+  math_verify_timeout: float
+  math_verify_num_procs: int
+  reward_functions_path: str
+  reward_functions: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSection:
+  """Steps, batches and the optimizer."""
+
+  PREFIX: ClassVar[str] = ""
+  batch_size: int
+  train_micro_batch_size: int
+  num_batches: int
+  num_epoch: int
+  learning_rate: float
+  warmup_steps_fraction: float
+  adam_b1: float
+  adam_b2: float
+  adam_weight_decay: float
+  adam_weight_decay_all: bool
+  gradient_clipping_threshold: float
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingSection:
+  """Rollouts: lengths, sampling parameters and the engine."""
+
+  PREFIX: ClassVar[str] = ""
+  max_prompt_length: int
+  max_response_length: int
+  max_prefill_predict_length: int
+  max_target_length: int
+  decode_sampling_temperature: float
+  decode_sampling_top_p: float
+  decode_sampling_top_k: int
+  decode_seed: int
+  rollout_engine: str
+  rollout_max_batch_size: int
+  prompt: tuple[str, ...]
+  use_chat_template: bool
+
+  @property
+  def kv_cache_size(self) -> int:
+    """Slots of the sampler's KV cache: the longest prompt plus the longest response."""
+    return self.max_prompt_length + self.max_response_length
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSection:
+  """Evaluation before, during and after training."""
+
+  PREFIX: ClassVar[str] = ""
+  num_test_batches: int
+  eval_batch_size: int
+  eval_sampling_strategy: str
+  num_eval_passes: int
+  eval_mode: str
+  eval_interval: int
+  eval_make_lst: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmSection:
+  """GRPO and its variants: group size, advantages, the policy loss, KL, sampler correction, shaping."""
+
+  PREFIX: ClassVar[str] = "rl."
+  num_generations: int
+  num_iterations: int
+  grpo_beta: float
+  kl_loss_mode: str
+  grpo_epsilon: float
+  advantage_estimator: str
+  policy_loss_fn: str
+  loss_algo: str
+  loss_agg_mode: str
+  epsilon_high: float
+  sampler_is: str
+  sampler_is_threshold: float
+  logp_check_period: int
+  dynamic_sampling: bool
+  dynamic_sampling_max_rounds: int
+  overlong_buffer_length: int
+  overlong_penalty: float
+  mask_truncated_completions: bool
+  filter_zero_variance_groups: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class AgenticSection:
+  """Which learner runs, and the agentic learner's concurrency, staleness and system prompt."""
+
+  PREFIX: ClassVar[str] = "rl."
+  use_agentic_rollout: bool
+  max_concurrency: int
+  off_policy_steps: int
+  system_prompt: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolsSection:
+  """The agentic learner's tools and the limits every call runs under."""
+
+  PREFIX: ClassVar[str] = "rl."
+  tools_path: str
+  max_turns: int
+  tool_timeout_s: float
+  tool_memory_mb: int
+  tool_output_max_chars: int
+  tool_sandbox: str
+  names: tuple[str, ...] = _key("tools")  # last: a field with metadata reads as one with a default
+
+
+def _frozen(value: Any) -> Any:
+  if isinstance(value, list):
+    return tuple(_frozen(v) for v in value)
+  if isinstance(value, dict):
+    return types.MappingProxyType({k: _frozen(v) for k, v in value.items()})
+  return value
+
+
+def _thawed(value: Any) -> Any:
+  if isinstance(value, tuple):
+    return [_thawed(v) for v in value]
+  if isinstance(value, Mapping):
+    return {k: _thawed(v) for k, v in value.items()}
+  return value
+
+
+def yaml_keys(section: Any) -> dict[str, str]:
+  """Field name -> dotted base.yml key, for one section class."""
+  return {f.name: section.PREFIX + f.metadata.get("key", f.name) for f in dataclasses.fields(section)}
+
+
+class MaxTextView:
+  """The flat attribute view MaxText's user code expects (tmvp_config.reward_exact_answer,
+  tmvp_config.rl.num_generations); read-only."""
+
+  def __init__(self, tree: Mapping[str, Any]):
+    object.__setattr__(self, "_tree", {k: MaxTextView(v) if isinstance(v, dict) else v for k, v in tree.items()})
+
+  def __getattr__(self, name: str) -> Any:
+    try:
+      return self._tree[name]
+    except KeyError:
+      raise AttributeError(f"config has no key {name!r}") from None
+
+  def __setattr__(self, name, value):
+    raise AttributeError(f"config is frozen; cannot set {name!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """The whole run config: only entrypoints and the configs package hold it; components get sections.
+
+  overridden: dotted key -> (value, where it was set) for every key that differs from base.yml;
+  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL).
+  """
+
+  run: RunSection
+  model: ModelSection
+  mesh: MeshSection
+  data: DataSection
+  task: TaskSection
+  train: TrainSection
+  sampling: SamplingSection
+  eval: EvalSection
+  algorithm: AlgorithmSection
+  agentic: AgenticSection
+  tools: ToolsSection
+  overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
+  urls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def from_values(
+    cls, values: Mapping[str, Any], overridden: Mapping[str, tuple[Any, str]] | None = None, urls=None
+  ) -> RunConfig:
+    """Sections from dotted key -> value (every base.yml key, each claimed by exactly one field)."""
+    built: dict[str, Any] = {}
+    claimed: set[str] = set()
+    for name, section in _SECTION_TYPES.items():
+      keys = yaml_keys(section)
+      built[name] = section(**{field: _frozen(values[key]) for field, key in keys.items()})
+      claimed.update(keys.values())
+    unclaimed = sorted(set(values) - claimed)
+    if unclaimed:
+      raise AssertionError(f"base.yml keys in no section of RunConfig: {unclaimed}")
+    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}))
+
+  def flat(self) -> dict[str, Any]:
+    """Dotted base.yml key -> value (lists and mappings as YAML writes them)."""
+    out = {}
+    for name, section in _SECTION_TYPES.items():
+      part = getattr(self, name)
+      out.update({key: _thawed(getattr(part, field)) for field, key in yaml_keys(section).items()})
+    return out
+
+  def replace_values(self, changes: Mapping[str, Any], urls: Mapping[str, str]) -> RunConfig:
+    """This config with some dotted keys set to other values and their URLs recorded."""
+    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls})
+
+  def maxtext_view(self) -> MaxTextView:
+    """The flat view MaxText-format user code receives as tmvp_config."""
+    tree: dict[str, Any] = {}
+    for dotted, value in self.flat().items():
+      node = tree
+      *parents, leaf = dotted.split(".")
+      for p in parents:
+        node = node.setdefault(p, {})
+      node[leaf] = value
+    return MaxTextView(tree)
+
+
+_SECTION_TYPES: dict[str, type] = {
+  "run": RunSection,
+  "model": ModelSection,
+  "mesh": MeshSection,
+  "data": DataSection,
+  "task": TaskSection,
+  "train": TrainSection,
+  "sampling": SamplingSection,
+  "eval": EvalSection,
+  "algorithm": AlgorithmSection,
+  "agentic": AgenticSection,
+  "tools": ToolsSection,
+}
