@@ -202,7 +202,7 @@ def test_tool_limits_take_effect_with_the_python_tool():
       "agentic GRPO trains on the sampler's log-probs",
     ),
     (["answer_format=last_number", "penalty_incorrect_format=-1"], "penalty_incorrect_format"),
-    (["rl.kl_loss_mode=k3"], "expected low_var_kl, mse_kl or kl"),
+    (["rl.kl_loss_mode=k3"], "expected one of low_var_kl, mse_kl, kl"),
     (["decode_sampling_top_k=-1"], "expected top_k >= 0"),
   ],
 )

@@ -13,10 +13,25 @@ from __future__ import annotations
 
 import dataclasses
 import types
+import typing
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from maxtext.utils import storage
+
+# The values an enumerated key takes: the one list of its choices, which pyconfig checks at start
+# (naming the key, the value and these) and the code that dispatches on it is typed with.
+LogLevel = Literal["debug", "info", "warning", "error"]
+Dtype = Literal["float32", "bfloat16"]
+RematPolicy = Literal["none", "full"]
+DecoderFamily = Literal["llama", "qwen3"]
+AnswerFormat = Literal["tags", "last_number"]
+RolloutEngineName = Literal["batched", "vanilla"]
+EvalStrategy = Literal["greedy", "standard", "liberal"]
+EvalMode = Literal["pass", "maj", "pass_at_1"]
+KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
+SamplerIS = Literal["", "token"]
+ToolSandbox = Literal["bwrap", "none"]
 
 
 def _key(key: str) -> Any:
@@ -31,7 +46,7 @@ class RunSection:
   PREFIX: ClassVar[str] = ""
   run_name: str
   base_output_directory: str
-  log_level: str
+  log_level: LogLevel
   jax_cache_dir: str
   export_hf: bool
   hf_output_path: str
@@ -53,7 +68,7 @@ class ModelSection:
 
   PREFIX: ClassVar[str] = ""
   model_name: str
-  decoder_family: str
+  decoder_family: DecoderFamily
   vocab_size: int
   emb_dim: int
   num_decoder_layers: int
@@ -67,9 +82,9 @@ class ModelSection:
   use_qk_norm: bool
   logits_via_embedding: bool
   max_position_embeddings: int
-  dtype: str
-  weight_dtype: str
-  remat_policy: str
+  dtype: Dtype
+  weight_dtype: Dtype
+  remat_policy: RematPolicy
   load_parameters_path: str
   tokenizer_path: str
   init_weights_seed: int
@@ -115,7 +130,7 @@ class TaskSection:
 
   PREFIX: ClassVar[str] = ""
   data_template_path: str
-  answer_format: str
+  answer_format: AnswerFormat
   reasoning_start_token: str
   reasoning_end_token: str
   solution_start_token: str
@@ -166,7 +181,7 @@ class SamplingSection:
   decode_sampling_top_p: float
   decode_sampling_top_k: int
   decode_seed: int
-  rollout_engine: str
+  rollout_engine: RolloutEngineName
   rollout_max_batch_size: int
   prompt: tuple[str, ...]
   use_chat_template: bool
@@ -184,9 +199,9 @@ class EvalSection:
   PREFIX: ClassVar[str] = ""
   num_test_batches: int
   eval_batch_size: int
-  eval_sampling_strategy: str
+  eval_sampling_strategy: EvalStrategy
   num_eval_passes: int
-  eval_mode: str
+  eval_mode: EvalMode
   eval_interval: int
   eval_make_lst: bool
 
@@ -199,14 +214,14 @@ class AlgorithmSection:
   num_generations: int
   num_iterations: int
   grpo_beta: float
-  kl_loss_mode: str
+  kl_loss_mode: KlLossMode
   grpo_epsilon: float
   advantage_estimator: str
   policy_loss_fn: str
   loss_algo: str
   loss_agg_mode: str
   epsilon_high: float
-  sampler_is: str
+  sampler_is: SamplerIS
   sampler_is_threshold: float
   logp_check_period: int
   dynamic_sampling: bool
@@ -238,7 +253,7 @@ class ToolsSection:
   tool_timeout_s: float
   tool_memory_mb: int
   tool_output_max_chars: int
-  tool_sandbox: str
+  tool_sandbox: ToolSandbox
   names: tuple[str, ...] = _key("tools")  # last: a field with metadata reads as one with a default
 
 
@@ -261,6 +276,17 @@ def _thawed(value: Any) -> Any:
 def yaml_keys(section: Any) -> dict[str, str]:
   """Field name -> dotted base.yml key, for one section class."""
   return {f.name: section.PREFIX + f.metadata.get("key", f.name) for f in dataclasses.fields(section)}
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+  """Dotted key -> its choices, for every key whose field is a Literal."""
+  out = {}
+  for section in _SECTION_TYPES.values():
+    hints = typing.get_type_hints(section)
+    for field, key in yaml_keys(section).items():
+      if typing.get_origin(hints[field]) is Literal:
+        out[key] = typing.get_args(hints[field])
+  return out
 
 
 class MaxTextView:

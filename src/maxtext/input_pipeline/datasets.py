@@ -138,7 +138,9 @@ def _load_processor(path: str) -> Callable:
   return module.process_data
 
 
-def to_examples(data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config) -> list[dict]:
+def to_examples(
+  data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config: MaxTextView
+) -> list[dict]:
   """{prompts, user_content, question, answer} per row, by the user's processor (given tmvp_config, the
   MaxText view of the config) or the task's normaliser and the data template."""
   tokenizer = template.tokenizer

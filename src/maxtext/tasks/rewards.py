@@ -15,7 +15,7 @@ class RewardFunctionError(ValueError):
   """A reward function raised or returned something other than one float per completion."""
 
 
-def bind_config(fn: RewardFn, tmvp_config, answer_prefix: str = "") -> RewardFn:
+def bind_config(fn: RewardFn, tmvp_config: TaskSection | MaxTextView, answer_prefix: str = "") -> RewardFn:
   """fn with tmvp_config bound and its output checked, keeping its name (Tunix logs rewards/<name>).
 
   answer_prefix: what the prompt ends with (reasoning_start_token_in_prompt), so the reward sees the

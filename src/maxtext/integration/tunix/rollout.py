@@ -43,7 +43,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
@@ -54,7 +54,7 @@ from tunix.rl import common
 from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from maxtext.configs.sections import MeshSection, ModelSection, SamplingSection
+from maxtext.configs.sections import EvalStrategy, MeshSection, ModelSection, SamplingSection
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
@@ -338,7 +338,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
 
 # eval_sampling_strategy -> sampling parameters of evaluation.
-EVAL_SAMPLING = {
+EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
   "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
   "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
   "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
@@ -352,7 +352,7 @@ def rollout_engine(cfg: SamplingSection):
   return functools.partial(RolloutEngine, seed=cfg.decode_seed)
 
 
-def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: str, agentic: bool, eos_id: int) -> dict:
+def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: EvalStrategy, agentic: bool, eos_id: int) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
   log-probs on the batched engine) and for evaluation (with log-probs in `agentic` runs)."""
   shared = dict(
@@ -381,7 +381,7 @@ def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: str, agentic: 
 
 
 def load_sampler(
-  model: ModelSection, devices: MeshSection, sampling: SamplingSection, eval_sampling_strategy: str, mode: Mode
+  model: ModelSection, devices: MeshSection, sampling: SamplingSection, eval_sampling_strategy: EvalStrategy, mode: Mode
 ) -> tuple[Callable, transformers.PreTrainedTokenizerBase]:
   """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched). generate(prompts)
   returns Tunix's RolloutOutput, sampled as `mode` says."""

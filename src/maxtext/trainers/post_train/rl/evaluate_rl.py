@@ -18,7 +18,7 @@ import tqdm
 
 from maxtext import tasks
 from maxtext.configs import cli
-from maxtext.configs.sections import EvalSection, RunConfig, TaskSection
+from maxtext.configs.sections import EvalMode, EvalSection, RunConfig, TaskSection
 from maxtext.input_pipeline import templates
 from maxtext.tasks.task import Task
 from maxtext.utils import numbers
@@ -34,7 +34,7 @@ def scorer(task: Task, cfg: TaskSection) -> Score:
   return lambda completions, truths: task.score([prefix + c for c in completions], truths, cfg)
 
 
-def aggregate(passes: list[dict], mode: str) -> dict:
+def aggregate(passes: list[dict], mode: EvalMode) -> dict:
   """One question's verdict from its passes' verdicts."""
   if mode == "pass":
     return {k: any(p[k] for p in passes) for k in ("correct", "partially_correct", "formatted")}

@@ -1,0 +1,118 @@
+"""The run config's typed sections: every base.yml key is one section's field, of its default's type;
+sections are frozen; and only the entrypoints and the config package hold the whole config."""
+
+import ast
+import dataclasses
+import pathlib
+import re
+import types
+import typing
+
+import pytest
+
+from maxtext.configs import pyconfig, sections
+from tests.conftest import make_config
+
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "maxtext"
+# The modules that may hold the whole RunConfig: the entrypoints, the config package, the run folder's
+# config.yml writer and the memory estimate (every section shapes some part of it).
+WHOLE_CONFIG = {
+  "configs/cli.py",
+  "configs/pyconfig.py",
+  "configs/sections.py",
+  "inference/decode.py",
+  "checkpoint_conversion/to_huggingface.py",
+  "checkpoint_conversion/to_maxtext.py",
+  "trainers/post_train/rl/train_rl.py",
+  "trainers/post_train/rl/training_run.py",
+  "trainers/post_train/rl/evaluate_rl.py",
+  "trainers/post_train/rl/run_folder.py",
+  "trainers/post_train/rl/footprint.py",
+}
+_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def test_every_key_is_one_sections_field_of_its_defaults_type():
+  defaults = pyconfig.initialize(["x", "base.yml"])
+  owners: dict[str, str] = {}
+  for name, section in sections._SECTION_TYPES.items():
+    hints = typing.get_type_hints(section)
+    for field, key in sections.yaml_keys(section).items():
+      assert key not in owners, f"{key} is in both {owners[key]} and {name}"
+      owners[key] = name
+      default = getattr(getattr(defaults, name), field)
+      hint = hints[field]
+      if typing.get_origin(hint) is typing.Literal:
+        assert default in typing.get_args(hint), f"{key}: default {default!r} outside {hint}"
+      elif type(default) in _TYPES:
+        assert hint is type(default) or (hint is float and type(default) is int), f"{key}: {hint} vs {default!r}"
+      elif isinstance(default, tuple):
+        assert typing.get_origin(hint) is tuple, f"{key}: {hint} vs {default!r}"
+  assert set(owners) == {k for k, _, _ in pyconfig.reference()}  # every key of base.yml, nothing else
+
+
+def test_sections_are_frozen_and_round_trip_to_the_flat_keys():
+  cfg = make_config("rl.tools=[calculator]", "rl.use_agentic_rollout=true", "model_name=qwen3-tiny")
+  assert cfg.tools.names == ("calculator",) and cfg.model.decoder_family == "qwen3"
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    cfg.train.batch_size = 3  # type: ignore[misc]
+  assert isinstance(cfg.model.logical_axis_rules, tuple)
+  assert sections.RunConfig.from_values(cfg.flat()) == dataclasses.replace(cfg, overridden={}, urls={})
+  view = cfg.maxtext_view()  # what MaxText-format user code reads as tmvp_config
+  assert view.rl.tools == ["calculator"] and view.emb_dim == cfg.model.emb_dim
+  with pytest.raises(AttributeError, match="frozen"):
+    view.emb_dim = 1
+
+
+def test_a_key_no_section_claims_is_refused():
+  values = make_config().flat()
+  with pytest.raises(AssertionError, match=r"in no section of RunConfig: \['orphan'\]"):
+    sections.RunConfig.from_values({**values, "orphan": 1})
+
+
+def _config_params(tree: ast.AST):
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      for arg in node.args.args + node.args.kwonlyargs:
+        yield node.name, arg
+
+
+def test_only_entrypoints_and_the_config_package_hold_the_whole_config():
+  """Elsewhere a parameter named cfg or config is annotated with what it is (a section, the decoder's
+  ModelConfig, a Tunix config, a dict read back from a run's config.yml), and no module names RunConfig."""
+  offenders = []
+  for path in sorted(SRC.rglob("*.py")):
+    rel = path.relative_to(SRC).as_posix()
+    if rel in WHOLE_CONFIG:
+      continue
+    source = path.read_text()
+    tree = ast.parse(source)
+    if "RunConfig" in source:
+      offenders.append(f"{rel}: names RunConfig")
+    for function, arg in _config_params(tree):
+      if arg.arg in ("cfg", "config"):
+        annotation = ast.unparse(arg.annotation) if arg.annotation else ""
+        if not annotation:
+          offenders.append(f"{rel}: {function}({arg.arg}: {annotation or 'unannotated'})")
+  assert not offenders, "modules that take more than their section(s):\n" + "\n".join(offenders)
+
+
+def test_mapping_values_are_read_only():
+  cfg = make_config(
+    "model_name=llama-tiny",
+    "rope_scaling={factor: 8.0, low_freq_factor: 1.0, high_freq_factor: 4.0, original_max_position_embeddings: 8192}",
+  )
+  assert isinstance(cfg.model.rope_scaling, types.MappingProxyType)
+  assert cfg.flat()["rope_scaling"]["factor"] == 8.0
+
+
+def test_an_enumerated_key_refuses_a_value_outside_its_one_list_of_choices():
+  from maxtext.integration.tunix import rollout
+
+  choices = sections.choices()
+  assert tuple(rollout.EVAL_SAMPLING) == choices["eval_sampling_strategy"]  # the table that dispatches it
+  assert {"log_level", "dtype", "decoder_family", "answer_format", "rl.kl_loss_mode", "rl.tool_sandbox"} <= set(choices)
+  for key, allowed in choices.items():
+    shown = ", ".join(a or repr(a) for a in allowed)
+    with pytest.raises(pyconfig.ConfigError, match=f"^{re.escape(key)}='bogus': expected one of {re.escape(shown)}$"):
+      make_config(f"{key}=bogus")
