@@ -24,10 +24,9 @@ _ITEM = "model_params"
 
 class CheckpointManager(checkpoint_manager.CheckpointManager):
   """Tunix's checkpoint manager (same items and layout), writing arrays without zstd compression.
-  Orbax compresses every chunk in memory before writing it: the default demo's final save (2.15 GB of
-  float32 weights and AdamW state) raised the run's RSS by 0.85 GB, its peak, and 2.15 GB of random
-  float32 arrays saved alone took 1.3 GB beyond them; uncompressed 0.03 GB, for about 10% more disk
-  (float32 training state hardly compresses). Compressed and uncompressed checkpoints restore alike."""
+  Orbax compresses every chunk in memory before writing it, which made the default demo's final save
+  its peak memory, while float32 training state hardly compresses (benchmarks/RESULTS.md, "Where the
+  memory goes"). Compressed and uncompressed checkpoints restore alike."""
 
   def __init__(self, root_directory: str, options: ocp.CheckpointManagerOptions):
     super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here

@@ -90,8 +90,7 @@ class ModelConfig:
 def _param(cfg: ModelConfig, rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
   """A parameter annotated with its logical axes. The builder lays the values out on the mesh;
   without eager sharding, state made from a parameter (the optimizer's zeros_like, which keep its
-  layout) is not copied by one sharding constraint per array (building the default demo's cluster
-  peaked at 4.49 GB with it, 3.70 GB without)."""
+  layout) is not copied by one sharding constraint per array."""
   value = init(rngs.params(), shape, cfg.weight_dtype)
   return nnx.Param(value, out_sharding=axes, sharding_rules=cfg.logical_axis_rules, eager_sharding=False)
 
@@ -211,9 +210,9 @@ class Attention(_Projections):
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
     # The scores' dot with each head's positions next to its features (a transposed copy of q):
-    # XLA:CPU runs it 2-2.5x faster for sequences (benchmarks/RESULTS.md, "The roofline of a step");
-    # a single decode position gains nothing from the copy. (The same for the values' dot is as fast
-    # but keeps 0.5 GB more for the backward pass on the GSM8K shape.)
+    # XLA:CPU runs it faster for sequences (benchmarks/RESULTS.md, "The roofline of a step"); a single
+    # decode position gains nothing from the copy. (The same for the values' dot is as fast but keeps
+    # more memory for the backward pass.)
     spec = "btkgd,bskd->bkgts" if t == 1 else "bkgtd,bskd->bkgts"
     q = q if t == 1 else q.transpose(0, 2, 3, 1, 4)
     scores = jnp.einsum(spec, q, k.astype(dt), preferred_element_type=jnp.float32)

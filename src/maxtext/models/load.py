@@ -138,5 +138,5 @@ def load_model(cfg: ModelSection, mesh: Mesh) -> Decoder:
     model = builder.with_lora(model, mcfg, cfg.init_weights_seed)
     if cfg.lora_input_adapters_path:
       builder.set_adapters(model, read_adapters(cfg.lora_input_adapters_path, cfg), cfg.lora_input_adapters_path)
-  heap.release()  # the pages of the host arrays read and converted (0.45 GB on the demo)
+  heap.release()  # the pages of the host arrays read and converted
   return model

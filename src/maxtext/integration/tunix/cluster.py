@@ -57,7 +57,7 @@ def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTra
   scored alike (and no KL term) has nothing to learn from, while AdamW would still move the policy
   with its momentum and weight decay (the calculator learning test saw a policy that had learned the
   task drift off it over two such steps). tx's state still takes the zero gradient (AdamW's moments
-  decay); keeping it as it was would hold both states at once (0.55 GB more at the demo's peak)."""
+  decay); keeping it as it was would hold both states at once (benchmarks/RESULTS.md, "Where the memory goes")."""
 
   def update(grads, state, params=None):
     updates, state = tx.update(grads, state, params)
@@ -87,8 +87,8 @@ def reference_model(cfg: AlgorithmSection, actor: Decoder, max_prompt_length: in
 
 class ReleaseFreedMemory(hooks.TrainingHooks):
   """Before each training micro-batch and after a step's training, hands the heap pages freed since
-  (XLA's temporaries and compilers', the rollout's) back to the system: without it the default demo's
-  peak RSS was 11.7 GB, with it 5.9 GB, at the same step time (see maxtext.utils.heap)."""
+  (XLA's temporaries and compilers', the rollout's) back to the system, which glibc would keep
+  (maxtext.utils.heap); without it the peak memory grows over a run's micro-batches."""
 
   def on_train_step_start(self, train_ctx):
     heap.release()
@@ -196,7 +196,7 @@ def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
 def shard_optimizer(trainer, mesh) -> None:
   """Lays the optimizer state out as its partition specs say before the train step is compiled (as
   Tunix does, so the step compiles once), moving only arrays not laid out so already: Tunix's eager
-  sharding constraint copies the whole state (1.6 GB on the demo, held until garbage collection)."""
+  sharding constraint copies the whole state, held until garbage collection."""
   if mesh.empty:
     return
   state = nnx.state(trainer.optimizer, nnx.optimizer.OptState)

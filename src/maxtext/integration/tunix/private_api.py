@@ -198,7 +198,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     ("self", "mesh"),
     "cluster.py",
     "Tunix's eager sharding constraint copies the whole optimizer state before the "
-    "first step even where it is laid out already (a 1.6 GB transient on the demo)",
+    "first step even where it is laid out already (a transient copy of the whole state)",
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
@@ -404,7 +404,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     None,
     "orbax_checkpoint.py",
     "the Orbax manager with uncompressed array handlers (Tunix builds its "
-    "handlers with zstd compression, whose buffers raised the demo's RSS by 0.85 GB while saving "
+    "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
     "its trainer state); the class's save, restore and close use it",
   ),
   # Rollout (rollout.py)

@@ -11,8 +11,8 @@ the LoRA adapters); the sampler's KV cache at its most rows; and the training st
 temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
 layer's), of each group's prompt once and every completion (models/shared_prefix.py). Not counted:
-the optimizer update's own temporaries, the runtime and the compiled programs (together 2-3 GB on CPU
-for the default demo; benchmarks/RESULTS.md, "Where the memory goes"), and the allocator's
+the optimizer update's own temporaries, the runtime and the compiled programs (measured in
+benchmarks/RESULTS.md, "Where the memory goes"), and the allocator's
 overheads, which the end-of-run line shows against the estimate.
 """
 
