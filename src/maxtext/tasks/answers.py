@@ -87,6 +87,7 @@ class MathVerifier:
       self.close()
       self._pool = multiprocessing.get_context("spawn").Pool(num_procs)
       self._procs = num_procs
+      atexit.register(self.close)
     pending = [self._pool.apply_async(self._check, pair) for pair in pairs]
     deadline = time.monotonic() + timeout
     out: list[bool | None] = []
@@ -106,10 +107,10 @@ class MathVerifier:
     if self._pool is not None:
       self._pool.terminate()
       self._pool = None
+      atexit.unregister(self.close)
 
 
 _VERIFIER = MathVerifier()
-atexit.register(_VERIFIER.close)
 
 
 def answers_match(guesses: list[str | None], truths: list, cfg: TaskSection) -> list[bool | None]:

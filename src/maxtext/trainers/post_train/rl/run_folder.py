@@ -32,7 +32,7 @@ from maxtext.integration.tunix import metrics
 from maxtext.utils import distributed, storage
 from maxtext.utils.steps import Steps
 
-log = logging.getLogger("maxtext.train_rl")
+log = logging.getLogger(__name__)
 
 
 class RunFolder:

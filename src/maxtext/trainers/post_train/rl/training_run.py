@@ -35,7 +35,7 @@ from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.errors import ConfigError
 from maxtext.utils.steps import Steps
 
-log = logging.getLogger("maxtext.train_rl")
+log = logging.getLogger(__name__)
 
 
 class TrainingRun:
