@@ -4,10 +4,12 @@ the measured peak.
 
     python benchmarks/train_cost.py --variants scaling [--steps 3] [key=value ...]
     python benchmarks/train_cost.py --variants lora [--steps 3] [key=value ...]
+    python benchmarks/train_cost.py --variants base [--steps 3] [key=value ...]
 
 `scaling`: the base, then the group size (rl.num_generations), the prompts per step (batch_size)
 and the response length (max_response_length) each doubled alone. `lora`: full fine-tuning against
-rank-16 LoRA adapters (lora_alpha 32). The base is the default demo (rl_times_table.yml) unless
+rank-16 LoRA adapters (lora_alpha 32). `base`: the base alone (its estimate against its peak). The
+base is the default demo (rl_times_table.yml) unless
 key=value arguments change it (a .yml first replaces the recipe; e.g. model_name=qwen3-0.6b
 random_weights=true measures that model's shape). No evaluation; no JAX compilation cache, so the
 first step compiles and the warm step is the median of the later ones. Prints a table with each
@@ -33,6 +35,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _variants(kind: str, base: dict) -> dict[str, list[str]]:
+  if kind == "base":
+    return {"base": []}
   if kind == "lora":
     return {"full fine-tuning": [], "LoRA rank 16": ["lora_rank=16", "lora_alpha=32"]}
   return {
@@ -70,7 +74,7 @@ def _run(args: list[str], work: str, name: str) -> dict:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--variants", choices=("scaling", "lora"), required=True)
+  parser.add_argument("--variants", choices=("scaling", "lora", "base"), required=True)
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--output", default="")
   parser.add_argument("overrides", nargs="*", help="key=value for every run (a .yml first replaces the recipe)")

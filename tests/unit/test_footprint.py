@@ -135,3 +135,16 @@ def test_peak_memory_is_the_processes_own_not_its_parents():
   )
   assert before < 1.5e9 and 0.45e9 < after - before < 0.6e9
   del parent
+
+
+def test_the_process_part_is_its_resident_memory_when_the_estimate_is_made():
+  code = (
+    "from maxtext.trainers.post_train.rl import footprint; from tests.conftest import make_config; "
+    "cfg = make_config(); before = footprint.log_estimate(cfg).total; "
+    "x = bytearray(400 * 10**6); x[::4096] = bytes(len(x[::4096])); "
+    "print(before, footprint.log_estimate(cfg).total)"
+  )
+  before, after = map(
+    float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+  )
+  assert 0.38e9 < after - before < 0.45e9  # the touched 400 MB, and nothing else of the estimate moved

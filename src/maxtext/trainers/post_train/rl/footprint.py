@@ -1,6 +1,6 @@
-"""The memory a run is expected to need, from its config alone, logged at start so a user knows
-before loading anything whether it fits; and the process's peak memory, logged at the end beside
-the estimate.
+"""The memory a run is expected to need, from its config and the process as it stands before loading
+anything, logged at start so a user knows whether it fits; and the process's peak memory, logged at
+the end beside the estimate.
 
 Counted: the weights; the KL reference's copy (none at rl.grpo_beta=0, none with LoRA, whose
 reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step snapshot of the policy
@@ -10,10 +10,11 @@ train_micro_batch_size set, the gradient accumulator, each of the trained weight
 the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
 temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
-layer's), of each group's prompt once and every completion (models/shared_prefix.py). Not counted:
-the optimizer update's own temporaries, the runtime and the compiled programs (measured in
-benchmarks/RESULTS.md, "Where the memory goes"), and the allocator's
-overheads, which the end-of-run line shows against the estimate.
+layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
+before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
+and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size calibrated on the
+default demo, benchmarks/RESULTS.md, "Where the memory goes"). Not counted: the optimizer update's
+own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from maxtext.models.decoder import ModelConfig
 log = logging.getLogger(__name__)
 
 GB = 1e9
+# Compiled programs per decoder layer (training step, update, prefill, decode, log-probs): the default
+# demo's 30 layers held 0.52 GB of them.
+_PROGRAM_BYTES_PER_LAYER = 17e6
 # Projections that can take LoRA adapters: name -> (inputs, outputs) in terms of the architecture.
 _PROJECTIONS = {
   "attn.q_proj": lambda c: (c.emb_dim, c.num_query_heads * c.head_dim),
@@ -94,8 +98,9 @@ class Footprint:
     return "\n".join([*rows, f"  {'total':<48} {self.total / GB:7.2f} GB"])
 
 
-def estimate(cfg: RunConfig) -> Footprint:
-  """The run's expected memory, part by part (the whole config: every section shapes some part)."""
+def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
+  """The run's expected memory, part by part (the whole config: every section shapes some part);
+  process_bytes: the process's resident memory before loading anything."""
   model, sampling, train = cfg.model, cfg.sampling, cfg.train
   weight_bytes = 2 if model.weight_dtype == "bfloat16" else 4
   act_bytes = 2 if model.dtype == "bfloat16" else 4
@@ -126,6 +131,8 @@ def estimate(cfg: RunConfig) -> Footprint:
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
     f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * model.vocab_size * 4,
     f"activations of {tokens} tokens (remat {model.remat_policy})": tokens * per_token * act_bytes,
+    "compiled programs": _PROGRAM_BYTES_PER_LAYER * model.num_decoder_layers,
+    "the process before loading (runtime, libraries)": process_bytes,
   }
   return Footprint(parts)
 
@@ -139,9 +146,17 @@ def peak_rss_bytes() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def rss_bytes() -> float:
+  """The process's resident memory now (Linux's VmRSS; 0 where there is no /proc)."""
+  if not os.path.exists("/proc/self/status"):
+    return 0.0
+  with open("/proc/self/status", encoding="ascii") as f:
+    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+
+
 def log_estimate(cfg: RunConfig) -> Footprint:
-  footprint = estimate(cfg)
-  log.info("Expected memory (runtime and compiled programs not included):\n%s", footprint.table())
+  footprint = estimate(cfg, rss_bytes())
+  log.info("Expected peak memory:\n%s", footprint.table())
   return footprint
 
 
