@@ -75,6 +75,9 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
     ):
       assert key in r and np.isfinite(r[key]), key
     assert 0 < r["trainer/idle_fraction"] < 1  # sampling and scoring take part of each step, never all
+    # every step, from the loss's forward pass: the same float32 weights on both sides
+    assert 0.0 <= r["sampler_trainer/logp_diff_mean"] <= r["sampler_trainer/logp_diff_max"] < 1e-3
+    assert r["sampler_trainer/prob_diff_max"] < 1e-3
   assert (run / "tensorboard").is_dir() and os.listdir(run / "tensorboard")
   eval_json = json.loads((run / "eval.json").read_text())
   assert len(eval_json["after"]["examples"]) == 2
@@ -152,6 +155,8 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsy
   rows = _read_jsonl(run / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(np.isfinite(r["loss"]) and "rewards/mean" in r for r in rows)
+  # against the trainer's log-probs before the step's first update, also in its second update
+  assert all(0.0 <= r["sampler_trainer/logp_diff_max"] < 1e-3 for r in rows)
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4, 6]
 
 
@@ -354,6 +359,8 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   for r in (rows[0], rows[2]):
     assert r["sampler_trainer/logp_diff_mean"] < 1e-4 and r["sampler_trainer/logp_diff_max"] < 1e-3
   assert not any(k.startswith("sampler_trainer/") for k in rows[1])
+  # Every step, the loss's ratio is the trainer's over the sampler's probability (on-policy: the mismatch).
+  assert all(0.0 <= r["log_ratio/abs_mean"] < 1e-4 for r in rows)
   # Conversations share the chat template's system prompt and a group its question: prompt tokens are
   # read from reused KV prefixes, but never all of them.
   reuse = [r["rollout/prefix_reuse_fraction"] for r in rows]

@@ -1,4 +1,4 @@
-"""The GRPO loss our configs build, run through Tunix's loss function on a categorical toy policy:
+"""The GRPO loss our configs build (losses.py's ppo_clip) on a categorical toy policy:
 the KL estimator chosen by rl.kl_loss_mode and its gradient, and the upper clip of rl.epsilon_high."""
 
 import jax
@@ -6,10 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tunix.rl import algo_core
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import algorithm
+from maxtext.integration.tunix import algorithm, losses
 from tests.conftest import make_config
 
 VOCAB, PAD, EOS = 6, 0, 1
@@ -44,7 +43,7 @@ def _loss_and_grad(cfg, model, example):
   config.temperature = 1.0  # what the learner sets from the training rollout config
 
   def loss(m):
-    return algo_core.grpo_loss_fn(m, example, config, pad_id=PAD, eos_id=EOS)[0]
+    return losses.POLICY_LOSSES["ppo_clip"](m, example, config, pad_id=PAD, eos_id=EOS)[0]
 
   value, grads = nnx.value_and_grad(loss)(model)
   return float(value), np.asarray(grads.logits.value if hasattr(grads.logits, "value") else grads.logits)

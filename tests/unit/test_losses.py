@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tunix.rl import common, function_registry
+from tunix.rl import algo_core, common, function_registry
 
 from maxtext.integration.tunix import algorithm, losses
 from maxtext.utils.errors import ConfigError
@@ -87,10 +87,82 @@ def test_cispo_keeps_the_kl_penalty_and_the_diagnostics_tunix_logs():
   config.temperature = 1.0
   logp = float(jax.nn.log_softmax(jnp.asarray(LOGITS))[2])
   example = _example([2], ref_logps=jnp.full((1, 1), logp - 0.4), advantages=[0.0])
-  loss, aux = losses.cispo(Categorical(LOGITS), example, config, pad_id=PAD, eos_id=EOS)
+  loss, aux = losses.POLICY_LOSSES["cispo"](Categorical(LOGITS), example, config, pad_id=PAD, eos_id=EOS)
   np.testing.assert_allclose(float(loss), 0.5 * 0.4**2 / 2, rtol=1e-5)  # beta * (logp - ref)^2 / 2
-  ppo_aux = losses.POLICY_LOSSES["ppo_clip"](Categorical(LOGITS), example, config, pad_id=PAD, eos_id=EOS)[1]
-  assert set(ppo_aux) <= set(aux)
+  tunix_aux = algo_core.grpo_loss_fn(Categorical(LOGITS), example, config, pad_id=PAD, eos_id=EOS)[1]
+  assert set(tunix_aux) <= set(aux)
+
+
+@pytest.mark.parametrize("loss_algo", ["grpo", "gspo-token"])
+@pytest.mark.parametrize("shift", [0.0, 0.1, 0.6, -0.6])
+def test_ppo_clip_is_tunixs_grpo_loss(loss_algo, shift):
+  """Our ppo_clip against Tunix's grpo_loss_fn (the loss it replaces) on two sequences of three tokens:
+  the same loss, gradient and diagnostics, inside and outside the clip range, per token and per
+  sequence, with a KL term and sampler importance weights."""
+  cfg = make_config("rl.grpo_beta=0.3", f"rl.loss_algo={loss_algo}", "rl.epsilon_high=0.28")
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
+  config.temperature = 1.0
+  tokens = jnp.asarray([[2, 3, 4], [5, 2, 1]], jnp.int32)
+  logps = jax.nn.log_softmax(jnp.asarray(LOGITS))[tokens]
+  example = common.TrainExample(
+    prompt_ids=jnp.full((2, 1), 2, jnp.int32),
+    prompt_mask=jnp.ones((2, 1), bool),
+    completion_ids=tokens,
+    completion_mask=jnp.asarray([[1, 1, 1], [1, 1, 0]], bool),
+    advantages=jnp.asarray([1.2, -0.7]),
+    ref_per_token_logps=logps - 0.2,
+    old_per_token_logps=logps - shift * jnp.asarray([[1.0, -1.0, 0.5], [0.3, 1.0, 0.0]]),
+    sampler_is_weights=jnp.asarray([[1.0, 0.5, 2.0], [1.5, 1.0, 1.0]]),
+  )
+
+  def run(fn):
+    grad_fn = nnx.value_and_grad(lambda m: fn(m, example, config, pad_id=PAD, eos_id=EOS), has_aux=True)
+    (loss, aux), grads = grad_fn(Categorical(LOGITS))
+    return float(loss), aux, np.asarray(grads.logits[...])
+
+  ours, theirs = run(losses.POLICY_LOSSES["ppo_clip"]), run(algo_core.grpo_loss_fn)
+  np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-6)
+  np.testing.assert_allclose(ours[2], theirs[2], rtol=1e-5, atol=1e-7)
+  assert np.abs(theirs[2]).max() > 1e-3
+  for key, value in theirs[1].items():
+    np.testing.assert_allclose(float(ours[1][key]), float(value), rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def test_the_loss_reports_the_sampler_trainer_mismatch_from_its_forward_pass():
+  """With the sampler's log-probs in the example, the loss's aux holds their distance to the trainer's
+  log-probs before the step's updates (the old ones where given, else its own): by hand."""
+  cfg = make_config()
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
+  config.temperature = 1.0
+  p = jax.nn.softmax(jnp.asarray(LOGITS))
+  tokens = [2, 3, 4]
+  trainer = np.log(np.asarray(p)[tokens]).reshape(1, 3)
+  sampler = np.log(np.asarray(p)[tokens] * np.array([0.5, 2.0, 1.3])).reshape(1, 3)
+  base = _example([2], advantages=[1.0])
+  fields = dict(
+    prompt_ids=base.prompt_ids,
+    prompt_mask=base.prompt_mask,
+    completion_ids=jnp.asarray([tokens], jnp.int32),
+    completion_mask=jnp.asarray([[1, 1, 0]], bool),
+    advantages=base.advantages,
+    ref_per_token_logps=None,
+  )
+  prob = np.asarray(p)[tokens]
+  for old in (None, jnp.asarray(trainer)):
+    example = losses.SampledExample(**fields, old_per_token_logps=old, sampler_logps=jnp.asarray(sampler))
+    for name in losses.POLICY_LOSSES:
+      aux = losses.POLICY_LOSSES[name](Categorical(LOGITS), example, config, pad_id=PAD, eos_id=EOS)[1]
+      assert set(losses.MISMATCH_METRICS) <= set(aux)
+      np.testing.assert_allclose(
+        float(aux["sampler_trainer/logp_diff_mean"]), np.log(2), rtol=1e-5
+      )  # the third is masked
+      np.testing.assert_allclose(float(aux["sampler_trainer/logp_diff_max"]), np.log(2), rtol=1e-5)
+      np.testing.assert_allclose(float(aux["sampler_trainer/prob_diff_mean"]), (0.5 * prob[0] + prob[1]) / 2, rtol=1e-5)
+      np.testing.assert_allclose(float(aux["sampler_trainer/prob_diff_max"]), max(0.5 * prob[0], prob[1]), rtol=1e-5)
+  without = _example([2], advantages=[1.0])
+  assert not set(losses.MISMATCH_METRICS) & set(
+    losses.POLICY_LOSSES["ppo_clip"](Categorical(LOGITS), without, config, pad_id=PAD, eos_id=EOS)[1]
+  )
 
 
 def test_every_aggregation_listed_is_one_tunix_implements():

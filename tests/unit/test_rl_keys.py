@@ -44,7 +44,6 @@ CHANGED = {
 SHAPE_FIELDS = {
   "rl.sampler_is": lambda shape: "token" if shape.sampler_is else "",
   "rl.sampler_is_threshold": lambda shape: shape.sampler_is_threshold,
-  "rl.logp_check_period": lambda shape: shape.logp_check_period,
   "rl.dynamic_sampling": lambda shape: shape.dynamic_sampling_rounds > 1,
   "rl.overlong_buffer_length": lambda shape: shape.overlong_buffer_length,
   "rl.mask_truncated_completions": lambda shape: shape.mask_truncated_completions,

@@ -46,26 +46,18 @@ def test_varied_groups_and_the_selection_of_groups_to_train():
   assert shaping.select_groups([True, False, True, True], 2).tolist() == [0, 2]
 
 
-def test_sampler_is_weights_and_mismatch_by_hand():
+def test_sampler_is_weights_by_hand():
   trainer = np.log(np.array([[0.5, 0.2, 0.9]]))
   sampler = np.log(np.array([[0.25, 0.4, 0.9]]))
   weights = shaping.sampler_is_weights(trainer, sampler, threshold=1.5)
   np.testing.assert_allclose(weights, [[1.5, 0.5, 1.0]], rtol=1e-6)  # 2.0 truncated at 1.5
-  mismatch = shaping.logp_mismatch(trainer, sampler, np.array([[1, 1, 0]]))
-  np.testing.assert_allclose(mismatch["sampler_trainer/logp_diff_mean"], np.log(2), rtol=1e-6)
-  np.testing.assert_allclose(mismatch["sampler_trainer/logp_diff_max"], np.log(2), rtol=1e-6)
-  np.testing.assert_allclose(mismatch["sampler_trainer/prob_diff_mean"], 0.225, rtol=1e-6)
-  np.testing.assert_allclose(mismatch["sampler_trainer/prob_diff_max"], 0.25, rtol=1e-6)
 
 
-def test_logp_checks_every_period_and_every_step_with_the_correction():
-  cfg = pyconfig.initialize(["x", "rl.yml", "rl.logp_check_period=3"])
-  shape = shaping.Shaping.from_config(cfg.algorithm, cfg.sampling)
-  assert [s for s in range(7) if shape.checks_logps(s)] == [0, 3, 6]
-  cfg = pyconfig.initialize(["x", "rl.yml", "rl.sampler_is=token"])
-  assert all(shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).checks_logps(s) for s in range(7))
+def test_only_the_batched_engine_gives_the_loss_sampler_log_probs():
+  cfg = pyconfig.initialize(["x", "rl.yml"])
+  assert shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).sampler_logps
   cfg = pyconfig.initialize(["x", "rl.yml", "rollout_engine=vanilla"])
-  assert not any(shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).checks_logps(s) for s in range(7))
+  assert not shaping.Shaping.from_config(cfg.algorithm, cfg.sampling).sampler_logps
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from tunix.rl import algo_core, common
+from tunix.rl import common
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import algorithm, cluster, prefix_sharing
+from maxtext.integration.tunix import algorithm, cluster, losses, prefix_sharing
 from maxtext.models import builder, load
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils.mesh import create_meshes
@@ -47,8 +47,8 @@ def _model(*overrides):
 def _loss(cfg, shared: bool):
   config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 0.9
-  tunix_loss = lambda m, ex, algo: algo_core.grpo_loss_fn(m, ex, algo, pad_id=PAD, eos_id=EOS)
-  loss = prefix_sharing.SharedPrefixLoss(tunix_loss, GROUP) if shared else tunix_loss
+  ppo_clip = lambda m, ex, algo: losses.POLICY_LOSSES["ppo_clip"](m, ex, algo, pad_id=PAD, eos_id=EOS)
+  loss = prefix_sharing.SharedPrefixLoss(ppo_clip, GROUP) if shared else ppo_clip
   return lambda model, example: loss(model, example, config)[0]
 
 

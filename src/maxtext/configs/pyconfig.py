@@ -201,6 +201,7 @@ AGENTIC_ONLY_KEYS = (
   "rl.off_policy_steps",
   "rl.system_prompt",
   "rl.filter_zero_variance_groups",
+  "rl.logp_check_period",
   "rl.tools",
   "rl.tools_path",
   "rl.max_turns",

@@ -1,6 +1,7 @@
 """Tunix's standard GRPO learner (rl.use_agentic_rollout=false) with a step hook, per-step metrics and
 the sample shaping of shaping.py (dynamic sampling, overlong punishment, truncated-completion masking,
-sampler importance correction).
+sampler importance correction). With the batched engine each step's example carries the sampler's
+log-probs (losses.SampledExample), from which the loss logs the sampler/trainer mismatch every step.
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
@@ -19,7 +20,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
 from maxtext.configs.sections import AlgorithmSection, SamplingSection, TrainSection
-from maxtext.integration.tunix import shaping
+from maxtext.integration.tunix import losses, shaping
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.utils import distributed
@@ -67,6 +68,9 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     super().__init__(*args, **kwargs)
     self._wire(before_step)
     self._shape = shape
+    if shape.sampler_logps:
+      trainer = self.rl_cluster.actor_trainer
+      trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, **losses.MISMATCH_METRICS})
     self._reserve = reserve
     self._last_rollout = None
     self._last_rewards: np.ndarray | None = None
@@ -141,8 +145,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     if shape.dynamic_sampling_rounds > 1:
       rounds += self._more_rounds(rounds[0], wanted)
     example, sampler_logps = self._selected(rounds, wanted)
-    step = self.rl_cluster.global_steps
-    if sampler_logps is not None and shape.checks_logps(step):
+    if sampler_logps is not None and shape.sampler_is:
       trainer_logps = example.old_per_token_logps
       if trainer_logps is None:
         trainer_logps = self.rl_cluster.get_old_per_token_logps(
@@ -151,11 +154,12 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
           micro_batch_size=self._compute_logps_micro_batch_size * self.algo_config.num_generations,
         )
       trainer_logps = distributed.host_array(trainer_logps)
-      mask = np.asarray(example.completion_mask)
-      self._log({k: (v, np.mean) for k, v in shaping.logp_mismatch(trainer_logps, sampler_logps, mask).items()})
-      if shape.sampler_is:
-        weights = shaping.sampler_is_weights(trainer_logps, sampler_logps, shape.sampler_is_threshold)
-        example = example.replace(sampler_is_weights=jnp.asarray(weights))
+      weights = shaping.sampler_is_weights(trainer_logps, sampler_logps, shape.sampler_is_threshold)
+      example = example.replace(sampler_is_weights=jnp.asarray(weights))
+    if shape.sampler_logps:  # the loss reports the sampler/trainer mismatch from its own forward pass
+      assert sampler_logps is not None, "the batched engine returned no log-probs"
+      fields = {f.name: getattr(example, f.name) for f in dataclasses.fields(example)}
+      example = losses.SampledExample(**fields, sampler_logps=jnp.asarray(sampler_logps))
     if shape.mask_truncated_completions:
       eos = self.rl_cluster.rollout.eos_id()
       cut = shaping.truncated(np.asarray(example.completion_ids), np.asarray(example.completion_mask), eos)

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,20 +51,33 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
 }
 
 
-def _aux(per_token_loss, log_ratio, ratio, adv, mask, clipped) -> dict[str, jax.Array]:
+@flax.struct.dataclass(frozen=True)
+class _Terms:
+  """A surrogate's per-token loss and the parts Tunix's diagnostics report: the log ratio and ratio
+  it used, where it clipped, its unclipped loss -A * r and its clipped loss."""
+
+  loss: jax.Array
+  log_ratio: jax.Array
+  ratio: jax.Array
+  clipped: jax.Array
+  unclipped: jax.Array
+  clipped_loss: jax.Array
+
+
+def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
   """The diagnostics Tunix's learners log, as its GRPO loss computes them."""
   adv = jnp.broadcast_to(adv, mask.shape)
   live = mask > 0
   return {
-    "pg_clipfrac": algo_core.masked_mean(clipped.astype(jnp.float32), mask),
-    "ppo_kl": algo_core.masked_mean(-log_ratio, mask),
+    "pg_clipfrac": algo_core.masked_mean(terms.clipped.astype(jnp.float32), mask),
+    "ppo_kl": algo_core.masked_mean(-token_log_ratio, mask),
     "pg_clipfrac_lower": jnp.float32(0.0),
-    "is_ratio/mean": algo_core.masked_mean(ratio, mask),
-    "is_ratio/max": jnp.max(jnp.where(live, ratio, 0.0)),
-    "is_ratio/min": jnp.min(jnp.where(live, ratio, jnp.inf)),
-    "log_ratio/abs_mean": algo_core.masked_mean(jnp.abs(log_ratio), mask),
-    "pg_loss/unclipped_mean": algo_core.masked_mean(-adv * ratio, mask),
-    "pg_loss/clipped_mean": algo_core.masked_mean(per_token_loss, mask),
+    "is_ratio/mean": algo_core.masked_mean(terms.ratio, mask),
+    "is_ratio/max": jnp.max(jnp.where(live, terms.ratio, 0.0)),
+    "is_ratio/min": jnp.min(jnp.where(live, terms.ratio, jnp.inf)),
+    "log_ratio/abs_mean": algo_core.masked_mean(jnp.abs(terms.log_ratio), mask),
+    "pg_loss/unclipped_mean": algo_core.masked_mean(terms.unclipped, mask),
+    "pg_loss/clipped_mean": algo_core.masked_mean(terms.clipped_loss, mask),
     "advantage/abs_mean": algo_core.masked_mean(jnp.abs(adv), mask),
     "advantage/max": jnp.max(jnp.where(live, adv, -jnp.inf)),
     "advantage/min": jnp.min(jnp.where(live, adv, jnp.inf)),
@@ -71,63 +85,126 @@ def _aux(per_token_loss, log_ratio, ratio, adv, mask, clipped) -> dict[str, jax.
   }
 
 
-def cispo(model, train_example, algo_config, pad_id, eos_id, **kwargs):
+def _ppo_clip(logps, old, adv, mask, algo_config) -> _Terms:
+  """PPO's clipped surrogate, per token: max(-A * r, -A * clip(r, 1 - epsilon, 1 + epsilon_high)).
+  rl.loss_algo=gspo-token (GSPO) takes the sequence's ratio, the geometric mean of its tokens'
+  ratios, at every token (the gradient still flows through each token's log-prob)."""
+  log_ratio = jnp.clip(logps - old, -20.0, 20.0)
+  if algo_config.loss_algo == "gspo-token":
+    sequence = (log_ratio * mask).sum(axis=-1) / jnp.clip(mask.sum(axis=-1), min=1)
+    log_ratio = jnp.minimum(logps - jax.lax.stop_gradient(logps) + jax.lax.stop_gradient(sequence)[:, None], 10.0)
+  ratio = jnp.exp(log_ratio)
+  unclipped = -adv * ratio
+  clipped = -adv * jnp.clip(ratio, 1.0 - algo_config.epsilon, 1.0 + algo_config.epsilon_high)
+  return _Terms(jnp.maximum(unclipped, clipped), log_ratio, ratio, clipped > unclipped, unclipped, clipped)
+
+
+def _cispo(logps, old, adv, mask, algo_config) -> _Terms:
   """CISPO (MiniMax-M1): every token's log-prob weighted by its importance ratio to the sampling
   policy, truncated above at 1 + epsilon_high and held constant (stop-gradient), times the advantage:
-  loss_t = -sg(min(r_t, 1 + epsilon_high)) * A * log p_t. No token is dropped from the gradient, as
-  PPO's clip drops those outside the trust region. The KL penalty, aggregation and sampler
-  importance weights are as in Tunix's GRPO loss."""
-  del kwargs
-  mask = train_example.completion_mask
-  graphdef, state = nnx.split(model)
-  logps, logits = common.compute_per_token_logps(
-    graphdef,
-    state,
-    prompt_tokens=train_example.prompt_ids,
-    completion_tokens=train_example.completion_ids,
-    pad_id=pad_id,
-    eos_id=eos_id,
-    stop_gradient=False,
-    return_logits=True,
-    segment_ids=getattr(train_example, "segment_ids", None),
-    segment_positions=getattr(train_example, "segment_positions", None),
-    temperature=algo_config.temperature,
-  )
-  logps = logps.astype(jnp.float32)
-  old = train_example.old_per_token_logps
-  old = jax.lax.stop_gradient(logps) if old is None else old.astype(jnp.float32)
+  -sg(min(r, 1 + epsilon_high)) * A * log p. No token is dropped from the gradient, as PPO's clip
+  drops those outside the trust region."""
+  del mask
   log_ratio = jnp.clip(logps - old, -20.0, 20.0)
   ratio = jnp.exp(log_ratio)
   cap = 1.0 + algo_config.epsilon_high
-  weight = jax.lax.stop_gradient(jnp.minimum(ratio, cap))
-  advantages = train_example.advantages.astype(jnp.float32)
-  adv = advantages if advantages.ndim == 2 else advantages[:, None]
-  per_token_loss = -weight * adv * logps
-  sampler_is = getattr(train_example, "sampler_is_weights", None)
-  if sampler_is is not None:
-    per_token_loss = per_token_loss * sampler_is.astype(jnp.float32)
-  loss = common.aggregate_loss(per_token_loss, mask, algo_config.loss_agg_mode)
-  aux = _aux(per_token_loss, log_ratio, ratio, adv, mask, ratio > cap)
-  aux.update(pg_loss=loss, kl=jnp.float32(0.0), kl_loss=jnp.float32(0.0))
-  aux["sampler_is/weight_mean"] = jnp.float32(1.0) if sampler_is is None else algo_core.masked_mean(sampler_is, mask)
-  aux["sampler_is/weight_min"] = (
-    jnp.float32(1.0) if sampler_is is None else jnp.min(jnp.where(mask > 0, sampler_is, jnp.inf))
-  )
-  if train_example.ref_per_token_logps is not None:
-    kl = common.compute_kl_divergence(
-      logps, train_example.ref_per_token_logps, algo_config.kl_loss_mode, clamp_value=algo_config.kl_clamp_value
+  loss = -jax.lax.stop_gradient(jnp.minimum(ratio, cap)) * adv * logps
+  return _Terms(loss, log_ratio, ratio, ratio > cap, -adv * ratio, loss)
+
+
+def _mismatch(trainer_logps, sampler_logps, mask) -> dict[str, jax.Array]:
+  """How far the sampler's per-token log-probs are from the trainer's over the completion tokens."""
+  live = mask > 0
+  diff = jnp.abs(trainer_logps - sampler_logps)
+  prob_diff = jnp.abs(jnp.exp(trainer_logps) - jnp.exp(sampler_logps))
+  return {
+    "sampler_trainer/logp_diff_mean": algo_core.masked_mean(diff, mask),
+    "sampler_trainer/logp_diff_max": jnp.max(jnp.where(live, diff, 0.0)),
+    "sampler_trainer/prob_diff_mean": algo_core.masked_mean(prob_diff, mask),
+    "sampler_trainer/prob_diff_max": jnp.max(jnp.where(live, prob_diff, 0.0)),
+  }
+
+
+# The metrics _mismatch adds to a loss's aux, with how the trainer reduces them over micro-batches.
+MISMATCH_METRICS: dict[str, Callable[..., Any]] = {
+  "sampler_trainer/logp_diff_mean": np.mean,
+  "sampler_trainer/logp_diff_max": np.max,
+  "sampler_trainer/prob_diff_mean": np.mean,
+  "sampler_trainer/prob_diff_max": np.max,
+}
+
+
+@flax.struct.dataclass(frozen=True)
+class SampledExample(common.TrainExample):
+  """Tunix's TrainExample with the sampler's per-token log-probs of the completion, from which the
+  loss reports the sampler/trainer mismatch (MISMATCH_METRICS) at no extra forward pass."""
+
+  sampler_logps: jax.Array | None = None
+
+
+def _policy_loss(surrogate):
+  """A policy loss from a per-token surrogate(logps, old, adv, mask, algo_config) -> _Terms: the KL
+  penalty, the aggregation (rl.loss_agg_mode), the sampler importance weights and the diagnostics
+  are common to every loss."""
+
+  def loss_fn(model, train_example, algo_config, pad_id, eos_id, **kwargs):
+    del kwargs
+    mask = train_example.completion_mask
+    graphdef, state = nnx.split(model)
+    logps, logits = common.compute_per_token_logps(
+      graphdef,
+      state,
+      prompt_tokens=train_example.prompt_ids,
+      completion_tokens=train_example.completion_ids,
+      pad_id=pad_id,
+      eos_id=eos_id,
+      stop_gradient=False,
+      return_logits=True,
+      segment_ids=getattr(train_example, "segment_ids", None),
+      segment_positions=getattr(train_example, "segment_positions", None),
+      temperature=algo_config.temperature,
     )
-    aux["kl"] = algo_core.masked_mean(kl, mask).astype(jnp.float32)
-    aux["kl_loss"] = common.aggregate_loss(kl, mask, algo_config.loss_agg_mode)
-    if algo_config.beta:
-      loss = loss + algo_config.beta * aux["kl_loss"]
-  aux["entropy"] = common.aggregate_loss(algo_core.compute_entropy_from_logits(logits), mask, algo_config.loss_agg_mode)
-  return loss, aux
+    logps = logps.astype(jnp.float32)
+    given = train_example.old_per_token_logps
+    old = jax.lax.stop_gradient(logps) if given is None else given.astype(jnp.float32)
+    advantages = train_example.advantages.astype(jnp.float32)
+    adv = advantages if advantages.ndim == 2 else advantages[:, None]
+    terms = surrogate(logps, old, adv, mask, algo_config)
+    per_token_loss = terms.loss.astype(jnp.float32)
+    sampler_is = getattr(train_example, "sampler_is_weights", None)
+    if sampler_is is not None:
+      per_token_loss = per_token_loss * sampler_is.astype(jnp.float32)
+    loss = common.aggregate_loss(per_token_loss, mask, algo_config.loss_agg_mode)
+    aux = _aux(terms, logps - old, adv, mask)
+    aux.update(pg_loss=loss, kl=jnp.float32(0.0), kl_loss=jnp.float32(0.0))
+    aux["sampler_is/weight_mean"] = jnp.float32(1.0) if sampler_is is None else algo_core.masked_mean(sampler_is, mask)
+    aux["sampler_is/weight_min"] = (
+      jnp.float32(1.0) if sampler_is is None else jnp.min(jnp.where(mask > 0, sampler_is, jnp.inf))
+    )
+    sampler_logps = getattr(train_example, "sampler_logps", None)
+    if sampler_logps is not None:  # the trainer's log-probs before this step's updates: `old`
+      aux.update(_mismatch(old, sampler_logps.astype(jnp.float32), mask))
+    if train_example.ref_per_token_logps is not None:
+      kl = common.compute_kl_divergence(
+        logps, train_example.ref_per_token_logps, algo_config.kl_loss_mode, clamp_value=algo_config.kl_clamp_value
+      )
+      aux["kl"] = algo_core.masked_mean(kl, mask).astype(jnp.float32)
+      aux["kl_loss"] = common.aggregate_loss(kl, mask, algo_config.loss_agg_mode)
+      if algo_config.beta:
+        loss = loss + algo_config.beta * aux["kl_loss"]
+    aux["entropy"] = common.aggregate_loss(
+      algo_core.compute_entropy_from_logits(logits), mask, algo_config.loss_agg_mode
+    )
+    return loss, aux
+
+  loss_fn.__name__ = surrogate.__name__.lstrip("_")
+  loss_fn.__doc__ = surrogate.__doc__
+  return loss_fn
 
 
 POLICY_LOSSES: dict[str, Callable[..., Any]] = {
-  "ppo_clip": algo_core.grpo_loss_fn,  # Tunix's clipped surrogate (rl.loss_algo: token or sequence ratio)
-  "cispo": cispo,
+  "ppo_clip": _policy_loss(_ppo_clip),
+  "cispo": _policy_loss(_cispo),
 }
 LOSS_ALGOS = ("grpo", "gspo-token")  # the ratio of ppo_clip: per token, or the sequence's (GSPO)
 # The modes tunix.rl.common.aggregate_loss implements (a contract test checks them).

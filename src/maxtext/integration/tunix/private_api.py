@@ -107,6 +107,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   # Standard GRPO (learner.py)
   PrivateDependency(
+    "tunix.rl.trainer.Trainer",
+    "rl_metrics_to_log",
+    "read",
+    None,
+    "learner.py",
+    "the standard learner adds the loss's sampler/trainer mismatch metrics to the aux keys Tunix's "
+    "GRPO learner logs: with_rl_metrics_to_log replaces the whole map and there is no getter",
+  ),
+  PrivateDependency(
     _GRPO,
     "_generate_and_compute_advantage",
     "override",

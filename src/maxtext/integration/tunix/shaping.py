@@ -9,8 +9,7 @@
   without ending trains no token (`truncated`);
 - sampler importance correction (rl.sampler_is=token): each token's loss is weighted by the trainer's
   over the sampler's probability of it, truncated at rl.sampler_is_threshold and held constant
-  (`sampler_is_weights`); `logp_mismatch` gives the sampler_trainer/* metrics that show how far apart
-  the two are.
+  (`sampler_is_weights`).
 
 The functions here take and return numpy arrays; the learner (learner.py) applies them.
 """
@@ -35,7 +34,7 @@ class Shaping:
   mask_truncated_completions: bool
   sampler_is: bool
   sampler_is_threshold: float
-  logp_check_period: int  # sampler_trainer/* metrics at steps 0, p, 2p, ... (every step with sampler_is)
+  sampler_logps: bool  # the engine returns the sampler's log-probs (batched)
 
   @classmethod
   def from_config(cls, rl: AlgorithmSection, sampling: SamplingSection) -> Shaping:
@@ -47,12 +46,8 @@ class Shaping:
       mask_truncated_completions=rl.mask_truncated_completions,
       sampler_is=rl.sampler_is == "token",
       sampler_is_threshold=rl.sampler_is_threshold,
-      logp_check_period=rl.logp_check_period if sampling.rollout_engine == "batched" else 0,
+      sampler_logps=sampling.rollout_engine == "batched",
     )
-
-  def checks_logps(self, step: int) -> bool:
-    """Whether the trainer scores the step's samples (for the correction or the mismatch metrics)."""
-    return self.sampler_is or (self.logp_check_period > 0 and step % self.logp_check_period == 0)
 
 
 def overlong_penalty(lengths, max_length: int, buffer: int, factor: float) -> np.ndarray:
@@ -89,19 +84,3 @@ def sampler_is_weights(trainer_logps, sampler_logps, threshold: float) -> np.nda
   """min(p_trainer / p_sampler, threshold) per token (truncated importance sampling)."""
   ratio = np.exp(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64))
   return np.minimum(ratio, threshold).astype(np.float32)
-
-
-def logp_mismatch(trainer_logps, sampler_logps, mask) -> dict[str, float]:
-  """How far the sampler's per-token log-probs are from the trainer's over the completion tokens."""
-  live = np.asarray(mask) > 0
-  trainer, sampler = np.asarray(trainer_logps, np.float64)[live], np.asarray(sampler_logps, np.float64)[live]
-  if not trainer.size:
-    return {}
-  diff = np.abs(trainer - sampler)
-  prob_diff = np.abs(np.exp(trainer) - np.exp(sampler))
-  return {
-    "sampler_trainer/logp_diff_mean": float(diff.mean()),
-    "sampler_trainer/logp_diff_max": float(diff.max()),
-    "sampler_trainer/prob_diff_mean": float(prob_diff.mean()),
-    "sampler_trainer/prob_diff_max": float(prob_diff.max()),
-  }
