@@ -13,7 +13,7 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, algorithm, rollout, step_metrics, trajectories
+from maxtext.integration.tunix import agentic, algorithm, losses, rollout, step_metrics, trajectories
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from tests.conftest import make_config, parser_for
 
@@ -76,22 +76,19 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
 
 
 @pytest.mark.parametrize(
-  "overrides, period, train_steps_recomputed",
+  "overrides, recomputed",
   [
-    (["rollout_engine=batched"], 3, [0, 3, 6]),  # only to check the sampler's: every period
-    (["rollout_engine=batched"], 0, []),
-    (["rollout_engine=batched", "rl.sampler_is=token"], 0, list(range(7))),  # trained on: always
-    (["rollout_engine=vanilla"], 3, list(range(7))),  # the old policy's: always
+    (["rollout_engine=batched"], False),  # the sampler's are the old ones; the loss reports the mismatch
+    (["rollout_engine=batched", "rl.sampler_is=token"], True),  # trained on
+    (["rollout_engine=vanilla"], True),  # the old policy's
   ],
 )
-def test_the_trainer_recomputes_log_probs_where_trained_on_or_checked(overrides, period, train_steps_recomputed):
+def test_the_trainer_recomputes_log_probs_only_where_trained_on(overrides, recomputed):
   agent = agentic.AgenticGRPOLearner.__new__(agentic.AgenticGRPOLearner)  # the decision alone
   cfg = make_config(*overrides, "rl.use_agentic_rollout=true")
   agent.algo_config = algorithm.grpo_config(cfg.algorithm, cfg.sampling, cfg.agentic, "S")
-  agent._logp_check_period = period
-  recomputes = agent._trainer_recomputes
-  assert [s for s in range(7) if recomputes(rollout.Mode.TRAIN, s)] == train_steps_recomputed
-  assert recomputes(rollout.Mode.EVAL, 0) == (train_steps_recomputed == list(range(7)))
+  assert agent._trainer_recomputes() == recomputed
+  assert losses.mismatch_from_old(agent.algo_config) == (not recomputed)
 
 
 def _pieces(parser, messages):

@@ -173,7 +173,7 @@ def test_train_micro_batch_size_divides_batch_size():
     make_config("batch_size=4", "train_micro_batch_size=3")
 
 
-@pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps", "rl.logp_check_period"])
+@pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps"])
 def test_negative_count_names_the_key(key):
   assert make_config(f"{key}=0", "rl.use_agentic_rollout=true")
   with pytest.raises(pyconfig.ConfigError, match=f"{key}=-1: expected an integer >= 0"):

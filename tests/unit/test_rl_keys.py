@@ -25,7 +25,6 @@ CHANGED = {
   "rl.system_prompt": "Be brief.",
   "rl.sampler_is": "token",
   "rl.sampler_is_threshold": 3.0,
-  "rl.logp_check_period": 3,
   "rl.filter_zero_variance_groups": True,
   "rl.tools": ["calculator"],
   "rl.tools_path": "TOOLS_FILE",
@@ -95,8 +94,6 @@ def _observed(key: str, kwargs: dict):
     return getattr(kwargs["algo_config"], ALGO_FIELDS[key], "not in this mode's algorithm config")
   if key == "rl.dynamic_sampling" and "dynamic_sampling_rounds" in kwargs:
     return kwargs["dynamic_sampling_rounds"] > 1
-  if key == "rl.logp_check_period":
-    return kwargs.get("logp_check_period")
   if key == "rl.tools":
     return list(kwargs.get("agent_kwargs", {}).get("tool_map", {}))
   return "no consumer"
@@ -167,7 +164,7 @@ def test_which_keys_each_mode_refuses():
     "rl.tool_sandbox=none",
   )
   assert refused("rl.use_agentic_rollout=true", "eval_interval=2")
-  assert refused("rl.use_agentic_rollout=true", "rollout_engine=vanilla", "rl.logp_check_period=3")
+  assert refused("rl.use_agentic_rollout=true", "rollout_engine=vanilla", "rl.sampler_is=token")
 
 
 def _arg(key):

@@ -201,7 +201,6 @@ AGENTIC_ONLY_KEYS = (
   "rl.off_policy_steps",
   "rl.system_prompt",
   "rl.filter_zero_variance_groups",
-  "rl.logp_check_period",
   "rl.tools",
   "rl.tools_path",
   "rl.max_turns",
@@ -278,9 +277,6 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   if not v["rl.sampler_is"]:
     ignored.setdefault("rl.sampler_is_threshold", ("rl.sampler_is is off", "rl.sampler_is"))
   if v["rollout_engine"] != "batched":
-    ignored.setdefault(
-      "rl.logp_check_period", ("only the batched engine returns sampler log-probs to check", "rollout_engine")
-    )
     ignored.setdefault("rl.sampler_is", ("only the batched engine returns sampler log-probs", "rollout_engine"))
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
   if v["lora_rank"] == 0:
@@ -383,7 +379,7 @@ def _validate(v: dict[str, Any]) -> None:
     raise ConfigError(
       f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of batch_size={v['batch_size']}"
     )
-  for key in ("eval_interval", "rl.off_policy_steps", "rl.logp_check_period"):
+  for key in ("eval_interval", "rl.off_policy_steps"):
     if v[key] < 0:
       raise ConfigError(f"{key}={v[key]}: expected an integer >= 0")
   if v["rl.dynamic_sampling_max_rounds"] < 2 and v["rl.dynamic_sampling"]:

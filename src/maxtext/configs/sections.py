@@ -223,7 +223,6 @@ class AlgorithmSection:
   epsilon_high: float
   sampler_is: SamplerIS
   sampler_is_threshold: float
-  logp_check_period: int
   dynamic_sampling: bool
   dynamic_sampling_max_rounds: int
   overlong_buffer_length: int

@@ -18,10 +18,10 @@ Workarounds for google-tunix 0.1.7 used here:
   to text by the parser;
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
   behaviour policy of an off-policy sample, whatever weights the trainer holds now); Tunix then
-  recomputes them with the trainer for every group only to log the sampler/trainer agreement
-  (sampler_trainer/logp_diff_mean, ..._max, prob_diff_*, probs_pearson_corr), a forward pass that
-  is here run at the first step and every rl.logp_check_period steps (every step with
-  rl.sampler_is=token, which trains on it); the vanilla engine returns no log-probs, so there the
+  recomputes them with the trainer for every group only to log the sampler/trainer agreement, a
+  forward pass that is here run only with rl.sampler_is=token, which trains on it: otherwise the
+  loss reports the agreement every step from its own forward pass (losses.mismatch_from_old); the
+  vanilla engine returns no log-probs, so there the
   trainer computes them (an engine that returns none where they are expected fails the run: Tunix
   would use zeros);
 - across several processes (multi-controller JAX, where every process must launch the same global
@@ -59,7 +59,7 @@ from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
-from maxtext.integration.tunix import step_metrics
+from maxtext.integration.tunix import losses, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
@@ -130,14 +130,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self,
     *args,
     batch_size: int,
-    logp_check_period: int,
     before_step: Callable[[int], None] | None = None,
     dynamic_sampling_rounds: int = 1,
     reserve: Callable[[int], dict] | None = None,
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
-    steps (it may raise to stop training); logp_check_period: see _trainer_recomputes;
+    steps (it may raise to stop training);
     dynamic_sampling_rounds > 1: see DynamicSampling, with reserve(i), the i-th reserve batch."""
     super().__init__(*args, **kwargs)
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
@@ -147,7 +146,9 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     )
     self._closing = False
     self._wire(before_step)
-    self._logp_check_period = logp_check_period
+    if losses.mismatch_from_old(self.algo_config):
+      trainer = self.rl_cluster.actor_trainer
+      trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, **losses.MISMATCH_METRICS})
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
     # are marked per thread around that call (see _process_results).
@@ -287,18 +288,14 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     orchestrator.engine_cls = TrajectoryEngine
     return orchestrator
 
-  def _trainer_recomputes(self, mode, step: int | None) -> bool:
-    """Whether the trainer recomputes a group's log-probs: always where they are the old policy's
-    (vanilla engine) or sampler_is=token trains on them; where they only check the sampler's, at
-    training steps 0, p, 2p, ... of logp_check_period p (never for p=0)."""
-    algo = self.algo_config
-    if not algo.use_rollout_logps or algo.sampler_is == "token":
-      return True
-    period = self._logp_check_period
-    return mode == rl_cluster_lib.Mode.TRAIN and period > 0 and (step or 0) % period == 0
+  def _trainer_recomputes(self) -> bool:
+    """Whether the trainer recomputes a group's log-probs: where they are the old policy's (vanilla
+    engine) or sampler_is=token trains on them. Otherwise the loss reports the sampler/trainer
+    mismatch from the sampler's log-probs (losses.mismatch_from_old)."""
+    return not losses.mismatch_from_old(self.algo_config)
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
-    recomputes = self._trainer_recomputes(mode, expected_step)
+    recomputes = self._trainer_recomputes()
     if recomputes and not self.should_sync_weights:  # shared mesh: the samples came from the live weights
       self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(
         nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host"
@@ -473,7 +470,6 @@ def build_learner(
     dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
     reserve=reserve,
     before_step=before_step,
-    logp_check_period=rl.logp_check_period,
     rl_cluster=cluster,
     algo_config=grpo_config(rl, sampling, agentic, parser.system_prompt),
     reward_fns=list(reward_fns),

@@ -134,6 +134,15 @@ MISMATCH_METRICS: dict[str, Callable[..., Any]] = {
 }
 
 
+def mismatch_from_old(algo_config) -> bool:
+  """Whether the old log-probs a loss receives are the sampler's and it reports the sampler/trainer
+  mismatch from them (MISMATCH_METRICS): agentic GRPO on the batched engine (use_rollout_logps),
+  where the trainer recomputes nothing, unless sampler_is=token has it recompute them (Tunix then
+  logs the mismatch itself). Off-policy samples (rl.off_policy_steps > 0) add the policy's movement
+  since sampling to it."""
+  return bool(getattr(algo_config, "use_rollout_logps", False)) and getattr(algo_config, "sampler_is", None) != "token"
+
+
 @flax.struct.dataclass(frozen=True)
 class SampledExample(common.TrainExample):
   """Tunix's TrainExample with the sampler's per-token log-probs of the completion, from which the
@@ -184,6 +193,8 @@ def _policy_loss(surrogate):
     sampler_logps = getattr(train_example, "sampler_logps", None)
     if sampler_logps is not None:  # the trainer's log-probs before this step's updates: `old`
       aux.update(_mismatch(old, sampler_logps.astype(jnp.float32), mask))
+    elif mismatch_from_old(algo_config):  # `old` is the sampler's
+      aux.update(_mismatch(jax.lax.stop_gradient(logps), old, mask))
     if train_example.ref_per_token_logps is not None:
       kl = common.compute_kl_divergence(
         logps, train_example.ref_per_token_logps, algo_config.kl_loss_mode, clamp_value=algo_config.kl_clamp_value
