@@ -10,8 +10,11 @@ shared_prefix.py) that scores each group's prompt once and returns logits at com
 only, so a loss computes its log-probs through tunix.rl.common.compute_per_token_logps, as below,
 never by running the model on whole sequences itself.
 
-A new loss is one function added to POLICY_LOSSES (its name becomes a choice of rl.policy_loss_fn,
-documented in base.yml) and its tests.
+Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL penalty, the
+aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
+shared, and the surrogate gives the per-token loss from the log-probs, the old log-probs and the
+advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES (its name becomes
+a choice of rl.policy_loss_fn, documented in base.yml) and its tests.
 """
 
 from __future__ import annotations
