@@ -1,6 +1,7 @@
 """Decoder numerics: KV-cache decoding equals a full forward pass; GGUF files load exactly."""
 
 import os
+import re
 
 import gguf
 import jax
@@ -12,6 +13,7 @@ from flax import nnx
 from maxtext.checkpoint_conversion import gguf_reader, orbax_checkpoint
 from maxtext.models import builder, hf_layout, load
 from maxtext.models.decoder import ModelConfig
+from maxtext.utils import errors
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -151,6 +153,27 @@ def test_gguf_architecture_mismatch_names_fields(tmp_path):
 def test_missing_weights_file_is_a_clear_error():
   with pytest.raises(FileNotFoundError, match="nope.gguf: GGUF file not found"):
     _model("model_name=llama-tiny", "load_parameters_path=/tmp/nope.gguf")
+
+
+def test_weights_or_adapters_with_other_names_are_refused_naming_the_file():
+  cfg, mesh, m = _model("model_name=qwen3-tiny")
+  arrays = builder.to_arrays(m)
+  extra = {**{k: v for k, v in arrays.items() if k != "final_norm.scale"}, "layers.0.extra": np.zeros(2)}
+  with pytest.raises(
+    errors.InputError,
+    match=r"^w\.safetensors: parameters do not match the qwen3 architecture; "
+    r"missing \['final_norm\.scale'\], unexpected \['layers\.0\.extra'\]$",
+  ):
+    builder.from_arrays(ModelConfig.from_config(cfg.model), mesh, extra, "w.safetensors")
+  _, _, lora = _model("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8")
+  adapters = builder.adapters(lora)
+  dropped = sorted(adapters)[0]
+  with pytest.raises(
+    errors.InputError,
+    match=rf"^a\.ckpt: LoRA adapters do not match lora_rank/lora_module_path; "
+    rf"missing \['{re.escape(dropped)}'\], unexpected \[\]$",
+  ):
+    builder.set_adapters(lora, {k: v for k, v in adapters.items() if k != dropped}, "a.ckpt")
 
 
 def test_model_without_default_weights_needs_a_path():

@@ -36,17 +36,20 @@ def init_random(mcfg: ModelConfig, mesh: Mesh, seed: int) -> Decoder:
     return nnx.merge(graphdef, init())
 
 
+def _check_names(source: str, expected: set[str], arrays: dict, what: str) -> None:
+  """An InputError naming `source` and `what` unless `arrays` holds exactly the names `expected`."""
+  missing, unexpected = expected - set(arrays), set(arrays) - expected
+  if missing or unexpected:
+    raise errors.InputError(f"{source}: {what}; missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+
+
 def from_arrays(mcfg: ModelConfig, mesh: Mesh, arrays: dict[str, np.ndarray], source: str) -> Decoder:
   """A decoder whose parameters are `arrays` (dotted name -> array), placed on the mesh."""
   graphdef, abstract_state, _ = _abstract(mcfg, mesh)
   flat_abstract = dict(nnx.to_flat_state(abstract_state))
-  expected = {param_name(p) for p in flat_abstract}
-  missing, unexpected = expected - set(arrays), set(arrays) - expected
-  if missing or unexpected:
-    raise errors.InputError(
-      f"{source}: parameters do not match the {mcfg.family} architecture; "
-      f"missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-    )
+  _check_names(
+    source, {param_name(p) for p in flat_abstract}, arrays, f"parameters do not match the {mcfg.family} architecture"
+  )
   leaves = []
   for path, var in flat_abstract.items():
     name = param_name(path)
@@ -115,12 +118,7 @@ def set_adapters(model: Decoder, arrays: dict[str, np.ndarray], source: str) -> 
   """Replaces the model's adapters with `arrays` (dotted name -> array, as `adapters` returns)."""
   current = dict(nnx.to_flat_state(nnx.state(model, nnx.LoRAParam)))
   names = {param_name(p): p for p in current}
-  missing, unexpected = set(names) - set(arrays), set(arrays) - set(names)
-  if missing or unexpected:
-    raise errors.InputError(
-      f"{source}: LoRA adapters do not match lora_rank/lora_module_path; missing "
-      f"{sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-    )
+  _check_names(source, set(names), arrays, "LoRA adapters do not match lora_rank/lora_module_path")
   leaves = []
   for name, path in names.items():
     var = current[path]
