@@ -147,8 +147,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._closing = False
     self._wire(before_step)
     if losses.mismatch_from_old(self.algo_config):
-      trainer = self.rl_cluster.actor_trainer
-      trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, **losses.MISMATCH_METRICS})
+      self._log_loss_mismatch()
     # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
     # are marked per thread around that call (see _process_results).

@@ -69,8 +69,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     self._wire(before_step)
     self._shape = shape
     if shape.sampler_logps:
-      trainer = self.rl_cluster.actor_trainer
-      trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, **losses.MISMATCH_METRICS})
+      self._log_loss_mismatch()
     self._reserve = reserve
     self._last_rollout = None
     self._last_rewards: np.ndarray | None = None

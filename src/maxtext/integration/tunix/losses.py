@@ -12,8 +12,8 @@ never by running the model on whole sequences itself.
 
 Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL penalty, the
 aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
-shared, and the surrogate gives the per-token loss from the log-probs, the old log-probs and the
-advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES (its name becomes
+shared, and the surrogate gives the per-token loss from the log-probs, their log ratio to the old
+ones and the advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES (its name becomes
 a choice of rl.policy_loss_fn, documented in base.yml) and its tests.
 """
 
@@ -88,11 +88,10 @@ def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
   }
 
 
-def _ppo_clip(logps, old, adv, mask, algo_config) -> _Terms:
+def _ppo_clip(logps, log_ratio, adv, mask, algo_config) -> _Terms:
   """PPO's clipped surrogate, per token: max(-A * r, -A * clip(r, 1 - epsilon, 1 + epsilon_high)).
   rl.loss_algo=gspo-token (GSPO) takes the sequence's ratio, the geometric mean of its tokens'
   ratios, at every token (the gradient still flows through each token's log-prob)."""
-  log_ratio = jnp.clip(logps - old, -20.0, 20.0)
   if algo_config.loss_algo == "gspo-token":
     sequence = (log_ratio * mask).sum(axis=-1) / jnp.clip(mask.sum(axis=-1), min=1)
     log_ratio = jnp.minimum(logps - jax.lax.stop_gradient(logps) + jax.lax.stop_gradient(sequence)[:, None], 10.0)
@@ -102,13 +101,12 @@ def _ppo_clip(logps, old, adv, mask, algo_config) -> _Terms:
   return _Terms(jnp.maximum(unclipped, clipped), log_ratio, ratio, clipped > unclipped, unclipped, clipped)
 
 
-def _cispo(logps, old, adv, mask, algo_config) -> _Terms:
+def _cispo(logps, log_ratio, adv, mask, algo_config) -> _Terms:
   """CISPO (MiniMax-M1): every token's log-prob weighted by its importance ratio to the sampling
   policy, truncated above at 1 + epsilon_high and held constant (stop-gradient), times the advantage:
   -sg(min(r, 1 + epsilon_high)) * A * log p. No token is dropped from the gradient, as PPO's clip
   drops those outside the trust region."""
   del mask
-  log_ratio = jnp.clip(logps - old, -20.0, 20.0)
   ratio = jnp.exp(log_ratio)
   cap = 1.0 + algo_config.epsilon_high
   loss = -jax.lax.stop_gradient(jnp.minimum(ratio, cap)) * adv * logps
@@ -155,9 +153,9 @@ class SampledExample(common.TrainExample):
 
 
 def _policy_loss(surrogate):
-  """A policy loss from a per-token surrogate(logps, old, adv, mask, algo_config) -> _Terms: the KL
-  penalty, the aggregation (rl.loss_agg_mode), the sampler importance weights and the diagnostics
-  are common to every loss."""
+  """A policy loss from a per-token surrogate(logps, log_ratio, adv, mask, algo_config) -> _Terms,
+  log_ratio being log p - log p_old clipped to [-20, 20]: the KL penalty, the aggregation
+  (rl.loss_agg_mode), the sampler importance weights and the diagnostics are common to every loss."""
 
   def loss_fn(model, train_example, algo_config, pad_id, eos_id, **kwargs):
     del kwargs
@@ -181,7 +179,7 @@ def _policy_loss(surrogate):
     old = jax.lax.stop_gradient(logps) if given is None else given.astype(jnp.float32)
     advantages = train_example.advantages.astype(jnp.float32)
     adv = advantages if advantages.ndim == 2 else advantages[:, None]
-    terms = surrogate(logps, old, adv, mask, algo_config)
+    terms = surrogate(logps, jnp.clip(logps - old, -20.0, 20.0), adv, mask, algo_config)
     per_token_loss = terms.loss.astype(jnp.float32)
     sampler_is = getattr(train_example, "sampler_is_weights", None)
     if sampler_is is not None:

@@ -105,16 +105,17 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "a later turn is sampled from the conversation's exact token stream (prompt_ids) instead of "
     "the chat re-rendered as text and re-tokenized",
   ),
-  # Standard GRPO (learner.py)
+  # Both learners (wiring.py)
   PrivateDependency(
     "tunix.rl.trainer.Trainer",
     "rl_metrics_to_log",
     "read",
     None,
-    "learner.py",
-    "the standard learner adds the loss's sampler/trainer mismatch metrics to the aux keys Tunix's "
-    "GRPO learner logs: with_rl_metrics_to_log replaces the whole map and there is no getter",
+    "wiring.py",
+    "both learners add the loss's sampler/trainer mismatch metrics to the aux keys Tunix's learner "
+    "logs: with_rl_metrics_to_log replaces the whole map and there is no getter",
   ),
+  # Standard GRPO (learner.py)
   PrivateDependency(
     _GRPO,
     "_generate_and_compute_advantage",
