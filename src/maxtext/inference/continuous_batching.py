@@ -163,7 +163,7 @@ def _extend(graph, state, rows, tokens, starts):
   model = nnx.merge(graph.graphdef, state)
   for layer in rows.values():
     layer["end_index"] = starts
-  size = rows["layer_0"]["k"].shape[1]
+  size = rows["layer_0"]["v"].shape[2]
   positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
   mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
   _, rows = model(tokens, positions, rows, mask)
@@ -201,7 +201,7 @@ def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k
   model = nnx.merge(graph.graphdef, state)
   for layer in cache.values():
     layer["end_index"] = positions
-  size = cache["layer_0"]["k"].shape[1]
+  size = cache["layer_0"]["v"].shape[2]
   mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
   logits, cache = model(tokens[:, None], positions[:, None], cache, mask)
   next_tokens, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)

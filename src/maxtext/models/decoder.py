@@ -121,15 +121,29 @@ class _Projections(nnx.Module):
     )
     setattr(self, f"{name}_lora_b", lora(jnp.zeros((cfg.lora_rank, *shape[n_in:]), jnp.float32), (None, *axes[n_in:])))
 
-  def _project(self, cfg: ModelConfig, name: str, equation: str, x: jax.Array) -> jax.Array:
-    """einsum(equation, x, weight) plus the adapter's (alpha / rank) x A B where it has one."""
+  def _project(self, cfg: ModelConfig, name: str, x: jax.Array) -> jax.Array:
+    """x [..., inputs...] times the weight [inputs..., outputs...] (its first LORA_INPUT_AXES[name]
+    axes contract), plus the adapter's (alpha / rank) x A B where it has one."""
     dt = cfg.dtype
-    y = jnp.einsum(equation, x, getattr(self, name)[...].astype(dt))
+    n_in = LORA_INPUT_AXES[name]
+    weight = getattr(self, name)[...]
+    y = _tokens_matmul(x, weight.astype(dt), n_in)
     if not hasattr(self, f"{name}_lora_a"):
       return y
     a, b = getattr(self, f"{name}_lora_a")[...], getattr(self, f"{name}_lora_b")[...]
-    down = jnp.tensordot(x, a.astype(dt), LORA_INPUT_AXES[name])
-    return y + jnp.tensordot(down, b.astype(dt), 1) * cfg.lora_scale
+    down = _tokens_matmul(x, a.astype(dt), n_in)
+    return y + _tokens_matmul(down, b.astype(dt), 1) * cfg.lora_scale
+
+
+def _tokens_matmul(x: jax.Array, w: jax.Array, n_in: int, **dot_kwargs) -> jax.Array:
+  """Contracts x's last n_in axes with w's first n_in as one 2-D matmul over all tokens: [B, T, ...]
+  flattened to rows. Written as an einsum over [B, T, ...], the backward pass's weight gradient
+  contracts two axes at once and XLA:CPU first copies the activations and output gradients into a
+  transposed layout (benchmarks/RESULTS.md, "The roofline of a step")."""
+  lead, n_out = x.shape[: x.ndim - n_in], w.ndim - n_in
+  rows = x.reshape(math.prod(lead), math.prod(x.shape[x.ndim - n_in :]))
+  y = jnp.dot(rows, w.reshape(math.prod(w.shape[:n_in]), math.prod(w.shape[n_in:])), **dot_kwargs)
+  return y.reshape(*lead, *w.shape[w.ndim - n_out :])
 
 
 class RMSNorm(nnx.Module):
@@ -169,9 +183,11 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return out.astype(x.dtype)
 
 
-def _write_rows(buffer: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-  """buffer [B, S, H, D] with row b's new [T, H, D] written from its own index start[b]."""
-  return jax.vmap(lambda buf, n, i: jax.lax.dynamic_update_slice(buf, n, (i, 0, 0)))(buffer, new, start)
+def _write_at(buffer: jax.Array, new: jax.Array, start: jax.Array, axis: int) -> jax.Array:
+  """buffer [B, ...] with row b's new [...] written from index start[b] of its axis `axis` (of the
+  row) on."""
+  at = lambda i: tuple(i if a == axis else 0 for a in range(new.ndim - 1))
+  return jax.vmap(lambda buf, n, i: jax.lax.dynamic_update_slice(buf, n, at(i)))(buffer, new, start)
 
 
 class Attention(_Projections):
@@ -191,36 +207,34 @@ class Attention(_Projections):
   def __call__(self, x, positions, layer_cache, attention_mask):
     cfg = self.cfg
     dt = cfg.dtype
-    q = self._project(cfg, "q_proj", "bte,ehd->bthd", x)
-    k = self._project(cfg, "k_proj", "bte,ehd->bthd", x)
-    v = self._project(cfg, "v_proj", "bte,ehd->bthd", x)
+    q = self._project(cfg, "q_proj", x)
+    k = self._project(cfg, "k_proj", x)
+    v = self._project(cfg, "v_proj", x)
     if cfg.use_qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inverse_frequencies(cfg)
     q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
 
+    # The cache's layouts: keys [B, KV heads, D, positions], values [B, KV heads, positions, D]. Both
+    # attention dots are then plain batched matrix products that need no transposed copy of the
+    # cache on XLA:CPU (benchmarks/RESULTS.md, "What bounds a decode step").
+    k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     new_cache = None
     if layer_cache is not None:
       start = layer_cache["end_index"]
-      k = _write_rows(layer_cache["k"], k.astype(layer_cache["k"].dtype), start)
-      v = _write_rows(layer_cache["v"], v.astype(layer_cache["v"].dtype), start)
+      k = _write_at(layer_cache["k"], k.astype(layer_cache["k"].dtype), start, axis=2)
+      v = _write_at(layer_cache["v"], v.astype(layer_cache["v"].dtype), start, axis=1)
       new_cache = {"k": k, "v": v, "end_index": start + x.shape[1]}
 
     b, t, hq, d = q.shape
     groups = hq // cfg.num_kv_heads
-    q = q.reshape(b, t, cfg.num_kv_heads, groups, d)
-    # The scores' dot with each head's positions next to its features (a transposed copy of q):
-    # XLA:CPU runs it faster for sequences (benchmarks/RESULTS.md, "The roofline of a step"); a single
-    # decode position gains nothing from the copy. (The same for the values' dot is as fast but keeps
-    # more memory for the backward pass.)
-    spec = "btkgd,bskd->bkgts" if t == 1 else "bkgtd,bskd->bkgts"
-    q = q if t == 1 else q.transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum(spec, q, k.astype(dt), preferred_element_type=jnp.float32)
+    q = q.reshape(b, t, cfg.num_kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
     scores = scores * (d**-0.5)
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, hq, d)
-    return self._project(cfg, "o_proj", "bthd,hde->bte", out), new_cache
+    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(dt)).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+    return self._project(cfg, "o_proj", out), new_cache
 
 
 class MLP(_Projections):
@@ -234,8 +248,8 @@ class MLP(_Projections):
 
   def __call__(self, x):
     cfg = self.cfg
-    h = jax.nn.silu(self._project(cfg, "gate_proj", "bte,em->btm", x)) * self._project(cfg, "up_proj", "bte,em->btm", x)
-    return self._project(cfg, "down_proj", "btm,me->bte", h)
+    h = jax.nn.silu(self._project(cfg, "gate_proj", x)) * self._project(cfg, "up_proj", x)
+    return self._project(cfg, "down_proj", h)
 
 
 class DecoderLayer(nnx.Module):
@@ -295,16 +309,17 @@ class Decoder(nnx.Module):
         new_cache[name] = updated
     x = self.final_norm(x[:, logits_from:])
     head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    logits = jnp.einsum("bte,ev->btv", x, head.astype(cfg.dtype), preferred_element_type=jnp.float32)
+    logits = _tokens_matmul(x, head.astype(cfg.dtype), 1, preferred_element_type=jnp.float32)
     return logits, new_cache
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
     cfg = self.config
-    shape = (batch_size, cache_size, cfg.num_kv_heads, cfg.head_dim)
+    keys = (batch_size, cfg.num_kv_heads, cfg.head_dim, cache_size)
+    values = (batch_size, cfg.num_kv_heads, cache_size, cfg.head_dim)
     return {
       f"layer_{i}": {
-        "k": jnp.zeros(shape, dtype),
-        "v": jnp.zeros(shape, dtype),
+        "k": jnp.zeros(keys, dtype),
+        "v": jnp.zeros(values, dtype),
         "end_index": jnp.zeros((batch_size,), jnp.int32),
       }
       for i in range(cfg.num_layers)
