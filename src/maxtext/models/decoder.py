@@ -233,7 +233,11 @@ class Attention(_Projections):
     scores = scores * (d**-0.5)
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(dt)).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+    if t == 1:  # the values' dot in its plain form, then the (one-position) output transposed
+      out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(dt)).transpose(0, 3, 1, 2, 4)
+    else:  # for a sequence the transposed output keeps less for the backward pass
+      out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt))
+    out = out.reshape(b, t, hq, d)
     return self._project(cfg, "o_proj", out), new_cache
 
 
