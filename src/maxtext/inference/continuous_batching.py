@@ -36,15 +36,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-if TYPE_CHECKING:
-  from maxtext.models.decoder import Decoder
+from maxtext.models.decoder import Decoder, cache_length
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +161,7 @@ def _extend(graph, state, rows, tokens, starts):
   model = nnx.merge(graph.graphdef, state)
   for layer in rows.values():
     layer["end_index"] = starts
-  size = rows["layer_0"]["v"].shape[2]
+  size = cache_length(rows)
   positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
   mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
   _, rows = model(tokens, positions, rows, mask)
@@ -201,7 +199,7 @@ def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k
   model = nnx.merge(graph.graphdef, state)
   for layer in cache.values():
     layer["end_index"] = positions
-  size = cache["layer_0"]["v"].shape[2]
+  size = cache_length(cache)
   mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
   logits, cache = model(tokens[:, None], positions[:, None], cache, mask)
   next_tokens, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)

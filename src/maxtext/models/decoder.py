@@ -139,11 +139,11 @@ def _tokens_matmul(x: jax.Array, w: jax.Array, n_in: int, **dot_kwargs) -> jax.A
   """Contracts x's last n_in axes with w's first n_in as one 2-D matmul over all tokens: [B, T, ...]
   flattened to rows. Written as an einsum over [B, T, ...], the backward pass's weight gradient
   contracts two axes at once and XLA:CPU first copies the activations and output gradients into a
-  transposed layout (benchmarks/RESULTS.md, "The roofline of a step")."""
-  lead, n_out = x.shape[: x.ndim - n_in], w.ndim - n_in
+  transposed layout (benchmarks/RESULTS.md, "After the decoder's layout changes")."""
+  lead = x.shape[: x.ndim - n_in]
   rows = x.reshape(math.prod(lead), math.prod(x.shape[x.ndim - n_in :]))
   y = jnp.dot(rows, w.reshape(math.prod(w.shape[:n_in]), math.prod(w.shape[n_in:])), **dot_kwargs)
-  return y.reshape(*lead, *w.shape[w.ndim - n_out :])
+  return y.reshape(*lead, *w.shape[n_in:])
 
 
 class RMSNorm(nnx.Module):
@@ -217,7 +217,7 @@ class Attention(_Projections):
 
     # The cache's layouts: keys [B, KV heads, D, positions], values [B, KV heads, positions, D]. Both
     # attention dots are then plain batched matrix products that need no transposed copy of the
-    # cache on XLA:CPU (benchmarks/RESULTS.md, "What bounds a decode step").
+    # cache on XLA:CPU (benchmarks/RESULTS.md, "After the decoder's layout changes").
     k, v = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
     new_cache = None
     if layer_cache is not None:
@@ -328,3 +328,8 @@ class Decoder(nnx.Module):
       }
       for i in range(cfg.num_layers)
     }
+
+
+def cache_length(cache: Cache) -> int:
+  """How many positions each row of a cache from Decoder.init_cache holds."""
+  return cache["layer_0"]["v"].shape[2]
