@@ -20,8 +20,14 @@ class Categorical(nnx.Module):
   def __init__(self, logits):
     self.logits = nnx.Param(jnp.asarray(logits, jnp.float32))
 
-  def __call__(self, tokens, positions, cache, attention_mask):
+  def __call__(self, tokens, positions, cache, attention_mask):  # as Tunix's losses call a model
     return jnp.broadcast_to(self.logits, (*tokens.shape, VOCAB)), cache
+
+  def hidden_states(self, tokens, positions, cache, attention_mask):  # as ours do (scoring.py)
+    return jnp.ones((*tokens.shape, 1)), cache
+
+  def output_head(self):
+    return self.logits[...][None, :]
 
 
 def _example(completions, ref_logps=None, old_logps=None, advantages=None):

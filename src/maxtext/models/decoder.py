@@ -299,6 +299,19 @@ class Decoder(nnx.Module):
     Returns float32 logits [B, T - logits_from, V] (of positions logits_from and later) and the
     updated cache (None without a cache).
     """
+    hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, logits_from)
+    return self.logits(hidden), new_cache
+
+  def hidden_states(
+    self,
+    input_tokens: jax.Array,
+    positions: jax.Array,
+    cache: Cache | None,
+    attention_mask: jax.Array,
+    first: int = 0,
+  ) -> tuple[jax.Array, Cache | None]:
+    """As __call__, but returns the final norm's output [B, T - first, D] (of positions first and
+    later), from which `logits` gives the logits."""
     cfg = self.config
     x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
     new_cache: Cache | None = None if cache is None else {}
@@ -311,10 +324,16 @@ class Decoder(nnx.Module):
         x, updated = layer(x, positions, layer_cache, attention_mask)
       if new_cache is not None:
         new_cache[name] = updated
-    x = self.final_norm(x[:, logits_from:])
-    head = self.embed[...].T if cfg.tie_embeddings else self.lm_head[...]
-    logits = _tokens_matmul(x, head.astype(cfg.dtype), 1, preferred_element_type=jnp.float32)
-    return logits, new_cache
+    return self.final_norm(x[:, first:]), new_cache
+
+  def output_head(self) -> jax.Array:
+    """The output layer's weights [D, V] in the compute dtype (the embedding's transpose when tied)."""
+    head = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
+    return head.astype(self.config.dtype)
+
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """float32 logits [B, T, V] of hidden states [B, T, D] from hidden_states."""
+    return _tokens_matmul(hidden, self.output_head(), 1, preferred_element_type=jnp.float32)
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
     cfg = self.config

@@ -20,7 +20,8 @@ class SharedPrefix(nnx.Module):
   """A decoder for batches whose rows come in groups of `group_size` sharing their first
   `prompt_length` tokens (row g * group_size holds the group's prompt). Called as the decoder is
   without a cache, it returns the logits of positions prompt_length - 1 and later, the ones that
-  predict the completion's tokens: [B, T - prompt_length + 1, V]."""
+  predict the completion's tokens: [B, T - prompt_length + 1, V]; `hidden_states` returns the final
+  norm's output there instead, and `output_head` the decoder's."""
 
   def __init__(self, model: Decoder, prompt_length: int, group_size: int):
     self.model = model
@@ -28,6 +29,10 @@ class SharedPrefix(nnx.Module):
     self.group_size = group_size
 
   def __call__(self, input_tokens, positions, cache, attention_mask):
+    hidden, _ = self.hidden_states(input_tokens, positions, cache, attention_mask)
+    return self.model.logits(hidden), None
+
+  def hidden_states(self, input_tokens, positions, cache, attention_mask):
     if cache is not None:
       raise ValueError("SharedPrefix scores whole sequences; it takes no KV cache")
     p, g = self.prompt_length, self.group_size
@@ -37,9 +42,12 @@ class SharedPrefix(nnx.Module):
         f"SharedPrefix: a batch of {batch} x {length} tokens does not hold groups of {g} rows sharing {p} prompt tokens"
       )
     prompt_cache = self.model.init_cache(batch // g, length, self.model.config.dtype)
-    first, prompt_cache = self.model(
-      input_tokens[::g, :p], positions[::g, :p], prompt_cache, attention_mask[::g, :p], logits_from=p - 1
+    first, prompt_cache = self.model.hidden_states(
+      input_tokens[::g, :p], positions[::g, :p], prompt_cache, attention_mask[::g, :p], first=p - 1
     )
     group_cache = jax.tree.map(lambda a: jnp.repeat(a, g, axis=0), prompt_cache)
-    rest, _ = self.model(input_tokens[:, p:], positions[:, p:], group_cache, attention_mask[:, p:])
+    rest, _ = self.model.hidden_states(input_tokens[:, p:], positions[:, p:], group_cache, attention_mask[:, p:])
     return jnp.concatenate([jnp.repeat(first, g, axis=0), rest], axis=1), None
+
+  def output_head(self) -> jax.Array:
+    return self.model.output_head()

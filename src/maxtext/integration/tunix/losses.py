@@ -7,8 +7,8 @@ grouped by prompt. A policy loss is fn(model, train_example, algo_config, pad_id
 (loss, aux) with Tunix's aux keys (the agentic learner logs all of them). The shared-prefix
 contract: with prefix sharing the model a loss receives is a SharedPrefix wrapper (models/
 shared_prefix.py) that scores each group's prompt once and returns logits at completion positions
-only, so a loss computes its log-probs through tunix.rl.common.compute_per_token_logps, as below,
-never by running the model on whole sequences itself.
+only, so a loss computes its log-probs through scoring.completion_logps, as below, never by running
+the model on whole sequences itself.
 
 Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL penalty, the
 aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
@@ -26,10 +26,10 @@ import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tunix.rl import algo_core, common, function_registry
 
 from maxtext.configs.sections import AlgorithmSection
+from maxtext.integration.tunix import scoring
 from maxtext.utils.errors import ConfigError
 
 _EPS = 1e-6
@@ -160,19 +160,8 @@ def _policy_loss(surrogate):
   def loss_fn(model, train_example, algo_config, pad_id, eos_id, **kwargs):
     del kwargs
     mask = train_example.completion_mask
-    graphdef, state = nnx.split(model)
-    logps, logits = common.compute_per_token_logps(
-      graphdef,
-      state,
-      prompt_tokens=train_example.prompt_ids,
-      completion_tokens=train_example.completion_ids,
-      pad_id=pad_id,
-      eos_id=eos_id,
-      stop_gradient=False,
-      return_logits=True,
-      segment_ids=getattr(train_example, "segment_ids", None),
-      segment_positions=getattr(train_example, "segment_positions", None),
-      temperature=algo_config.temperature,
+    logps, entropy = scoring.completion_logps(
+      model, train_example.prompt_ids, train_example.completion_ids, pad_id, eos_id, algo_config.temperature
     )
     logps = logps.astype(jnp.float32)
     given = train_example.old_per_token_logps
@@ -204,9 +193,7 @@ def _policy_loss(surrogate):
       aux["kl_loss"] = common.aggregate_loss(kl, mask, algo_config.loss_agg_mode)
       if algo_config.beta:
         loss = loss + algo_config.beta * aux["kl_loss"]
-    aux["entropy"] = common.aggregate_loss(
-      algo_core.compute_entropy_from_logits(logits), mask, algo_config.loss_agg_mode
-    )
+    aux["entropy"] = common.aggregate_loss(jax.lax.stop_gradient(entropy), mask, algo_config.loss_agg_mode)
     return loss, aux
 
   loss_fn.__name__ = surrogate.__name__.lstrip("_")

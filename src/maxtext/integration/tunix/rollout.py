@@ -50,12 +50,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
-from tunix.rl import common
 from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.configs.sections import EvalStrategy, MeshSection, ModelSection, SamplingSection
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.integration.tunix import scoring
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
 
@@ -140,19 +140,16 @@ def per_token_logps(
   temperature: float | None,
 ) -> jax.Array:
   """Log-probs of completion_tokens under softmax(logits / temperature) (plain softmax for greedy
-  sampling), as Tunix's trainer computes them."""
+  sampling), as the policy loss computes them, without gradient."""
   graphdef, state = nnx.split(model)
-  return common.compute_per_token_logps(
-    graphdef,
-    state,
-    prompt_tokens=prompt_tokens,
-    completion_tokens=completion_tokens,
-    pad_id=pad_id,
-    eos_id=eos_id,
-    stop_gradient=True,
-    return_logits=False,
-    temperature=float(temperature or 1.0),
-  )
+  return _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, float(temperature or 0.0))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "pad_id", "eos_id", "temperature"))
+def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, temperature):
+  model = nnx.merge(graphdef, state)
+  logps, _ = scoring.completion_logps(model, prompt_tokens, completion_tokens, pad_id, eos_id, temperature)
+  return jax.lax.stop_gradient(logps)
 
 
 class _TokenPromptSampler(sampler.Sampler):
@@ -315,6 +312,10 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       left_padded_prompt_tokens=padded,
       logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
     )
+
+  def release(self) -> None:
+    """Frees the KV cache's rows until the next generate call (ContinuousBatcher.release)."""
+    self.batcher.release()
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
     return per_token_logps(

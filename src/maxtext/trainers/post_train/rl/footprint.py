@@ -8,7 +8,8 @@ reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step sna
 drops it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
 the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
-temporaries for one micro-batch: logits in float32 (logits, log-softmax and their gradient) and the
+temporaries for one micro-batch: the output layer's, a vocabulary slice's float32 logits at a time
+(models/token_logps.py: logits, probabilities and their gradient) and its weights' gradient, and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
 layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
 before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
@@ -25,6 +26,7 @@ import os
 import resource
 
 from maxtext.configs.sections import ModelSection, RunConfig
+from maxtext.models import token_logps
 from maxtext.models.decoder import ModelConfig
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,8 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
   sequences = prompts * cfg.algorithm.num_generations
   length = sampling.max_target_length
   tokens = prompts * sampling.max_prompt_length + sequences * sampling.max_response_length
-  scored = sampling.max_response_length + 1  # positions whose logits the loss reads
+  scored = sampling.max_response_length  # positions whose log-probs the loss reads
+  width = token_logps.vocab_slice(sequences * scored, model.vocab_size)
   per_token = (
     model.num_decoder_layers * model.emb_dim + _activation_values_per_token(model, length)
     if model.remat_policy == "full"
@@ -129,7 +132,8 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     "gradient": trained * trained_bytes,
     "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
-    f"logits, micro-batch of {sequences} x {scored}": 3 * sequences * scored * model.vocab_size * 4,
+    f"output layer, micro-batch of {sequences} x {scored}": 3 * sequences * scored * width * 4
+    + model.vocab_size * model.emb_dim * 4,
     f"activations of {tokens} tokens (remat {model.remat_policy})": tokens * per_token * act_bytes,
     "compiled programs": _PROGRAM_BYTES_PER_LAYER * model.num_decoder_layers,
     "the process before loading (runtime, libraries)": process_bytes,

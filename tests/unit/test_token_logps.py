@@ -1,0 +1,78 @@
+"""Token log-probs and entropies from hidden states a vocabulary slice at a time (models/
+token_logps.py) against PyTorch autograd through whole logits, and the memory they are for."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from maxtext.models import token_logps as tl
+
+B, T, D, V = 3, 7, 16, 1000
+
+
+def _inputs(seed=0):
+  rng = np.random.default_rng(seed)
+  hidden = rng.normal(size=(B, T, D)).astype(np.float32)
+  head = (0.5 * rng.normal(size=(D, V))).astype(np.float32)
+  tokens = rng.integers(0, V, (B, T))
+  weights = rng.normal(size=(2, B, T)).astype(np.float32)  # cotangents of the log-probs and the entropies
+  return hidden, head, tokens, weights
+
+
+def _torch(hidden, head, tokens, weights, temperature):
+  """Values and gradients of sum(w0 * logp + w1 * entropy) through whole logits."""
+  h = torch.tensor(hidden, dtype=torch.float64, requires_grad=True)
+  w = torch.tensor(head, dtype=torch.float64, requires_grad=True)
+  log_p = torch.log_softmax(h @ w / temperature, dim=-1)
+  logps = log_p.gather(-1, torch.tensor(tokens)[..., None])[..., 0]
+  entropy = -(log_p.exp() * log_p).sum(-1)
+  w0, w1 = (torch.tensor(x, dtype=torch.float64) for x in weights)
+  (w0 * logps + w1 * entropy).sum().backward()
+  return [x.detach().numpy() for x in (logps, entropy, h.grad, w.grad)]
+
+
+@pytest.mark.parametrize("slice_columns", [V, 300, 128])  # one slice; slices with a padded last one
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_values_and_gradients_match_whole_logits(monkeypatch, slice_columns, temperature):
+  hidden, head, tokens, weights = _inputs()
+  monkeypatch.setattr(tl, "_MIN_SLICE", 1)
+  monkeypatch.setattr(tl, "CHUNK_BYTES", 4 * B * T * slice_columns)
+  assert tl.vocab_slice(B * T, V) == slice_columns
+
+  def objective(h, w):
+    logps, entropy = tl.token_logps(h, w, jnp.asarray(tokens), temperature)
+    return jnp.sum(weights[0] * logps + weights[1] * entropy), (logps, entropy)
+
+  (_, (logps, entropy)), (h_grad, w_grad) = jax.value_and_grad(objective, (0, 1), has_aux=True)(hidden, head)
+  want = _torch(hidden, head, tokens, weights, temperature)
+  for got, expected in zip((logps, entropy, h_grad, w_grad), want):
+    np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-4, atol=2e-5 * max(1.0, np.abs(expected).max()))
+
+
+def test_the_training_step_keeps_no_whole_logits():
+  """The compiled gradient's temporaries stay near one vocabulary slice's logits, where whole logits
+  keep several tokens x vocab arrays."""
+  tokens_n, vocab, dim = 512, 32768, 64
+  rng = np.random.default_rng(1)
+  hidden = jnp.asarray(rng.normal(size=(4, tokens_n // 4, dim)), jnp.float32)
+  head = jnp.asarray(0.1 * rng.normal(size=(dim, vocab)), jnp.float32)
+  tokens = jnp.asarray(rng.integers(0, vocab, (4, tokens_n // 4)))
+
+  def whole(h, w):
+    log_p = jax.nn.log_softmax(jnp.einsum("btd,dv->btv", h, w), -1)
+    return jnp.take_along_axis(log_p, tokens[..., None], -1).sum()
+
+  def sliced(h, w):
+    return tl.token_logps(h, w, tokens, 1.0)[0].sum()
+
+  temps = {
+    f.__name__: jax.jit(jax.grad(f, (0, 1))).lower(hidden, head).compile().memory_analysis().temp_size_in_bytes
+    for f in (whole, sliced)
+  }
+  logits = tokens_n * vocab * 4
+  assert temps["whole"] >= 2 * logits, temps
+  slice_logits = tokens_n * tl.vocab_slice(tokens_n, vocab) * 4
+  assert slice_logits < logits / 2
+  assert temps["sliced"] <= 4 * slice_logits + 2 * vocab * dim * 4, temps
