@@ -112,9 +112,7 @@ def _token_logps_bwd(temperature, residuals, cotangents):
     return h_grad, w_grad.astype(head_rows.dtype)
 
   starts = jnp.arange(0, vocab, width)
-  h_grad, w_grads = jax.lax.scan(
-    one, jnp.zeros(hidden.shape, jnp.float32), (_slices(head_rows, width), starts)
-  )
+  h_grad, w_grads = jax.lax.scan(one, jnp.zeros(hidden.shape, jnp.float32), (_slices(head_rows, width), starts))
   tokens_grad = jnp.zeros(tokens.shape, jax.dtypes.float0)
   return h_grad.astype(hidden.dtype), w_grads.reshape(-1, hidden.shape[1])[:vocab], tokens_grad
 
