@@ -36,6 +36,7 @@ def _torch(hidden, head, tokens, weights, temperature):
 @pytest.mark.parametrize("slice_columns", [V, 300, 128])  # one slice; slices with a padded last one
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_values_and_gradients_match_whole_logits(monkeypatch, slice_columns, temperature):
+  """One slice (its logits kept for the backward pass) or several (recomputed)."""
   hidden, head, tokens, weights = _inputs()
   monkeypatch.setattr(tl, "_MIN_SLICE", 1)
   monkeypatch.setattr(tl, "CHUNK_BYTES", 4 * B * T * slice_columns)
@@ -51,9 +52,10 @@ def test_values_and_gradients_match_whole_logits(monkeypatch, slice_columns, tem
     np.testing.assert_allclose(np.asarray(got), expected, rtol=2e-4, atol=2e-5 * max(1.0, np.abs(expected).max()))
 
 
-def test_the_training_step_keeps_no_whole_logits():
+def test_the_training_step_keeps_no_whole_logits(monkeypatch):
   """The compiled gradient's temporaries stay near one vocabulary slice's logits, where whole logits
   keep several tokens x vocab arrays."""
+  monkeypatch.setattr(tl, "CHUNK_BYTES", 16 * 2**20)
   tokens_n, vocab, dim = 512, 32768, 64
   rng = np.random.default_rng(1)
   hidden = jnp.asarray(rng.normal(size=(4, tokens_n // 4, dim)), jnp.float32)

@@ -252,8 +252,34 @@ class MLP(_Projections):
 
   def __call__(self, x):
     cfg = self.cfg
-    h = jax.nn.silu(self._project(cfg, "gate_proj", x)) * self._project(cfg, "up_proj", x)
+    h = _swiglu(self._project(cfg, "gate_proj", x), self._project(cfg, "up_proj", x))
     return self._project(cfg, "down_proj", h)
+
+
+@jax.custom_vjp
+def _swiglu(gate, up):
+  """silu(gate) * up. Its backward pass keeps only gate and up and recomputes the sigmoid, where
+  autodiff of the expression kept silu's intermediate values too (two more [tokens, mlp_dim] arrays
+  per layer until the backward pass reaches it)."""
+  return jax.nn.silu(gate) * up
+
+
+def _swiglu_fwd(gate, up):
+  return _swiglu(gate, up), (gate, up)
+
+
+def _swiglu_bwd(residuals, d_h):
+  gate, up = residuals
+  g = gate.astype(jnp.float32)
+  # Written unlike jax.nn.sigmoid's 1 / (1 + exp(-g)): XLA:CPU would merge the two and keep the
+  # forward pass's [tokens, mlp_dim] sigmoid for the backward pass.
+  sigmoid = 0.5 * jnp.tanh(0.5 * g) + 0.5
+  d_gate = d_h * up * (sigmoid * (1.0 + g * (1.0 - sigmoid)))
+  d_up = d_h * g * sigmoid
+  return d_gate.astype(gate.dtype), d_up.astype(up.dtype)
+
+
+_swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class DecoderLayer(nnx.Module):

@@ -6,8 +6,9 @@ diagnostic) the distribution's entropy, and the gradient of both. Taken through 
 forward and backward passes hold several logits-sized float32 arrays (the logits, their temperature
 scaling, the log-softmax and their gradients), each tokens x vocab x 4 bytes. Here the forward pass
 runs an online softmax over vocabulary slices and keeps one logsumexp and one entropy per token;
-the backward pass recomputes each slice's logits (one more output-layer matmul) to form its
-gradient, writing the head's gradient slice by slice and summing the hidden states' gradient.
+the backward pass recomputes each slice's logits (one more output-layer matmul; not where one slice
+holds the whole vocabulary, whose logits it keeps) to form its gradient, writing the head's gradient
+slice by slice and summing the hidden states' gradient.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ import functools
 import jax
 import jax.numpy as jnp
 
-# The most bytes one vocabulary slice's float32 logits take (all tokens x the slice).
-CHUNK_BYTES = 16 * 2**20
+# The most bytes one vocabulary slice's float32 logits take (all tokens x the slice). Where the whole
+# vocabulary fits one slice, the backward pass reuses its logits instead of recomputing them.
+CHUNK_BYTES = 64 * 2**20
 _MIN_SLICE = 1024  # columns: narrower slices cost more per slice than they save
 _MASK = float(jnp.finfo(jnp.float32).min)  # the logit of a padding column (exp gives exactly 0)
 
@@ -53,6 +55,7 @@ def _slice_logits(h, w, first, vocab, temperature):
 
 
 def _forward(hidden, head_rows, tokens, temperature):
+  """(log-probs, logsumexps, entropies, the logits when one slice holds the whole vocabulary)."""
   n, vocab = hidden.shape[0], head_rows.shape[0]
   width = vocab_slice(n, vocab)
   h = hidden.astype(head_rows.dtype)
@@ -67,41 +70,48 @@ def _forward(hidden, head_rows, tokens, temperature):
     total = total * scale + jnp.sum(e, axis=-1)
     weighted = weighted * scale + jnp.sum(e * z, axis=-1)
     picked = picked + jnp.sum(jnp.where(columns == tokens[:, None], z, 0.0), axis=-1)
-    return (new_top, total, weighted, picked), None
+    return (new_top, total, weighted, picked), z
 
   zeros = jnp.zeros((n,), jnp.float32)
-  starts = jnp.arange(0, vocab, width)
-  (top, total, weighted, picked), _ = jax.lax.scan(
-    one, (jnp.full((n,), _MASK), zeros, zeros, zeros), (_slices(head_rows, width), starts)
-  )
+  start = (jnp.full((n,), _MASK), zeros, zeros, zeros)
+  if width == vocab:  # one slice: its logits stay for the backward pass instead of being recomputed
+    (top, total, weighted, picked), logits = one(start, (head_rows, 0))
+  else:
+    (top, total, weighted, picked), _ = jax.lax.scan(
+      lambda carry, args: (one(carry, args)[0], None), start, (_slices(head_rows, width), jnp.arange(0, vocab, width))
+    )
+    logits = None
   lse = top + jnp.log(total)
-  return picked - lse, lse, lse - weighted / total
+  return picked - lse, lse, lse - weighted / total, logits
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _token_logps(hidden, head_rows, tokens, temperature):
-  logps, _, entropy = _forward(hidden, head_rows, tokens, temperature)
+  logps, _, entropy, _ = _forward(hidden, head_rows, tokens, temperature)
   return logps, entropy
 
 
 def _token_logps_fwd(hidden, head_rows, tokens, temperature):
-  logps, lse, entropy = _forward(hidden, head_rows, tokens, temperature)
-  return (logps, entropy), (hidden, head_rows, tokens, lse, entropy)
+  logps, lse, entropy, logits = _forward(hidden, head_rows, tokens, temperature)
+  return (logps, entropy), (hidden, head_rows, tokens, lse, entropy, logits)
 
 
 def _token_logps_bwd(temperature, residuals, cotangents):
   """d logp / dz = onehot(token) - p and d entropy / dz = -p * (log p + entropy) for z = logits /
   temperature; a slice's logits gradient gives its head rows' gradient and adds to the hidden
   states'."""
-  hidden, head_rows, tokens, lse, entropy = residuals
+  hidden, head_rows, tokens, lse, entropy, logits = residuals
   g_logps, g_entropy = cotangents
   n, vocab = hidden.shape[0], head_rows.shape[0]
   width = vocab_slice(n, vocab)
   h = hidden.astype(head_rows.dtype)
 
-  def one(h_grad, args):
+  def one(h_grad, args, z=None):
     w, first = args
-    z, columns = _slice_logits(h, w, first, vocab, temperature)
+    if z is None:
+      z, columns = _slice_logits(h, w, first, vocab, temperature)
+    else:
+      columns = first + jnp.arange(w.shape[0])
     log_p = z - lse[:, None]
     p = jnp.exp(log_p)
     onehot = columns == tokens[:, None]
@@ -111,8 +121,11 @@ def _token_logps_bwd(temperature, residuals, cotangents):
     w_grad = jax.lax.dot_general(dz, h, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
     return h_grad, w_grad.astype(head_rows.dtype)
 
-  starts = jnp.arange(0, vocab, width)
-  h_grad, w_grads = jax.lax.scan(one, jnp.zeros(hidden.shape, jnp.float32), (_slices(head_rows, width), starts))
+  start = jnp.zeros(hidden.shape, jnp.float32)
+  if logits is not None:
+    h_grad, w_grads = one(start, (head_rows, 0), logits)
+  else:
+    h_grad, w_grads = jax.lax.scan(one, start, (_slices(head_rows, width), jnp.arange(0, vocab, width)))
   tokens_grad = jnp.zeros(tokens.shape, jax.dtypes.float0)
   return h_grad.astype(hidden.dtype), w_grads.reshape(-1, hidden.shape[1])[:vocab], tokens_grad
 

@@ -81,10 +81,10 @@ def _sampler_rows(cfg: RunConfig) -> int:
 
 def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
   """Values the backward pass keeps per token and layer without remat: norm inputs and outputs,
-  q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate,
-  up, activation and product, and the residual stream."""
+  q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate, up
+  and product (its activation is recomputed: models/decoder.py's _swiglu), and the residual stream."""
   hq_d, hkv_d = cfg.num_query_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-  return 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 4 * cfg.mlp_dim
+  return 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 3 * cfg.mlp_dim
 
 
 @dataclasses.dataclass(frozen=True)
