@@ -227,7 +227,8 @@ def machine_peaks(repeats: int = 5) -> dict:
 def worker_phases(args) -> dict:
   """Each phase of a GRPO step of the GSM8K shape through the programs train_rl runs: the rollout on
   the continuous batcher (its prefill and decode told apart by the batcher's own decode clock),
-  reference and trainer scoring each group's prompt once (SharedPrefix), and AdamW. Best of
+  the reference (whole logits, as Tunix computes its log-probs) and the trainer (the policy loss's
+  log-probs, scoring.py) scoring each group's prompt once (SharedPrefix), and AdamW. Best of
   args.iters timed runs after one that compiles."""
   import jax
   import jax.numpy as jnp
@@ -236,6 +237,7 @@ def worker_phases(args) -> dict:
   from flax import nnx
 
   from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+  from maxtext.integration.tunix import scoring
   from maxtext.models.shared_prefix import SharedPrefix
 
   peaks = machine_peaks()
@@ -263,8 +265,12 @@ def worker_phases(args) -> dict:
     lp = jax.nn.log_softmax(logits.astype(jnp.float32))
     return jnp.take_along_axis(lp, tokens[:, p:, None], axis=-1)[..., 0]
 
+  def loss(m, tokens):  # the policy loss's log-probs (scoring.py; pad id -1: every token is real)
+    logps, _ = scoring.completion_logps(m, tokens[:, :p], tokens[:, p:], -1, -1, 1.0)
+    return -logps.mean()
+
   reference = nnx.jit(logp)
-  train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: -logp(m, t).mean())(m))
+  train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: loss(m, t))(m))
   params = nnx.state(shared, nnx.Param)
   adamw = optax.adamw(1e-6, weight_decay=0.1)
   opt_state = adamw.init(params)
