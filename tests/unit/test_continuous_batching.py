@@ -191,24 +191,6 @@ def test_a_later_turn_prefills_only_what_follows_the_held_conversation(model):
   fresh.close()
 
 
-def test_release_frees_the_rows_once_idle_and_the_next_requests_grow_them_again(model):
-  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=8)
-  futures = batcher.submit_many(PROMPTS[:5], SamplingParams(3, temperature=0.0))  # 5 busy: 8 rows
-  batcher.release()  # asked while busy: takes effect once they are done
-  for prompt, future in zip(PROMPTS[:5], futures):
-    assert future.result(timeout=120).tokens.tolist() == _greedy(model, prompt, 3)
-  deadline = time.monotonic() + 30
-  while batcher.rows != 1 and time.monotonic() < deadline:
-    time.sleep(0.01)
-  assert batcher.rows == 1
-  cache_bytes = sum(x.nbytes for x in jax.tree.leaves(batcher._cache))
-  assert cache_bytes * 8 <= sum(x.nbytes for x in jax.tree.leaves(model.init_cache(8, 64, model.config.dtype)))
-  again = batcher.submit(PROMPTS[0][:4] + [7], SamplingParams(3, temperature=0.0)).result(timeout=120)
-  assert batcher.reused_tokens == 0  # the released rows held no prefix any more
-  assert again.tokens.tolist() == _greedy(model, PROMPTS[0][:4] + [7], 3)
-  batcher.close()
-
-
 def test_prompts_sharing_a_system_prompt_reuse_it_until_the_weights_change(model):
   system = PROMPTS[4]  # 12 tokens
   version = {"v": 0}

@@ -256,7 +256,6 @@ class ContinuousBatcher:
     self._wake = threading.Condition()
     self.version = version()
     self._closed = False
-    self._release = False  # release() asked for the cache's rows back once idle
     self._failure: BaseException | None = None  # what stopped the scheduler, if it failed
     self._thread: threading.Thread | None = None
     self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
@@ -309,14 +308,6 @@ class ContinuousBatcher:
       raise ValueError(f"top_k must be None or >= 1, got {params.top_k}")
     return prompt
 
-  def release(self) -> None:
-    """Once no request is busy or waiting, shrinks the cache to one row and forgets the prefixes
-    held, so its memory is free while the batcher waits (while the policy trains between rollouts);
-    the next requests grow it again."""
-    with self._wake:
-      self._release = True
-      self._wake.notify()
-
   def close(self) -> None:
     """Stops the scheduler; unfinished requests fail."""
     with self._wake:
@@ -330,15 +321,10 @@ class ContinuousBatcher:
     try:
       while True:
         with self._wake:
-          while not self._closed and not self._waiting and not any(self._slots) and not self._release:
+          while not self._closed and not self._waiting and not any(self._slots):
             self._wake.wait()
           if self._closed:
             break
-          if self._release and not self._waiting and not any(self._slots):
-            self._release = False
-            self._cache = _resize(self._cache, 1)
-            self._held = [np.zeros(0, np.int32)] * self.max_batch_size
-            continue
           version = self._version_source()
           if version != self.version:  # held keys and values came from older weights
             self._held = [np.zeros(0, np.int32)] * self.max_batch_size

@@ -49,9 +49,6 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
 
   The policy loss scores each group's prompt once (prefix_sharing.py).
 
-  Between rollouts the batched engine's KV cache is released (the next rollout's weights differ, so
-  no prefix it holds would be reused), so its memory is free while the policy trains.
-
   RLCluster keeps a host copy of the actor's weights from every weight sync for the agentic
   learner's old-policy log-probs; this learner takes its old log-probs from the sampler and never
   reads it, so the copy is dropped after each sync (a full copy of the weights less at the peak)."""
@@ -80,8 +77,6 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
 
     def recording_generate(*args, **kwargs):
       self._last_rollout = generate(*args, **kwargs)
-      if hasattr(self.rl_cluster.rollout, "release"):  # the next rollout samples from new weights
-        self.rl_cluster.rollout.release()
       return self._last_rollout
 
     self.rl_cluster.generate = recording_generate

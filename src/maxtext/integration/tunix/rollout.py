@@ -313,10 +313,6 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
     )
 
-  def release(self) -> None:
-    """Frees the KV cache's rows until the next generate call (ContinuousBatcher.release)."""
-    self.batcher.release()
-
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
     return per_token_logps(
       self._model, prompt_tokens, completion_tokens, self.pad_id(), self.eos_id(), self.temperature
