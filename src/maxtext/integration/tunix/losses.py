@@ -6,9 +6,9 @@ An advantage estimator is fn(rewards [B * G], num_generations G) -> advantages [
 grouped by prompt. A policy loss is fn(model, train_example, algo_config, pad_id, eos_id) ->
 (loss, aux) with Tunix's aux keys (the agentic learner logs all of them). The shared-prefix
 contract: with prefix sharing the model a loss receives is a SharedPrefix wrapper (models/
-shared_prefix.py) that scores each group's prompt once and returns logits at completion positions
-only, so a loss computes its log-probs through scoring.completion_logps, as below, never by running
-the model on whole sequences itself.
+shared_prefix.py) that scores each group's prompt once and returns hidden states (or logits) at
+completion positions only, so a loss computes its log-probs through scoring.completion_logps, as
+below, never by running the model on whole sequences itself.
 
 Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL penalty, the
 aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
