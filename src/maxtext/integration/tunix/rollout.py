@@ -142,7 +142,7 @@ def per_token_logps(
   """Log-probs of completion_tokens under softmax(logits / temperature) (plain softmax for greedy
   sampling), as the policy loss computes them, without gradient."""
   graphdef, state = nnx.split(model)
-  return _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, float(temperature or 0.0))
+  return _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, float(temperature or 1.0))
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "pad_id", "eos_id", "temperature"))
