@@ -8,6 +8,8 @@ In one process, each timed as the median of --iters runs of 10 calls after one t
 - the decode step train_rl runs (continuous_batching._decode: the model on one position per row
   with its KV cache, then sampling);
 - its read floor: summing as many bytes as the step reads (every weight and the cache);
+- the same step with rollout_dtype=bfloat16 (on decoder.MatmulCopy), its read floor, and the time
+  to remake that copy from the float32 weights;
 - the model's weight matmuls alone (every weight matrix times `rows` inputs), with 1 and with `rows`
   rows (float32), and with `rows` rows on bfloat16 copies of the weights accumulating in float32;
 - the sampling alone (top-k 50 at temperature 0.9 over the vocabulary).
@@ -58,6 +60,7 @@ def main() -> None:
   from flax import nnx
 
   from maxtext.inference import continuous_batching as cb
+  from maxtext.models.decoder import MatmulCopy
 
   cfg, mesh, model, n_params = model_benchmark._build(argparse.Namespace(model=args.model, dtype="float32"))
   rows, size = args.rows, args.cache
@@ -86,6 +89,19 @@ def main() -> None:
     timings = result["ms"]
     timings["decode step (as train_rl runs it)"] = _median_ms(decode, args.iters)
     timings["read floor (its weights and cache summed)"] = _median_ms(lambda: total(flat), args.iters)
+    copy = MatmulCopy(model, jnp.bfloat16)
+    copy_static, copy_state = cb._StaticGraph(copy.graphdef), copy.state()
+
+    def decode_bf16():
+      out = cb._decode(copy_static, copy_state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50)
+      held["cache"] = out[2]
+      return out[:2]
+
+    copy_bytes = copy.nbytes + sum(x.nbytes for x in jax.tree.leaves(cache))
+    flat_copy = jnp.ones((copy_bytes // 4,), jnp.float32)
+    timings["decode step, rollout_dtype=bfloat16"] = _median_ms(decode_bf16, args.iters)
+    timings["its read floor (bfloat16 copy and cache summed)"] = _median_ms(lambda: total(flat_copy), args.iters)
+    timings["remaking the bfloat16 copy (once per training step)"] = _median_ms(copy.state, args.iters, calls=3)
 
     # The weight matrices as the decode step multiplies by them: [inputs, outputs] (the tied
     # embedding as the output layer).
@@ -106,10 +122,14 @@ def main() -> None:
     timings["sampling alone (top-k 50)"] = _median_ms(lambda: sample(logits), args.iters)
   floor = timings["read floor (its weights and cache summed)"]
   result["step_bytes"] = step_bytes
+  result["bfloat16_step_bytes"] = copy_bytes
   print(f"{args.model}, {rows} rows, {size}-position cache: a step reads {step_bytes / 1e6:.0f} MB")
   print("| part | ms | over the read floor |\n| --- | --- | --- |")
   for name, value in timings.items():
     print(f"| {name} | {value:.1f} | {value / floor:.2f}x |")
+  own = timings["decode step, rollout_dtype=bfloat16"] / timings["its read floor (bfloat16 copy and cache summed)"]
+  result["bfloat16_over_own_floor"] = own
+  print(f"rollout_dtype=bfloat16: the step reads {copy_bytes / 1e6:.0f} MB, {own:.2f}x its own read floor")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)

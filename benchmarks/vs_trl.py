@@ -1,7 +1,7 @@
 """Our GRPO trainer against TRL's GRPOTrainer on identical work, in one invocation.
 
     python benchmarks/vs_trl.py [--shape demo|gsm8k] [--steps 6] [--rounds 1] [--output F] [--work-dir D]
-        [--ours-without-torch] [key=value ...]
+        [--ours-without-torch] [--ours-also key=value ...] [key=value ...]
 
 Needs TRL (an optional benchmark extra, not a runtime dependency): pip install trl==1.16.0 (and
 peft==0.21.2 for lora_rank > 0).
@@ -28,7 +28,9 @@ step's mean reward and gradient norm (before clipping). Prints a table with the 
 benchmarks/results/vs_trl.json (or --output). The work (HF export, prompts, both trainers' run folders) goes to
 a temporary folder, deleted at the end, or to --work-dir, kept (a later invocation reuses its HF export).
 With --ours-without-torch our process runs as where PyTorch is not installed (train_rl needs none, but
-transformers imports it with any tokenizer where it is: about 0.28 GB of our peak RSS here).
+transformers imports it with any tokenizer where it is: about 0.28 GB of our peak RSS here). With
+--ours-also key=value ..., each round also runs ours with those settings added (e.g.
+rollout_dtype=bfloat16), after the plain run, with its own ratios against TRL.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ def peak_gb(stderr: str) -> float:
 WITHOUT_TORCH = "sys.modules['torch'] = None; "
 
 
-def _run_ours(args, work: str, name: str) -> dict:
+def _run_ours(args, work: str, name: str, extra: tuple[str, ...] = ()) -> dict:
   code = (
     PEAK_PRELUDE
     + (WITHOUT_TORCH if args.ours_without_torch else "")
@@ -196,7 +198,7 @@ def _run_ours(args, work: str, name: str) -> dict:
   )
   start = time.perf_counter()
   proc = subprocess.run(
-    [sys.executable, "-c", code, *_config_args(args, work), f"run_name={name}"],
+    [sys.executable, "-c", code, *_config_args(args, work), *extra, f"run_name={name}"],
     capture_output=True,
     text=True,
     check=False,
@@ -208,7 +210,7 @@ def _run_ours(args, work: str, name: str) -> dict:
   with open(os.path.join(work, name, "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   return {
-    "trainer": "ours",
+    "trainer": " ".join(["ours", *extra]),
     "process_s": wall,
     "step_s": [r["step_time_s"] for r in rows],
     "compile_s": sum(r.get("compile_s", 0.0) for r in rows),
@@ -356,6 +358,7 @@ def main() -> None:
   parser.add_argument(
     "--ours-without-torch", action="store_true", help="run ours as where PyTorch is not installed (train_rl needs none)"
   )
+  parser.add_argument("--ours-also", nargs="+", default=[], help="key=value: a second run of ours per round")
   parser.add_argument("overrides", nargs="*", help="key=value for both trainers (a .yml first replaces the base)")
   args = parser.parse_args()
   if args.shape != "demo" and args.overrides and args.overrides[0].endswith(".yml"):
@@ -366,24 +369,33 @@ def main() -> None:
     shape = _prepare(args, work)
     runs = []
     for r in range(args.rounds):
-      for trainer in ("ours", "trl"):
+      for trainer in ("ours", "ours_also", "trl") if args.ours_also else ("ours", "trl"):
         name = f"{trainer}_{r}"
         print(f"round {r}: {trainer} ...", file=sys.stderr, flush=True)
-        runs.append(_summary(_run_ours(args, work, name) if trainer == "ours" else _run_trl(work, shape, name)))
+        if trainer == "trl":
+          runs.append(_summary(_run_trl(work, shape, name)))
+        else:
+          runs.append(_summary(_run_ours(args, work, name, tuple(args.ours_also) if trainer == "ours_also" else ())))
   finally:
     if not args.work_dir:  # (an HF export and every run's checkpoints: gigabytes per invocation)
       shutil.rmtree(work, ignore_errors=True)
-  ours = [x for x in runs if x["trainer"] == "ours"]
   trl_runs = [x for x in runs if x["trainer"] == "trl"]
   med = lambda rs, k: statistics.median(x[k] for x in rs)
-  ratios = {k: med(ours, k) / med(trl_runs, k) for k in ("train_s", "warm_step_s", "peak_rss_gb")}
-  print(f"\n{'trainer':8} {'train s':>9} {'warm step s':>12} {'compile s':>10} {'peak RSS GB':>12}  rewards per step")
+  variants = list(dict.fromkeys(x["trainer"] for x in runs if x["trainer"] != "trl"))
+  ratios_of = {
+    v: {k: med([x for x in runs if x["trainer"] == v], k) / med(trl_runs, k) for k in ("train_s", "warm_step_s", "peak_rss_gb")}
+    for v in variants
+  }
+  ratios = ratios_of["ours"]
+  width = max(len(v) for v in variants)
+  print(f"\n{'trainer':{width}} {'train s':>9} {'warm step s':>12} {'compile s':>10} {'peak RSS GB':>12}  rewards per step")
   for x in runs:
     print(
-      f"{x['trainer']:8} {x['train_s']:9.1f} {x['warm_step_s']:12.2f} {x['compile_s']:10.1f} "
+      f"{x['trainer']:{width}} {x['train_s']:9.1f} {x['warm_step_s']:12.2f} {x['compile_s']:10.1f} "
       f"{x['peak_rss_gb']:12.2f}  {[round(v, 2) for v in x['rewards']]}"
     )
-  print("ours / TRL: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+  for v, r in ratios_of.items():
+    print(f"{v} / TRL: " + ", ".join(f"{k} {value:.2f}x" for k, value in r.items()))
   versions = trl_runs[0].get("versions", {})
   result = {
     "date": datetime.date.today().isoformat(),
@@ -396,6 +408,7 @@ def main() -> None:
     "ours_without_torch": args.ours_without_torch,
     "runs": runs,
     "ratios_ours_over_trl": ratios,
+    **({"ratios_over_trl": ratios_of} if args.ours_also else {}),
   }
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:

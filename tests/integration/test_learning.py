@@ -123,11 +123,13 @@ def test_rloo_advantages_with_the_cispo_loss_learn(tmp_path):
     ["rl.loss_algo=gspo-token"],
     ["rl.dynamic_sampling=true", "rl.epsilon_high=0.28", "rl.loss_agg_mode=token-mean"],
     ["rl.sampler_is=token", "rl.sampler_is_threshold=1.5"],
+    ["rollout_dtype=bfloat16"],
   ],
-  ids=["dr_grpo", "rloo", "reinforce_pp", "cispo", "gspo_token", "dapo", "sampler_is"],
+  ids=["dr_grpo", "rloo", "reinforce_pp", "cispo", "gspo_token", "dapo", "sampler_is", "bfloat16_rollouts"],
 )
 def test_each_algorithm_variant_moves_with_the_reward_sign(tmp_path, variant):
-  """Per estimator and loss family: the rewarded and the negated run move apart."""
+  """Per estimator and loss family (and with rollouts sampled from a bfloat16 copy of the policy):
+  the rewarded and the negated run move apart."""
   runs = {}
   for sign in (1.0, -1.0):
     folder = tmp_path / f"sign{sign:+.0f}"

@@ -12,6 +12,7 @@ from flax import nnx
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.models import load
+from maxtext.models.decoder import MatmulCopy
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -277,4 +278,50 @@ def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_read
   end_index = 4 * cfg.num_layers  # int32 per row and layer
   assert tokens_per_s > 0
   assert bytes_per_s / tokens_per_s == pytest.approx(weights + kv + end_index, rel=1e-9)
+  batcher.close()
+
+
+def test_a_bfloat16_copy_decodes_as_its_own_forward_near_the_float32_model(model):
+  """matmul_dtype=bfloat16: greedy completions through the KV cache equal greedy decoding of the same
+  MatmulCopy without a cache, and the sampled tokens' log-probs stay near the float32 model's."""
+  copy = MatmulCopy(model, jnp.bfloat16)
+  reference = nnx.merge(copy.graphdef, copy.state())
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, matmul_dtype=jnp.bfloat16)
+  futures = [batcher.submit(p, SamplingParams(6, temperature=0.0)) for p in PROMPTS[:4]]
+  for prompt, future in zip(PROMPTS, futures):
+    assert future.result(timeout=120).tokens.tolist() == _greedy(reference, prompt, 6)
+  done = batcher.submit(PROMPTS[1], SamplingParams(12, temperature=1.0), jax.random.PRNGKey(3)).result(timeout=120)
+  tokens = PROMPTS[1] + done.tokens.tolist()
+  full = jax.nn.log_softmax(_logits(model, tokens)[len(PROMPTS[1]) - 1 : -1], axis=-1)
+  float32_logps = np.take_along_axis(np.asarray(full), done.tokens[:, None], axis=-1)[:, 0]
+  assert np.abs(done.logprobs - float32_logps).max() < 0.05
+  assert batcher.decode_rate() is None or batcher._weight_bytes == copy.nbytes
+  batcher.close()
+
+
+@pytest.mark.parametrize("signal", ["version", "weights_changed", "none: between busy periods"])
+def test_a_bfloat16_copy_follows_the_weights(model, signal):
+  """The copy is remade when the version changes or weights_changed() is called (from the next decode
+  step on), and at the start of every busy period: samples never come from replaced weights."""
+  policy = nnx.clone(model)
+  zeroed = jax.tree.map(jnp.zeros_like, nnx.state(policy))  # all-zero logits: argmax token 0
+  calls = {"n": 0}
+
+  def version():  # read at construction and once per scheduler round
+    calls["n"] += 1
+    if calls["n"] == 5 and signal != "none: between busy periods":  # the trainer updates before round 4
+      nnx.update(policy, zeroed)
+      if signal == "weights_changed":
+        batcher.weights_changed()
+    return 1 if calls["n"] >= 5 and signal == "version" else 0
+
+  batcher = ContinuousBatcher(policy, 64, 2, version=version, matmul_dtype=jnp.bfloat16)
+  done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
+  if signal == "none: between busy periods":
+    assert 0 not in done.tokens.tolist()
+    nnx.update(policy, zeroed)
+    done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
+    assert done.tokens.tolist() == [0] * 8
+  else:  # rounds 1 to 3 each decode one token (round 1 prefills first), then the new weights
+    assert 0 not in done.tokens[:3].tolist() and set(done.tokens[3:].tolist()) == {0}
   batcher.close()

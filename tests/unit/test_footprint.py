@@ -13,7 +13,7 @@ from flax import nnx
 
 from maxtext.integration.tunix import scoring
 from maxtext.models import builder
-from maxtext.models.decoder import ModelConfig
+from maxtext.models.decoder import MatmulCopy, ModelConfig
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import footprint
 from maxtext.utils.mesh import create_meshes
@@ -65,6 +65,17 @@ def test_policy_snapshot_only_for_the_agentic_learner():
   assert (
     snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny").model) * 4
   )
+
+
+@pytest.mark.parametrize("args", [("model_name=qwen3-tiny",), ("model_name=llama-tiny", "lora_rank=4")])
+def test_the_samplers_bfloat16_copy_is_the_matmul_copys_size(args):
+  cfg = make_config(*args, "rollout_dtype=bfloat16")
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
+  base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
+  model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
+  part = "sampler's bfloat16 copy (rollout_dtype)"
+  assert footprint.estimate(cfg).parts[part] == MatmulCopy(model, jnp.bfloat16).nbytes
+  assert footprint.estimate(make_config(*args)).parts[part] == 0
 
 
 def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():

@@ -7,8 +7,10 @@ import pytest
 import torch
 import transformers
 
+from flax import nnx
+
 from maxtext.configs.pyconfig import ConfigError
-from maxtext.models import load
+from maxtext.models import decoder, load
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -132,6 +134,42 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
   prompt = tokens[:, :8]
   with torch.no_grad():
     np.testing.assert_array_equal(our_greedy(ours, prompt, 32), hf_greedy(hf, prompt, 32))
+
+
+@pytest.mark.parametrize("shape", ["qwen3-gqa-tied-headdim", "llama3-rope-scaling-untied"])
+def test_bfloat16_matmul_copy_is_transformers_with_rounded_linear_inputs_and_near_float32(tmp_path, shape):
+  """decoder.MatmulCopy (the rollout_dtype=bfloat16 sampler's model): its logits equal transformers'
+  float32 model whose embedding and linear weights, and every linear layer's input, are rounded to
+  bfloat16; and they stay near the float32 model's (the samples' shift from the trainer's policy)."""
+  hf = write_hf_model(tmp_path, shape)
+  _, ours = load_ours(tmp_path)
+  copy = decoder.MatmulCopy(ours, jnp.bfloat16)
+  tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
+  t = tokens.shape[1]
+  args = (
+    jnp.asarray(tokens),
+    jnp.broadcast_to(jnp.arange(t), (2, t)),
+    None,
+    jnp.tril(jnp.ones((t, t), bool))[None].repeat(2, 0),
+  )
+  got = np.asarray(nnx.merge(copy.graphdef, copy.state())(*args)[0])
+  assert copy.state()["embed"][...].dtype == jnp.bfloat16
+  with torch.no_grad():
+    full = hf(torch.tensor(tokens)).logits.numpy()
+    to_bf16 = lambda x: x.to(torch.bfloat16).to(torch.float32)
+    for module in hf.modules():
+      if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+        module.weight.copy_(to_bf16(module.weight))
+      if isinstance(module, torch.nn.Linear):
+        module.register_forward_pre_hook(lambda _, inputs: tuple(to_bf16(x) for x in inputs))
+    rounded = hf(torch.tensor(tokens)).logits.numpy()
+  # Float32 differences of 1e-7 before a rounding can move an input by a bfloat16 step (which the
+  # Llama-3 RoPE shape shows), so the match is asked of the mean: within 5% of rounding's own effect.
+  assert np.abs(got - rounded).mean() <= 0.05 * np.abs(rounded - full).mean()
+  log_softmax = lambda x: x - np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1, keepdims=True)) - x.max(-1, keepdims=True)
+  p_full = np.exp(log_softmax(full))
+  kl = (p_full * (log_softmax(full) - log_softmax(got))).sum(-1)
+  assert 0 < np.abs(got - full).max() <= 0.1 * np.abs(full).max() and kl.max() <= 1e-2, (np.abs(got - full).max(), kl.max())
 
 
 def test_sharded_safetensors_index_loads(tmp_path):

@@ -224,3 +224,15 @@ def test_unsupported_url_schemes_are_refused_naming_the_key(key):
 def test_the_compilation_cache_stays_on_the_machine():
   with pytest.raises(pyconfig.ConfigError, match=r"jax_cache_dir='gs://b/c': expected a local folder"):
     make_config("jax_cache_dir=gs://b/c")
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (["rollout_dtype=float16"], "rollout_dtype='float16'.*model, bfloat16"),
+    (["rollout_dtype=bfloat16", "rollout_engine=vanilla"], "rollout_dtype='bfloat16': .*only rollout_engine=batched"),
+  ],
+)
+def test_rollout_dtype_is_refused_where_it_would_not_apply(args, message):
+  with pytest.raises(pyconfig.ConfigError, match=message):
+    make_config(*args)

@@ -27,6 +27,7 @@ RematPolicy = Literal["none", "full"]
 DecoderFamily = Literal["llama", "qwen3"]
 AnswerFormat = Literal["tags", "last_number"]
 RolloutEngineName = Literal["batched", "vanilla"]
+RolloutDtype = Literal["model", "bfloat16"]
 EvalStrategy = Literal["greedy", "standard", "liberal"]
 EvalMode = Literal["pass", "maj", "pass_at_1"]
 KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
@@ -183,6 +184,7 @@ class SamplingSection:
   decode_seed: int
   rollout_engine: RolloutEngineName
   rollout_max_batch_size: int
+  rollout_dtype: RolloutDtype
   prompt: tuple[str, ...]
   use_chat_template: bool
 

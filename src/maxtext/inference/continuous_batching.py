@@ -21,6 +21,10 @@ with it, so a GRPO group's samples read their prompt once, whether they arrive t
 Held prefixes are dropped when the weights version changes, so reused keys and values always come
 from the current weights.
 
+With `matmul_dtype` set the batcher samples from a `MatmulCopy` of the model in that dtype (bfloat16
+halves the weight bytes a decode step reads): made when a busy period starts, remade when version()
+changes or `weights_changed()` is called, dropped when the batcher goes idle.
+
 `decode_rate()` reports the decode steps' throughput (steps that compiled left out): busy rows'
 tokens per second, and the bytes per second those steps had to read at least (every weight and the
 whole KV cache once per step), which a GPU's HBM bandwidth bounds.
@@ -42,7 +46,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from maxtext.models.decoder import Decoder, cache_length
+from maxtext.models.decoder import Decoder, MatmulCopy, cache_length
 
 log = logging.getLogger(__name__)
 
@@ -230,13 +234,21 @@ class ContinuousBatcher:
     version: Callable[[], int] = lambda: 0,
     cache_dtype=None,
     prefill_chunk: int = 256,
+    matmul_dtype=None,
   ):
     """version() returns the number to tag tokens with, read before each decode step; a change
-    drops held prefixes. cache_size: the most tokens (prompt + completion) of one request."""
-    graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
+    drops held prefixes (and remakes a matmul_dtype copy). cache_size: the most tokens (prompt +
+    completion) of one request. matmul_dtype: None samples from the model's own weights, else from
+    a MatmulCopy in that dtype."""
+    self._copy = MatmulCopy(model, matmul_dtype) if matmul_dtype is not None else None
+    if self._copy is None:
+      graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
+    else:
+      graphdef, self._state = self._copy.graphdef, None  # made when a busy period starts
+    self._stale = False  # weights_changed() was called: remake the copy before the next step
     self._graphdef = _StaticGraph(graphdef)
     # The cache lives where the weights do (replicated over their mesh).
-    mesh = jax.tree.leaves(self._state)[0].sharding.mesh
+    mesh = jax.tree.leaves(nnx.state(model))[0].sharding.mesh
     placement = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     self._version_source = version
     self._vocab = model.config.vocab_size
@@ -261,7 +273,9 @@ class ContinuousBatcher:
     self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
     self.prompt_tokens = 0  # prompt tokens admitted so far
     self.reused_tokens = 0  # of those, read from a held KV prefix instead of prefilled
-    self._weight_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    self._weight_bytes = (
+      self._copy.nbytes if self._copy else sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    )
     self._compiled: set[tuple[int, int | None]] = set()  # (rows, top-k width) of decode steps run so far
     self._timed = (0, 0.0, 0)  # decode steps that did not compile: busy-row tokens, seconds, bytes read
 
@@ -289,6 +303,12 @@ class ContinuousBatcher:
       self._waiting.extend(requests)
       self._wake.notify()
     return [r.future for r in requests]
+
+  def weights_changed(self) -> None:
+    """The model's weights changed (whether or not version() did): held prefixes are dropped and a
+    matmul_dtype copy is remade before the next decode step."""
+    with self._wake:
+      self._stale = True
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""
@@ -321,15 +341,20 @@ class ContinuousBatcher:
     try:
       while True:
         with self._wake:
+          if self._copy is not None and not self._waiting and not any(self._slots):
+            self._state = None  # idle: the copy's memory goes back until the next request
           while not self._closed and not self._waiting and not any(self._slots):
             self._wake.wait()
           if self._closed:
             break
           version = self._version_source()
-          if version != self.version:  # held keys and values came from older weights
+          changed = version != self.version or self._stale
+          if changed:  # held keys and values came from older weights
             self._held = [np.zeros(0, np.int32)] * self.max_batch_size
-          self.version = version
+          self.version, self._stale = version, False
           admitted = self._take_waiting()
+        if self._copy is not None and (self._state is None or changed):
+          self._state = self._copy.state()
         if admitted:
           self._grow(max(slot for slot, _, _, _ in admitted) + 1)
           self._prefill(admitted)

@@ -12,6 +12,7 @@ batching).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from typing import Any
@@ -50,6 +51,9 @@ class ModelConfig:
   lora_rank: int = 0  # 0: no adapters
   lora_alpha: float = 0.0
   lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
+  # The weight matmuls' input dtype (weights and activations rounded to it), accumulating in dtype;
+  # None: dtype. Set by `matmul_copy`.
+  matmul_dtype: Any = None
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:
@@ -123,16 +127,21 @@ class _Projections(nnx.Module):
 
   def _project(self, cfg: ModelConfig, name: str, x: jax.Array) -> jax.Array:
     """x [..., inputs...] times the weight [inputs..., outputs...] (its first LORA_INPUT_AXES[name]
-    axes contract), plus the adapter's (alpha / rank) x A B where it has one."""
-    dt = cfg.dtype
+    axes contract), plus the adapter's (alpha / rank) x A B where it has one; in dtype, from inputs
+    in matmul_dtype."""
     n_in = LORA_INPUT_AXES[name]
     weight = getattr(self, name)[...]
-    y = _tokens_matmul(x, weight.astype(dt), n_in)
+    y = _weight_matmul(cfg, x, weight, n_in)
     if not hasattr(self, f"{name}_lora_a"):
       return y
     a, b = getattr(self, f"{name}_lora_a")[...], getattr(self, f"{name}_lora_b")[...]
-    down = _tokens_matmul(x, a.astype(dt), n_in)
-    return y + _tokens_matmul(down, b.astype(dt), 1) * cfg.lora_scale
+    return y + _weight_matmul(cfg, _weight_matmul(cfg, x, a, n_in), b, 1) * cfg.lora_scale
+
+
+def _weight_matmul(cfg: ModelConfig, x: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
+  """_tokens_matmul of x and a weight, both taken in matmul_dtype (dtype when unset), giving dtype."""
+  operands = cfg.matmul_dtype or cfg.dtype
+  return _tokens_matmul(x.astype(operands), w.astype(operands), n_in, preferred_element_type=cfg.dtype)
 
 
 def _tokens_matmul(x: jax.Array, w: jax.Array, n_in: int, **dot_kwargs) -> jax.Array:
@@ -353,13 +362,14 @@ class Decoder(nnx.Module):
     return self.final_norm(x[:, first:]), new_cache
 
   def output_head(self) -> jax.Array:
-    """The output layer's weights [D, V] in the compute dtype (the embedding's transpose when tied)."""
+    """The output layer's weights [D, V] in the matmul dtype (the embedding's transpose when tied)."""
     head = self.embed[...].T if self.config.tie_embeddings else self.lm_head[...]
-    return head.astype(self.config.dtype)
+    return head.astype(self.config.matmul_dtype or self.config.dtype)
 
   def logits(self, hidden: jax.Array) -> jax.Array:
     """float32 logits [B, T, V] of hidden states [B, T, D] from hidden_states."""
-    return _tokens_matmul(hidden, self.output_head(), 1, preferred_element_type=jnp.float32)
+    head = self.output_head()
+    return _tokens_matmul(hidden.astype(head.dtype), head, 1, preferred_element_type=jnp.float32)
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
     cfg = self.config
@@ -373,6 +383,54 @@ class Decoder(nnx.Module):
       }
       for i in range(cfg.num_layers)
     }
+
+
+class MatmulCopy:
+  """A copy of a decoder for inference whose weights are stored in `dtype` and whose weight matmuls
+  (projections and output layer) take their inputs rounded to `dtype`, accumulating in the model's
+  dtype: norms, attention, the residual stream and the logits stay in the model's dtypes. Its output
+  layer is stored [D, V] (a tied model's embedding transposed), the layout XLA:CPU multiplies by
+  without first converting it. Its decode step reads half a float32 model's weight bytes, at
+  bfloat16's rounding of weights and matmul inputs (benchmarks/RESULTS.md, "Rollouts in bfloat16").
+
+  `graphdef` is fixed; `state()` copies the source model's current values (its own variables, so
+  in-place updates show) in one compiled program; `nbytes`: the copy's size."""
+
+  def __init__(self, model: Decoder, dtype):
+    dtype = jnp.dtype(dtype)
+    cfg = dataclasses.replace(model.config, weight_dtype=dtype, matmul_dtype=dtype, tie_embeddings=False)
+    self.graphdef, target = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+    self._source = nnx.state(model)
+    sources = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(self._source)[0])}
+    paths, self._target = jax.tree_util.tree_flatten_with_path(target)
+    embed = next(i for path, i in sources.items() if _names(path)[0] == "embed")
+    # Per leaf of the copy: (index of its source leaf, whether that leaf is transposed): a tied
+    # model's lm_head is its embedding's transpose.
+    self._plan = tuple(
+      (embed, True) if _names(path)[0] == "lm_head" and model.config.tie_embeddings else (sources[path], False)
+      for path, _ in paths
+    )
+    self._dtype = dtype
+    leaves = tuple(jax.tree.leaves(self._source))
+    self.nbytes = sum(x.size * x.dtype.itemsize for x in jax.eval_shape(_cast_leaves, leaves, self._plan, dtype))
+
+  def state(self) -> nnx.State:
+    values = _cast_leaves(tuple(jax.tree.leaves(self._source)), self._plan, self._dtype)
+    return jax.tree.unflatten(self._target, values)
+
+
+def _names(path) -> tuple:
+  return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+
+
+@functools.partial(jax.jit, static_argnums=(1, 2))
+def _cast_leaves(leaves: tuple, plan: tuple, dtype) -> list:
+  """The copy's leaves from the source's (MatmulCopy's plan): matrices in dtype, vectors as they are."""
+  out = []
+  for index, transposed in plan:
+    x = leaves[index].T if transposed else leaves[index]
+    out.append(x.astype(dtype) if x.ndim >= 2 else x)
+  return out
 
 
 def cache_length(cache: Cache) -> int:

@@ -226,8 +226,9 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
 
 class BatchedRolloutEngine(base_rollout.BaseRollout):
   """Tunix rollout engine on a ContinuousBatcher with rollout_max_batch_size slots (see the module
-  docstring). Passed as ClusterConfig.rollout_engine via functools.partial binding seed and
-  max_batch_size."""
+  docstring), sampling from a MatmulCopy of the policy in matmul_dtype when set (rollout_dtype).
+  Passed as ClusterConfig.rollout_engine via functools.partial binding seed, max_batch_size and
+  matmul_dtype."""
 
   def __init__(
     self,
@@ -237,6 +238,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     rollout_config: base_rollout.RolloutConfig,
     seed: int,
     max_batch_size: int,
+    matmul_dtype: str | None = None,
   ):
     self._model = _place_on_mesh(rollout_actor, mesh)
     self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
@@ -244,7 +246,11 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     self.mesh = mesh
     self.keys = StepKeys(seed)
     self.batcher = ContinuousBatcher(
-      self._model, rollout_config.kv_cache_size, max_batch_size, version=lambda: self.keys.step_source()
+      self._model,
+      rollout_config.kv_cache_size,
+      max_batch_size,
+      version=lambda: self.keys.step_source(),
+      matmul_dtype=matmul_dtype,
     )
     self._last_versions = threading.local()
 
@@ -323,6 +329,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     trainer/sampler mesh Tunix updates the model itself, which the batcher reads between steps."""
     with jax.transfer_guard("allow"):
       nnx.update(self._model, _placed_like(self._model, params, filter_types))
+    self.batcher.weights_changed()
 
   def pad_id(self) -> int:
     return self._tokenizer.pad_id()
@@ -345,7 +352,12 @@ EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
 def rollout_engine(cfg: SamplingSection):
   """ClusterConfig.rollout_engine for cfg.rollout_engine: our engine bound to its settings."""
   if cfg.rollout_engine == "batched":
-    return functools.partial(BatchedRolloutEngine, seed=cfg.decode_seed, max_batch_size=cfg.rollout_max_batch_size)
+    return functools.partial(
+      BatchedRolloutEngine,
+      seed=cfg.decode_seed,
+      max_batch_size=cfg.rollout_max_batch_size,
+      matmul_dtype=None if cfg.rollout_dtype == "model" else cfg.rollout_dtype,
+    )
   return functools.partial(RolloutEngine, seed=cfg.decode_seed)
 
 

@@ -7,7 +7,8 @@ reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step sna
 (RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the standard learner
 drops it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
-the LoRA adapters); the sampler's KV cache at its most rows; and the training step's largest
+the LoRA adapters); the sampler's KV cache at its most rows, and its bfloat16 copy of the weights (rollout_dtype, with
+the output layer stored apart from a tied embedding); and the training step's largest
 temporaries for one micro-batch: the output layer's, a vocabulary slice's float32 logits at a time
 (models/token_logps.py: logits, probabilities and their gradient) and its weights' gradient, and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
@@ -87,6 +88,14 @@ def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
   return 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 3 * cfg.mlp_dim
 
 
+def _bfloat16_copy_bytes(cfg: ModelSection, count: int) -> int:
+  """decoder.MatmulCopy's bytes for a model of `count` values: its matrices in bfloat16 (a tied
+  embedding twice: as itself and as the output layer), its norm scales as they are (float32)."""
+  vectors = cfg.num_decoder_layers * (2 * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)) + cfg.emb_dim
+  head = cfg.vocab_size * cfg.emb_dim if cfg.logits_via_embedding else 0
+  return 2 * (count + head - vectors) + 4 * vectors
+
+
 @dataclasses.dataclass(frozen=True)
 class Footprint:
   parts: dict[str, float]  # name -> bytes
@@ -132,6 +141,9 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     "gradient": trained * trained_bytes,
     "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
+    "sampler's bfloat16 copy (rollout_dtype)": _bfloat16_copy_bytes(model, n + lora)
+    if sampling.rollout_engine == "batched" and sampling.rollout_dtype == "bfloat16"
+    else 0,
     f"output layer, micro-batch of {sequences} x {scored}": 3 * sequences * scored * width * 4
     + model.vocab_size * model.emb_dim * 4,
     f"activations of {tokens} tokens (remat {model.remat_policy})": tokens * per_token * act_bytes,
