@@ -69,13 +69,18 @@ def test_policy_snapshot_only_for_the_agentic_learner():
 
 @pytest.mark.parametrize("args", [("model_name=qwen3-tiny",), ("model_name=llama-tiny", "lora_rank=4")])
 def test_the_samplers_bfloat16_copy_is_the_matmul_copys_size(args):
-  cfg = make_config(*args, "rollout_dtype=bfloat16")
+  cfg = make_config(*args)
   mesh = create_meshes(cfg.mesh, agentic=False)[0]
   base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
   model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
   part = "sampler's bfloat16 copy (rollout_dtype)"
-  assert footprint.estimate(cfg).parts[part] == MatmulCopy(model, jnp.bfloat16).nbytes
-  assert footprint.estimate(make_config(*args)).parts[part] == 0
+  copy = MatmulCopy(model, jnp.bfloat16).nbytes
+  assert footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=true")).parts[part] == copy
+  # The standard learner samples, then trains: the copy and the training temporaries never coexist.
+  parts = footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=false")).parts
+  temporaries = sum(v for k, v in parts.items() if k.startswith(("output layer", "activations")))
+  assert parts[part] == max(0, copy - temporaries)
+  assert footprint.estimate(make_config(*args, "rl.use_agentic_rollout=true")).parts[part] == 0
 
 
 def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():

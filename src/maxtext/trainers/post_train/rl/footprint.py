@@ -8,7 +8,8 @@ reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step sna
 drops it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
 the LoRA adapters); the sampler's KV cache at its most rows, and its bfloat16 copy of the weights (rollout_dtype, with
-the output layer stored apart from a tied embedding); and the training step's largest
+the output layer stored apart from a tied embedding; the standard learner samples and trains in turn,
+so there only what the copy exceeds the training step's temporaries by); and the training step's largest
 temporaries for one micro-batch: the output layer's, a vocabulary slice's float32 logits at a time
 (models/token_logps.py: logits, probabilities and their gradient) and its weights' gradient, and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
@@ -131,6 +132,11 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
   )
   kv = 2 * model.num_decoder_layers * model.num_kv_heads * model.head_dim * act_bytes
   rows = _sampler_rows(cfg)
+  output_layer = 3 * sequences * scored * width * 4 + model.vocab_size * model.emb_dim * 4
+  activations = tokens * per_token * act_bytes
+  temporaries = output_layer + activations
+  bfloat16_rollouts = sampling.rollout_engine == "batched" and sampling.rollout_dtype == "bfloat16"
+  copy = _bfloat16_copy_bytes(model, n + lora) if bfloat16_rollouts else 0
   parts: dict[str, float] = {
     f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): n
     * weight_bytes
@@ -141,12 +147,9 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     "gradient": trained * trained_bytes,
     "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
-    "sampler's bfloat16 copy (rollout_dtype)": _bfloat16_copy_bytes(model, n + lora)
-    if sampling.rollout_engine == "batched" and sampling.rollout_dtype == "bfloat16"
-    else 0,
-    f"output layer, micro-batch of {sequences} x {scored}": 3 * sequences * scored * width * 4
-    + model.vocab_size * model.emb_dim * 4,
-    f"activations of {tokens} tokens (remat {model.remat_policy})": tokens * per_token * act_bytes,
+    f"output layer, micro-batch of {sequences} x {scored}": output_layer,
+    f"activations of {tokens} tokens (remat {model.remat_policy})": activations,
+    "sampler's bfloat16 copy (rollout_dtype)": copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
     "compiled programs": _PROGRAM_BYTES_PER_LAYER * model.num_decoder_layers,
     "the process before loading (runtime, libraries)": process_bytes,
   }
