@@ -383,12 +383,17 @@ def main() -> None:
   med = lambda rs, k: statistics.median(x[k] for x in rs)
   variants = list(dict.fromkeys(x["trainer"] for x in runs if x["trainer"] != "trl"))
   ratios_of = {
-    v: {k: med([x for x in runs if x["trainer"] == v], k) / med(trl_runs, k) for k in ("train_s", "warm_step_s", "peak_rss_gb")}
+    v: {
+      k: med([x for x in runs if x["trainer"] == v], k) / med(trl_runs, k)
+      for k in ("train_s", "warm_step_s", "peak_rss_gb")
+    }
     for v in variants
   }
   ratios = ratios_of["ours"]
   width = max(len(v) for v in variants)
-  print(f"\n{'trainer':{width}} {'train s':>9} {'warm step s':>12} {'compile s':>10} {'peak RSS GB':>12}  rewards per step")
+  print(
+    f"\n{'trainer':{width}} {'train s':>9} {'warm step s':>12} {'compile s':>10} {'peak RSS GB':>12}  rewards per step"
+  )
   for x in runs:
     print(
       f"{x['trainer']:{width}} {x['train_s']:9.1f} {x['warm_step_s']:12.2f} {x['compile_s']:10.1f} "

@@ -75,7 +75,9 @@ def test_the_samplers_bfloat16_copy_is_the_matmul_copys_size(args):
   model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
   part = "sampler's bfloat16 copy (rollout_dtype)"
   copy = MatmulCopy(model, jnp.bfloat16).nbytes
-  assert footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=true")).parts[part] == copy
+  assert (
+    footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=true")).parts[part] == copy
+  )
   # The standard learner samples, then trains: the copy and the training temporaries never coexist.
   parts = footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=false")).parts
   temporaries = sum(v for k, v in parts.items() if k.startswith(("output layer", "activations")))

@@ -279,7 +279,9 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   if v["rollout_engine"] != "batched":
     ignored.setdefault("rl.sampler_is", ("only the batched engine returns sampler log-probs", "rollout_engine"))
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
-    ignored.setdefault("rollout_dtype", ("only rollout_engine=batched samples from a copy of the weights", "rollout_engine"))
+    ignored.setdefault(
+      "rollout_dtype", ("only rollout_engine=batched samples from a copy of the weights", "rollout_engine")
+    )
   if v["lora_rank"] == 0:
     ignored.update({k: ("lora_rank=0 trains the full weights, without adapters", "lora_rank") for k in LORA_KEYS})
   if v["answer_format"] == "last_number":

@@ -241,10 +241,11 @@ class ContinuousBatcher:
     completion) of one request. matmul_dtype: None samples from the model's own weights, else from
     a MatmulCopy in that dtype."""
     self._copy = MatmulCopy(model, matmul_dtype) if matmul_dtype is not None else None
+    self._state: nnx.State | None  # a copy's is made when a busy period starts
     if self._copy is None:
       graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
     else:
-      graphdef, self._state = self._copy.graphdef, None  # made when a busy period starts
+      graphdef, self._state = self._copy.graphdef, None
     self._stale = False  # weights_changed() was called: remake the copy before the next step
     self._graphdef = _StaticGraph(graphdef)
     # The cache lives where the weights do (replicated over their mesh).
