@@ -22,8 +22,9 @@ Held prefixes are dropped when the weights version changes, so reused keys and v
 from the current weights.
 
 With `matmul_dtype` set the batcher samples from a `MatmulCopy` of the model in that dtype (bfloat16
-halves the weight bytes a decode step reads): made when a busy period starts, remade when version()
-changes or `weights_changed()` is called, dropped when the batcher goes idle.
+halves the weight bytes a decode step reads): made whenever requests are admitted into an empty
+batch, remade when version() changes or `weights_changed()` is called, dropped while the batcher
+waits idle.
 
 `decode_rate()` reports the decode steps' throughput (steps that compiled left out): busy rows'
 tokens per second, and the bytes per second those steps had to read at least (every weight and the
@@ -354,7 +355,8 @@ class ContinuousBatcher:
             self._held = [np.zeros(0, np.int32)] * self.max_batch_size
           self.version, self._stale = version, False
           admitted = self._take_waiting()
-        if self._copy is not None and (self._state is None or changed):
+          starting = bool(admitted) and not any(self._slots)  # a busy period begins
+        if self._copy is not None and (self._state is None or changed or starting):
           self._state = self._copy.state()
         if admitted:
           self._grow(max(slot for slot, _, _, _ in admitted) + 1)

@@ -52,7 +52,7 @@ class ModelConfig:
   lora_alpha: float = 0.0
   lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
   # The weight matmuls' input dtype (weights and activations rounded to it), accumulating in dtype;
-  # None: dtype. Set by `matmul_copy`.
+  # None: dtype. Set by `MatmulCopy`.
   matmul_dtype: Any = None
 
   @classmethod
