@@ -357,6 +357,7 @@ class ContinuousBatcher:
           admitted = self._take_waiting()
           starting = bool(admitted) and not any(self._slots)  # a busy period begins
         if self._copy is not None and (self._state is None or changed or starting):
+          self._state = None  # the old copy goes before the new one is made
           self._state = self._copy.state()
         if admitted:
           self._grow(max(slot for slot, _, _, _ in admitted) + 1)
