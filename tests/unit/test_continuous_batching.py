@@ -295,8 +295,15 @@ def test_a_bfloat16_copy_decodes_as_its_own_forward_near_the_float32_model(model
   full = jax.nn.log_softmax(_logits(model, tokens)[len(PROMPTS[1]) - 1 : -1], axis=-1)
   float32_logps = np.take_along_axis(np.asarray(full), done.tokens[:, None], axis=-1)[:, 0]
   assert np.abs(done.logprobs - float32_logps).max() < 0.05
-  assert batcher.decode_rate() is None or batcher._weight_bytes == copy.nbytes
   batcher.close()
+  # A decode step of one row reads the copy's weights (not the model's) and the row's cache.
+  single = ContinuousBatcher(model, cache_size=32, max_batch_size=1, matmul_dtype=jnp.bfloat16)
+  single.submit(PROMPTS[0], SamplingParams(6, temperature=0.0)).result(timeout=120)
+  tokens_per_s, bytes_per_s = single.decode_rate()
+  cfg = model.config
+  kv_and_end_index = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4 + 4 * cfg.num_layers
+  assert bytes_per_s / tokens_per_s == pytest.approx(copy.nbytes + kv_and_end_index, rel=1e-9)
+  single.close()
 
 
 @pytest.mark.parametrize("signal", ["version", "weights_changed", "none: between busy periods"])

@@ -403,11 +403,11 @@ class MatmulCopy:
     self._source = nnx.state(model)
     sources = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(self._source)[0])}
     paths, self._target = jax.tree_util.tree_flatten_with_path(target)
-    embed = next(i for path, i in sources.items() if _names(path)[0] == "embed")
+    embed = next(i for path, i in sources.items() if _top_name(path) == "embed")
     # Per leaf of the copy: (index of its source leaf, whether that leaf is transposed): a tied
     # model's lm_head is its embedding's transpose.
     self._plan = tuple(
-      (embed, True) if _names(path)[0] == "lm_head" and model.config.tie_embeddings else (sources[path], False)
+      (embed, True) if _top_name(path) == "lm_head" and model.config.tie_embeddings else (sources[path], False)
       for path, _ in paths
     )
     self._dtype = dtype
@@ -419,8 +419,9 @@ class MatmulCopy:
     return jax.tree.unflatten(self._target, values)
 
 
-def _names(path) -> tuple:
-  return tuple(getattr(k, "key", getattr(k, "name", getattr(k, "idx", k))) for k in path)
+def _top_name(path) -> str:
+  """The attribute of the Decoder a state path starts at (embed, layers, lm_head, ...)."""
+  return getattr(path[0], "key", None)
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))

@@ -52,11 +52,16 @@ _PROJECTIONS = {
 def parameter_count(cfg: ModelSection) -> int:
   """Weights of the decoder (without LoRA adapters)."""
   e, layers = cfg.emb_dim, cfg.num_decoder_layers
-  per_layer = sum(i * o for i, o in (f(cfg) for f in _PROJECTIONS.values())) + 2 * e
-  if cfg.use_qk_norm:
-    per_layer += 2 * cfg.head_dim
+  per_layer = sum(i * o for i, o in (f(cfg) for f in _PROJECTIONS.values()))
   head = 0 if cfg.logits_via_embedding else e * cfg.vocab_size
-  return cfg.vocab_size * e + layers * per_layer + e + head
+  return cfg.vocab_size * e + layers * per_layer + _norm_scale_count(cfg) + head
+
+
+def _norm_scale_count(cfg: ModelSection) -> int:
+  """The decoder's norm scales (its only vectors): two RMSNorms per layer (and q/k norms with
+  use_qk_norm) and the final one."""
+  per_layer = 2 * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)
+  return cfg.num_decoder_layers * per_layer + cfg.emb_dim
 
 
 def adapter_count(cfg: ModelSection) -> int:
@@ -92,7 +97,7 @@ def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
 def _bfloat16_copy_bytes(cfg: ModelSection, count: int) -> int:
   """decoder.MatmulCopy's bytes for a model of `count` values: its matrices in bfloat16 (a tied
   embedding twice: as itself and as the output layer), its norm scales as they are (float32)."""
-  vectors = cfg.num_decoder_layers * (2 * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)) + cfg.emb_dim
+  vectors = _norm_scale_count(cfg)
   head = cfg.vocab_size * cfg.emb_dim if cfg.logits_via_embedding else 0
   return 2 * (count + head - vectors) + 4 * vectors
 
