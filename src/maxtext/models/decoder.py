@@ -419,7 +419,7 @@ class MatmulCopy:
     return jax.tree.unflatten(self._target, values)
 
 
-def _top_name(path) -> str:
+def _top_name(path) -> str | None:
   """The attribute of the Decoder a state path starts at (embed, layers, lm_head, ...)."""
   return getattr(path[0], "key", None)
 
