@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
@@ -112,9 +113,25 @@ def test_nan_reward_stops_and_keeps_the_last_good_checkpoint(tmp_path, capsys):
   ]
   assert train_rl.main(["train_rl", *args]) == 1
   err = capsys.readouterr().err
-  assert "is not finite at step 2; stopped, the last good checkpoint (step 1) is kept" in err
+  assert (
+    "rewards/flaky: not finite at step 2; stopped without saving it: a rerun resumes from the checkpoint of step 1"
+    in err
+  )
   run = tmp_path / "nan"
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [1]
-  assert [name.split("_")[0] for name in os.listdir(run / "checkpoints" / "set_aside")] == ["2"]
   rows = _rows(str(run))
-  assert [r["step"] for r in rows] == [1, 2] and rows[0]["rewards/flaky"] == 1.0
+  assert [r["step"] for r in rows] == [1] and rows[0]["rewards/flaky"] == 1.0
+
+
+def test_a_diverging_last_step_is_not_saved_and_exits_1(tmp_path, capsys):
+  """learning_rate=1e30 keeps step 1's values finite and makes step 2's (the last) update NaN: the
+  run stops with exit 1 before saving it, so a rerun resumes from step 1's checkpoint."""
+  args = [*TINY, "num_batches=2", "checkpoint_period=1", "learning_rate=1e30", f"base_output_directory={tmp_path}"]
+  assert train_rl.main(["train_rl", *args, "run_name=diverged"]) == 1
+  err = capsys.readouterr().err
+  assert "not finite at step 2; stopped without saving it: a rerun resumes from the checkpoint of step 1" in err
+  run = tmp_path / "diverged"
+  assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [1]
+  params = orbax_checkpoint.restore_arrays(str(run / "checkpoints" / "actor" / "1"))
+  assert all(np.isfinite(a).all() for a in params.values())
+  assert [r["step"] for r in _rows(str(run))] == [1]

@@ -236,3 +236,24 @@ def test_the_compilation_cache_stays_on_the_machine():
 def test_rollout_dtype_is_refused_where_it_would_not_apply(args, message):
   with pytest.raises(pyconfig.ConfigError, match=message):
     make_config(*args)
+
+
+@pytest.mark.parametrize(
+  "arg, expected",
+  [
+    ("learning_rate=nan", "learning_rate=nan: expected a finite number > 0"),
+    ("learning_rate=.inf", "learning_rate=inf: expected a finite number > 0"),
+    ("learning_rate=-1", "learning_rate=-1.0: expected a finite number > 0"),
+    ("learning_rate=0", "learning_rate=0.0: expected a finite number > 0"),
+    ("adam_b1=1", "adam_b1=1.0: expected a number from 0 to below 1"),
+    ("adam_b2=nan", "adam_b2=nan: expected a number from 0 to below 1"),
+    ("adam_weight_decay=-0.1", "adam_weight_decay=-0.1: expected a finite number >= 0"),
+    ("gradient_clipping_threshold=inf", "gradient_clipping_threshold=inf: expected a finite number >= 0"),
+    ("warmup_steps_fraction=1", "warmup_steps_fraction=1.0: expected a fraction from 0 to below 1"),
+  ],
+)
+def test_optimizer_hyperparameters_are_finite_and_in_range(arg, expected):
+  """A NaN or infinite optimizer setting makes every update non-finite: refused before anything runs."""
+  with pytest.raises(pyconfig.ConfigError) as e:
+    make_config(arg)
+  assert expected in str(e.value)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -28,8 +29,16 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
   its peak memory, while float32 training state hardly compresses (benchmarks/RESULTS.md, "Where the
   memory goes"). Compressed and uncompressed checkpoints restore alike."""
 
-  def __init__(self, root_directory: str, options: ocp.CheckpointManagerOptions):
+  def __init__(
+    self,
+    root_directory: str,
+    options: ocp.CheckpointManagerOptions,
+    before_save: Callable[[int, nnx.Module, nnx.Optimizer | None], None] | None = None,
+  ):
+    """before_save(step, model, optimizer): called on every save request, before anything is
+    written (also for steps the save policy skips); an exception it raises stops the save."""
     super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here
+    self._before_save = before_save
     use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")  # as Tunix's: Pathways writes without OCDBT
     arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
     self._checkpoint_manager = ocp.CheckpointManager(
@@ -37,6 +46,11 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
       options=options,
       item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
     )
+
+  def save(self, step, model, optimizer=None, *args, **kwargs) -> bool:
+    if self._before_save is not None:
+      self._before_save(step, model, optimizer)
+    return super().save(step, model, optimizer, *args, **kwargs)
 
 
 def _path(path: str) -> epath.Path:

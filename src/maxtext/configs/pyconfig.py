@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import logging
+import math
 import os
 import re
 import tempfile
@@ -341,6 +342,22 @@ def _check_paths(v: dict[str, Any]) -> None:
     )
 
 
+def _check_optimizer(v: dict[str, Any]) -> None:
+  """The optimizer's hyperparameters are finite and in range (a NaN or infinite one makes every
+  update non-finite)."""
+  rules = {
+    "learning_rate": (lambda x: x > 0, "a finite number > 0"),
+    "warmup_steps_fraction": (lambda x: 0 <= x < 1, "a fraction from 0 to below 1"),
+    "adam_b1": (lambda x: 0 <= x < 1, "a number from 0 to below 1"),
+    "adam_b2": (lambda x: 0 <= x < 1, "a number from 0 to below 1"),
+    "adam_weight_decay": (lambda x: x >= 0, "a finite number >= 0"),
+    "gradient_clipping_threshold": (lambda x: x >= 0, "a finite number >= 0 (0: no clipping)"),
+  }
+  for key, (ok, expected) in rules.items():
+    if not (math.isfinite(v[key]) and ok(v[key])):
+      raise ConfigError(f"{key}={v[key]}: expected {expected}")
+
+
 def _validate(v: dict[str, Any]) -> None:
   _check_paths(v)
   for key in (
@@ -372,6 +389,7 @@ def _validate(v: dict[str, Any]) -> None:
   for key, allowed in sections.choices().items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
+  _check_optimizer(v)
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):

@@ -32,13 +32,14 @@ class Interrupted(RunStopped):
 
 
 class NonFiniteError(RunStopped):
-  """A training value (loss, KL or a reward) was NaN or infinite at `step`."""
+  """A training value (loss, KL, gradient norm, a reward, or the parameters after an update) was NaN
+  or infinite at `step`; `kept` is the newest checkpoint, the one a rerun resumes from."""
 
   def __init__(self, name: str, step: int, kept: int):
     self.step = step
     super().__init__(
-      f"{name} is not finite at step {step}; stopped, the last good checkpoint (step {kept}) is "
-      "kept and later ones are moved to checkpoints/set_aside/"
+      f"{name}: not finite at step {step}; stopped without saving it: a rerun resumes from the checkpoint "
+      f"of step {kept}, the last good one"
     )
 
 

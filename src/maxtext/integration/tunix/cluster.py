@@ -147,9 +147,11 @@ def build_cluster(
   training: rl_cluster_lib.RLTrainingConfig,
   rollout_engine,
   rollout_configs: dict,
+  before_save=None,
 ) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
-  rollout_engine and rollout_configs: rollout.rollout_engine's and rollout.rollout_configs'."""
+  rollout_engine and rollout_configs: rollout.rollout_engine's and rollout.rollout_configs';
+  before_save: see orbax_checkpoint.CheckpointManager (the actor's checkpoints)."""
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
     rollout_engine=rollout_engine,
@@ -163,7 +165,7 @@ def build_cluster(
   # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
   trainer.checkpoint_manager.close()
   trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(
-    trainer.config.checkpoint_root_directory, trainer.config.checkpointing_options
+    trainer.config.checkpoint_root_directory, trainer.config.checkpointing_options, before_save
   )
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)

@@ -135,8 +135,10 @@ class JsonlBackend:
       self._save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
-    if self.nonfinite is None and _watched(name) and arr.size and not np.isfinite(arr).all():
-      self.nonfinite = (name, step)
+    if _watched(name) and arr.size and not np.isfinite(arr).all():
+      first = self.nonfinite
+      if first is None or (first[1] == step and _aggregate(first[0]) and not _aggregate(name)):
+        self.nonfinite = (name, step)  # a reward function's own name rather than an aggregate of them
     for s in sorted(self._rows):
       if s <= max(self._rows) - self._lag:
         self._write(s)
@@ -181,8 +183,13 @@ class JsonlBackend:
 
 
 def _watched(name: str) -> bool:
-  """Metrics whose NaN or infinity stops a run: the loss, the KL and the rewards."""
-  return name in ("loss", "kl") or name.startswith("rewards/")
+  """Metrics whose NaN or infinity stops a run: the loss, the KL, the gradient norm and the rewards."""
+  return name in ("loss", "kl", "grad_norm") or name.startswith("rewards/")
+
+
+def _aggregate(name: str) -> bool:
+  """Tunix's summaries over reward functions (rewards/mean, rewards/score/max, ...)."""
+  return name.startswith("rewards/") and name.rsplit("/", 1)[1] in ("sum", "mean", "min", "max")
 
 
 def logged_steps(path: str) -> dict[int, dict]:
@@ -264,11 +271,14 @@ class MetricSinks:
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []
+    self._jsonl_backend: JsonlBackend | None = None  # kept after close: its nonfinite record stays readable
 
   def _make(self, kind: str) -> _Sink:
     sink = _Sink() if kind in self._real else _Sink(self._makers[kind]())
     self._real.setdefault(kind, sink)
     self._handed_out.append(sink)
+    if kind == "jsonl" and self._jsonl_backend is None:
+      self._jsonl_backend = sink._backend
     return sink
 
   def _jsonl(self) -> JsonlBackend | None:
@@ -277,8 +287,9 @@ class MetricSinks:
     return sink._backend if sink is not None else None
 
   def nonfinite(self) -> tuple[str, int] | None:
-    """The first (metric, step) at which the loss, the KL or a reward was NaN or infinite."""
-    jsonl = self._jsonl()
+    """The first (metric, step) at which the loss, the KL, the gradient norm or a reward was NaN or
+    infinite, also once the sinks are closed (their last rows written)."""
+    jsonl = self._jsonl_backend
     return jsonl.nonfinite if jsonl is not None else None
 
   def restart_clock(self) -> None:

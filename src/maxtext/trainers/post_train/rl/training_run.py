@@ -2,9 +2,12 @@
 
 `TrainingRun(cfg)` sets up: the run folder (resuming from its latest complete checkpoint), the meshes,
 tokenizer, data, rewards, the decoder with its weights, Tunix's cluster and the learner the config
-selects. Between training steps `_between_steps` stops the run on a non-finite loss, KL or reward
-or on a signal (raising out of Tunix's training loop, which has no other way out), uploads the run
-folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps.
+selects. Before each of the actor's checkpoint requests `_check_update` stops the run, saving
+nothing, on a non-finite loss, KL, gradient norm or reward logged so far or non-finite parameters or
+optimizer state after the update; between training steps `_between_steps` stops it on a non-finite
+logged value or on a signal (both raise out of Tunix's training loop, which has no other way out),
+uploads the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval
+steps.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from flax import nnx
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
@@ -33,6 +37,7 @@ from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown
 from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.errors import ConfigError
+from maxtext.utils.finite import all_finite
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -111,6 +116,7 @@ class TrainingRun:
           cluster_lib.training_config(run, cfg.train, cfg.algorithm, self.sinks, folder.checkpoints),
           rollout.rollout_engine(cfg.sampling),
           rollout.rollout_configs(cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id),
+          before_save=self._check_update,
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
@@ -178,6 +184,21 @@ class TrainingRun:
     if signum:
       raise shutdown.Interrupted(signum, steps_done)
 
+  def _check_update(self, update: int, model, optimizer) -> None:
+    """Before the actor's checkpoint request for optimizer update `update` (Tunix makes one after
+    every update, saved or not): stops the run, saving nothing, when a watched value logged so far
+    or the updated parameters or optimizer state are not finite. Every process takes the same
+    branch."""
+    bad = self.sinks.nonfinite()
+    state = (nnx.state(model, nnx.Param), nnx.state(optimizer, nnx.optimizer.OptState) if optimizer else None)
+    finite = all_finite(state)
+    step = int(distributed.gather(np.array([bad[1] if bad else 0]))[:, 0].max())
+    if step or not finite:
+      name = bad[0] if bad else ("a watched value (see process 0)" if step else "the updated parameters")
+      raise shutdown.NonFiniteError(
+        name, step or self.steps.of_update(update), max(self.folder.saved_steps(), default=0)
+      )
+
   def _before_step(self, steps_done: int) -> None:
     """_between_steps, and the evaluation every eval_interval steps (standard GRPO)."""
     self._between_steps(steps_done)
@@ -198,6 +219,10 @@ class TrainingRun:
       except shutdown.Interrupted as e:
         sinks.stopped_after(e.step)
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+        raise
+      except shutdown.NonFiniteError as e:
+        sinks.stopped_after(e.step - 1)
+        cluster.actor_trainer.checkpoint_manager.close()  # the last good step's save lands
         raise
     trained = self.steps.done(cluster.actor_trainer.train_steps)
     self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
