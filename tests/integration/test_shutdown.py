@@ -135,3 +135,20 @@ def test_a_diverging_last_step_is_not_saved_and_exits_1(tmp_path, capsys):
   params = orbax_checkpoint.restore_arrays(str(run / "checkpoints" / "actor" / "1"))
   assert all(np.isfinite(a).all() for a in params.values())
   assert [r["step"] for r in _rows(str(run))] == [1]
+
+
+def test_a_rerun_sets_a_truncated_newest_checkpoint_aside_and_resumes_from_the_one_before(tmp_path):
+  args = [*TINY, "num_batches=2", "checkpoint_period=1", f"base_output_directory={tmp_path}", "run_name=cut"]
+  assert train_rl.main(["train_rl", *args]) == 0
+  actor = tmp_path / "cut" / "checkpoints" / "actor"
+  assert orbax_checkpoint.steps(str(actor)) == [1, 2]
+  data = max((actor / "2").rglob("d/*"), key=lambda p: p.stat().st_size)
+  with open(data, "r+b") as f:
+    f.truncate(100)
+  proc = _start(args)  # the same command, as a scheduler's restart runs it
+  _, err = proc.communicate(timeout=300)
+  assert proc.returncode == 0, err[-3000:]
+  assert "The checkpoint of step 2 is set aside (checkpoints/set_aside/): " in err and "does not read back" in err
+  assert "Resuming from the checkpoint of step 1" in err
+  assert orbax_checkpoint.steps(str(actor)) == [1, 2]  # step 2 trained again
+  assert [r["step"] for r in _rows(str(tmp_path / "cut"))] == [1, 2]

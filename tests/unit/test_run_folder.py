@@ -1,8 +1,14 @@
 """The run folder on real files: what a rerun resumes from, what it sets aside and what it keeps."""
 
+import glob
 import json
+import logging
 import os
 
+import jax.numpy as jnp
+from flax import nnx
+
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils.steps import Steps
 from tests.conftest import make_config
@@ -13,8 +19,11 @@ def _folder(tmp_path, *overrides) -> RunFolder:
   return RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm))
 
 
-def _checkpoint(folder: RunFolder, update: int) -> None:
-  os.makedirs(os.path.join(folder.path, "checkpoints", "actor", str(update), "model_params"))
+def _checkpoint(folder: RunFolder, update: int, value: float = 1.0) -> None:
+  """A real Orbax checkpoint of a small module, every parameter `value`."""
+  model = nnx.Linear(4, 4, rngs=nnx.Rngs(0))
+  model.kernel[...] = jnp.full((4, 4), value)
+  orbax_checkpoint.save_params(os.path.join(folder.path, "checkpoints", "actor"), model, update)
 
 
 def _rows(folder: RunFolder, steps) -> None:
@@ -68,3 +77,26 @@ def test_previous_results_keep_evaluations_up_to_the_resumed_step(tmp_path):
   assert kept == {"before": {"accuracy": 0.1}, "during": [{"step": 2, "accuracy": 0.2}], "after": None, "gain": None}
   kept["during"].append({"step": 5})  # a fresh dict each time
   assert folder.previous_results(3)["during"] == [{"step": 2, "accuracy": 0.2}]
+
+
+def test_resume_sets_aside_checkpoints_that_do_not_read_back_or_hold_nan(tmp_path, caplog):
+  """Step 3's checkpoint has a truncated data file and step 2's holds a NaN: the rerun resumes from
+  step 1 and names both, with the reason, in a warning."""
+  folder = _folder(tmp_path)
+  for update, value in ((1, 1.0), (2, float("nan")), (3, 1.0)):
+    _checkpoint(folder, update, value)
+  data = max(
+    glob.glob(os.path.join(folder.path, "checkpoints", "actor", "3", "**", "d", "*"), recursive=True),
+    key=os.path.getsize,
+  )
+  with open(data, "r+b") as f:
+    f.truncate(10)
+  _rows(folder, [1, 2, 3])
+  with caplog.at_level(logging.WARNING):
+    assert folder.resume() == 1
+  assert folder.saved_steps() == [1]
+  warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+  assert any(w.startswith("The checkpoint of step 3 is set aside") and "does not read back" in w for w in warnings)
+  assert any(w.startswith("The checkpoint of step 2 is set aside") and "kernel" in w and "NaN" in w for w in warnings)
+  set_aside = os.listdir(os.path.join(folder.path, "checkpoints", "set_aside"))
+  assert sorted(name.split("_")[0] for name in set_aside) == ["2", "3"]

@@ -87,6 +87,57 @@ def set_aside(root: str, after: int, folder: str) -> list[int]:
   return moved
 
 
+def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
+  """Why the arrays a step folder holds cannot be resumed from (an item or array that does not read
+  back in full, or a NaN or infinity in a floating-point one), or None when every array reads back
+  finite. Reads on the host, a batch of arrays of at most batch_bytes (or one larger array) at a time."""
+  checkpointer = ocp.PyTreeCheckpointer()
+  for item in (_ITEM, "optimizer_state"):
+    folder = _path(step_dir) / item
+    if item != _ITEM and not folder.is_dir():
+      continue  # a parameters-only checkpoint (to_maxtext's)
+    try:
+      leaves = jax.tree_util.tree_flatten_with_path(checkpointer.metadata(str(folder)).item_metadata.tree)[0]
+      for batch in _batches(leaves, batch_bytes):
+        tree = _nested(batch)
+        as_numpy = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        restored = checkpointer.restore(
+          str(folder), args=ocp.args.PyTreeRestore(item=tree, restore_args=as_numpy, partial_restore=True)
+        )
+        for keys, value in jax.tree_util.tree_flatten_with_path(restored)[0]:
+          value = np.asarray(value)
+          if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+            return f"{item}/{'/'.join(str(k.key) for k in keys)} holds NaN or infinite values"
+    except Exception as e:  # noqa: BLE001 (whatever a damaged checkpoint makes Orbax or TensorStore raise)
+      return f"{item} does not read back: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+  return None
+
+
+def _batches(leaves: list, batch_bytes: int):
+  """(path, metadata) leaves in consecutive batches of at most batch_bytes of arrays (or one array)."""
+  batch, size = [], 0
+  for path, meta in leaves:
+    nbytes = int(np.prod(meta.shape)) * np.dtype(meta.dtype).itemsize
+    if batch and size + nbytes > batch_bytes:
+      yield batch
+      batch, size = [], 0
+    batch.append((path, meta))
+    size += nbytes
+  if batch:
+    yield batch
+
+
+def _nested(leaves: list) -> dict:
+  """The nested dict that holds each (path of dict keys, value)."""
+  tree: dict = {}
+  for path, value in leaves:
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key.key, {})
+    node[path[-1].key] = value
+  return tree
+
+
 def is_orbax_checkpoint(path: str) -> bool:
   folder = _path(path)
   return folder.is_dir() and ((folder / _ITEM).is_dir() or bool(steps(str(folder))) or (folder / "actor").is_dir())

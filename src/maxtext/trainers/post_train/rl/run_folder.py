@@ -100,15 +100,21 @@ class RunFolder:
 
   def resume(self) -> int:
     """Prepares a rerun to resume from the latest complete checkpoint whose steps all reached
-    metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step): newer
-    checkpoints are set aside and metrics.jsonl is cut back to that step, which is returned (0: a
-    fresh run). Tunix then restores the model, optimizer and step and fast-forwards the data. Process
-    0 decides; every process returns its step."""
+    metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step) and whose
+    arrays all read back finite (orbax_checkpoint.unusable; an unusable one is named in a warning
+    with the reason): newer checkpoints are set aside and metrics.jsonl is cut back to that step,
+    which is returned (0: a fresh run). Tunix then restores the model, optimizer and step and
+    fast-forwards the data. Process 0 decides; every process returns its step."""
     step = -1  # no checkpoint at all
     saved = self.saved_steps() if distributed.is_main() else []
     if saved:
       logged = metrics.logged_steps(self.metrics)
       complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+      while complete:
+        reason = orbax_checkpoint.unusable(storage.join(self._actor, str(self._steps.updates_in(complete[-1]))))
+        if reason is None:
+          break
+        log.warning("The checkpoint of step %d is set aside (checkpoints/set_aside/): %s", complete.pop(), reason)
       step = complete[-1] if complete else 0
     step = distributed.from_main(step)
     if step < 0:
