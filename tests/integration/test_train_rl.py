@@ -39,12 +39,26 @@ def _read_jsonl(path):
     return [json.loads(line) for line in f]
 
 
+# The task's rewards and one that differs between any two different completions: every group has a
+# learning signal, so the steps move the weights whatever the random model writes.
+SPREAD_REWARDS = """
+from maxtext.tasks.word_problems import check_answer, check_numbers, match_format_approximately, match_format_exactly
+
+
+def spread(prompts, completions, tmvp_config, **kwargs):
+  return [float(sum((i + 1) * ord(ch) for i, ch in enumerate(c)) % 1000) / 1000 for c in completions]
+"""
+
+
 def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monkeypatch):
   """Also: report.md with its plots, export_hf=true, and every row sent to an (offline) W&B run."""
   monkeypatch.setenv("WANDB_MODE", "offline")
+  (tmp_path / "rewards.py").write_text(SPREAD_REWARDS)
   args = [
     *TINY,
     f"base_output_directory={tmp_path}",
+    f"reward_functions_path={tmp_path / 'rewards.py'}",
+    "reward_functions=[match_format_exactly,match_format_approximately,check_answer,check_numbers,spread]",
     "run_name=tiny",
     "eval_interval=1",
     "export_hf=true",
@@ -74,6 +88,7 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
       "step_time_s",
     ):
       assert key in r and np.isfinite(r[key]), key
+    assert r["frac_reward_zero_std"] == 0.0 and r["grad_norm"] > 1e-3  # a signal in every group
     assert 0 < r["trainer/idle_fraction"] < 1  # sampling and scoring take part of each step, never all
     # every step, from the loss's forward pass: the same float32 weights on both sides
     assert 0.0 <= r["sampler_trainer/logp_diff_mean"] <= r["sampler_trainer/logp_diff_max"] < 1e-3

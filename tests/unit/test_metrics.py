@@ -110,3 +110,19 @@ def test_groups_with_equal_rewards_are_counted_and_warned_about(tmp_path, caplog
   assert [r["frac_reward_zero_std"] for r in rows] == [pytest.approx(2 / 3), 0.25]
   warnings = [r.message for r in caplog.records if "equal rewards" in r.message]
   assert len(warnings) == 1 and warnings[0].startswith("step 1: 67% of the groups")
+
+
+def test_a_logged_step_is_written_at_once_and_a_kill_keeps_the_next_ones_pending(tmp_path):
+  """Standard GRPO: Tunix logs step 1's trainer scalars while step 2 trains; once they are in, row 1
+  is final and written, not held for the lag; step 2's rollout scalars are mirrored to the pending file."""
+  sinks = metrics.MetricSinks(str(tmp_path))
+  for make in sinks.factories():
+    jax.monitoring.register_scalar_listener(make().log_scalar)
+  jax.monitoring.record_scalar("global/train/rewards/mean", 1.0, step=0)  # step 1's rollout
+  jax.monitoring.record_scalar("global/train/rewards/mean", 2.0, step=1)  # step 2's rollout
+  jax.monitoring.record_scalar("actor/train/loss", 0.5, step=1)  # step 1's trainer scalars, one step late
+  sinks.step_logged(1)
+  rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  assert [(r["step"], r["loss"], r["rewards/mean"]) for r in rows] == [(1, 0.5, 1.0)]
+  assert metrics.logged_steps(str(tmp_path / "metrics.jsonl"))[2]["rewards/mean"] == 2.0  # never closed: a kill
+  sinks.close()

@@ -171,6 +171,14 @@ class JsonlBackend:
     del self._rows[step]
     self._written = step
 
+  def flush_through(self, step: int) -> None:
+    """Writes the held rows up to `step` now: their steps have logged all their scalars (see
+    MetricSinks.step_logged); the later held rows are mirrored to the pending file."""
+    for s in sorted(self._rows):
+      if s <= step:
+        self._write(s)
+    self._save_pending()
+
   def close(self):
     """Writes the held rows (those up to last_step when set: later ones belong to steps that were
     not trained) and closes the file."""
@@ -304,6 +312,15 @@ class MetricSinks:
   def factories(self) -> list:
     """Factories for Tunix's MetricsLoggerOptions(custom_backend=...)."""
     return [functools.partial(self._make, kind) for kind in self._makers]
+
+  def step_logged(self, step: int) -> None:
+    """Every scalar of training step `step` and earlier has been logged (the metrics.jsonl rows
+    through it are final): standard GRPO calls it when the actor asks to checkpoint the next step,
+    right after Tunix logs this step's trainer scalars, so a kill loses at most the step in flight.
+    Agentic runs log late scalars of earlier steps and rely on the lag instead."""
+    jsonl = self._jsonl()
+    if jsonl is not None:
+      jsonl.flush_through(step)
 
   def stopped_after(self, step: int) -> None:
     """Training stopped early after `step`: rows of later steps (whose rollouts ran but were never

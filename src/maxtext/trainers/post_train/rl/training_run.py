@@ -188,7 +188,8 @@ class TrainingRun:
     """Before the actor's checkpoint request for optimizer update `update` (Tunix makes one after
     every update, saved or not): stops the run, saving nothing, when a watched value logged so far
     or the updated parameters or optimizer state are not finite. Every process takes the same
-    branch."""
+    branch. In standard GRPO the metrics rows of the steps before this one are then final and
+    written."""
     bad = self.sinks.nonfinite()
     state = (nnx.state(model, nnx.Param), nnx.state(optimizer, nnx.optimizer.OptState) if optimizer else None)
     finite = all_finite(state)
@@ -198,6 +199,8 @@ class TrainingRun:
       raise shutdown.NonFiniteError(
         name, step or self.steps.of_update(update), max(self.folder.saved_steps(), default=0)
       )
+    if not self.cfg.agentic.use_agentic_rollout and self.steps.ends_step(update):
+      self.sinks.step_logged(self.steps.of_update(update) - 1)
 
   def _before_step(self, steps_done: int) -> None:
     """_between_steps, and the evaluation every eval_interval steps (standard GRPO)."""
