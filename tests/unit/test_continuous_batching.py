@@ -332,3 +332,86 @@ def test_a_bfloat16_copy_follows_the_weights(model, signal):
   else:  # rounds 1 to 3 each decode one token (round 1 prefills first), then the new weights
     assert 0 not in done.tokens[:3].tolist() and set(done.tokens[3:].tolist()) == {0}
   batcher.close()
+
+
+def _mixed_workload(batcher, eos):
+  """More requests than slots, sampled and greedy, with top-k, EOS and budgets that end mid-chunk."""
+  params = [
+    SamplingParams(11, temperature=1.0, eos_ids=(eos,)),
+    SamplingParams(7, temperature=0.0, eos_ids=(eos,)),
+    SamplingParams(13, temperature=0.8, top_k=20, eos_ids=(eos, 3)),
+  ]
+  prompts = PROMPTS + PROMPTS[:3]
+  keys = [jax.random.PRNGKey(100 + i) for i in range(len(prompts))]
+  futures = batcher.submit_many(prompts, [params[i % 3] for i in range(len(prompts))], keys)  # queued at once
+  return [f.result(timeout=300) for f in futures]
+
+
+def test_chunks_of_decode_steps_draw_exactly_what_single_steps_draw(model):
+  """decode_steps_per_dispatch 1 and 16: the same tokens, bit-identical log-probs and the same
+  stops, with requests admitted between chunks; 16 dispatches fewer decode programs."""
+  eos = _greedy(model, PROMPTS[1], 4)[3]  # a token the greedy requests meet
+  runs = {}
+  for chunk in (1, 16):
+    batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, steps_per_dispatch=chunk)
+    runs[chunk] = (_mixed_workload(batcher, eos), batcher.decode_dispatches, batcher.decode_steps)
+    batcher.close()
+  (one, one_dispatches, one_steps), (many, many_dispatches, _) = runs[1], runs[16]
+  for a, b in zip(one, many):
+    assert a.tokens.tolist() == b.tokens.tolist() and a.stopped == b.stopped
+    np.testing.assert_array_equal(a.logprobs, b.logprobs)
+  assert any(c.stopped for c in one) and not all(c.stopped for c in one)
+  assert one_dispatches == one_steps and many_dispatches < one_dispatches / 3
+
+
+def test_concurrent_single_requests_draw_the_same_tokens_whatever_the_chunk(model):
+  """As agentic conversations submit: one request per thread, admitted whenever they arrive. The
+  tokens depend only on each request's key; the log-probs on the rows decoded with it, to float32
+  rounding."""
+  eos = _greedy(model, PROMPTS[1], 4)[3]
+  params = SamplingParams(9, temperature=1.0, top_k=50, eos_ids=(eos,))
+  runs = []
+  for chunk in (1, 16):
+    batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, steps_per_dispatch=chunk)
+    results = [None] * 10
+
+    def call(i, batcher=batcher, results=results):
+      time.sleep(0.01 * (i % 4))
+      results[i] = batcher.submit(PROMPTS[i % 6], params, jax.random.PRNGKey(7 * i)).result(timeout=300)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(10)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    runs.append(results)
+    batcher.close()
+  for a, b in zip(*runs):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_after_the_first_round_of_groups_nothing_compiles_again(model):
+  """GRPO-like rounds, each of 4 new prompts (5 to 39 tokens) x 4 samples: the first round builds
+  the prefill, copy and decode programs of its shape buckets; later rounds reuse them. (Counted by
+  lowering, which every new program goes through, from the persistent compilation cache or not.)"""
+  compiles = []
+
+  def listener(event, duration, **kwargs):
+    if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=16, steps_per_dispatch=16)
+  rng = np.random.default_rng(1)
+  per_round = []
+  for round_ in range(4):
+    before = len(compiles)
+    prompts = [rng.integers(1, 1000, size=rng.integers(5, 40)).tolist() for _ in range(4)]
+    keys = [jax.random.PRNGKey(100 * round_ + i) for i in range(16)]
+    futures = batcher.submit_many([p for p in prompts for _ in range(4)], SamplingParams(12, eos_ids=(5,)), keys)
+    [f.result(timeout=300) for f in futures]
+    per_round.append(len(compiles) - before)
+  batcher.close()
+  jax.monitoring.unregister_event_duration_listener(listener)
+  assert per_round[0] > 0 and per_round[1:] == [0, 0, 0], per_round

@@ -281,6 +281,9 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
     ignored.setdefault("rl.sampler_is", ("only the batched engine returns sampler log-probs", "rollout_engine"))
     ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
     ignored.setdefault(
+      "decode_steps_per_dispatch", ("only rollout_engine=batched decodes chunks on the device", "rollout_engine")
+    )
+    ignored.setdefault(
       "rollout_dtype", ("only rollout_engine=batched samples from a copy of the weights", "rollout_engine")
     )
   if v["lora_rank"] == 0:
@@ -392,7 +395,7 @@ def _validate(v: dict[str, Any]) -> None:
   _check_optimizer(v)
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
-  for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
+  for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size", "decode_steps_per_dispatch"):
     if v[key] < 1:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
   micro = v["train_micro_batch_size"]

@@ -184,6 +184,7 @@ class SamplingSection:
   decode_seed: int
   rollout_engine: RolloutEngineName
   rollout_max_batch_size: int
+  decode_steps_per_dispatch: int
   rollout_dtype: RolloutDtype
   prompt: tuple[str, ...]
   use_chat_template: bool

@@ -2,15 +2,21 @@
 
 A `ContinuousBatcher` owns `max_batch_size` slots of one KV cache and a scheduler thread. Callers
 `submit` a tokenized prompt with its own sampling parameters and PRNG key from any thread and get a
-Future. Each decode step runs with the model's weights as they are then (a trainer that updates the
-model in place reaches requests in flight from the next step on) and tags its tokens with the
-weights version read before it. Between decode steps the scheduler prefills waiting requests into
-free slots (several in one call, in chunks of at most `prefill_chunk` tokens; all of a prompt but
-its last token, which the request's first decode step feeds, so prefill computes no logits), and
-releases finished requests at once. Each request's draws depend only on its own key and token
-index, so a completion does not depend on which other requests shared its batch. A completion keeps
-its EOS token and carries, per token, the log-probability under the temperature-scaled
-distribution (what a GRPO trainer recomputes) and the weights version that produced it.
+Future. The scheduler dispatches decode steps in chunks of up to `steps_per_dispatch`: one compiled
+program loops over the steps on the device (sampling, log-probs, stopping rows at EOS or their
+budget) and the tokens come back to the host once per chunk. A chunk runs with the model's weights
+as they are when it starts (a trainer that updates the model in place reaches requests in flight
+from the next chunk on) and tags its tokens with the weights version read before it. Between
+chunks the scheduler prefills waiting requests into free slots (several in one call, in chunks of
+at most `prefill_chunk` tokens; all of a prompt but its last token, which the request's first
+decode step feeds, so prefill computes no logits), and releases finished requests. A chunk ends
+where single steps would change the batch (a request finishes while others wait, or the cache
+would shrink), so requests queued together get the same tokens and bit-identical log-probs
+whatever the chunk. Each request's draws depend only on its own key and token index, so its tokens
+do not depend on which other requests shared its batch (its log-probs do, to float32 rounding,
+through the batch's row count). A completion keeps its EOS token and carries, per token, the
+log-probability under the temperature-scaled distribution (what a GRPO trainer recomputes) and the
+weights version that produced it.
 
 KV-prefix reuse: a finished request's slot keeps its keys and values (prompt and completion) until
 the slot is needed again or the weights change. A new request goes to the free slot whose held
@@ -138,20 +144,25 @@ def _sample(logits, keys, steps, temperature, top_p, top_k, top_width: int | Non
   """Per-row sampling. logits [N, V] float32; keys [N, 2]; steps [N] (the token index, folded into
   the row's key); temperature/top_p [N] float; top_k [N] int (<= top_width when filtering).
   top_width None: no top-k/top-p filter in this batch. Returns tokens [N] and their log-probs under
-  softmax(logits / temperature) ([N], 0 for greedy rows)."""
+  softmax(logits / temperature) ([N], 0 for greedy rows).
+
+  A row draws with the Gumbel-max trick, its noise indexed by token id and drawn from its own key
+  over the whole vocabulary (what jax.random.categorical does), then restricted to the tokens its
+  filters keep: its draw does not depend on top_width or on the other rows of the batch."""
   greedy = temperature <= 0
   scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
   logp = jax.nn.log_softmax(scaled, axis=-1)
   row_keys = jax.vmap(jax.random.fold_in)(keys, steps)
+  noise = jax.vmap(lambda key: jax.random.gumbel(key, scaled.shape[1:], scaled.dtype))(row_keys)
   if top_width is None:
-    drawn = jax.vmap(jax.random.categorical)(row_keys, scaled)
+    drawn = jnp.argmax(scaled + noise, axis=-1)
   else:
     values, index = jax.lax.top_k(scaled, top_width)
     keep = jnp.arange(top_width)[None, :] < top_k[:, None]
     probs = jax.nn.softmax(jnp.where(keep, values, -jnp.inf), axis=-1)
     keep &= (jnp.cumsum(probs, axis=-1) - probs) < top_p[:, None]
-    choice = jax.vmap(jax.random.categorical)(row_keys, jnp.where(keep, values, -jnp.inf))
-    drawn = jnp.take_along_axis(index, choice[:, None], axis=-1)[:, 0]
+    perturbed = jnp.where(keep, values + jnp.take_along_axis(noise, index, axis=-1), -jnp.inf)
+    drawn = jnp.take_along_axis(index, jnp.argmax(perturbed, axis=-1)[:, None], axis=-1)[:, 0]
   tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
   chosen = jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
   return tokens, jnp.where(greedy, 0.0, chosen)
@@ -197,18 +208,60 @@ def _resize(cache, rows: int):
   return jax.tree.map(fit, cache)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 9), donate_argnums=(2,))
-def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k, top_width):
-  """One decode step for every cache row: feeds tokens [rows] at positions [rows] and samples each
-  row's next token (idle rows feed a dummy token past what they hold)."""
+@functools.partial(jax.jit, static_argnums=(0, 9, 13), donate_argnums=(2,))
+def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k, top_width, limits, eos, until, width):
+  """Up to until[0] (<= width) decode steps for every cache row in one program. A step feeds each
+  row's last token at its position and samples the row's next one; a busy row stops after EOS (any
+  of its eos [rows, E] ids; -1 pads) or once it holds limits[rows] tokens, and then, like an idle
+  row (limit 0), feeds its last token again at a position past what it holds. After its first step
+  the loop ends early where a loop of single steps would change the batch: when no row is busy,
+  when until[1] is set (requests wait for a slot) and a row stopped, or when nothing waits and the
+  busy slots fit a quarter of the rows (the host then shrinks the cache). So every token is computed
+  with the same rows, and the same bits, whatever the chunk. Returns tokens and log-probs [rows,
+  width], how many of them each row made, the decode steps run and the cache."""
   model = nnx.merge(graph.graphdef, state)
-  for layer in cache.values():
-    layer["end_index"] = positions
   size = cache_length(cache)
-  mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
-  logits, cache = model(tokens[:, None], positions[:, None], cache, mask)
-  next_tokens, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)
-  return next_tokens, logp, cache
+  rows = tokens.shape[0]
+
+  def step(carry):
+    i, cache, last, positions, steps, busy, out_tokens, out_logp, made = carry
+    for layer in cache.values():
+      layer["end_index"] = positions
+    mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
+    logits, cache = model(last[:, None], positions[:, None], cache, mask)
+    drawn, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)
+    out_tokens = out_tokens.at[:, i].set(drawn)
+    out_logp = out_logp.at[:, i].set(logp)
+    made = made + busy
+    stops = (drawn[:, None] == eos).any(axis=1) | (steps + 1 >= limits)
+    last = jnp.where(busy, drawn, last)
+    positions = jnp.where(busy, positions + 1, positions)
+    steps = jnp.where(busy, steps + 1, steps)
+    return i + 1, cache, last, positions, steps, busy & ~stops, out_tokens, out_logp, made
+
+  busy = steps < limits
+  waiting = until[1].astype(bool)
+
+  def more(carry):
+    i, now = carry[0], carry[5]
+    highest = jnp.max(jnp.where(now, jnp.arange(rows) + 1, 0))  # the busy slots fit this many rows
+    admit = waiting & (now != busy).any()  # a slot is free for a waiting request
+    shrink = ~waiting & (4 * highest <= rows)  # the host would halve the cache (ContinuousBatcher._shrink)
+    return (i < until[0]) & now.any() & ((i == 0) | ~(admit | shrink))
+
+  start = (
+    jnp.int32(0),
+    cache,
+    tokens,
+    positions,
+    steps,
+    busy,
+    jnp.zeros((rows, width), jnp.int32),
+    jnp.zeros((rows, width), jnp.float32),
+    jnp.zeros(rows, jnp.int32),
+  )
+  ran, cache, _, _, _, _, out_tokens, out_logp, made = jax.lax.while_loop(more, step, start)
+  return out_tokens, out_logp, made, ran, cache
 
 
 def _filled(r: _Request) -> int:
@@ -236,6 +289,7 @@ class ContinuousBatcher:
     cache_dtype=None,
     prefill_chunk: int = 256,
     matmul_dtype=None,
+    steps_per_dispatch: int = 1,
   ):
     """version() returns the number to tag tokens with, read before each decode step; a change
     drops held prefixes (and remakes a matmul_dtype copy). cache_size: the most tokens (prompt +
@@ -259,6 +313,9 @@ class ContinuousBatcher:
     if prefill_chunk < 1:
       raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
     self.prefill_chunk = prefill_chunk
+    if steps_per_dispatch < 1:
+      raise ValueError(f"steps_per_dispatch must be >= 1, got {steps_per_dispatch}")
+    self.steps_per_dispatch = steps_per_dispatch
     # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
     # computes every row, so idle rows cost as much as busy ones.
     with jax.set_mesh(mesh):  # not the caller's mesh, which may span other devices
@@ -272,7 +329,8 @@ class ContinuousBatcher:
     self._closed = False
     self._failure: BaseException | None = None  # what stopped the scheduler, if it failed
     self._thread: threading.Thread | None = None
-    self.decode_steps = 0  # decode calls so far (each advances every busy slot by one token)
+    self.decode_steps = 0  # decode steps so far (each advances every busy slot by one token)
+    self.decode_dispatches = 0  # decode programs dispatched so far (each runs a chunk of steps)
     self.prompt_tokens = 0  # prompt tokens admitted so far
     self.reused_tokens = 0  # of those, read from a held KV prefix instead of prefilled
     self._weight_bytes = (
@@ -287,12 +345,16 @@ class ContinuousBatcher:
     key (not needed for greedy decoding)."""
     return self.submit_many([prompt], params, [key])[0]
 
-  def submit_many(self, prompts, params: SamplingParams, keys=None) -> list[concurrent.futures.Future]:
+  def submit_many(
+    self, prompts, params: SamplingParams | list[SamplingParams], keys=None
+  ) -> list[concurrent.futures.Future]:
     """Queues several prompts at once (they are admitted together while slots are free, so prompts
-    with a common prefix, such as a GRPO group's, read it once); keys: one per prompt or None."""
+    with a common prefix, such as a GRPO group's, read it once); params: shared or one per prompt;
+    keys: one per prompt or None."""
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
     requests = [
-      _Request(self._checked(p, params), params, _key_data(k), concurrent.futures.Future())
-      for p, k in zip(prompts, keys or [None] * len(prompts))
+      _Request(self._checked(p, q), q, _key_data(k), concurrent.futures.Future())
+      for p, q, k in zip(prompts, per_prompt, keys or [None] * len(prompts))
     ]
     with self._wake:
       if self._failure is not None:
@@ -493,6 +555,8 @@ class ContinuousBatcher:
       pending = [(slot, r, int(ends[i])) for i, (slot, r, _) in enumerate(pending) if ends[i] < len(r.prompt) - 1]
 
   def _step(self) -> None:
+    """Decodes a chunk of up to steps_per_dispatch tokens for every busy slot in one program, then
+    records them (a chunk stops at the first finished request when others wait for a slot)."""
     requests = self._slots[: self.rows]
     last = np.array([(r.tokens[-1] if r.tokens else r.prompt[-1]) if r is not None else 0 for r in requests], np.int32)
     # A busy row feeds its next token after what it holds; an idle one writes past its held prefix.
@@ -500,34 +564,56 @@ class ContinuousBatcher:
       [_filled(r) if r is not None else len(self._held[slot]) for slot, r in enumerate(requests)], np.int32
     )
     steps = np.array([len(r.tokens) if r is not None else 0 for r in requests], np.int32)
+    limits = np.array([r.params.max_new_tokens if r is not None else 0 for r in requests], np.int32)
+    eos_sets = [r.params.eos_ids if r is not None else () for r in requests]
+    eos = np.full((len(requests), _bucket(max(map(len, eos_sets)), 1 << 30)), -1, np.int32)
+    for row, ids in zip(eos, eos_sets):
+      row[: len(ids)] = ids
     keys = np.stack([r.key if r is not None else np.zeros(2, np.uint32) for r in requests])
     sampling, top_k, top_width = self._sampling_arrays(requests)
+    with self._wake:
+      waiting = bool(self._waiting)
+    until = np.array([self.steps_per_dispatch, waiting], np.int32)
     read = self._weight_bytes + sum(x.nbytes for x in jax.tree.leaves(self._cache))
-    shape = (len(requests), top_width)  # what a new decode program is compiled for
+    shape = (len(requests), top_width, eos.shape[1])  # what a new decode program is compiled for
     started = time.perf_counter()
-    tokens, logp, self._cache = _decode(
-      self._graphdef, self._state, self._cache, last, positions, steps, keys, sampling, top_k, top_width
+    tokens, logp, made, ran, self._cache = _decode(
+      self._graphdef,
+      self._state,
+      self._cache,
+      last,
+      positions,
+      steps,
+      keys,
+      sampling,
+      top_k,
+      top_width,
+      limits,
+      eos,
+      until,
+      self.steps_per_dispatch,
     )
-    tokens, logp = np.asarray(tokens), np.asarray(logp)
+    tokens, logp, made, ran = jax.device_get((tokens, logp, made, ran))  # one copy to the host per chunk
     if shape in self._compiled:
       tokens_so_far, seconds, read_so_far = self._timed  # replaced whole: readers on other threads see one state
       self._timed = (
-        tokens_so_far + sum(r is not None for r in requests),
+        tokens_so_far + int(made.sum()),
         seconds + time.perf_counter() - started,
-        read_so_far + read,
+        read_so_far + int(ran) * read,
       )
     self._compiled.add(shape)
-    self.decode_steps += 1
+    self.decode_steps += int(ran)
+    self.decode_dispatches += 1
     for slot, r in enumerate(requests):
       if r is not None:
-        self._record(slot, r, int(tokens[slot]), float(logp[slot]))
+        self._record(slot, r, tokens[slot, : made[slot]].tolist(), logp[slot, : made[slot]].tolist())
 
-  def _record(self, slot: int, r: _Request, token: int, logp: float) -> None:
-    """Appends a sampled token; a request that hit EOS or its budget leaves its slot."""
-    r.tokens.append(token)
-    r.logprobs.append(logp)
-    r.versions.append(self.version)
-    stopped = token in r.params.eos_ids
+  def _record(self, slot: int, r: _Request, tokens: list[int], logps: list[float]) -> None:
+    """Appends a chunk's sampled tokens; a request that hit EOS or its budget leaves its slot."""
+    r.tokens.extend(tokens)
+    r.logprobs.extend(logps)
+    r.versions.extend([self.version] * len(tokens))
+    stopped = bool(tokens) and tokens[-1] in r.params.eos_ids
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._slots[slot] = None
       self._held[slot] = _cached(r) if r.version == self.version else np.zeros(0, np.int32)

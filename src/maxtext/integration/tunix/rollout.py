@@ -227,8 +227,8 @@ class RolloutEngine(vanilla_rollout.VanillaRollout):
 class BatchedRolloutEngine(base_rollout.BaseRollout):
   """Tunix rollout engine on a ContinuousBatcher with rollout_max_batch_size slots (see the module
   docstring), sampling from a MatmulCopy of the policy in matmul_dtype when set (rollout_dtype).
-  Passed as ClusterConfig.rollout_engine via functools.partial binding seed, max_batch_size and
-  matmul_dtype."""
+  Passed as ClusterConfig.rollout_engine via functools.partial binding seed, max_batch_size,
+  matmul_dtype and steps_per_dispatch."""
 
   def __init__(
     self,
@@ -239,6 +239,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     seed: int,
     max_batch_size: int,
     matmul_dtype: str | None = None,
+    steps_per_dispatch: int = 1,
   ):
     self._model = _place_on_mesh(rollout_actor, mesh)
     self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
@@ -251,6 +252,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       max_batch_size,
       version=lambda: self.keys.step_source(),
       matmul_dtype=matmul_dtype,
+      steps_per_dispatch=steps_per_dispatch,
     )
     self._last_versions = threading.local()
 
@@ -357,6 +359,7 @@ def rollout_engine(cfg: SamplingSection):
       seed=cfg.decode_seed,
       max_batch_size=cfg.rollout_max_batch_size,
       matmul_dtype=None if cfg.rollout_dtype == "model" else cfg.rollout_dtype,
+      steps_per_dispatch=cfg.decode_steps_per_dispatch,
     )
   return functools.partial(RolloutEngine, seed=cfg.decode_seed)
 
