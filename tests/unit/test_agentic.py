@@ -421,6 +421,76 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   ), outputs
 
 
+@pytest.mark.parametrize(
+  "reply, calls",
+  [
+    ('<tool_call>{"name": "c", "arguments": {"x": 1}}</tool_call>', [("c", {"x": 1})]),
+    (
+      'a <tool_call>{"name": "c", "arguments": {"x": 1}</tool_call> b <tool_call>{"name": "c", "arguments": {}}'
+      "</tool_call>",
+      [(None, "not JSON"), ("c", {})],
+    ),
+    ('<tool_call>{"arguments": {}}</tool_call>', [(None, 'a "name" string')]),
+    ('<tool_call>["c", {}]</tool_call>', [(None, 'a "name" string')]),
+    ('<tool_call>{"name": "c", "arguments": {}}', [(None, "no </tool_call>")]),
+    ("84", []),
+  ],
+)
+def test_tool_call_parser_makes_a_call_of_every_malformed_one(reply, calls):
+  """Each <tool_call> is a call; a malformed one (name None here) is a MALFORMED_CALL saying why."""
+  parsed = trajectories.ToolCallParser().parse(reply)
+  assert len(parsed) == len(calls)
+  for call, (name, arguments) in zip(parsed, calls):
+    if name is None:
+      assert call.name == trajectories.MALFORMED_CALL and arguments in call.arguments["problem"]
+    else:
+      assert (call.name, call.arguments) == (name, arguments)
+
+
+def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_failed_call(smollm2_tokenizer, capsys):
+  """A call whose JSON does not parse: Tunix's parser printed it and the reply ended the conversation
+  as its answer; the agent and environment the learner builds answer it with an error text in the
+  tool turn, which tools/failed_calls counts, and the conversation goes on."""
+  from maxtext.trainers.post_train.rl import tools
+
+  replies = [
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}</tool_call>',  # a brace short
+    '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>',
+    "<answer>84</answer>",
+  ]
+  calls = []
+
+  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
+    calls.append(replies[len(calls)])
+    tokens = np.asarray(
+      smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
+    )
+    return base_rollout.RolloutOutput(
+      text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None, logprobs=None
+    )
+
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]")
+  kwargs = trajectories.agent_kwargs(cfg.tools, {"calculator": tools.CalculatorTool}, ())
+  agent = kwargs["agent_class"](system_prompt="SYS", **kwargs["agent_kwargs"])
+  env = kwargs["env_class"]({"prompts": "What is 12*7?", "answer": "84"}, **kwargs["env_kwargs"])
+  engine = trajectories.TrajectoryEngine(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=512,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"),
+  )
+  asyncio.run(engine.collect(mode="Trajectory"))
+  assert calls == replies
+  outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]
+  assert outputs[0].startswith("Tool returned result: Error: malformed tool call: not JSON (Expecting ',' delimiter")
+  assert outputs[1:] == ["Tool returned result: 84"]
+  counts = step_metrics.conversation_counts([agent.chat_completions])
+  assert (counts["calls"], counts["failed"]) == (2, 1)
+  assert "Error parsing tool call" not in capsys.readouterr().out
+
+
 def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives():
   """Two processes take disjoint halves of every batch; their slots (step * batch_size + row) are the
   ones one process gives the same prompts."""

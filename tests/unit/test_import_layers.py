@@ -26,6 +26,7 @@ LAYERS = [
     [
       "maxtext.integration",
       "maxtext.trainers.post_train.rl.tools",
+      "maxtext.trainers.post_train.rl.tool_worker",
       "maxtext.trainers.post_train.rl.sandbox",
       "maxtext.trainers.post_train.rl.run_folder",
     ],

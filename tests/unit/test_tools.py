@@ -1,5 +1,9 @@
-"""Agentic tools: arithmetic by hand, and every python-tool failure mode as an error, never a raise."""
+"""Agentic tools: arithmetic by hand, every python-tool failure mode as an error, never a raise, and
+the other tools' calls in worker processes that are killed at rl.tool_timeout_s."""
 
+import gc
+import os
+import signal
 import threading
 import time
 
@@ -123,18 +127,21 @@ def test_user_tools_from_tools_path(tmp_path):
 
 def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   """rl.tools_path tools run under rl.tool_timeout_s; Tunix's tool manager runs them as the
-  environment does."""
+  environment does. A worker process that exits without a result is an error too, and the next call
+  gets a new one."""
   from tunix.rl.agentic.tools import tool_manager
 
   path = tmp_path / "slow_tools.py"
   path.write_text(
-    "import time\n"
+    "import os, time\n"
     "from tunix.rl.agentic.tools import base_tool\n"
     "class Nap(base_tool.BaseTool):\n"
     "  '''Sleeps for `s` seconds, or raises when s is negative.'''\n"
     "  def get_json_schema(self):\n"
     "    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}\n"
     "  def apply(self, s):\n"
+    "    if s == -2:\n"
+    "      os._exit(3)\n"
     "    if s < 0:\n"
     "      raise RuntimeError('negative nap')\n"
     "    time.sleep(s)\n"
@@ -154,6 +161,84 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   hung = manager.run("nap", s=30)
   assert time.perf_counter() - start < 5 and hung.error == "no result within rl.tool_timeout_s=0.5 s"
   assert manager.run("nap", s=-1).error == "RuntimeError: negative nap"
+  assert manager.run("nap", s=-2).error == "the tool's worker process ended without a result (exit code 3)"
+  assert manager.run("nap", s=0.01).output == "slept 0.01"
+
+
+SPIN_TOOLS = """
+import os, sys
+from tunix.rl.agentic.tools import base_tool
+class Spin(base_tool.BaseTool):
+  '''Spins forever when asked to; otherwise says which process runs it and whether JAX is loaded there.'''
+  def get_json_schema(self):
+    return {'type': 'function', 'function': {'name': self.name, 'parameters': {}}}
+  def apply(self, spin=False):
+    while spin:
+      pass
+    return base_tool.ToolOutput(name=self.name, output=f"{os.getpid()} {'jax' in sys.modules}")
+TOOLS = {'spin': Spin}
+"""
+
+
+def _alive(pid: int) -> bool:
+  return os.path.exists(f"/proc/{pid}")
+
+
+def _children() -> set[int]:
+  """The pids of this process's child processes."""
+  found = set()
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        stat = f.read()
+    except (FileNotFoundError, ProcessLookupError):  # ended meanwhile
+      continue
+    if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+      found.add(int(entry))
+  return found
+
+
+def _spin_tool(tmp_path, timeout_s):
+  path = tmp_path / "spin_tools.py"
+  path.write_text(SPIN_TOOLS)
+  cfg = make_config(
+    "rl.use_agentic_rollout=true", "rl.tools=[spin]", f"rl.tools_path={path}", f"rl.tool_timeout_s={timeout_s}"
+  )
+  return tools.tool_map(cfg.tools)["spin"]("spin", "spins")
+
+
+def test_a_user_tool_past_the_timeout_is_killed_with_its_worker_process(tmp_path):
+  """A user tool that spins forever: its call comes back as the timeout error, its worker process is
+  gone, the trainer's process runs no thread for it and burns no CPU afterwards, and a new worker
+  serves the next call. The workers end when the tool classes are garbage-collected."""
+  spin = _spin_tool(tmp_path, 0.5)
+  threads = threading.active_count()
+  pid, jax_loaded = spin.apply().output.split()
+  pid = int(pid)
+  assert pid != os.getpid() and _alive(pid) and jax_loaded == "False"  # a worker starts without JAX
+  start = time.perf_counter()
+  out = spin.apply(spin=True)
+  assert out.error == "no result within rl.tool_timeout_s=0.5 s" and time.perf_counter() - start < 3
+  assert not _alive(pid) and threading.active_count() == threads
+  cpu = time.process_time()
+  time.sleep(0.5)
+  assert time.process_time() - cpu < 0.1
+  new = int(spin.apply().output.split()[0])
+  assert new != pid and _alive(new)
+  del spin
+  gc.collect()
+  assert not _alive(new)
+
+
+def test_calls_at_once_do_not_wait_for_a_hung_one(tmp_path):
+  """Concurrent calls (agentic rollouts call tools from many threads) each get a worker of their own."""
+  spin = _spin_tool(tmp_path, 1.5)
+  hung = threading.Thread(target=spin.apply, kwargs={"spin": True})
+  hung.start()
+  time.sleep(0.2)
+  start = time.perf_counter()
+  assert spin.apply().error is None and time.perf_counter() - start < 1
+  hung.join()
 
 
 def test_a_power_too_large_to_compute_quickly_is_an_error():
@@ -165,20 +250,21 @@ def test_a_power_too_large_to_compute_quickly_is_an_error():
   assert tools.CalculatorTool("calculator", "calc").apply(expression="2 ** 1000").output == str(2**1000)
 
 
-def test_every_builtin_tool_is_bounded_by_the_timeout_and_its_limits_are_the_ones_the_config_accepts(monkeypatch):
-  """Each built-in tool is bounded by rl.tool_timeout_s (a calculator call that hangs comes back as
-  the timeout error), and the config accepts exactly the rl.tool_* limits its BUILTIN_TOOLS entry
-  names."""
+def test_every_builtin_tool_is_bounded_by_the_timeout_and_its_limits_are_the_ones_the_config_accepts():
+  """Each built-in tool is bounded by rl.tool_timeout_s (a calculator call whose worker process hangs
+  comes back as the timeout error, and the worker is killed), and the config accepts exactly the
+  rl.tool_* limits its BUILTIN_TOOLS entry names."""
   calc = tools.tool_map(
     make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.tool_timeout_s=0.2").tools
   )["calculator"]("calculator", "calc")
-  released = threading.Event()
-  original = tools.CalculatorTool.run
-  monkeypatch.setattr(tools.CalculatorTool, "run", lambda self, value: released.wait(5) or original(self, value))
+  before = _children()
+  assert calc.apply(expression="1 + 1").output == "2"
+  (worker,) = _children() - before  # the calculator runs in a worker process
+  os.kill(worker, signal.SIGSTOP)  # which now hangs
   start = time.perf_counter()
   out = calc.apply(expression="1 + 1")
-  released.set()
   assert out.error == "no result within rl.tool_timeout_s=0.2 s" and time.perf_counter() - start < 2
+  assert not _alive(worker) and calc.apply(expression="2 * 3").output == "6"
   all_limits = {key for tool in tools.BUILTIN_TOOLS.values() for key in tool.limits}
   values = {"rl.tool_memory_mb": 64, "rl.tool_output_max_chars": 100, "rl.tool_sandbox": "none"}
   for name, tool in tools.BUILTIN_TOOLS.items():

@@ -383,6 +383,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   PrivateDependency(
     "tunix.rl.agentic.agents.tool_agent.ToolAgent",
+    "tool_parser",
+    "write",
+    None,
+    "trajectories.py",
+    "a malformed tool call is answered with an error text (ToolCallParser); Tunix's parser printed it "
+    "and skipped it, so the reply ended the conversation as its answer",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.agents.tool_agent.ToolAgent",
     "_observation_to_messages",
     "override",
     ("self", "observation", "reward", "done", "info"),

@@ -3,8 +3,9 @@
 - TrajectoryEngine: Tunix's trajectory collection with full-length responses kept and later turns
   sampled from the conversation's exact token stream;
 - the agents: Tunix's ModelAgent (no tools) and ToolAgent (rl.tools) opening every conversation with
-  the data template's example turns; with tools the user turn is the templated `prompts` field and
-  malformed tool-call arguments reach the tool as an error instead of stopping training;
+  the data template's example turns; with tools the user turn is the templated `prompts` field,
+  malformed tool-call arguments reach the tool as an error instead of stopping training, and a
+  malformed tool call is answered with an error text (ToolCallParser);
 - what rewards and metrics see: the conversation without example turns, every assistant turn joined;
 - the first prompt (system prompt with the tools' descriptions, example turns, user turn), which
   max_prompt_length must bound.
@@ -21,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tunix.rl.agentic.agents import model_agent, tool_agent
 from tunix.rl.agentic.environments import tool_environment
+from tunix.rl.agentic.parser.tool_parser import qwen_parser
+from tunix.rl.agentic.tools import base_tool
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
 from maxtext.configs.sections import ToolsSection
@@ -141,12 +144,69 @@ class ExampleTurnsModelAgent(_ExampleTurns, model_agent.ModelAgent):
   """Tunix's ModelAgent (one reply to the task's `prompts`) with the example turns."""
 
 
+MALFORMED_CALL = "<malformed tool call>"  # the call ToolCallParser makes of a malformed one
+
+
+class MalformedCall(base_tool.BaseTool):
+  """Answers a malformed tool call (the environment's tool MALFORMED_CALL) with an error text."""
+
+  def get_json_schema(self) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": self.name, "parameters": {}}}
+
+  def apply(self, **kwargs) -> base_tool.ToolOutput:
+    expected = '<tool_call>{"name": ..., "arguments": {...}}</tool_call>'
+    return base_tool.ToolOutput(
+      name=self.name, error=f"malformed tool call: {kwargs.get('problem')}; expected {expected}"
+    )
+
+
+class ToolCallParser(qwen_parser.QwenToolParser):
+  """Tunix's Qwen tool-call format, <tool_call>{"name": ..., "arguments": ...}</tool_call>, where a
+  malformed call (not JSON, not an object with a "name" string and "arguments", or a <tool_call>
+  without its </tool_call>) becomes a call of MALFORMED_CALL whose `problem` says what is wrong.
+  Tunix's parser printed a call whose JSON does not parse and skipped it (and dropped every call of
+  a reply where one lacked "name"), so a reply whose calls were all malformed ended the
+  conversation as its answer, with no error turn and no failed call counted."""
+
+  def parse(self, model_response: str) -> list[base_tool.ToolCall]:
+    calls = []
+    rest = model_response
+    while (start := rest.find(self.tool_call_begin)) != -1:
+      rest = rest[start + len(self.tool_call_begin) :]
+      end = rest.find(self.tool_call_end)
+      if end == -1:
+        calls.append(_malformed(f"no {self.tool_call_end} after {self.tool_call_begin}"))
+        break
+      calls.append(_tool_call(rest[:end].strip()))
+      rest = rest[end + len(self.tool_call_end) :]
+    return calls
+
+
+def _malformed(problem: str) -> base_tool.ToolCall:
+  return base_tool.ToolCall(name=MALFORMED_CALL, arguments={"problem": problem})
+
+
+def _tool_call(text: str) -> base_tool.ToolCall:
+  try:
+    call = json.loads(text)
+  except json.JSONDecodeError as e:
+    return _malformed(f"not JSON ({e})")
+  if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
+    return _malformed('not a JSON object with a "name" string and "arguments"')
+  return base_tool.ToolCall(name=call["name"], arguments=call["arguments"])
+
+
 class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
   """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
   renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
   descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word).
   The empty observation that ends an episode adds nothing (ToolAgent logged a warning per conversation).
-  The example turns follow the system turn."""
+  The example turns follow the system turn. Tool calls are parsed by ToolCallParser, so its
+  environment needs MALFORMED_CALL among its tools (agent_kwargs adds it)."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.tool_parser = ToolCallParser()
 
   def _init_messages(self, system_prompt: str) -> None:
     if system_prompt and self.tools_prompt:
@@ -192,14 +252,15 @@ def _json_object_text(arguments) -> str:
 
 def agent_kwargs(tools: ToolsSection, tool_map, example_turns) -> dict:
   """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with
-  tools, else ExampleTurnsModelAgent in Tunix's default environment."""
+  tools (and MalformedCall as MALFORMED_CALL), else ExampleTurnsModelAgent in Tunix's default
+  environment."""
   if not tool_map:
     return dict(agent_class=ExampleTurnsModelAgent, agent_kwargs={"example_turns": example_turns})
   return dict(
     agent_class=UserTurnToolAgent,
     agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
     env_class=tool_environment.ToolEnvironment,
-    env_kwargs={"tool_map": tool_map, "max_steps": tools.max_turns},
+    env_kwargs={"tool_map": {**tool_map, MALFORMED_CALL: MalformedCall}, "max_steps": tools.max_turns},
   )
 
 

@@ -2,8 +2,9 @@
 
 Every failure (bad arguments, an exception, a timeout, a crash, too much output) comes back as the
 tool's error text, which the agent puts in the tool turn; nothing raises into the rollout. Every
-tool call is bounded by rl.tool_timeout_s. A built-in tool is a Tunix BaseTool subclass and one
-BUILTIN_TOOLS entry, which names the rl.tool_* limits it reads.
+tool call is bounded by rl.tool_timeout_s, and a call past it is killed: nothing of it keeps
+running. A built-in tool is a Tunix BaseTool subclass and one BUILTIN_TOOLS entry, which names the
+rl.tool_* limits it reads.
 - calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
   tree, never with eval; a power whose result would exceed MAX_RESULT_BITS is an error (a few
   characters such as (9**999)**999 would otherwise keep a core busy for minutes).
@@ -12,9 +13,11 @@ BUILTIN_TOOLS entry, which names the rl.tool_* limits it reads.
   output cut to rl.tool_output_max_chars (head and tail kept). Where the sandbox cannot start, the
   tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on purpose (limits only),
   with a warning on every run.
-- your tools (rl.tools_path) run in the trainer's process, not isolated. A call without a result
-  after rl.tool_timeout_s comes back as an error (its thread is left to finish on its own); so does
-  a calculator's.
+- your tools (rl.tools_path) and the calculator run in worker processes (tool_worker.py), not
+  isolated: a call without a result after rl.tool_timeout_s comes back as an error and its worker
+  is killed (SIGKILL); the next call gets a new worker. rl.tools_path is loaded in the trainer (for
+  the tools' descriptions and schemas) and again in every worker, and a tool's output comes back as
+  its text.
 """
 
 from __future__ import annotations
@@ -25,14 +28,13 @@ import functools
 import logging
 import math
 import operator
-import threading
 from collections.abc import Callable
 from typing import Any
 
 from tunix.rl.agentic.tools import base_tool
 
 from maxtext.configs.sections import ToolsSection
-from maxtext.trainers.post_train.rl import sandbox
+from maxtext.trainers.post_train.rl import sandbox, tool_worker
 from maxtext.utils import user_code
 from maxtext.utils.errors import ConfigError
 
@@ -161,30 +163,6 @@ def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:
   return PythonTool
 
 
-def with_deadline(cls: type[base_tool.BaseTool], timeout_s: float) -> type[base_tool.BaseTool]:
-  """cls whose calls come back as an error when they take longer than timeout_s seconds."""
-
-  def apply(self, **kwargs) -> base_tool.ToolOutput:
-    result = []
-
-    def call():
-      try:
-        result.append(cls.apply(self, **kwargs))
-      except Exception as e:
-        result.append(e)
-
-    worker = threading.Thread(target=call, name=f"tool-{self.name}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if not result:
-      return base_tool.ToolOutput(name=self.name, error=f"no result within rl.tool_timeout_s={timeout_s:g} s")
-    if isinstance(result[0], Exception):
-      raise result[0]  # in the caller's thread, where Tunix's tool manager turns it into the error text
-    return result[0]
-
-  return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
-
-
 def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
@@ -198,7 +176,7 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 @dataclasses.dataclass(frozen=True)
 class BuiltinTool:
   """make(tools section) gives the tool's class; `limits` are the rl.tool_* keys besides rl.tool_timeout_s it
-  reads; a tool that `times_itself` enforces rl.tool_timeout_s on its own (else a deadline thread does)."""
+  reads; a tool that `times_itself` enforces rl.tool_timeout_s on its own (else it runs in a tool worker)."""
 
   make: Callable[[ToolsSection], type[base_tool.BaseTool]]
   limits: tuple[str, ...] = ()
@@ -213,27 +191,51 @@ BUILTIN_TOOLS = {
 }
 
 
-def _bounded(tool: BuiltinTool, cfg: ToolsSection) -> type[base_tool.BaseTool]:
-  cls = tool.make(cfg)
-  return cls if tool.times_itself else with_deadline(cls, cfg.tool_timeout_s)
+def _worker_classes(
+  cfg: ToolsSection, mine: dict[str, type[base_tool.BaseTool]]
+) -> dict[str, type[base_tool.BaseTool]]:
+  """The tools of rl.tools that run in a tool worker, by name: those of rl.tools_path (`mine`, which
+  replace a built-in of their name) and the built-ins that do not time themselves."""
+  return {
+    name: mine[name] if name in mine else BUILTIN_TOOLS[name].make(cfg)
+    for name in cfg.names
+    if name in mine or not BUILTIN_TOOLS[name].times_itself
+  }
+
+
+def worker_tools(cfg: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
+  """What a tool worker runs (its ToolWorkers `load`): the tools of rl.tools that run in a worker, with
+  rl.tools_path loaded in the worker itself. rl.tools names only known tools (tool_map checked)."""
+  return _worker_classes(cfg, user_tools(cfg.tools_path) if cfg.tools_path else {})
+
+
+def _in_worker(cls: type[base_tool.BaseTool], workers: tool_worker.ToolWorkers) -> type[base_tool.BaseTool]:
+  """cls (its name, docstring and schema) whose calls run in one of `workers`."""
+
+  def apply(self, **kwargs) -> base_tool.ToolOutput:
+    output, error = workers.call(self.name, kwargs)
+    return base_tool.ToolOutput(name=self.name, output=output, error=error)
+
+  return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
 
 
 def tool_map(cfg: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
-  config error."""
-  timeout = cfg.tool_timeout_s
-  available: dict[str, Callable[[], type[base_tool.BaseTool]]] = {
-    name: functools.partial(_bounded, tool, cfg) for name, tool in BUILTIN_TOOLS.items()
-  }
-  if cfg.tools_path:
-    mine = user_tools(cfg.tools_path)
-    if not set(mine) & set(cfg.names):
-      raise ConfigError(
-        f"rl.tools_path={cfg.tools_path}: agentic GRPO would ignore it, since rl.tools="
-        f"{list(cfg.names)} names none of its tools ({', '.join(sorted(mine))})"
-      )
-    available.update({name: functools.partial(with_deadline, c, timeout) for name, c in mine.items()})
+  config error. The tools that do not time themselves share one ToolWorkers pool, whose workers
+  are killed when the classes are garbage-collected or the trainer exits."""
+  mine = user_tools(cfg.tools_path) if cfg.tools_path else {}
+  if cfg.tools_path and not set(mine) & set(cfg.names):
+    raise ConfigError(
+      f"rl.tools_path={cfg.tools_path}: agentic GRPO would ignore it, since rl.tools="
+      f"{list(cfg.names)} names none of its tools ({', '.join(sorted(mine))})"
+    )
+  available = set(BUILTIN_TOOLS) | set(mine)
   unknown = [t for t in cfg.names if t not in available]
   if unknown:
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
-  return {name: available[name]() for name in cfg.names}
+  in_worker = _worker_classes(cfg, mine)
+  found = {name: BUILTIN_TOOLS[name].make(cfg) for name in cfg.names if name not in in_worker}
+  if in_worker:
+    workers = tool_worker.ToolWorkers(functools.partial(worker_tools, cfg), cfg.tool_timeout_s)
+    found.update({name: _in_worker(cls, workers) for name, cls in in_worker.items()})
+  return {name: found[name] for name in cfg.names}
