@@ -56,6 +56,22 @@ def _layout(names) -> list[str]:
   return sorted(out)
 
 
+def test_a_run_folder_on_a_missing_bucket_is_one_line_and_exit_2(gcs):
+  """Refused at start, before the model loads, naming base_output_directory."""
+  proc = subprocess.run(
+    [*TRAIN_RL, *TINY, "base_output_directory=gs://nobkt/runs", "run_name=r"],
+    env=dict(_ENV, STORAGE_EMULATOR_HOST=gcs),
+    capture_output=True,
+    text=True,
+    timeout=300,
+    check=False,
+  )
+  assert proc.returncode == 2, proc.stderr[-4000:]
+  last = proc.stderr.strip().splitlines()[-1]
+  assert last == "error: base_output_directory=gs://nobkt/runs: cannot write gs://nobkt/runs/r (no such bucket)"
+  assert "Traceback" not in proc.stderr and "Initialising" not in proc.stderr
+
+
 def test_a_run_on_a_bucket_holds_what_a_local_run_holds(gcs, tmp_path):
   """The same run twice, once with everything local and once with the dataset, the reward file, the
   run folder and the HF export on the bucket: the bucket's run folder has the local one's files, the

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import signal
 
 import numpy as np
@@ -264,6 +265,66 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
   assert 0 < row["rewards/brevity"] <= 1 and "rewards/check_numbers" not in row
   examples = json.loads((tmp_path / "custom" / "eval.json").read_text())["after"]["examples"]
   assert examples[0]["question"] and examples[0]["answer"].lstrip("-").isdigit()
+
+
+def test_a_reward_function_that_fails_mid_run_exits_2_and_keeps_the_checkpoints(tmp_path, capsys):
+  """A user's reward function that raises at step 2 (out of Tunix's training loop): one line naming it
+  and the example, exit 2, step 1's checkpoint and metrics kept whole."""
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text(
+    "CALLS = []\n"
+    "def flaky(prompts, completions, tmvp_config, **kwargs):\n"
+    "  CALLS.append(1)\n"
+    "  return [0.0 if len(CALLS) == 1 else {}['score'] for c in completions]\n"
+  )
+  args = [
+    *TINY,
+    "num_batches=3",
+    "max_response_length=8",
+    "checkpoint_period=1",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[flaky]",
+    f"base_output_directory={tmp_path}",
+    "run_name=flaky",
+  ]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err
+  assert re.fullmatch(
+    f"error: reward_functions_path={re.escape(str(rewards))}: reward function flaky raised KeyError: 'score' on "
+    r"completion 0 of 4 \(prompt '.*', completion '.*'\)",
+    err.strip().splitlines()[-1],
+  )
+  run = tmp_path / "flaky"
+  assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [1]
+  assert [r["step"] for r in _read_jsonl(run / "metrics.jsonl")] == [1]
+
+
+def test_a_reward_function_that_fails_in_agentic_grpo_is_one_line(tmp_path, capsys):
+  """Agentic GRPO scores groups on Tunix's producer thread, which logs the traceback of what it stops
+  on: the error is still the one line, exit 2."""
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text(
+    "def strings(prompts, completions, tmvp_config, **kwargs):\n  return ['good' for c in completions]\n"
+  )
+  args = [
+    *TINY,
+    "num_batches=1",
+    "max_response_length=8",
+    "rl.use_agentic_rollout=true",
+    "rl.max_concurrency=2",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[strings]",
+    f"base_output_directory={tmp_path}",
+  ]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 2
+  err = capsys.readouterr().err
+  assert "Traceback" not in err and " ERROR " not in err
+  assert re.fullmatch(
+    f"error: reward_functions_path={re.escape(str(rewards))}: reward function strings returned 'good' \\(str\\) "
+    r"on completion 0 of 2 \(prompt '.*', completion '.*'\); expected a number",
+    err.strip().splitlines()[-1],
+  )
 
 
 def _flat_or_coin(tmp_path) -> list[str]:

@@ -11,7 +11,7 @@ from maxtext import assets
 from maxtext.configs import pyconfig
 from maxtext.input_pipeline import datasets
 from maxtext.tasks.task import final_answer
-from maxtext.utils import jsonl
+from maxtext.utils import errors, jsonl
 from tests.conftest import make_config, parser_for, template_for
 
 
@@ -85,8 +85,54 @@ def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
   assert len(_eval_examples(same, smollm2_tokenizer)) == 2
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
-  with pytest.raises(ValueError, match=r"row 0 lacks field\(s\) \['question', 'answer'\]"):
+  with pytest.raises(ValueError, match=r"line 1 lacks field\(s\) \['question', 'answer'\]"):
     _examples(cfg, smollm2_tokenizer, str(bad))
+
+
+def test_a_bad_row_is_named_by_its_line_in_the_file(tmp_path, smollm2_tokenizer):
+  """Not by its index in the training split: a blank line and rows drawn for evaluation come before it."""
+  path = tmp_path / "mine.jsonl"
+  rows = [{"question": f"{i}+1?", "answer": str(i + 1)} for i in range(10)]
+  del rows[3]["answer"]
+  path.write_text(
+    "".join(json.dumps(r) + "\n" for r in rows[:2]) + "\n" + "".join(json.dumps(r) + "\n" for r in rows[2:])
+  )
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8")
+  training = datasets.load_rows(cfg.data, str(path), "train", True)
+  assert [r["question"] for r in training].index("3+1?") != 3  # what the message used to call it
+  with pytest.raises(errors.InputError) as raised:
+    _examples(cfg, smollm2_tokenizer, str(path))
+  assert str(raised.value) == f"dataset_name={path}: line 5 lacks field(s) ['answer']; expected 'question' and 'answer'"
+  proc = tmp_path / "proc.py"
+  header = "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):"
+  with_proc = make_config(f"dataset_name={path}", "train_fraction=0.8", f"dataset_processor_path={proc}")
+  for body, message in (
+    ("return x['question']", f"process_data returned str for dataset_name={path} line 1; expected a dict"),
+    ("return dict(x, prompts=x['answer'])", f"process_data raised KeyError: 'answer' on dataset_name={path} line 5"),
+  ):
+    proc.write_text(f"{header}\n  {body}\n")
+    with pytest.raises(errors.InputError) as raised:
+      _examples(with_proc, smollm2_tokenizer, str(path))
+    assert str(raised.value) == f"dataset_processor_path={proc}: {message}"
+
+
+def test_an_empty_dataset_is_named_not_blamed_on_max_prompt_length(tmp_path, smollm2_tokenizer):
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("\n")
+  cfg = make_config(f"dataset_name={empty}")
+  with pytest.raises(errors.InputError, match=f"^dataset_name={empty}: no rows$"):
+    _train_batches(cfg, smollm2_tokenizer)
+  one = tmp_path / "one.jsonl"
+  one.write_text(json.dumps({"question": "1+1?", "answer": "2"}) + "\n")
+  cfg = make_config(f"dataset_name={one}", "train_fraction=0.9", "num_test_batches=1", "eval_batch_size=1")
+  assert len(_source(cfg, smollm2_tokenizer).training()) == 1
+  with pytest.raises(
+    errors.InputError, match=f"^dataset_name={one}: train_fraction=0.9 of its 1 rows leaves none for evaluation$"
+  ):
+    _eval_examples(cfg, smollm2_tokenizer)
+  cfg = make_config(f"dataset_name={one}", f"eval_dataset_name={empty}", "num_test_batches=1", "eval_batch_size=1")
+  with pytest.raises(errors.InputError, match=f"^eval_dataset_name={empty}: no rows$"):
+    _eval_examples(cfg, smollm2_tokenizer)
 
 
 def test_local_parquet(tmp_path, smollm2_tokenizer):

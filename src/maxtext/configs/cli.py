@@ -2,8 +2,8 @@
 
 A job may return records; they are printed as JSON lines on stdout, which holds nothing else
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
-or input error (errors.InputError: one line naming the key or file; any other exception keeps its
-traceback), 128 + N when signal N stopped a run, 1 when a
+or input error (errors.InputError: one line naming the key or file, its traceback logged at DEBUG for
+log_level=debug; any other exception keeps its traceback), 128 + N when signal N stopped a run, 1 when a
 non-finite value did.
 """
 
@@ -66,6 +66,7 @@ def main(argv: list[str], job: Callable[[pyconfig.RunConfig], list[dict] | None]
     with contextlib.redirect_stdout(sys.stderr):
       records = job(cfg)
   except errors.InputError as e:  # a config or input error; anything else keeps its traceback
+    logging.getLogger(__name__).debug("the input error's traceback (log_level=debug):", exc_info=e)
     print(f"error: {e}", file=sys.stderr)
     return 2
   except shutdown.RunStopped as e:

@@ -13,7 +13,8 @@ Every row becomes {"prompts", "user_content", "question", "answer"}: through
 `dataset_processor_path`'s `process_data` when set, else the task's normaliser and the data template
 (`prompts` is the rendered conversation, `user_content` the user turn alone, which agentic rollouts
 render themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never
-truncated.
+truncated. A source or split without rows, and a row that cannot be read, are InputErrors naming the
+source and the row's place in it (the line of a .jsonl file).
 """
 
 from __future__ import annotations
@@ -31,6 +32,25 @@ from maxtext.input_pipeline.templates import PromptTemplate
 from maxtext.utils import errors, jsonl, user_code
 
 log = logging.getLogger(__name__)
+
+
+class Row(dict):
+  """A source's row (its fields) that knows its place in the source, `where`: "line N" of a .jsonl
+  file, else "row i" (from 0) of the file or of the split the source gave."""
+
+  def __init__(self, fields: dict, where: str):
+    super().__init__(fields)
+    self.where = where
+
+
+def _placed(rows: list[dict], of: str = "") -> list[dict]:
+  """rows as Rows, those that are not yet placed as "row i" + `of`."""
+  return [row if isinstance(row, Row) else Row(row, f"row {i}{of}") for i, row in enumerate(rows)]
+
+
+def _key(data: DataSection, name: str) -> str:
+  """The config key that names the source `name`."""
+  return "dataset_name" if name == data.dataset_name else "eval_dataset_name"
 
 
 def _read_parquet(path: str) -> list[dict]:
@@ -91,7 +111,9 @@ def _all_rows(data: DataSection, name: str) -> list[dict]:
   if name.endswith((".jsonl", ".parquet")):
     if not os.path.isfile(name):
       raise errors.MissingInputError(f"{name}: dataset file not found")
-    return _read_parquet(name) if name.endswith(".parquet") else jsonl.read(name)
+    if name.endswith(".parquet"):
+      return _read_parquet(name)
+    return [Row(row, f"line {n}") for n, row in jsonl.numbered(name)]
   for split in ("train", "test", "validation"):
     rows = _source_rows(data, name, split)
     if rows is not None:
@@ -102,21 +124,31 @@ def _all_rows(data: DataSection, name: str) -> list[dict]:
 def load_rows(data: DataSection, name: str, split: str, training: bool) -> list[dict]:
   """Raw rows of one split. A source without that split, or without a training split at all (so
   its evaluation rows must not overlap the training rows), is divided by train_fraction, unless it
-  is an evaluation source other than the training one: that is evaluated whole."""
+  is an evaluation source other than the training one: that is evaluated whole. Each row is a Row;
+  a split without rows is an InputError naming the source."""
   task = tasks.select(name)
   no_train_split = name.endswith((".jsonl", ".parquet")) or (
     task.all_rows is not None and data.train_split not in task.splits
   )
   rows = None if no_train_split else _source_rows(data, name, split)
   if rows is not None:
-    return rows
-  rows = _all_rows(data, name)
+    if not rows:
+      raise errors.InputError(f"{_key(data, name)}={name}: its {split!r} split has no rows")
+    return _placed(rows, f" of its {split!r} split")
+  rows = _placed(_all_rows(data, name))
+  if not rows:
+    raise errors.InputError(f"{_key(data, name)}={name}: no rows")
   if not training and name != data.dataset_name:  # an evaluation set of its own: no training rows to keep out
     log.info("%s has no %r split: evaluating on all its %d rows", name, split, len(rows))
     return rows
   order = np.random.default_rng(data.data_shuffle_seed).permutation(len(rows))
   cut = int(round(data.train_fraction * len(rows)))
   chosen = order[:cut] if training else order[cut:]
+  if not chosen.size:
+    raise errors.InputError(
+      f"{_key(data, name)}={name}: train_fraction={data.train_fraction} of its {len(rows)} rows leaves none "
+      f"for {'training' if training else 'evaluation'}"
+    )
   log.info(
     "%s has no %r split: using %d of %d rows (train_fraction=%s)",
     name,
@@ -142,18 +174,26 @@ def to_examples(
   data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config: MaxTextView
 ) -> list[dict]:
   """{prompts, user_content, question, answer} per row, by the user's processor (given tmvp_config, the
-  MaxText view of the config) or the task's normaliser and the data template."""
+  MaxText view of the config) or the task's normaliser and the data template. A row that either fails
+  on is an InputError naming it (its `where` for a Row, else its index in rows)."""
   tokenizer = template.tokenizer
+  source = f"{_key(data, name)}={name}"
   if data.dataset_processor_path:
+    processor = f"dataset_processor_path={data.dataset_processor_path}"
     process = _load_processor(data.dataset_processor_path)
     out = []
     for i, row in enumerate(rows):
-      ex = process(name, tokenizer, template.config, tmvp_config, row)
-      missing = [k for k in ("prompts", "question", "answer") if k not in ex]
+      where = f"{source} {_where(row, i)}"
+      try:
+        ex = process(name, tokenizer, template.config, tmvp_config, row)
+      except Exception as e:
+        message = " ".join(str(e).split())
+        raise errors.InputError(f"{processor}: process_data raised {type(e).__name__}: {message} on {where}") from e
+      missing = [k for k in ("prompts", "question", "answer") if k not in ex] if isinstance(ex, dict) else None
+      if missing is None:
+        raise errors.InputError(f"{processor}: process_data returned {type(ex).__name__} for {where}; expected a dict")
       if missing:
-        raise errors.InputError(
-          f"dataset_processor_path={data.dataset_processor_path}: process_data returned no {missing} for row {i}"
-        )
+        raise errors.InputError(f"{processor}: process_data returned no {missing} for {where}")
       out.append(
         {
           "prompts": str(ex["prompts"]),
@@ -169,7 +209,7 @@ def to_examples(
     try:
       question, answer = normalise(row)
     except errors.InputError as e:
-      raise errors.InputError(f"dataset_name={name}: row {i} {e}") from None
+      raise errors.InputError(f"{source}: {_where(row, i)} {e}") from None
     out.append(
       {
         "prompts": template.render(question),
@@ -179,6 +219,10 @@ def to_examples(
       }
     )
   return out
+
+
+def _where(row: dict, i: int) -> str:
+  return row.where if isinstance(row, Row) else f"row {i}"
 
 
 def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) -> list[dict]:

@@ -5,7 +5,9 @@ Orbax reads and writes gs:// itself (TensorStore for arrays, etils.epath for the
 reader and writer works on local files: inputs on a bucket are copied to a local folder once
 (`local_copy`), and a run folder on a bucket is written locally and uploaded (`upload`). An
 emulator is used by setting the standard STORAGE_EMULATOR_HOST=http://host:port; `use_emulator`
-passes it on to the clients that read their own variable.
+passes it on to the clients that read their own variable. A bucket that cannot be read or written
+is an InputError of one line naming the config key (gcsfs's retries summarised in it; the tracebacks
+gcsfs logs are kept for log_level=debug).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import shutil
 import tempfile
+import uuid
 
 from maxtext.utils import errors
 
@@ -63,13 +66,61 @@ def _fs(url: str):
   use_emulator()
   import fsspec
 
+  gcsfs_log = logging.getLogger("gcsfs")
+  if not any(isinstance(f, _RetryTracebacks) for f in gcsfs_log.filters):
+    gcsfs_log.addFilter(_RetryTracebacks())
   return fsspec.core.url_to_fs(url)
 
 
+class _RetryTracebacks(logging.Filter):
+  """gcsfs logs a request that ran out of retries (or failed in a way it does not retry) as an ERROR
+  with its traceback, some 100 lines, before raising it; the raised error is what callers report
+  (`_failed`: one line). Those records are kept for log_level=debug and dropped otherwise."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.exc_info is None:
+      return True
+    record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return logging.getLogger("gcsfs").isEnabledFor(logging.DEBUG)
+
+
 def _failed(key: str, url: str, e: Exception) -> errors.InputError:
+  """The one-line error for a failed bucket operation on config key `key`'s url."""
   if isinstance(e, FileNotFoundError):
     return errors.MissingInputError(f"{key}={url}: no such object or folder in the bucket")
-  return errors.InputError(f"{key}={url}: the bucket cannot be reached ({type(e).__name__}: {e})")
+  return errors.InputError(f"{key}={url}: the bucket cannot be reached ({_reason(e)})")
+
+
+def _reason(e: Exception) -> str:
+  """A bucket operation's error on one line; where gcsfs retried it, how often."""
+  from gcsfs import GCSFileSystem, retry
+
+  text = f"{type(e).__name__}: {' '.join(str(e).split())}"
+  return f"gave up after {GCSFileSystem.retries} attempts: {text}" if retry.is_retriable(e) else text
+
+
+def check_writable(key: str, value: str, path: str) -> None:
+  """Refuses a folder `path` (under `value`, config key `key`'s) that this process cannot write: the
+  folder is made if missing and a probe file written in it and removed; on a bucket, a probe object."""
+  probe = f".maxtext-write-check-{os.getpid()}-{uuid.uuid4().hex}"
+  what = f"{key}={value}: cannot write {path}"
+  if not is_url(path):
+    try:
+      os.makedirs(path, exist_ok=True)
+      with open(os.path.join(path, probe), "wb"):
+        pass
+      os.remove(os.path.join(path, probe))
+    except OSError as e:
+      raise errors.InputError(f"{what} ({e.strerror or e})") from e
+    return
+  try:
+    fs, root = _fs(path)
+    fs.pipe_file(f"{root}/{probe}", b"")
+    fs.rm_file(f"{root}/{probe}")
+  except FileNotFoundError as e:
+    raise errors.MissingInputError(f"{what} (no such bucket)") from e
+  except Exception as e:  # gcsfs's and aiohttp's errors
+    raise errors.InputError(f"{what} ({_reason(e)})") from e
 
 
 def exists(key: str, url: str) -> bool:

@@ -69,7 +69,7 @@ from maxtext.integration.tunix.trajectories import (
   without_examples,
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
-from maxtext.utils import distributed
+from maxtext.utils import distributed, errors
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +119,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
   of the consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's
   version is that of its oldest token), and trainer/idle_fraction, the share of each step the
-  trainer waited for samples. A failed rollout raises RolloutError from train()."""
+  trainer waited for samples. A failed rollout raises RolloutError from train(); a reward function's
+  InputError is raised from train() as it is."""
 
   _prompt_queue = None
   _train_queue = None
   _rollout_error: Exception | None = None
+  _input_error: errors.InputError | None = None
   _checked_step = -1
 
   def __init__(
@@ -246,7 +248,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       return super()._batch_to_train_example(batch_results, mode)
     if self._share.count > 1:
       return [batch_results]
-    return self._trained(batch_results, super()._batch_to_train_example(batch_results, mode))
+    try:
+      return self._trained(batch_results, super()._batch_to_train_example(batch_results, mode))
+    except errors.InputError as e:
+      # Tunix's producer logs the traceback of anything but a RuntimeError it stops on; the consumer
+      # raises the error itself once the producer has stopped (_data_consumer_batch_generator).
+      self._input_error = e
+      raise RuntimeError(str(e)) from e
 
   def _scored(self, groups: list) -> list:
     """Every process's groups of this micro-batch, in process order, scored one group at a time."""
@@ -365,6 +373,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
+    if self._input_error is not None:
+      raise self._input_error
 
 
 class DynamicSampling:

@@ -39,6 +39,8 @@ class RunFolder:
   """The run folder, run.run_dir; `steps` says how its checkpoints' updates map to training steps."""
 
   def __init__(self, run: RunSection, steps: Steps):
+    """Refuses (InputError naming base_output_directory) a folder this process cannot write."""
+    storage.check_writable("base_output_directory", run.base_output_directory, run.run_dir)
     self.url = run.run_dir
     self.path = self.url
     if storage.is_url(self.url):

@@ -1,13 +1,14 @@
 """One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
 
-`TrainingRun(cfg)` sets up: the run folder (resuming from its latest complete checkpoint), the meshes,
-tokenizer, data, rewards, the decoder with its weights, Tunix's cluster and the learner the config
-selects. Before each of the actor's checkpoint requests `_check_update` stops the run, saving
-nothing, on a non-finite loss, KL, gradient norm or reward logged so far or non-finite parameters or
-optimizer state after the update; between training steps `_between_steps` stops it on a non-finite
-logged value or on a signal (both raise out of Tunix's training loop, which has no other way out),
-uploads the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval
-steps.
+`TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at once),
+the run folder (resuming from its latest complete checkpoint), the meshes, tokenizer, data, the decoder
+with its weights, Tunix's cluster and the learner the config selects. Before each of the actor's
+checkpoint requests `_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient
+norm or reward logged so far or non-finite parameters or optimizer state after the update; between
+training steps `_between_steps` stops it on a non-finite logged value or on a signal (both raise out
+of Tunix's training loop, which has no other way out), uploads the run folder when it is on a bucket
+and, in standard GRPO, evaluates every eval_interval steps. A reward function that fails mid-run
+raises its InputError out of the training loop once the checkpoints already being saved have landed.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown
 from maxtext.utils import mesh as mesh_lib
-from maxtext.utils.errors import ConfigError
+from maxtext.utils.errors import ConfigError, InputError
 from maxtext.utils.finite import all_finite
 from maxtext.utils.steps import Steps
 
@@ -50,6 +51,7 @@ class TrainingRun:
     self.task = task = tasks.select(cfg.data.dataset_name)
     task.check(list(cfg.overridden), user_rewards=bool(cfg.task.reward_functions_path))
     distributed.initialize()  # before anything asks JAX about its devices
+    reward_fns = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
@@ -95,7 +97,6 @@ class TrainingRun:
       else []
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
-    reward_fns = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())
     actor = load_model(cfg.model, trainer_mesh)
 
     self.results = folder.previous_results(folder.resume())
@@ -226,6 +227,9 @@ class TrainingRun:
       except shutdown.NonFiniteError as e:
         sinks.stopped_after(e.step - 1)
         cluster.actor_trainer.checkpoint_manager.close()  # the last good step's save lands
+        raise
+      except InputError:  # a reward function's: the checkpoints saved before it land whole
+        cluster.actor_trainer.checkpoint_manager.close()
         raise
     trained = self.steps.done(cluster.actor_trainer.train_steps)
     self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
