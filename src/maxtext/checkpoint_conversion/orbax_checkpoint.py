@@ -115,7 +115,8 @@ def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
 
 def _batches(leaves: list, batch_bytes: int):
   """(path, metadata) leaves in consecutive batches of at most batch_bytes of arrays (or one array)."""
-  batch, size = [], 0
+  batch: list = []
+  size = 0
   for path, meta in leaves:
     nbytes = int(np.prod(meta.shape)) * np.dtype(meta.dtype).itemsize
     if batch and size + nbytes > batch_bytes:

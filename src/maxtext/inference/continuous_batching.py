@@ -336,7 +336,9 @@ class ContinuousBatcher:
     self._weight_bytes = (
       self._copy.nbytes if self._copy else sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     )
-    self._compiled: set[tuple[int, int | None]] = set()  # (rows, top-k width) of decode steps run so far
+    self._compiled: set[tuple[int, int | None, int]] = (
+      set()
+    )  # (rows, top-k width, EOS ids) of decode programs run so far
     self._timed = (0, 0.0, 0)  # decode steps that did not compile: busy-row tokens, seconds, bytes read
 
   # ------------------------------------------------------------------ callers' side
