@@ -75,12 +75,18 @@ def main() -> None:
     steps, keys = jnp.arange(rows), jnp.zeros((rows, 2), jnp.uint32)
     sampling = jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1)
     top_k = jnp.full((rows,), 50, jnp.int32)
+    limits, eos, one_step = jnp.full((rows,), 1 << 20, jnp.int32), jnp.full((rows, 1), -1, jnp.int32), jnp.array([1, 0])
     held = {"cache": cache}
 
-    def decode():
-      out = cb._decode(static, state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50)
-      held["cache"] = out[2]  # the step donates its cache, as the batcher's does
+    def step(static, state):  # one decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it
+      out = cb._decode(
+        static, state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50, limits, eos, one_step, 1
+      )
+      held["cache"] = out[-1]  # the step donates its cache, as the batcher's does
       return out[:2]
+
+    def decode():
+      return step(static, state)
 
     weights = [x for x in jax.tree.leaves(state) if x.ndim >= 2]
     step_bytes = sum(x.nbytes for x in jax.tree.leaves(state)) + sum(x.nbytes for x in jax.tree.leaves(cache))
@@ -93,9 +99,7 @@ def main() -> None:
     copy_static, copy_state = cb._StaticGraph(copy.graphdef), copy.state()
 
     def decode_bf16():
-      out = cb._decode(copy_static, copy_state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50)
-      held["cache"] = out[2]
-      return out[:2]
+      return step(copy_static, copy_state)
 
     copy_bytes = copy.nbytes + sum(x.nbytes for x in jax.tree.leaves(cache))
     flat_copy = jnp.ones((copy_bytes // 4,), jnp.float32)

@@ -1,0 +1,141 @@
+"""Host overhead of the continuous batcher's decode steps, by decode_steps_per_dispatch: the demo's
+rollout shape (SmolLM2-135M in float32, 64 rows: 8 prompts x 8 samples of 40 tokens, 12-token
+replies, top-k off) through the real ContinuousBatcher, against the decode program's own time.
+
+    python benchmarks/decode_chunks.py [--model smollm2-135m] [--rows 64] [--prompt 40] [--reply 12]
+                                       [--chunks 1 4 16] [--rounds 3]
+
+For each chunk size, in one process: a round that compiles, then --rounds rounds of fresh prompts,
+every row decoding its whole reply (no EOS). A step's time is the batcher's decode time per decode
+step (its decode_rate: busy-row tokens per second, every row busy throughout); the program's own
+time per step is the same decode program run back to back as one chunk of --reply steps, divided by
+them. Host overhead = step time - own time (dispatch, the copy to the host, Python per token and
+row), reported per step and as a share of the step. Random weights. Prints a table and writes
+benchmarks/results/decode_chunks.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--model", default="smollm2-135m")
+  parser.add_argument("--rows", type=int, default=64)
+  parser.add_argument("--prompt", type=int, default=40)
+  parser.add_argument("--reply", type=int, default=12)
+  parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 16])
+  parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "decode_chunks.json"))
+  args = parser.parse_args()
+
+  from maxtext.utils import xla_flags
+
+  xla_flags.use_sequential_cpu_scheduler()  # as train_rl runs
+  import jax
+  import jax.numpy as jnp
+  import model_benchmark
+  import numpy as np
+  from flax import nnx
+
+  from maxtext.inference import continuous_batching as cb
+
+  cfg, mesh, model, n_params = model_benchmark._build(argparse.Namespace(model=args.model, dtype="float32"))
+  rows, cache_size = args.rows, args.prompt + args.reply
+  rng = np.random.default_rng(0)
+  vocab = cfg.model.vocab_size
+  result: dict = {
+    "model": args.model,
+    "rows": rows,
+    "prompt": args.prompt,
+    "reply": args.reply,
+    "device": jax.devices()[0].device_kind,
+    "chunks": [],
+  }
+
+  with jax.set_mesh(mesh):
+    # The decode program's own time per step: one chunk of `reply` steps, dispatched back to back.
+    static, state = cb._StaticGraph(nnx.split(model)[0]), nnx.state(model)
+    held = {"cache": model.init_cache(rows, cache_size, jnp.float32)}
+    tokens = jnp.ones((rows,), jnp.int32)
+    positions = jnp.full((rows,), args.prompt - 1, jnp.int32)
+    steps, keys = jnp.zeros((rows,), jnp.int32), jnp.zeros((rows, 2), jnp.uint32)
+    sampling = jnp.stack([jnp.full((rows,), 1.0), jnp.ones((rows,))], axis=1)
+    top_k, limits = jnp.full((rows,), vocab, jnp.int32), jnp.full((rows,), args.reply, jnp.int32)
+    eos, until = jnp.full((rows, 1), -1, jnp.int32), jnp.array([args.reply, 0])
+
+    def chunk():
+      out = cb._decode(
+        static,
+        state,
+        held["cache"],
+        tokens,
+        positions,
+        steps,
+        keys,
+        sampling,
+        top_k,
+        None,
+        limits,
+        eos,
+        until,
+        args.reply,
+      )
+      held["cache"] = out[-1]
+      return out[:2]
+
+    jax.block_until_ready(chunk())
+    times = []
+    for _ in range(5):
+      start = time.perf_counter()
+      jax.block_until_ready(chunk())
+      times.append((time.perf_counter() - start) / args.reply)
+    own = statistics.median(times)
+
+    for size in args.chunks:
+      batcher = cb.ContinuousBatcher(model, cache_size, rows, steps_per_dispatch=size)
+      params = cb.SamplingParams(args.reply, temperature=1.0)
+      for round_ in range(args.rounds + 1):  # the first dispatch compiles; decode_rate leaves it out
+        prompts = [rng.integers(1, vocab, size=args.prompt).tolist() for _ in range(rows // 8)]
+        group = [p for p in prompts for _ in range(8)]
+        keys_ = [jax.random.PRNGKey(1000 * round_ + i) for i in range(len(group))]
+        [f.result() for f in batcher.submit_many(group, params, keys_)]
+      tokens_s, _ = batcher.decode_rate()
+      step = rows / tokens_s  # every row is busy in every step
+      dispatches = batcher.decode_dispatches
+      batcher.close()
+      result["chunks"].append(
+        {
+          "decode_steps_per_dispatch": size,
+          "step_ms": step * 1e3,
+          "program_ms_per_step": own * 1e3,
+          "host_overhead_ms_per_step": (step - own) * 1e3,
+          "host_overhead_fraction": (step - own) / step,
+          "dispatches": dispatches,
+        }
+      )
+  print(
+    f"{args.model}, {rows} rows, {args.prompt}-token prompts, {args.reply}-token replies, {result['device']}; "
+    f"the decode program's own time: {own * 1e3:.2f} ms per step"
+  )
+  print("| decode_steps_per_dispatch | step ms | host overhead ms | share of the step |\n| --- | --- | --- | --- |")
+  for c in result["chunks"]:
+    print(
+      f"| {c['decode_steps_per_dispatch']} | {c['step_ms']:.2f} | {c['host_overhead_ms_per_step']:.2f} | "
+      f"{100 * c['host_overhead_fraction']:.1f}% |"
+    )
+  os.makedirs(os.path.dirname(args.out), exist_ok=True)
+  with open(args.out, "w") as f:
+    json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
