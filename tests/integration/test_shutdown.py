@@ -77,9 +77,13 @@ def test_sigterm_checkpoints_the_finished_steps_and_a_rerun_completes_them(tmp_p
   assert [r["step"] for r in resumed] == list(range(1, steps + 1))
   evals = json.load(open(os.path.join(run, "eval.json"), encoding="utf-8"))
   assert evals["before"] and evals["after"]  # before training: from the first launch
-  if not agentic:  # synchronous sampling is reproducible: the rerun draws what one run would have
-    assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
+  if not agentic:  # synchronous sampling is reproducible: the rerun draws what one run would have,
+    # and decoding a token per dispatch draws what decoding chunks of 16 (the default) draws.
+    assert train_rl.main(["train_rl", *args, "run_name=straight", "decode_steps_per_dispatch=1"]) == 0
     straight = _rows(str(tmp_path / "straight"))
+    straight_evals = json.load(open(tmp_path / "straight" / "eval.json", encoding="utf-8"))
+    completions = lambda results: [p["completion"] for e in results["after"]["examples"] for p in e["passes"]]
+    assert completions(evals) == completions(straight_evals)
     # Timings, and the prefix reuse so far in the process (the resumed one began at the resume).
     timing = (
       "step_time_s",
