@@ -7,7 +7,8 @@ Every configuration trains the same prompts (same data order and seed), samples,
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
 GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched
 (and, when --configs names agentic1split, off_policy_steps 1 with trainer and sampler on separate
-halves of the devices: two host devices on a CPU).
+halves of the devices: two host devices on a CPU). An agentic run keeps one step's samples in flight
+(rl.max_concurrency); each run gets only the keys its mode reads.
 Per configuration it reports the training wall time (train_rl's "Trained N steps in X s", model
 loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
 tokens generated for training / that wall time), the median step time after the first step (which
@@ -66,7 +67,6 @@ def _common(args) -> list[str]:
     "num_test_batches=1",
     "eval_batch_size=2",
     "checkpoint_period=1000",
-    f"rl.max_concurrency={args.batch_size * args.generations}",
     "decode_seed=0",
     "data_shuffle_seed=0",
     "jax_cache_dir=",
@@ -87,19 +87,28 @@ def run_environment(config: str, environ) -> dict:
   return env
 
 
+def run_name(config: str, engine: str) -> str:
+  return re.sub(r"[^a-z0-9]+", "_", f"{CONFIGS[config][0]}_{engine}")
+
+
+def train_rl_arguments(config: str, engine: str, common: list[str], out_dir: str) -> list[str]:
+  """train_rl's arguments for `config` on `engine`: rl.yml, the work every configuration shares,
+  the engine, where it writes, and the keys of that configuration only (an agentic one's rollouts in
+  flight: one step's samples, all at once), so that no run gets a key its mode refuses."""
+  _, extra = CONFIGS[config]
+  if "rl.use_agentic_rollout=true" in extra:
+    extra = [*extra, f"rl.max_concurrency={_arg(common, 'batch_size') * _arg(common, 'rl.num_generations')}"]
+  placement = [f"base_output_directory={out_dir}", f"run_name={run_name(config, engine)}"]
+  return ["rl.yml", *common, f"rollout_engine={engine}", *placement, *extra]
+
+
 def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
-  name, extra = CONFIGS[config]
-  run_name = re.sub(r"[^a-z0-9]+", "_", f"{name}_{engine}")
+  name = CONFIGS[config][0]
   cmd = [
     sys.executable,
     "-m",
     "maxtext.trainers.post_train.rl.train_rl",
-    "rl.yml",
-    *common,
-    f"rollout_engine={engine}",
-    f"base_output_directory={out_dir}",
-    f"run_name={run_name}",
-    *extra,
+    *train_rl_arguments(config, engine, common, out_dir),
   ]
   started = time.time()
   proc = subprocess.run(
@@ -108,7 +117,7 @@ def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   if proc.returncode != 0:
     raise RuntimeError(f"{name} / {engine} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
   trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
-  with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
+  with open(os.path.join(out_dir, run_name(config, engine), "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
   wall = float(trained.group(2))
   per_sample = [r.get("completions/mean_length", r.get("generation/completions/mean_length")) for r in rows]
@@ -179,10 +188,8 @@ def _versions() -> dict:
   return {p: metadata.version(p) for p in ("jax", "jaxlib", "flax", "google-tunix")}
 
 
-def main() -> None:
-  from maxtext.utils import xla_flags
-
-  xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+  """The command line (sys.argv when argv is None), with the defaults --quick changes filled in."""
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--quick", action="store_true", help="tiny random model (minutes on 2 CPU cores)")
   parser.add_argument("--model", help="model_name to train from seeded random weights (default: the demo's)")
@@ -202,9 +209,17 @@ def main() -> None:
     "--append", action="store_true", help="keep --output's results for the configurations and engines not run now"
   )
   parser.add_argument("overrides", nargs="*", help="key=value arguments for every run")
-  args = parser.parse_args()
+  args = parser.parse_args(argv)
   args.steps = args.steps or (4 if args.quick else 6)
   args.batch_size = args.batch_size or (4 if args.quick else 2)
+  return args
+
+
+def main() -> None:
+  from maxtext.utils import xla_flags
+
+  xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts
+  args = parse_args()
   common = _common(args)
   previous = None
   if args.append and os.path.exists(args.output):

@@ -105,3 +105,21 @@ def test_only_the_split_configuration_runs_on_two_host_devices_keeping_other_xla
   assert bench.run_environment("agentic1split", {})["XLA_FLAGS"] == "--xla_force_host_platform_device_count=2"
   assert bench.run_environment("agentic1", env) == env
   assert "agentic1split" not in bench.DEFAULT_CONFIGS
+
+
+@pytest.mark.parametrize("mode", [["--quick"], [], ["--quick", "--model", "qwen3-0.6b"]])
+def test_every_configuration_and_engine_passes_the_config_checks(bench, mode, tmp_path):
+  """The train_rl arguments the script builds for every configuration (agentic1split included) and
+  engine pass pyconfig's checks, each mode's keys included: only the agentic runs get
+  rl.max_concurrency (one step's samples), which standard GRPO refuses."""
+  from maxtext.configs import pyconfig
+
+  args = bench.parse_args([*mode, "--configs", *bench.CONFIGS])
+  common = bench._common(args)
+  for config in bench.CONFIGS:
+    for engine in bench.ENGINES:
+      values = pyconfig.initialize(["train_rl", *bench.train_rl_arguments(config, engine, common, str(tmp_path))])
+      flat = values.flat()
+      assert (flat["rl.use_agentic_rollout"], flat["rollout_engine"]) == (config != "standard", engine)
+      if config != "standard":
+        assert flat["rl.max_concurrency"] == args.batch_size * args.generations

@@ -1,6 +1,8 @@
 """The GRPO loss our configs build (losses.py's ppo_clip) on a categorical toy policy:
 the KL estimator chosen by rl.kl_loss_mode and its gradient, and the upper clip of rl.epsilon_high."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,6 +30,10 @@ class Categorical(nnx.Module):
 
   def output_head(self):
     return self.logits[...][None, :]
+
+  @property
+  def config(self):  # as ours have: the precision scoring multiplies hidden states by the head at
+    return types.SimpleNamespace(precision=jax.lax.Precision.DEFAULT)
 
 
 def _example(completions, ref_logps=None, old_logps=None, advantages=None):

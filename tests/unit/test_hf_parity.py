@@ -1,4 +1,8 @@
-"""Our decoder equals Hugging Face transformers on HF checkpoints that transformers itself writes."""
+"""Our decoder equals Hugging Face transformers on HF checkpoints that transformers itself writes.
+
+Our model is built with matmul_precision=highest, so its float32 matmuls are float32 on any device
+and the float32 tolerances hold on a GPU too (whose default is TF32-class, docs/architecture.md,
+"Numerics per device"); on CPU the default is already float32-exact."""
 
 import jax
 import jax.numpy as jnp
@@ -109,7 +113,14 @@ def our_greedy(m, prompt, n):
 
 
 def load_ours(path, *overrides):
-  cfg = make_config(f"load_parameters_path={path}", "max_prompt_length=16", "max_response_length=48", *overrides)
+  """Our model of the HF checkpoint at path, every matmul at float32 precision."""
+  cfg = make_config(
+    f"load_parameters_path={path}",
+    "max_prompt_length=16",
+    "max_response_length=48",
+    "matmul_precision=highest",
+    *overrides,
+  )
   mesh, _ = create_meshes(cfg.mesh, agentic=False)
   return cfg, load.load_model(cfg.model, mesh)
 
@@ -119,6 +130,7 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
   hf = write_hf_model(tmp_path, shape)
   cfg, ours = load_ours(tmp_path)
   assert cfg.model.decoder_family == SHAPES[shape][0].model_type
+  assert ours.config.precision == jax.lax.Precision.HIGHEST
   tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
   with torch.no_grad():
     ref = hf(torch.tensor(tokens)).logits.numpy()

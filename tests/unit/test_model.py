@@ -267,3 +267,52 @@ def test_swiglu_gradients_are_autodiffs_and_keep_one_array_per_layer_less():
     return jax.jit(jax.grad(loss)).lower(layers, x).compile().memory_analysis().temp_size_in_bytes
 
   assert stack(plain) - stack(decoder._swiglu) >= 4 * tokens * mlp * 4
+
+
+def _dot_precisions(lowered) -> list[str]:
+  """The operand precisions of every dot_general in a lowered program's StableHLO, one string per dot
+  ("" for a dot that names none)."""
+  dots = [line for line in lowered.as_text().splitlines() if "stablehlo.dot_general" in line]
+  return [" ".join(re.findall(r"precision = \[\w+, \w+\]", line)) for line in dots]
+
+
+@pytest.mark.parametrize("precision", ["default", "highest"])
+def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(precision):
+  """matmul_precision is the precision of every dot_general in the programs that compute with the
+  model (lowered, not run; a LoRA-adapted Qwen3): the gradient of the loss's per-token log-probs
+  and entropies (scoring.completion_logps, through the decoder and through SharedPrefix), and the
+  batched engine's prefill and KV-cache decode step, from the model and from its bfloat16
+  MatmulCopy."""
+  from maxtext.inference import continuous_batching as cb
+  from maxtext.integration.tunix import scoring
+  from maxtext.models.shared_prefix import SharedPrefix
+
+  _, _, m = _model("model_name=qwen3-tiny", f"matmul_precision={precision}", "lora_rank=2")
+  graphdef, state = nnx.split(m)
+  prompt, completion = jnp.ones((4, 6), jnp.int32), jnp.ones((4, 5), jnp.int32)
+
+  def scored(state, shared):
+    model = nnx.merge(graphdef, state)
+    logps, entropy = scoring.completion_logps(
+      SharedPrefix(model, 6, 2) if shared else model, prompt, completion, 0, 1, 0.7
+    )
+    return logps.sum() + entropy.sum()
+
+  programs = {
+    f"loss gradient (shared={s})": jax.jit(jax.grad(scored), static_argnums=1).lower(state, s) for s in (0, 1)
+  }
+  rows, size = 4, 16
+  for name, (graph, weights) in {
+    "model": (graphdef, state),
+    "bfloat16 copy": ((copy := decoder.MatmulCopy(m, jnp.bfloat16)).graphdef, copy.state()),
+  }.items():
+    static, cache = cb._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
+    ints = jnp.zeros((rows,), jnp.int32)
+    programs[f"prefill ({name})"] = cb._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
+    programs[f"decode step ({name})"] = cb._decode.lower(
+      static, weights, cache, ints, ints, ints, jnp.zeros((rows, 2), jnp.uint32), jnp.ones((rows, 2)), ints, None
+    )
+  want = f"precision = [{precision.upper()}, {precision.upper()}]"
+  for name, lowered in programs.items():
+    precisions = _dot_precisions(lowered)
+    assert precisions and set(precisions) == {want}, (name, precisions)

@@ -173,6 +173,20 @@ def test_train_micro_batch_size_divides_batch_size():
     make_config("batch_size=4", "train_micro_batch_size=3")
 
 
+def test_matmul_precision_takes_maxtexts_names_and_refuses_others():
+  """matmul_precision reaches the decoder's config as a jax.lax.Precision; a dtype name is refused."""
+  import jax
+
+  from maxtext.models.decoder import ModelConfig
+
+  assert ModelConfig.from_config(make_config().model).precision == jax.lax.Precision.DEFAULT
+  assert ModelConfig.from_config(make_config("matmul_precision=highest").model).precision == jax.lax.Precision.HIGHEST
+  with pytest.raises(
+    pyconfig.ConfigError, match="^matmul_precision='float32': expected one of default, high, highest$"
+  ):
+    make_config("matmul_precision=float32")
+
+
 @pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps"])
 def test_negative_count_names_the_key(key):
   assert make_config(f"{key}=0", "rl.use_agentic_rollout=true")

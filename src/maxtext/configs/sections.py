@@ -24,6 +24,7 @@ from maxtext.utils import storage
 LogLevel = Literal["debug", "info", "warning", "error"]
 Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full"]
+MatmulPrecision = Literal["default", "high", "highest"]
 DecoderFamily = Literal["llama", "qwen3"]
 AnswerFormat = Literal["tags", "last_number"]
 RolloutEngineName = Literal["batched", "vanilla"]
@@ -86,6 +87,7 @@ class ModelSection:
   dtype: Dtype
   weight_dtype: Dtype
   remat_policy: RematPolicy
+  matmul_precision: MatmulPrecision
   load_parameters_path: str
   tokenizer_path: str
   init_weights_seed: int

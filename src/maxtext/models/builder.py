@@ -140,7 +140,8 @@ def to_arrays(model: Decoder) -> dict[str, np.ndarray]:
     if is_adapter(name):
       continue
     if f"{name}_lora_a" in flat:
-      delta = jax.numpy.tensordot(flat[f"{name}_lora_a"], flat[f"{name}_lora_b"], 1) * model.config.lora_scale
+      a, b = flat[f"{name}_lora_a"], flat[f"{name}_lora_b"]
+      delta = jax.numpy.tensordot(a, b, 1, precision=model.config.precision) * model.config.lora_scale
       value = (value.astype(np.float32) + delta).astype(value.dtype)
     out[name] = distributed.host_array(value)
   return out

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxtext.configs.sections import ModelSection
+from maxtext.configs.sections import MatmulPrecision, ModelSection
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -54,6 +54,8 @@ class ModelConfig:
   # The weight matmuls' input dtype (weights and activations rounded to it), accumulating in dtype;
   # None: dtype. Set by `MatmulCopy`.
   matmul_dtype: Any = None
+  # Every matmul's precision (jax.lax.Precision's name: default, high, highest), passed to each dot.
+  matmul_precision: MatmulPrecision = "default"
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:
@@ -79,7 +81,13 @@ class ModelConfig:
       lora_rank=cfg.lora_rank,
       lora_alpha=float(cfg.lora_alpha),
       lora_module_path=cfg.lora_module_path,
+      matmul_precision=cfg.matmul_precision,
     )
+
+  @property
+  def precision(self) -> jax.lax.Precision:
+    """The precision every matmul of the decoder, and of scoring its tokens, is given."""
+    return jax.lax.Precision(self.matmul_precision)
 
   @property
   def lora_scale(self) -> float:
@@ -139,9 +147,12 @@ class _Projections(nnx.Module):
 
 
 def _weight_matmul(cfg: ModelConfig, x: jax.Array, w: jax.Array, n_in: int) -> jax.Array:
-  """_tokens_matmul of x and a weight, both taken in matmul_dtype (dtype when unset), giving dtype."""
+  """_tokens_matmul of x and a weight, both taken in matmul_dtype (dtype when unset), giving dtype, at
+  the config's precision."""
   operands = cfg.matmul_dtype or cfg.dtype
-  return _tokens_matmul(x.astype(operands), w.astype(operands), n_in, preferred_element_type=cfg.dtype)
+  return _tokens_matmul(
+    x.astype(operands), w.astype(operands), n_in, preferred_element_type=cfg.dtype, precision=cfg.precision
+  )
 
 
 def _tokens_matmul(x: jax.Array, w: jax.Array, n_in: int, **dot_kwargs) -> jax.Array:
@@ -238,14 +249,15 @@ class Attention(_Projections):
     b, t, hq, d = q.shape
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32)
+    precision = cfg.precision
+    scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32, precision=precision)
     scores = scores * (d**-0.5)
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     if t == 1:  # the values' dot in its plain form, then the (one-position) output transposed
-      out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(dt)).transpose(0, 3, 1, 2, 4)
+      out = jnp.einsum("bkgts,bksd->bkgtd", probs, v.astype(dt), precision=precision).transpose(0, 3, 1, 2, 4)
     else:  # for a sequence the transposed output keeps less for the backward pass
-      out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt))
+      out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt), precision=precision)
     out = out.reshape(b, t, hq, d)
     return self._project(cfg, "o_proj", out), new_cache
 
@@ -369,7 +381,9 @@ class Decoder(nnx.Module):
   def logits(self, hidden: jax.Array) -> jax.Array:
     """float32 logits [B, T, V] of hidden states [B, T, D] from hidden_states."""
     head = self.output_head()
-    return _tokens_matmul(hidden.astype(head.dtype), head, 1, preferred_element_type=jnp.float32)
+    return _tokens_matmul(
+      hidden.astype(head.dtype), head, 1, preferred_element_type=jnp.float32, precision=self.config.precision
+    )
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
     cfg = self.config

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from maxtext.models.decoder import Decoder
+from maxtext.models.decoder import Decoder, ModelConfig
 
 
 class SharedPrefix(nnx.Module):
@@ -21,7 +21,7 @@ class SharedPrefix(nnx.Module):
   `prompt_length` tokens (row g * group_size holds the group's prompt). Called as the decoder is
   without a cache, it returns the logits of positions prompt_length - 1 and later, the ones that
   predict the completion's tokens: [B, T - prompt_length + 1, V]; `hidden_states` returns the final
-  norm's output there instead, and `output_head` the decoder's."""
+  norm's output there instead, and `output_head` and `config` the decoder's."""
 
   def __init__(self, model: Decoder, prompt_length: int, group_size: int):
     self.model = model
@@ -51,3 +51,7 @@ class SharedPrefix(nnx.Module):
 
   def output_head(self) -> jax.Array:
     return self.model.output_head()
+
+  @property
+  def config(self) -> ModelConfig:
+    return self.model.config

@@ -30,13 +30,20 @@ def vocab_slice(tokens: int, vocab: int) -> int:
   return min(vocab, max(_MIN_SLICE, CHUNK_BYTES // (4 * tokens)))
 
 
-def token_logps(hidden: jax.Array, head: jax.Array, tokens: jax.Array, temperature: float):
+def token_logps(
+  hidden: jax.Array,
+  head: jax.Array,
+  tokens: jax.Array,
+  temperature: float,
+  precision: jax.lax.Precision = jax.lax.Precision.DEFAULT,
+):
   """hidden [B, T, D] (the final norm's output at the positions that predict `tokens`), head [D, V]
   (the output layer), tokens [B, T] -> (log-probs [B, T], entropies [B, T]) of
   softmax(hidden @ head / temperature), in float32, the logits computed in float32 from operands of
-  head's dtype. Both outputs are differentiable with respect to hidden and head."""
+  head's dtype. Both outputs are differentiable with respect to hidden and head; every matmul of
+  either pass, the gradient's included, runs at `precision`."""
   batch, length, dim = hidden.shape
-  logps, entropy = _token_logps(hidden.reshape(-1, dim), head.T, tokens.reshape(-1), float(temperature))
+  logps, entropy = _token_logps(hidden.reshape(-1, dim), head.T, tokens.reshape(-1), float(temperature), precision)
   return logps.reshape(batch, length), entropy.reshape(batch, length)
 
 
@@ -46,15 +53,16 @@ def _slices(rows: jax.Array, width: int) -> jax.Array:
   return jnp.pad(rows, [(0, pad), (0, 0)]).reshape(-1, width, rows.shape[1])
 
 
-def _slice_logits(h, w, first, vocab, temperature):
+def _slice_logits(h, w, first, vocab, temperature, precision):
   """h [N, D] times the slice w [width, D] of the head starting at column `first`: float32 logits
   / temperature [N, width], padding columns (at or past `vocab`) at _MASK."""
-  z = jax.lax.dot_general(h, w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32) / temperature
+  dims = (((1,), (1,)), ((), ()))
+  z = jax.lax.dot_general(h, w, dims, precision=precision, preferred_element_type=jnp.float32) / temperature
   columns = first + jnp.arange(w.shape[0])
   return jnp.where(columns < vocab, z, _MASK), columns
 
 
-def _forward(hidden, head_rows, tokens, temperature):
+def _forward(hidden, head_rows, tokens, temperature, precision):
   """(log-probs, logsumexps, entropies, the logits when one slice holds the whole vocabulary)."""
   n, vocab = hidden.shape[0], head_rows.shape[0]
   width = vocab_slice(n, vocab)
@@ -63,7 +71,7 @@ def _forward(hidden, head_rows, tokens, temperature):
   def one(carry, args):
     top, total, weighted, picked = carry
     w, first = args
-    z, columns = _slice_logits(h, w, first, vocab, temperature)
+    z, columns = _slice_logits(h, w, first, vocab, temperature, precision)
     new_top = jnp.maximum(top, jnp.max(z, axis=-1))
     scale = jnp.exp(top - new_top)
     e = jnp.exp(z - new_top[:, None])
@@ -85,18 +93,18 @@ def _forward(hidden, head_rows, tokens, temperature):
   return picked - lse, lse, lse - weighted / total, logits
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _token_logps(hidden, head_rows, tokens, temperature):
-  logps, _, entropy, _ = _forward(hidden, head_rows, tokens, temperature)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _token_logps(hidden, head_rows, tokens, temperature, precision):
+  logps, _, entropy, _ = _forward(hidden, head_rows, tokens, temperature, precision)
   return logps, entropy
 
 
-def _token_logps_fwd(hidden, head_rows, tokens, temperature):
-  logps, lse, entropy, logits = _forward(hidden, head_rows, tokens, temperature)
+def _token_logps_fwd(hidden, head_rows, tokens, temperature, precision):
+  logps, lse, entropy, logits = _forward(hidden, head_rows, tokens, temperature, precision)
   return (logps, entropy), (hidden, head_rows, tokens, lse, entropy, logits)
 
 
-def _token_logps_bwd(temperature, residuals, cotangents):
+def _token_logps_bwd(temperature, precision, residuals, cotangents):
   """d logp / dz = onehot(token) - p and d entropy / dz = -p * (log p + entropy) for z = logits /
   temperature; a slice's logits gradient gives its head rows' gradient and adds to the hidden
   states'."""
@@ -109,7 +117,7 @@ def _token_logps_bwd(temperature, residuals, cotangents):
   def one(h_grad, args, z=None):
     w, first = args
     if z is None:
-      z, columns = _slice_logits(h, w, first, vocab, temperature)
+      z, columns = _slice_logits(h, w, first, vocab, temperature, precision)
     else:
       columns = first + jnp.arange(w.shape[0])
     log_p = z - lse[:, None]
@@ -117,8 +125,9 @@ def _token_logps_bwd(temperature, residuals, cotangents):
     onehot = columns == tokens[:, None]
     dz = (g_logps[:, None] * (onehot - p) - g_entropy[:, None] * p * (log_p + entropy[:, None])) / temperature
     dz = jnp.where(columns < vocab, dz, 0.0).astype(head_rows.dtype)
-    h_grad = h_grad + jnp.dot(dz, w, preferred_element_type=jnp.float32)
-    w_grad = jax.lax.dot_general(dz, h, (((0,), (0,)), ((), ())), preferred_element_type=jnp.float32)
+    h_grad = h_grad + jnp.dot(dz, w, precision=precision, preferred_element_type=jnp.float32)
+    dims = (((0,), (0,)), ((), ()))
+    w_grad = jax.lax.dot_general(dz, h, dims, precision=precision, preferred_element_type=jnp.float32)
     return h_grad, w_grad.astype(head_rows.dtype)
 
   start = jnp.zeros(hidden.shape, jnp.float32)

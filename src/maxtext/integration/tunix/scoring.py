@@ -16,10 +16,17 @@ def completion_logps(
   model, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int, eos_id: int, temperature: float
 ) -> tuple[jax.Array, jax.Array]:
   """(log-probs [B, C], entropies [B, C]) of completion_tokens [B, C] after prompt_tokens [B, P]
-  under softmax(logits / temperature), plain softmax for temperature 0 (greedy sampling). `model` is
-  a Decoder or a SharedPrefix (both have hidden_states and output_head); either returns hidden
-  states whose last C + 1 positions end with the completion's last token."""
+  under softmax(logits / temperature), plain softmax for temperature 0 (greedy sampling), every
+  matmul at the model's matmul_precision. `model` is a Decoder or a SharedPrefix (both have
+  hidden_states, output_head and config); either returns hidden states whose last C + 1 positions
+  end with the completion's last token."""
   tokens, positions, attention_mask, _ = common.process_ids(prompt_tokens, completion_tokens, pad_id, eos_id)
   hidden, _ = model.hidden_states(tokens, positions, None, attention_mask)
   length = completion_tokens.shape[1]
-  return token_logps(hidden[:, -length - 1 : -1], model.output_head(), completion_tokens, float(temperature or 1.0))
+  return token_logps(
+    hidden[:, -length - 1 : -1],
+    model.output_head(),
+    completion_tokens,
+    float(temperature or 1.0),
+    model.config.precision,
+  )
