@@ -309,8 +309,21 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     static, cache = cb._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
     ints = jnp.zeros((rows,), jnp.int32)
     programs[f"prefill ({name})"] = cb._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
-    programs[f"decode step ({name})"] = cb._decode.lower(
-      static, weights, cache, ints, ints, ints, jnp.zeros((rows, 2), jnp.uint32), jnp.ones((rows, 2)), ints, None
+    programs[f"decode chunk ({name})"] = cb._decode.lower(
+      static,
+      weights,
+      cache,
+      ints,
+      ints,
+      ints,
+      jnp.zeros((rows, 2), jnp.uint32),
+      jnp.ones((rows, 2)),
+      ints,
+      None,
+      ints,
+      jnp.full((rows, 1), -1, jnp.int32),
+      jnp.array([4, 0]),
+      4,
     )
   want = f"precision = [{precision.upper()}, {precision.upper()}]"
   for name, lowered in programs.items():
