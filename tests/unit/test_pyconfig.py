@@ -236,3 +236,11 @@ def test_the_compilation_cache_stays_on_the_machine():
 def test_rollout_dtype_is_refused_where_it_would_not_apply(args, message):
   with pytest.raises(pyconfig.ConfigError, match=message):
     make_config(*args)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/tmp/x", "a\\b"])
+def test_run_name_is_one_folder_name(name):
+  """An empty run_name made base_output_directory itself the run folder; a path escaped it."""
+  assert make_config("run_name=a.b-c_1").run.run_name == "a.b-c_1"
+  with pytest.raises(pyconfig.ConfigError, match=rf"run_name={re.escape(repr(name))}: expected the name of one folder"):
+    make_config(f"run_name={name}")

@@ -3,8 +3,8 @@
 A job may return records; they are printed as JSON lines on stdout, which holds nothing else
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
 or input error (errors.InputError: one line naming the key or file; any other exception keeps its
-traceback), 128 + N when signal N stopped a run, 1 when a
-non-finite value did.
+traceback), 128 + N when signal N stopped a run, 1 when a non-finite value or a checkpoint that found
+its disk full did (one line, "stopped: ...").
 """
 
 from __future__ import annotations
