@@ -154,8 +154,8 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   exported, merged = load_file(run / "hf" / "model.safetensors"), load_file(tmp_path / "merged" / "model.safetensors")
   assert set(exported) == set(merged) and all(np.array_equal(exported[k], merged[k]) for k in exported)
 
-  # A rerun resumes the adapters and trains on.
-  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3"]) == 0
+  # A rerun resumes the adapters and trains on (with a learning-rate schedule over 3 batches).
+  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3", "resume_with_changes=true"]) == 0
   rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor"))[-1] == 3

@@ -167,7 +167,8 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsy
   assert [r["step"] for r in _read_jsonl(run / "metrics.jsonl")] == [1, 2]
   # Named by optimizer update: every checkpoint_period steps of 2 updates, nothing mid-batch.
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4]
-  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3"]) == 0
+  # A third batch changes the learning-rate schedule: the rerun resumes with that change.
+  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3", "resume_with_changes=true"]) == 0
   rows = _read_jsonl(run / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(np.isfinite(r["loss"]) and "rewards/mean" in r for r in rows)

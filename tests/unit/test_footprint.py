@@ -165,3 +165,10 @@ def test_the_process_part_is_its_resident_memory_when_the_estimate_is_made():
     float, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
   )
   assert 0.38e9 < after - before < 0.45e9  # the touched 400 MB, and nothing else of the estimate moved
+
+
+def test_a_checkpoint_is_parameters_and_two_optimizer_moments():
+  """qwen3-tiny's checkpoint took 118,004,016 bytes on disk (arrays and Orbax's metadata)."""
+  assert footprint.checkpoint_bytes(make_config("model_name=qwen3-tiny")) == 117_871_872
+  lora = make_config("model_name=qwen3-tiny", "lora_rank=4")
+  assert footprint.checkpoint_bytes(lora) == 3 * 4 * footprint.adapter_count(lora.model)

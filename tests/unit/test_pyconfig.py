@@ -271,3 +271,11 @@ def test_optimizer_hyperparameters_are_finite_and_in_range(arg, expected):
   with pytest.raises(pyconfig.ConfigError) as e:
     make_config(arg)
   assert expected in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "a/b", "/tmp/x", "a\\b"])
+def test_run_name_is_one_folder_name(name):
+  """An empty run_name made base_output_directory itself the run folder; a path escaped it."""
+  assert make_config("run_name=a.b-c_1").run.run_name == "a.b-c_1"
+  with pytest.raises(pyconfig.ConfigError, match=rf"run_name={re.escape(repr(name))}: expected the name of one folder"):
+    make_config(f"run_name={name}")

@@ -1,15 +1,21 @@
-"""The run folder on real files: what a rerun resumes from, what it sets aside and what it keeps."""
+"""The run folder on real files: what a rerun resumes from, what it sets aside and what it keeps; the
+settings a rerun must keep, the room a run needs and what a save that found the disk full leaves."""
 
+import errno
 import glob
 import json
 import logging
 import os
+import shutil
 
 import jax.numpy as jnp
+import pytest
+import yaml
 from flax import nnx
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
+from maxtext.utils import errors, storage
 from maxtext.utils.steps import Steps
 from tests.conftest import make_config
 
@@ -100,3 +106,89 @@ def test_resume_sets_aside_checkpoints_that_do_not_read_back_or_hold_nan(tmp_pat
   assert any(w.startswith("The checkpoint of step 2 is set aside") and "kernel" in w and "NaN" in w for w in warnings)
   set_aside = os.listdir(os.path.join(folder.path, "checkpoints", "set_aside"))
   assert sorted(name.split("_")[0] for name in set_aside) == ["2", "3"]
+
+
+def _run(tmp_path, *overrides) -> RunFolder:
+  """A run's folder after it checked its config against the folder's config.yml and wrote its own."""
+  cfg = make_config(f"base_output_directory={tmp_path}", "run_name=run", *overrides)
+  folder = RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm))
+  folder.check_config(cfg)
+  folder.write_config(cfg)
+  return folder
+
+
+def test_a_rerun_that_changes_what_shapes_training_is_refused_naming_old_and_new_values(tmp_path):
+  """A rerun with another learning rate and dataset used to resume silently."""
+  _run(tmp_path, "learning_rate=0.001")
+  with pytest.raises(
+    errors.ConfigError,
+    match=r"run folder .*run holds a run whose config.yml sets keys that shape training otherwise \(dataset_name: "
+    r"'gsm8k' -> 'svamp'; learning_rate: 0.001 -> 0.5\); .* resume_with_changes=true",
+  ):
+    _run(tmp_path, "learning_rate=0.5", "dataset_name=svamp")
+  config = yaml.safe_load((tmp_path / "run" / "config.yml").read_text())
+  assert config["learning_rate"] == 0.001 and config["dataset_name"] == "gsm8k"  # the run's own, kept
+
+
+def test_a_rerun_may_change_where_it_writes_how_it_evaluates_and_its_device_layout(tmp_path):
+  _run(tmp_path, "eval_batch_size=8")
+  _run(
+    tmp_path,
+    "eval_batch_size=4",
+    "log_level=debug",
+    "checkpoint_period=2",
+    "ici_fsdp_parallelism=2",
+    "remat_policy=full",
+  )
+  assert yaml.safe_load((tmp_path / "run" / "config.yml").read_text())["eval_batch_size"] == 4
+
+
+def test_resume_with_changes_accepts_them_and_config_yml_records_them(tmp_path):
+  _run(tmp_path, "learning_rate=0.001")
+  _run(tmp_path, "learning_rate=0.5", "resume_with_changes=true")
+  _run(tmp_path, "learning_rate=0.5", "num_batches=9", "resume_with_changes=true")
+  text = (tmp_path / "run" / "config.yml").read_text()
+  first, second = text.splitlines()[:2]
+  assert first.endswith("resumed with changes: learning_rate: 0.001 -> 0.5")
+  assert second.endswith("resumed with changes: num_batches: 6 -> 9")
+  config = yaml.safe_load(text)
+  assert config["learning_rate"] == 0.5 and config["num_batches"] == 9 and config["resume_with_changes"] is True
+
+
+def test_a_folder_needs_room_for_two_checkpoints(tmp_path, monkeypatch):
+  folder = _folder(tmp_path)
+  usage = shutil.disk_usage(tmp_path)
+  monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=1_000_000))
+  folder.check_space(500_000)
+  with pytest.raises(
+    errors.ConfigError,
+    match=rf"base_output_directory={tmp_path}: 1,000,000 bytes \(0.00 GB\) free on its filesystem, but two "
+    r"checkpoints of this run \(parameters and optimizer state\) need 1,000,002 bytes",
+  ):
+    folder.check_space(500_001)
+
+
+def test_a_failed_save_leaves_only_complete_checkpoints(tmp_path):
+  """After a save that found the disk full, what Orbax left of it is deleted and the last complete
+  checkpoint is reported."""
+  folder = _folder(tmp_path)
+  for update in (1, 2):
+    _checkpoint(folder, update)
+    (tmp_path / "run" / "checkpoints" / "actor" / str(update) / "commit_success.txt").write_text("ok")
+  os.makedirs(tmp_path / "run" / "checkpoints" / "actor" / "3.orbax-checkpoint-tmp-7" / "model_params")
+  assert folder.drop_unfinished_checkpoints() == 2
+  assert sorted(os.listdir(tmp_path / "run" / "checkpoints" / "actor")) == ["1", "2"]
+
+
+def test_a_full_disk_is_recognised_in_orbax_s_errors():
+  """Orbax's array writes fail as ValueErrors carrying TensorStore's message; ours as OSError."""
+  tensorstore = ValueError("RESOURCE_EXHAUSTED: Error writing \"x\": No space left on device [os_error_code='28']")
+  try:
+    try:
+      raise tensorstore
+    except ValueError as e:
+      raise RuntimeError("Save Finalize thread failed") from e
+  except RuntimeError as e:
+    assert storage.no_space(e)
+  assert storage.no_space(OSError(errno.ENOSPC, "full"))
+  assert not storage.no_space(OSError(errno.EACCES, "denied")) and not storage.no_space(ValueError("other"))

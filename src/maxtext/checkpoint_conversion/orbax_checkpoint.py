@@ -7,7 +7,9 @@ through `load_parameters_path`.
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import time
 from collections.abc import Callable
 
@@ -18,7 +20,7 @@ from etils import epath
 from flax import nnx
 from tunix.sft import checkpoint_manager
 
-from maxtext.utils import errors, storage
+from maxtext.utils import distributed, errors, storage
 
 _ITEM = "model_params"
 
@@ -27,7 +29,11 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
   """Tunix's checkpoint manager (same items and layout), writing arrays without zstd compression.
   Orbax compresses every chunk in memory before writing it, which made the default demo's final save
   its peak memory, while float32 training state hardly compresses (benchmarks/RESULTS.md, "Where the
-  memory goes"). Compressed and uncompressed checkpoints restore alike."""
+  memory goes"). Compressed and uncompressed checkpoints restore alike.
+
+  A save to a local folder whose filesystem has less room than the checkpoint's arrays take raises
+  an ENOSPC OSError before anything is written (Orbax would write until the disk is full, leave the
+  unfinished checkpoint and log each failed write from each of its threads)."""
 
   def __init__(
     self,
@@ -39,6 +45,7 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
     written (also for steps the save policy skips); an exception it raises stops the save."""
     super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here
     self._before_save = before_save
+    self._root = root_directory
     use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")  # as Tunix's: Pathways writes without OCDBT
     arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
     self._checkpoint_manager = ocp.CheckpointManager(
@@ -47,10 +54,25 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
       item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
     )
 
-  def save(self, step, model, optimizer=None, *args, **kwargs) -> bool:
+  def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
+    """Tunix's save (same parameters), after before_save and the room check; every process of a job
+    calls it alike and gets process 0's answer."""
     if self._before_save is not None:
       self._before_save(step, model, optimizer)
-    return super().save(step, model, optimizer, *args, **kwargs)
+    if not storage.is_url(self._root) and (force or self._checkpoint_manager.should_save(step)):
+      state = nnx.state(model, nnx.LoRAParam) if save_only_lora_params else nnx.state(model)
+      arrays = jax.tree.leaves(state)
+      if optimizer is not None:
+        arrays += jax.tree.leaves(nnx.state(optimizer, nnx.optimizer.OptState))
+      needed = sum(a.nbytes for a in arrays)
+      free = distributed.main_object(storage.free_bytes(self._root) if distributed.is_main() else 0)
+      if free < needed:
+        raise OSError(
+          errno.ENOSPC,
+          f"No space left on device for the checkpoint of step {step} ({needed:,} bytes; {free:,} free)",
+          self._root,
+        )
+    return super().save(step, model, optimizer, save_only_lora_params, force, custom_metadata)
 
 
 def _path(path: str) -> epath.Path:
@@ -137,6 +159,18 @@ def _nested(leaves: list) -> dict:
       node = node.setdefault(key.key, {})
     node[path[-1].key] = value
   return tree
+
+
+def remove_unfinished(root: str) -> None:
+  """Deletes the saves cut short under a checkpoint root (which `steps` does not count): temporary
+  step folders, and on a bucket step folders without Orbax's commit marker."""
+  folder = _path(root)
+  if not folder.is_dir():
+    return
+  finished = {str(s) for s in steps(root)}
+  for d in folder.iterdir():
+    if re.fullmatch(r"\d+(\.orbax-checkpoint-tmp.*)?", d.name) and d.name not in finished:
+      d.rmtree()
 
 
 def is_orbax_checkpoint(path: str) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
+import itertools
 import logging
 import math
 import os
@@ -339,6 +340,12 @@ _COPIED_INPUTS = tuple(
 def _check_paths(v: dict[str, Any]) -> None:
   for key in PATH_KEYS:
     storage.check(key, v[key])
+  name = v["run_name"]
+  if name in ("", ".", "..") or "/" in name or "\\" in name:
+    raise ConfigError(
+      f"run_name={name!r}: expected the name of one folder under base_output_directory (not empty, no / or \\, "
+      "not . or ..)"
+    )
   if storage.is_url(v["jax_cache_dir"]):
     raise ConfigError(
       f"jax_cache_dir={v['jax_cache_dir']!r}: expected a local folder (the compilation cache belongs to the machine)"
@@ -359,6 +366,31 @@ def _check_optimizer(v: dict[str, Any]) -> None:
   for key, (ok, expected) in rules.items():
     if not (math.isfinite(v[key]) and ok(v[key])):
       raise ConfigError(f"{key}={v[key]}: expected {expected}")
+
+
+# Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the
+# evaluation, the device layout, recomputation and the decode chunk. Every other key shapes the training trajectory
+# (model and weights, data, template and rewards, algorithm, optimizer, batch shape and steps,
+# sampling, seeds): a rerun that sets one otherwise is refused unless resume_with_changes=true.
+RESUMABLE_KEYS = (
+  *sections.yaml_keys(sections.RunSection).values(),
+  *sections.yaml_keys(sections.EvalSection).values(),
+  *sections.yaml_keys(sections.MeshSection).values(),
+  "eval_dataset_name",
+  "eval_split",
+  "remat_policy",
+  "decode_steps_per_dispatch",
+  "math_verify_num_procs",
+  "prompt",
+)
+
+
+def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[str, Any, Any]]:
+  """(key, saved value, value in config) of each key outside RESUMABLE_KEYS that `config` sets
+  otherwise than a run's config.yml, `saved` (read_written's values); a key only one of them has
+  (config.yml written by another version) is not compared."""
+  new = written_values(config)
+  return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
 
 
 def _validate(v: dict[str, Any]) -> None:
@@ -542,14 +574,27 @@ def initialize(argv: list[str]) -> RunConfig:
   return RunConfig.from_values(merger.values, overridden)
 
 
-def write_yaml(config: RunConfig, path: str) -> None:
-  """Writes config as YAML to a local path or a gs:// URL."""
+def written_values(config: RunConfig) -> dict[str, Any]:
+  """Dotted key -> value as config.yml records them: inputs copied from a bucket by their URL."""
+  return {**config.flat(), **config.urls}
+
+
+def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ...] = ()) -> None:
+  """Writes config as YAML to a local path or a gs:// URL, after the comment lines `comments`."""
   if storage.is_url(path):
     with tempfile.TemporaryDirectory() as folder:
-      write_yaml(config, os.path.join(folder, "config.yml"))
+      write_yaml(config, os.path.join(folder, "config.yml"), comments)
       storage.upload(os.path.join(folder, "config.yml"), path)
     return
-  values = {**config.flat(), **config.urls}
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
-    yaml.safe_dump(_unflatten(values), f, sort_keys=False)
+    f.writelines(line + "\n" for line in comments)
+    yaml.safe_dump(_unflatten(written_values(config)), f, sort_keys=False)
+
+
+def read_written(path: str) -> tuple[dict[str, Any], list[str]]:
+  """A config.yml that write_yaml wrote: its dotted keys and values, and its leading comment lines."""
+  values = _flatten(_read_yaml(path))
+  with open(path, encoding="utf-8") as f:
+    comments = list(itertools.takewhile(lambda line: line.startswith("#"), (line.rstrip("\n") for line in f)))
+  return values, comments

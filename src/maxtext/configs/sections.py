@@ -55,6 +55,7 @@ class RunSection:
   wandb_project: str
   checkpoint_period: int
   max_num_checkpoints_to_keep: int
+  resume_with_changes: bool
 
   @property
   def run_dir(self) -> str:

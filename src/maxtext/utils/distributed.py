@@ -93,6 +93,11 @@ def gather_objects(obj) -> list:
   return [pickle.loads(blobs[i, :size].tobytes()) for i, size in enumerate(sizes)]
 
 
+def main_object(obj):
+  """Process 0's `obj` (any picklable value), on every process; every process must call it."""
+  return gather_objects(obj)[0]
+
+
 def from_main(value: int) -> int:
   """Process 0's value of an integer, on every process."""
   return int(gather(np.array([value], np.int64))[0, 0])

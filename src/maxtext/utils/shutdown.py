@@ -1,4 +1,4 @@
-"""Stopping a run on purpose: SIGINT / SIGTERM, and non-finite training values.
+"""Stopping a run before its last step: SIGINT / SIGTERM, non-finite training values, a full disk.
 
 The first SIGINT or SIGTERM asks the run to stop at the next step boundary (the finished steps are
 checkpointed and their metrics flushed); a second one abandons the current step at once.
@@ -40,6 +40,17 @@ class NonFiniteError(RunStopped):
     super().__init__(
       f"{name}: not finite at step {step}; stopped without saving it: a rerun resumes from the checkpoint "
       f"of step {kept}, the last good one"
+    )
+
+
+class DiskFull(RunStopped):
+  """A checkpoint could not be written: its device has no space left."""
+
+  def __init__(self, folder: str, kept: int):
+    previous = f"the checkpoint of step {kept} is kept" if kept else "no earlier checkpoint was saved"
+    super().__init__(
+      f"no space left on the device of {folder} for a checkpoint; {previous}, and nothing of the failed "
+      "one: free space and rerun the same command to resume"
     )
 
 

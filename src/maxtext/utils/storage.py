@@ -13,6 +13,7 @@ gcsfs logs are kept for log_level=debug).
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import re
@@ -182,6 +183,26 @@ def move(source: str, target: str) -> None:
 def remove(url: str) -> None:
   fs, path = _fs(url)
   fs.rm_file(path)
+
+
+def free_bytes(path: str) -> int:
+  """Bytes free to this user on the filesystem of the local path (of its nearest existing folder)."""
+  path = os.path.abspath(path)
+  while not os.path.exists(path):
+    path = os.path.dirname(path)
+  return shutil.disk_usage(path).free
+
+
+def no_space(e: BaseException | None) -> bool:
+  """Whether the exception, or one it was raised from or during, is a write that found no space left
+  on its device: an OSError with ENOSPC, or TensorStore's error for one (Orbax's array writes)."""
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e):
+      return True
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def local_copy(key: str, url: str) -> str:

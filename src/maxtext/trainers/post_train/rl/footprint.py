@@ -161,6 +161,15 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
   return Footprint(parts)
 
 
+def checkpoint_bytes(cfg: RunConfig) -> int:
+  """Bytes of one of the run's checkpoints: the trained parameters (all weights, or the LoRA
+  adapters, which are float32) and AdamW's two moments of each, in the parameters' dtype."""
+  model = cfg.model
+  lora = adapter_count(model)
+  trained, trained_bytes = (lora, 4) if lora else (parameter_count(model), 2 if model.weight_dtype == "bfloat16" else 4)
+  return 3 * trained * trained_bytes
+
+
 def peak_rss_bytes() -> float:
   """The process's peak resident memory so far: Linux's VmHWM (getrusage's ru_maxrss would keep a
   parent's larger peak across exec), else ru_maxrss (bytes on macOS)."""

@@ -1,12 +1,15 @@
-"""A training run's folder, base_output_directory/run_name: what a rerun resumes from, what a stop
-keeps, and the evaluations it has written.
+"""A training run's folder, base_output_directory/run_name: who writes it, what a rerun resumes
+from and with which settings, what a stop keeps, and the evaluations it has written.
 
-    config.yml  metrics.jsonl  eval.json  checkpoints/actor/<update>/  checkpoints/set_aside/
+    run.lock  config.yml  metrics.jsonl  eval.json  checkpoints/actor/<update>/  checkpoints/set_aside/
     tensorboard/  report.md  plots/  hf/
 
-Checkpoints are named by optimizer update (rl.num_iterations per training step); metrics rows and
-evaluations by training step. Process 0 writes and moves the files; Orbax checkpoints are written by
-every process.
+One run writes a folder at a time: `locked` holds run.lock (maxtext.utils.folder_lock) for the whole
+run. A rerun must keep the settings that shape training (`check_config`), and a local folder must
+have room for two checkpoints (`check_space`). Checkpoints are named by optimizer update
+(rl.num_iterations per training step); metrics rows and evaluations by training step. Process 0
+takes the lock and writes and moves the files, and the other processes of a job learn what it
+found; Orbax checkpoints are written by every process.
 
 On a bucket (gs://), Orbax writes the checkpoints there; the other files are written to a local copy
 of the folder (`path`), fetched from the bucket at start by every process (but hf/, an earlier
@@ -18,21 +21,52 @@ bucket holds.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterator
 from typing import Any
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.configs.sections import RunConfig, RunSection
 from maxtext.integration.tunix import metrics
-from maxtext.utils import distributed, storage
+from maxtext.utils import distributed, errors, folder_lock, storage
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def locked(run: RunSection) -> Iterator[None]:
+  """Holds the lock of the run folder run.run_dir while the block runs: process 0 takes it, and every
+  process raises the InputError naming the folder and its holder when another run holds it.
+  distributed.initialize() must have run."""
+  lock, refused = None, None
+  if distributed.is_main():
+    try:
+      lock = folder_lock.acquire(run.run_dir)
+    except errors.InputError as e:
+      refused = str(e)
+  refused = distributed.main_object(refused)
+  if refused:
+    raise errors.InputError(refused)
+  try:
+    yield
+  finally:
+    if lock:
+      lock.release()
+
+
+def _agreed(message: str | None) -> None:
+  """Raises process 0's ConfigError `message` (None: none) on every process; every process calls it."""
+  message = distributed.main_object(message)
+  if message:
+    raise errors.ConfigError(message)
 
 
 class RunFolder:
@@ -47,9 +81,13 @@ class RunFolder:
       self.path = tempfile.mkdtemp(prefix="maxtext-run-")
       atexit.register(shutil.rmtree, self.path, ignore_errors=True)
       if storage.exists("base_output_directory", self.url):
-        # Neither Orbax's checkpoints nor an earlier HF export (rewritten at the end) are read locally.
-        storage.download("base_output_directory", self.url, self.path, skip=("checkpoints", "hf"))
+        # Neither Orbax's checkpoints, an earlier HF export (rewritten at the end) nor the lock is read locally.
+        skip = ("checkpoints", "hf", folder_lock.NAME)
+        storage.download("base_output_directory", self.url, self.path, skip=skip)
+    self.base = run.base_output_directory
     self.checkpoints = storage.join(self.url, "checkpoints")
+    self.config = os.path.join(self.path, "config.yml")
+    self._history: list[str] = []  # comment lines of config.yml: the changes earlier reruns resumed with
     self.metrics = os.path.join(self.path, "metrics.jsonl")
     self.evaluations = os.path.join(self.path, "eval.json")
     self._actor = storage.join(self.checkpoints, "actor")
@@ -79,16 +117,61 @@ class RunFolder:
       storage.remove(storage.join(self.url, rel))
     self._in_bucket = now
 
+  def check_config(self, cfg: RunConfig) -> None:
+    """Compares a rerun's config with the run's config.yml: a key that shapes training (pyconfig.
+    trajectory_changes) set otherwise is a ConfigError naming each such key with its saved and its
+    new value, unless run.resume_with_changes, when the changes are logged and the next config.yml
+    records them in a comment line (after those of earlier reruns). A folder without config.yml
+    takes any config."""
+    message = None
+    if distributed.is_main() and os.path.isfile(self.config):
+      saved, self._history = pyconfig.read_written(self.config)
+      changes = pyconfig.trajectory_changes(saved, cfg)
+      listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
+      if changes and not cfg.run.resume_with_changes:
+        message = (
+          f"run folder {self.url} holds a run whose config.yml sets keys that shape training otherwise ({listed}); "
+          "rerun with its values to resume it, add resume_with_changes=true to resume it with these, or choose "
+          "another run_name"
+        )
+      elif changes:
+        log.warning("Resuming with changes (resume_with_changes=true): %s", listed)
+        self._history.append(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')}: resumed with changes: {listed}")
+    _agreed(message)
+
+  def check_space(self, checkpoint_bytes: int) -> None:
+    """Refuses a run (ConfigError naming base_output_directory, the free and the needed bytes) whose
+    local folder's filesystem cannot hold two checkpoints of `checkpoint_bytes`; a bucket is not
+    checked."""
+    message = None
+    if distributed.is_main() and not storage.is_url(self.url):
+      free, needed = storage.free_bytes(self.path), 2 * checkpoint_bytes
+      if free < needed:
+        message = (
+          f"base_output_directory={self.base}: {free:,} bytes ({free / 1e9:.2f} GB) free on its filesystem, but "
+          f"two checkpoints of this run (parameters and optimizer state) need {needed:,} bytes "
+          f"({needed / 1e9:.2f} GB); free space or choose another base_output_directory"
+        )
+    _agreed(message)
+
   def write_config(self, cfg: RunConfig) -> None:
+    """Writes config.yml (process 0), with the comment lines check_config kept and added."""
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)
-    pyconfig.write_yaml(cfg, os.path.join(self.path, "config.yml"))
+    pyconfig.write_yaml(cfg, self.config, self._history)
     self.save()
 
   def saved_steps(self) -> list[int]:
     """The training steps with a complete checkpoint, oldest first."""
     return [self._steps.done(u) for u in orbax_checkpoint.steps(self._actor) if self._steps.ends_step(u)]
+
+  def drop_unfinished_checkpoints(self) -> int:
+    """Deletes what a checkpoint save cut short left (process 0); returns the training step of the
+    latest complete checkpoint (0: none)."""
+    if distributed.is_main():
+      orbax_checkpoint.remove_unfinished(self._actor)
+    return max(self.saved_steps(), default=0)
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
     """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not

@@ -20,16 +20,20 @@ def run(cfg: RunConfig) -> dict:
   """Trains per cfg; returns the evaluation summaries before, during (every eval_interval steps)
   and after training."""
   # Heavy imports after config validation, so config errors come back at once.
+  from maxtext.trainers.post_train.rl import run_folder
   from maxtext.trainers.post_train.rl.training_run import TrainingRun
+  from maxtext.utils import distributed
 
-  job = TrainingRun(cfg)  # run folder, meshes, data, model, cluster, learner; resumes a rerun
-  try:
-    job.evaluate_before()
-    job.train()
-    job.evaluate_after()
-    job.export()
-  finally:
-    job.close()
+  distributed.initialize()  # the job's processes agree on the lock
+  with run_folder.locked(cfg.run):  # one run writes the folder; exit 2 naming the run that holds it
+    job = TrainingRun(cfg)  # run folder, meshes, data, model, cluster, learner; resumes a rerun
+    try:
+      job.evaluate_before()
+      job.train()
+      job.evaluate_after()
+      job.export()
+    finally:
+      job.close()
   return job.summary()
 
 

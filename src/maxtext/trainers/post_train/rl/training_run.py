@@ -1,14 +1,17 @@
 """One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
 
 `TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at once),
-the run folder (resuming from its latest complete checkpoint), the meshes, tokenizer, data, the decoder
-with its weights, Tunix's cluster and the learner the config selects. Before each of the actor's
-checkpoint requests `_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient
-norm or reward logged so far or non-finite parameters or optimizer state after the update; between
-training steps `_between_steps` stops it on a non-finite logged value or on a signal (both raise out
-of Tunix's training loop, which has no other way out), uploads the run folder when it is on a bucket
-and, in standard GRPO, evaluates every eval_interval steps. A reward function that fails mid-run
-raises its InputError out of the training loop once the checkpoints already being saved have landed.
+the run folder (refusing a rerun that changes the settings that shape training, or a folder without
+room for two checkpoints; resuming from its latest complete checkpoint), the meshes, tokenizer, data,
+the decoder with its weights, Tunix's cluster and the learner the config selects; config.yml is
+written once the inputs it names have loaded. Before each of the actor's checkpoint requests
+`_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or reward
+logged so far or non-finite parameters or optimizer state after the update; between training steps
+`_between_steps` stops it on a non-finite logged value or on a signal (both raise out of Tunix's
+training loop, which has no other way out), uploads the run folder when it is on a bucket and, in
+standard GRPO, evaluates every eval_interval steps. A reward function that fails mid-run raises its
+InputError out of the training loop once the checkpoints already being saved have landed; a
+checkpoint that finds no space left on its device stops the run (shutdown.DiskFull).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from maxtext.models.load import load_model
 from maxtext.tasks import rewards
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
-from maxtext.utils import distributed, heap, shutdown
+from maxtext.utils import distributed, heap, shutdown, storage
 from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.errors import ConfigError, InputError
 from maxtext.utils.finite import all_finite
@@ -55,7 +58,8 @@ class TrainingRun:
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
-    folder.write_config(cfg)
+    folder.check_config(cfg)
+    folder.check_space(footprint.checkpoint_bytes(cfg))
     self._expected_peak = footprint.log_estimate(cfg)
     heap.release_after_compiling()
     processes = jax.process_count()
@@ -98,6 +102,7 @@ class TrainingRun:
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
     actor = load_model(cfg.model, trainer_mesh)
+    folder.write_config(cfg)  # once the inputs it names have loaded
 
     self.results = folder.previous_results(folder.resume())
     run = cfg.run
@@ -231,6 +236,10 @@ class TrainingRun:
       except InputError:  # a reward function's: the checkpoints saved before it land whole
         cluster.actor_trainer.checkpoint_manager.close()
         raise
+      except Exception as e:  # Orbax's writes fail as ValueErrors that carry the OS error's text
+        if not storage.no_space(e):
+          raise
+        raise shutdown.DiskFull(self.folder.checkpoints, self.folder.drop_unfinished_checkpoints()) from e
     trained = self.steps.done(cluster.actor_trainer.train_steps)
     self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
     log.info(
