@@ -1,5 +1,6 @@
 """Decoder numerics: KV-cache decoding equals a full forward pass; GGUF files load exactly."""
 
+import dataclasses
 import os
 import re
 
@@ -329,3 +330,57 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
   for name, lowered in programs.items():
     precisions = _dot_precisions(lowered)
     assert precisions and set(precisions) == {want}, (name, precisions)
+
+
+def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch):
+  """attention=cudnn_flash's call (decoder._dot_product_attention: the KV cache's layouts turned to
+  jax.nn.dot_product_attention's, grouped-query heads, the mask over every head, the scale), run
+  through XLA on CPU instead of cuDNN: the decoder's logits and gradients equal the einsum path's
+  (attention=dot_product), without a cache on left-padded causal rows and over a KV cache that
+  already holds a prompt. Decode steps (one query position) take the einsum path."""
+  _, _, m = _model("model_name=qwen3-tiny", "vocab_size=512")
+  assert m.config.attention == "dot_product" and m.config.num_query_heads > m.config.num_kv_heads
+  helper, implementations = decoder._dot_product_attention, []
+
+  def through_xla(q, k, v, mask, implementation):
+    implementations.append(implementation)
+    return helper(q, k, v, mask, "xla")
+
+  monkeypatch.setattr(decoder, "_dot_product_attention", through_xla)
+  flash_cfg = dataclasses.replace(m.config, attention="cudnn_flash")
+  flash = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: decoder.Decoder(flash_cfg, rngs=nnx.Rngs(0)))), nnx.state(m))
+
+  b, t, size, prompt = 2, 10, 16, 6
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (b, t), 0, 512)
+  valid = jnp.arange(t)[None] >= jnp.array([[0], [3]])  # the second row left-padded by 3
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  causal = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+  weights = (
+    jax.random.normal(jax.random.PRNGKey(2), (b, t + 1, 512))
+    * jnp.pad(valid, ((0, 0), (0, 1)), constant_values=True)[..., None]
+  )
+
+  def whole(model):
+    return model(tokens, positions, None, causal)[0]
+
+  def cached(model):
+    """A prompt chunk into an empty cache, the rest of the rows over it, then one decode step."""
+    cache = model.init_cache(b, size, jnp.float32)
+    pad = lambda mask: jnp.pad(mask, ((0, 0), (0, 0), (0, size - mask.shape[2])))
+    first, cache = model(tokens[:, :prompt], positions[:, :prompt], cache, pad(causal[:, :prompt, :prompt]))
+    rest, cache = model(tokens[:, prompt:], positions[:, prompt:], cache, pad(causal[:, prompt:]))
+    step_mask = jnp.concatenate([valid, jnp.ones((b, 1), bool)], axis=1)[:, None, :]
+    step, _ = model(tokens[:, -1:], positions[:, -1:] + 1, cache, pad(step_mask))
+    return jnp.concatenate([first, rest, step], axis=1)
+
+  for run in (whole, cached):
+    implementations.clear()
+    want, got = nnx.jit(run)(m), nnx.jit(run)(flash)
+    assert implementations == ["cudnn"] * m.config.num_layers * (1 if run is whole else 2), implementations
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    loss = lambda model, run=run: jnp.sum(run(model) * weights[:, : t + (run is cached)])
+    grads = [nnx.jit(nnx.grad(loss))(model) for model in (m, flash)]
+    largest = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0]))
+    for got_grad, want_grad in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0])):
+      np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5 * largest)
+
