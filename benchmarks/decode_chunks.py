@@ -48,7 +48,7 @@ def main() -> None:
 
   from maxtext.inference import continuous_batching as cb
 
-  cfg, mesh, model, n_params = model_benchmark._build(argparse.Namespace(model=args.model, dtype="float32"))
+  cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
   rows, cache_size = args.rows, args.prompt + args.reply
   rng = np.random.default_rng(0)
   vocab = cfg.model.vocab_size

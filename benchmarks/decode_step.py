@@ -62,7 +62,7 @@ def main() -> None:
   from maxtext.inference import continuous_batching as cb
   from maxtext.models.decoder import MatmulCopy
 
-  cfg, mesh, model, n_params = model_benchmark._build(argparse.Namespace(model=args.model, dtype="float32"))
+  cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
   rows, size = args.rows, args.cache
   rows_of = {"float32, 1 row": 1, f"float32, {rows} rows": rows, f"bfloat16 weights, {rows} rows": rows}
   result: dict = {"model": args.model, "rows": rows, "cache": size, "params": n_params, "ms": {}}

@@ -2,8 +2,12 @@
 remat, and KV-cache decode tokens/s at several batch sizes against the memory-bandwidth roofline.
 
     python benchmarks/model_benchmark.py [--quick] [--model qwen3-0.6b] [--dtype bfloat16]
+        [--weight-dtype float32] [--attention autoselected]
 
-Random weights. Each measurement runs in its own process so peak memory is per configuration
+Random weights; --weight-dtype (default: --dtype) float32 with --dtype bfloat16 is MaxText's mixed
+precision, --attention the config key (autoselected: cudnn_flash on an NVIDIA GPU in bfloat16). The
+training step's loss takes its log-probs through models/token_logps.py, a vocabulary slice at a
+time, as train_rl's does. Each measurement runs in its own process so peak memory is per configuration
 (GPU: XLA's peak_bytes_in_use; CPU: the process's peak RSS). Prints a table and writes
 benchmarks/results/model_benchmark.json.
 
@@ -13,7 +17,8 @@ is the roofline of a GRPO step on this machine: it measures the matmul peak (flo
 square matmuls) and the memory read bandwidth, then runs each phase of a step of the GSM8K shape
 (vs_trl.py --shape gsm8k: 2 prompts x 4 samples, 192-token prompts, 128-token replies) through the
 programs train_rl runs (worker_phases): rollout prefill and decode on the continuous batcher,
-reference forward and trainer forward+backward scoring each prompt once, and an AdamW update. Each
+reference forward (rollout.per_token_logps, as the cluster scores the reference) and trainer
+forward+backward (the policy loss's scoring.py) scoring each prompt once, and an AdamW update. Each
 phase is reported as achieved FLOP/s and bytes/s against the peak of its dtype, and decode against
 its read floor (every weight and the cached keys and values read once per step at the measured
 bandwidth). Random weights; TRL and Tunix's own step code are not in it. Writes
@@ -56,7 +61,9 @@ def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params:
   return rows * bandwidth / (n_params * dtype_bytes + kv)
 
 
-def _build(args, remat="none"):
+def _build(model_name: str, dtype: str, remat="none", weight_dtype: str | None = None, attention="autoselected"):
+  """The rl.yml config of model_name in dtype (weights in weight_dtype, default dtype), its mesh, a
+  random-weight model and its parameter count."""
   import jax
   from flax import nnx
 
@@ -69,9 +76,10 @@ def _build(args, remat="none"):
     [
       "bench",
       "rl.yml",
-      f"model_name={args.model}",
-      f"dtype={args.dtype}",
-      f"weight_dtype={args.dtype}",
+      f"model_name={model_name}",
+      f"dtype={dtype}",
+      f"weight_dtype={weight_dtype or dtype}",
+      f"attention={attention}",
       f"remat_policy={remat}",
     ]
   )
@@ -97,9 +105,10 @@ def worker_train(args) -> dict:
   import jax.numpy as jnp
   from flax import nnx
 
+  from maxtext.models.token_logps import token_logps
   from maxtext.trainers.post_train.rl import footprint
 
-  cfg, mesh, model, n_params = _build(args, args.remat)
+  cfg, mesh, model, n_params = _build(args.model, args.dtype, args.remat, args.weight_dtype, args.attention)
   b, t = args.batch, args.seq
   tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t + 1), 0, cfg.model.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
@@ -108,9 +117,9 @@ def worker_train(args) -> dict:
   @nnx.jit
   def step(m, tokens):
     def loss_fn(m):
-      logits, _ = m(tokens[:, :-1], pos, None, mask)
-      logp = jax.nn.log_softmax(logits.astype(jnp.float32))
-      return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
+      hidden, _ = m.hidden_states(tokens[:, :-1], pos, None, mask)
+      logps, _ = token_logps(hidden, m.output_head(), tokens[:, 1:], 1.0, m.config.precision)
+      return -logps.mean()
 
     return nnx.value_and_grad(loss_fn)(m)
 
@@ -130,6 +139,7 @@ def worker_train(args) -> dict:
   peak_flops = PEAKS.get(jax.devices()[0].device_kind, (None, None))[0]
   return {
     "params": n_params,
+    "attention": model.config.attention,
     "batch": b,
     "seq": t,
     "remat": args.remat,
@@ -149,7 +159,7 @@ def worker_decode(args) -> dict:
   import jax.numpy as jnp
   from flax import nnx
 
-  cfg, mesh, model, n_params = _build(args)
+  cfg, mesh, model, n_params = _build(args.model, args.dtype, weight_dtype=args.weight_dtype, attention=args.attention)
   b, p, n = args.batch, args.prompt, args.new_tokens
   size = p + n
   dtype = jnp.dtype(args.dtype)
@@ -227,8 +237,9 @@ def machine_peaks(repeats: int = 5) -> dict:
 def worker_phases(args) -> dict:
   """Each phase of a GRPO step of the GSM8K shape through the programs train_rl runs: the rollout on
   the continuous batcher (its prefill and decode told apart by the batcher's own decode clock),
-  the reference (whole logits, as Tunix computes its log-probs) and the trainer (the policy loss's
-  log-probs, scoring.py) scoring each group's prompt once (SharedPrefix), and AdamW. Best of
+  the reference (rollout.per_token_logps, as the cluster scores it) and the trainer (the policy loss's
+  log-probs, scoring.py) scoring each group's prompt once (SharedPrefix), both through the output
+  layer a vocabulary slice at a time, and AdamW. Best of
   args.iters timed runs after one that compiles."""
   import jax
   import jax.numpy as jnp
@@ -237,11 +248,12 @@ def worker_phases(args) -> dict:
   from flax import nnx
 
   from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+  from maxtext.integration.tunix import rollout as rollout_lib
   from maxtext.integration.tunix import scoring
   from maxtext.models.shared_prefix import SharedPrefix
 
   peaks = machine_peaks()
-  cfg, mesh, model, n_params = _build(args)
+  cfg, mesh, model, n_params = _build(args.model, args.dtype, weight_dtype=args.weight_dtype, attention=args.attention)
   prompts, group, p, n = 2, 4, 192, 128
   rows, size = prompts * group, p + n
   dtype = jnp.dtype(args.dtype)
@@ -250,8 +262,6 @@ def worker_phases(args) -> dict:
   kv_per_position = 2 * layers * cfg.model.num_kv_heads * cfg.model.head_dim * dtype.itemsize
   rng = np.random.default_rng(0)
   seqs = jnp.asarray(rng.integers(0, cfg.model.vocab_size, (rows, size)), jnp.int32)
-  positions = jnp.broadcast_to(jnp.arange(size), (rows, size))
-  causal = jnp.tril(jnp.ones((size, size), bool))[None].repeat(rows, 0)
 
   def flops(batch: int, tokens: int, context: float) -> float:
     # 2 N per token for the matmuls (the tied head included) and 4 L d_attn per attended position
@@ -260,16 +270,13 @@ def worker_phases(args) -> dict:
   scored = flops(prompts, p, p / 2) + flops(rows, n, p + n / 2)  # prompts once, then each completion
   shared = SharedPrefix(model, p, group)
 
-  def logp(m, tokens):
-    logits, _ = m(tokens[:, :-1], positions[:, :-1], None, causal[:, :-1, :-1])
-    lp = jax.nn.log_softmax(logits.astype(jnp.float32))
-    return jnp.take_along_axis(lp, tokens[:, p:, None], axis=-1)[..., 0]
+  def reference(m, tokens):  # the reference's log-probs as the cluster scores them (pad id -1: none)
+    return rollout_lib.per_token_logps(m, tokens[:, :p], tokens[:, p:], -1, -1, 1.0)
 
   def loss(m, tokens):  # the policy loss's log-probs (scoring.py; pad id -1: every token is real)
     logps, _ = scoring.completion_logps(m, tokens[:, :p], tokens[:, p:], -1, -1, 1.0)
     return -logps.mean()
 
-  reference = nnx.jit(logp)
   train = nnx.jit(lambda m, t: nnx.value_and_grad(lambda m: loss(m, t))(m))
   params = nnx.state(shared, nnx.Param)
   adamw = optax.adamw(1e-6, weight_decay=0.1)
@@ -281,7 +288,15 @@ def worker_phases(args) -> dict:
     return optax.apply_updates(params, updates), state
 
   sampling = SamplingParams(max_new_tokens=n, temperature=0.9, top_k=50, eos_ids=())
-  result = {"model": args.model, "dtype": args.dtype, "params": n_params, **peaks, "phases": []}
+  result = {
+    "model": args.model,
+    "dtype": args.dtype,
+    "weight_dtype": cfg.model.weight_dtype,
+    "attention": model.config.attention,
+    "params": n_params,
+    **peaks,
+    "phases": [],
+  }
 
   def add(name: str, seconds: float, phase_flops: float, phase_bytes: float, floor_s: float | None = None):
     result["phases"].append(
@@ -335,7 +350,8 @@ def worker_phases(args) -> dict:
 def _print_phases(result: dict) -> None:
   peak = result[f"matmul_flops_{result['dtype']}"]
   print(
-    f"{result['model']} {result['dtype']} on {result['device']} x{result['num_devices']}: matmul peak "
+    f"{result['model']} {result['dtype']} (weights {result['weight_dtype']}, attention {result['attention']}) on "
+    f"{result['device']} x{result['num_devices']}: matmul peak "
     f"{result['matmul_flops_float32'] / 1e9:.0f} GFLOP/s float32, {result['matmul_flops_bfloat16'] / 1e9:.0f} "
     f"bfloat16; read bandwidth {result['read_bytes_per_s'] / 1e9:.1f} GB/s"
   )
@@ -353,6 +369,7 @@ def _print_phases(result: dict) -> None:
 
 def _spawn(kind: str, args, **extra) -> dict:
   cmd = [sys.executable, __file__, "--worker", kind, "--model", args.model, "--dtype", args.dtype]
+  cmd += ["--weight-dtype", args.weight_dtype or args.dtype, "--attention", args.attention]
   for k, v in extra.items():
     cmd += [f"--{k.replace('_', '-')}", str(v)]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
@@ -381,10 +398,14 @@ def main() -> None:
   from maxtext.utils import xla_flags
 
   xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts
+  from maxtext.configs import sections
+
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--quick", action="store_true", help="short sequences and fewer decode batches (CPU)")
   parser.add_argument("--model", default="qwen3-0.6b")
   parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+  parser.add_argument("--weight-dtype", choices=["bfloat16", "float32"], help="parameter dtype (default: --dtype)")
+  parser.add_argument("--attention", default="autoselected", choices=sections.choices()["attention"])
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "model_benchmark.json"))
   parser.add_argument("--skip-decode", action="store_true", help="only the training-step measurements")
   parser.add_argument("--phases", action="store_true", help="the roofline of a GRPO step (see the docstring)")
@@ -417,10 +438,19 @@ def main() -> None:
     if args.skip_decode
     else [_spawn("decode", args, batch=b, prompt=64, new_tokens=16 if args.quick else 64) for b in (1, 16, 64)]
   )
-  result = {"model": args.model, "dtype": args.dtype, **_versions(), "train": train, "decode": decode}
+  result = {
+    "model": args.model,
+    "dtype": args.dtype,
+    "weight_dtype": args.weight_dtype or args.dtype,
+    "attention": train[0]["attention"],
+    **_versions(),
+    "train": train,
+    "decode": decode,
+  }
 
   print(
-    f"{args.model} {args.dtype} on {result['device']} x{result['num_devices']} (jax {result['jax']}, {result['date']})"
+    f"{args.model} {args.dtype} (weights {result['weight_dtype']}, attention {result['attention']}) on "
+    f"{result['device']} x{result['num_devices']} (jax {result['jax']}, {result['date']})"
   )
   print(
     f"{'remat':<6} {'batch x seq':>11} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'peak memory GiB':>16} "

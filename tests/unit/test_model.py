@@ -1,5 +1,6 @@
 """Decoder numerics: KV-cache decoding equals a full forward pass; GGUF files load exactly."""
 
+import dataclasses
 import os
 import re
 
@@ -329,3 +330,110 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
   for name, lowered in programs.items():
     precisions = _dot_precisions(lowered)
     assert precisions and set(precisions) == {want}, (name, precisions)
+
+
+def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch):
+  """attention=cudnn_flash's call (decoder._dot_product_attention: the KV cache's layouts turned to
+  jax.nn.dot_product_attention's, grouped-query heads, the mask over every head, the scale), run
+  through XLA on CPU instead of cuDNN: the decoder's logits and gradients equal the einsum path's
+  (attention=dot_product), without a cache on left-padded causal rows and over a KV cache that
+  already holds a prompt. Decode steps (one query position) take the einsum path."""
+  _, _, m = _model("model_name=qwen3-tiny", "vocab_size=512")
+  assert m.config.attention == "dot_product" and m.config.num_query_heads > m.config.num_kv_heads
+  helper, implementations = decoder._dot_product_attention, []
+
+  def through_xla(q, k, v, mask, implementation):
+    implementations.append(implementation)
+    return helper(q, k, v, mask, "xla")
+
+  monkeypatch.setattr(decoder, "_dot_product_attention", through_xla)
+  flash_cfg = dataclasses.replace(m.config, attention="cudnn_flash")
+  flash = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: decoder.Decoder(flash_cfg, rngs=nnx.Rngs(0)))), nnx.state(m))
+
+  b, t, size, prompt = 2, 10, 16, 6
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (b, t), 0, 512)
+  valid = jnp.arange(t)[None] >= jnp.array([[0], [3]])  # the second row left-padded by 3
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  causal = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+  weights = (
+    jax.random.normal(jax.random.PRNGKey(2), (b, t + 1, 512))
+    * jnp.pad(valid, ((0, 0), (0, 1)), constant_values=True)[..., None]
+  )
+
+  def whole(model):
+    return model(tokens, positions, None, causal)[0]
+
+  def cached(model):
+    """A prompt chunk into an empty cache, the rest of the rows over it, then one decode step."""
+    cache = model.init_cache(b, size, jnp.float32)
+    pad = lambda mask: jnp.pad(mask, ((0, 0), (0, 0), (0, size - mask.shape[2])))
+    first, cache = model(tokens[:, :prompt], positions[:, :prompt], cache, pad(causal[:, :prompt, :prompt]))
+    rest, cache = model(tokens[:, prompt:], positions[:, prompt:], cache, pad(causal[:, prompt:]))
+    step_mask = jnp.concatenate([valid, jnp.ones((b, 1), bool)], axis=1)[:, None, :]
+    step, _ = model(tokens[:, -1:], positions[:, -1:] + 1, cache, pad(step_mask))
+    return jnp.concatenate([first, rest, step], axis=1)
+
+  for run in (whole, cached):
+    implementations.clear()
+    want, got = nnx.jit(run)(m), nnx.jit(run)(flash)
+    assert implementations == ["cudnn"] * m.config.num_layers * (1 if run is whole else 2), implementations
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    loss = lambda model, run=run: jnp.sum(run(model) * weights[:, : t + (run is cached)])
+    grads = [nnx.jit(nnx.grad(loss))(model) for model in (m, flash)]
+    largest = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0]))
+    for got_grad, want_grad in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0])):
+      np.testing.assert_allclose(got_grad, want_grad, rtol=1e-4, atol=1e-5 * largest)
+
+
+def _op_types(lowered, op: str) -> set[str]:
+  """The element types of a StableHLO op's uses in a lowered program, shapes dropped: "(bf16, bf16) ->
+  f32" for a binary op, "f32" for a unary one."""
+  lines = [line for line in lowered.as_text().splitlines() if f"stablehlo.{op} " in line]
+  return {re.sub(r"tensor<(?:\d+x)*(\w+)>", r"\1", line.rsplit(" : ", 1)[1]) for line in lines}
+
+
+@pytest.mark.parametrize("model", ["qwen3-tiny", "llama-tiny"])
+def test_mixed_precision_trains_float32_weights_with_bfloat16_matmuls(model):
+  """weight_dtype=float32 with dtype=bfloat16 is MaxText's mixed precision. A training step (the loss's
+  scoring through SharedPrefix, the run's AdamW) keeps the weights, their gradient and AdamW's moments
+  in float32 and moves the weights; every matmul of the loss's forward pass takes bfloat16 operands
+  (the output layer's giving float32 logits), while the norms (rsqrt) and the softmaxes (exp, log)
+  compute in float32. Its per-token log-probs are the float32 model's within a few bfloat16 epsilons
+  relative to the log-prob, and its loss (their mean) within one."""
+  from maxtext.integration.tunix import cluster, scoring
+  from maxtext.models.shared_prefix import SharedPrefix
+  from maxtext.utils.steps import Steps
+
+  rng = np.random.default_rng(0)
+  prompt = jnp.asarray(np.repeat(rng.integers(2, 512, (2, 12)), 4, axis=0), jnp.int32)
+  completion = jnp.asarray(rng.integers(2, 512, (8, 16)), jnp.int32)
+
+  def loss(m):
+    logps = scoring.completion_logps(SharedPrefix(m, 12, 4), prompt, completion, 0, 1, 1.0)[0]
+    return -logps.mean(), logps
+
+  results = {}
+  for dtype in ("float32", "bfloat16"):
+    cfg, mesh, m = _model(f"model_name={model}", "vocab_size=512", f"dtype={dtype}", "warmup_steps_fraction=0")
+    assert cfg.model.weight_dtype == "float32"
+    with jax.set_mesh(mesh):
+      optimizer = nnx.Optimizer(m, cluster.optimizer(cfg.train, Steps.of(cfg.train, cfg.algorithm)), wrt=nnx.Param)
+      before = [np.asarray(w) for w in jax.tree.leaves(nnx.state(m, nnx.Param))]
+      (value, logps), grads = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(m)
+      optimizer.update(m, grads)
+    after = jax.tree.leaves(nnx.state(m, nnx.Param))
+    moments = [x for x in jax.tree.leaves(nnx.state(optimizer.opt_state)) if jnp.issubdtype(x.dtype, jnp.floating)]
+    assert {x.dtype for x in (*after, *jax.tree.leaves(grads), *moments)} == {jnp.dtype(jnp.float32)}
+    assert len(moments) >= 2 * len(after)
+    assert all(not np.array_equal(w, b) for w, b in zip(after, before) if w.ndim >= 2)
+    results[dtype] = float(value), np.asarray(logps)
+    graphdef, state = nnx.split(m)
+    forward = jax.jit(lambda s, graphdef=graphdef: loss(nnx.merge(graphdef, s))[0]).lower(state)
+    compute = "bf16" if dtype == "bfloat16" else "f32"
+    assert _op_types(forward, "dot_general") == {f"({compute}, {compute}) -> {t}" for t in {compute, "f32"}}
+    assert _op_types(forward, "rsqrt") == _op_types(forward, "log") == {"f32"}
+    assert "f32" in _op_types(forward, "exponential")  # the softmaxes' (silu's is in dtype)
+  eps = float(jnp.finfo(jnp.bfloat16).eps)
+  (want_loss, want), (got_loss, got) = results["float32"], results["bfloat16"]
+  np.testing.assert_array_less(np.abs(got - want), 4 * eps * np.abs(want))
+  assert abs(got_loss - want_loss) < eps * abs(want_loss)

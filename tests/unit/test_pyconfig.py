@@ -187,6 +187,63 @@ def test_matmul_precision_takes_maxtexts_names_and_refuses_others():
     make_config("matmul_precision=float32")
 
 
+def test_attention_takes_maxtexts_choices_and_is_dot_product_on_cpu():
+  """attention (autoselected by default) resolves, where the decoder's config is built, to dot_product
+  on CPU in either dtype; a value outside MaxText's choices is refused naming them."""
+  from maxtext.models.decoder import ModelConfig
+
+  for args in ((), ("dtype=bfloat16",), ("dtype=bfloat16", "attention=dot_product")):
+    assert ModelConfig.from_config(make_config(*args).model).attention == "dot_product"
+  with pytest.raises(
+    pyconfig.ConfigError, match="^attention='flash': expected one of autoselected, dot_product, cudnn_flash$"
+  ):
+    make_config("attention=flash")
+
+
+def test_cudnn_flash_is_refused_without_bfloat16_and_off_nvidia_gpus():
+  """cuDNN's flash attention takes bfloat16 (the config refuses dtype=float32, naming dtype) on NVIDIA
+  GPUs (building the decoder's config on CPU refuses it, naming the backend and the choices)."""
+  from maxtext.models.decoder import ModelConfig
+
+  with pytest.raises(
+    pyconfig.ConfigError, match=r"^attention=cudnn_flash, dtype='float32': .* expected dtype=bfloat16"
+  ):
+    make_config("attention=cudnn_flash")
+  section = make_config("attention=cudnn_flash", "dtype=bfloat16").model
+  with pytest.raises(
+    pyconfig.ConfigError,
+    match=r"^attention=cudnn_flash: .* NVIDIA GPU, but JAX's backend is cpu; expected one of autoselected, "
+    r"dot_product, cudnn_flash",
+  ):
+    ModelConfig.from_config(section)
+
+
+@pytest.mark.parametrize("platform_version, nvidia", [("cuda 12080", True), ("rocm 60342", False)])
+def test_autoselected_attention_is_cudnn_flash_on_an_nvidia_gpu_in_bfloat16(monkeypatch, platform_version, nvidia):
+  """On a GPU backend (JAX's backend and platform version stood in for) autoselected is cudnn_flash
+  where the GPU is NVIDIA's and dtype is bfloat16, else dot_product; an explicit cudnn_flash on another
+  GPU is refused naming it."""
+  import types
+
+  import jax
+  import jax.extend
+
+  from maxtext.models import attention
+
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(
+    jax.extend.backend, "get_backend", lambda: types.SimpleNamespace(platform_version=platform_version)
+  )
+  select = lambda *args: attention.select(make_config(*args).model)
+  assert select("dtype=bfloat16") == ("cudnn_flash" if nvidia else "dot_product")
+  assert select() == select("dtype=bfloat16", "attention=dot_product") == "dot_product"
+  if nvidia:
+    assert select("dtype=bfloat16", "attention=cudnn_flash") == "cudnn_flash"
+  else:
+    with pytest.raises(pyconfig.ConfigError, match=re.escape(f"JAX's backend is gpu ({platform_version})")):
+      select("dtype=bfloat16", "attention=cudnn_flash")
+
+
 @pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps"])
 def test_negative_count_names_the_key(key):
   assert make_config(f"{key}=0", "rl.use_agentic_rollout=true")

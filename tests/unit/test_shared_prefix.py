@@ -2,6 +2,8 @@
 reference): the same logits, loss and gradients as Tunix's loss on whole sequences, for a fraction of
 the work."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from flax import nnx
 from tunix.rl import common
 from tunix.rl.grpo import grpo_learner
+from tunix.rl.inference import inference_worker
 
 from maxtext.integration.tunix import algorithm, cluster, losses, prefix_sharing
 from maxtext.models import builder, load
@@ -88,7 +91,9 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
 
 def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
   """The KL reference wraps the model in SharedPrefix over max_prompt_length tokens; a batch whose
-  prompts are padded wider (the rollout pads to at least max_prompt_length) scores the same."""
+  prompts are padded wider (the rollout pads to at least max_prompt_length) scores the same, through
+  Tunix's whole logits and through the inference worker's scoring as build_cluster leaves it (the
+  output layer a vocabulary slice at a time)."""
   cfg, model = _model(
     "model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04", f"max_prompt_length={PROMPT - 6}"
   )
@@ -99,7 +104,11 @@ def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
     common.compute_per_token_logps(*nnx.split(m), example.prompt_ids, example.completion_ids, PAD, EOS, temperature=0.9)
     for m in (model, reference)
   ]
-  np.testing.assert_allclose(logps[1], logps[0], rtol=1e-5, atol=1e-5)
+  worker = inference_worker.InferenceWorker({"reference": reference})
+  cluster.score_reference_in_slices(types.SimpleNamespace(inference_worker=worker))
+  logps.append(worker.get_ref_per_token_logps(example.prompt_ids, example.completion_ids, PAD, EOS, 0.9))
+  for got in logps[1:]:
+    np.testing.assert_allclose(got, logps[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_fraction_of_the_work():

@@ -1,6 +1,10 @@
 """Token log-probs and entropies from hidden states a vocabulary slice at a time (models/
 token_logps.py) against PyTorch autograd through whole logits, and the memory they are for."""
 
+import math
+import re
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -78,3 +82,82 @@ def test_the_training_step_keeps_no_whole_logits(monkeypatch):
   slice_logits = tokens_n * tl.vocab_slice(tokens_n, vocab) * 4
   assert slice_logits < logits / 2
   assert temps["sliced"] <= 4 * slice_logits + 2 * vocab * dim * 4, temps
+
+
+def _logits_sized_float32(hlo: str, tokens: int, vocab: int) -> list[str]:
+  """The float32 arrays in a compiled program's HLO with a vocabulary-wide axis and at least tokens x
+  vocab values."""
+  shapes = {tuple(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\bf32\[([\d,]*)\]", hlo)}
+  return [f"f32{list(s)}" for s in sorted(shapes) if vocab in s and math.prod(s) >= tokens * vocab]
+
+
+def test_no_whole_float32_logits_in_the_loss_gradient_or_the_reference_scoring(monkeypatch):
+  """Compiled, not run, for a model whose vocabulary spans 8 slices: the policy loss's gradient (through
+  SharedPrefix, as the trainer runs it) and the reference's log-probs (the inference worker's
+  get_ref_per_token_logps as build_cluster leaves it) hold no float32 array of the scored tokens x
+  vocabulary, while Tunix's own reference scoring, from whole logits, does (so the check sees them).
+  The model's width is below the token count, so its [vocab, width] gradients are smaller."""
+  from flax import nnx
+  from tunix.rl.grpo import grpo_learner
+  from tunix.rl.inference import inference_worker
+
+  from maxtext.integration.tunix import algorithm, cluster, losses, prefix_sharing
+  from maxtext.models import load
+  from maxtext.utils.mesh import create_meshes
+  from tests.conftest import make_config
+
+  monkeypatch.setattr(tl, "CHUNK_BYTES", 0)  # the narrowest slices
+  group, prompts, prompt, completion, vocab = 4, 2, 12, 24, 8192
+  cfg = make_config(
+    "model_name=qwen3-tiny",
+    f"vocab_size={vocab}",
+    f"rl.num_generations={group}",
+    "rl.grpo_beta=0.04",
+    f"max_prompt_length={prompt}",
+  )
+  tokens = prompts * group * completion
+  assert tl.vocab_slice(tokens, vocab) == vocab // 8 and cfg.model.emb_dim < tokens
+  model = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
+  rows = prompts * group
+  rng = np.random.default_rng(0)
+  prompt_ids = jnp.asarray(np.repeat(rng.integers(2, vocab, (prompts, prompt)), group, axis=0), jnp.int32)
+  completion_ids = jnp.asarray(rng.integers(2, vocab, (rows, completion)), jnp.int32)
+  example = grpo_learner.TrainExample(
+    prompt_ids=prompt_ids,
+    prompt_mask=jnp.ones(prompt_ids.shape, bool),
+    completion_ids=completion_ids,
+    completion_mask=jnp.ones(completion_ids.shape, bool),
+    advantages=jnp.asarray(rng.normal(size=rows), jnp.float32),
+    ref_per_token_logps=jnp.zeros(completion_ids.shape),
+    old_per_token_logps=None,
+  )
+  config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
+  config.temperature = 0.9
+  ppo_clip = lambda m, ex, algo: losses.POLICY_LOSSES["ppo_clip"](m, ex, algo, pad_id=0, eos_id=1)
+  loss = prefix_sharing.SharedPrefixLoss(ppo_clip, group)
+  graphdef, state = nnx.split(model)
+
+  def loss_gradient(state):
+    return nnx.grad(lambda m: loss(m, example, config)[0])(nnx.merge(graphdef, state))
+
+  def reference_scoring(state, ours: bool):
+    reference = cluster.reference_model(cfg.algorithm, nnx.merge(graphdef, state), prompt)
+    worker = inference_worker.InferenceWorker({"reference": reference})
+    if ours:
+      cluster.score_reference_in_slices(types.SimpleNamespace(inference_worker=worker))
+    return worker.get_ref_per_token_logps(prompt_ids, completion_ids, 0, 1, 0.9)
+
+  programs = {
+    "loss gradient": jax.jit(loss_gradient),
+    "reference": jax.jit(reference_scoring, static_argnums=1),
+  }
+  found = {
+    name: _logits_sized_float32(program.lower(state, *args).compile().as_text(), tokens, vocab)
+    for name, program, args in (
+      ("loss gradient", programs["loss gradient"], ()),
+      ("reference", programs["reference"], (True,)),
+      ("Tunix's reference", programs["reference"], (False,)),
+    )
+  }
+  assert found["Tunix's reference"], found
+  assert not found["loss gradient"] and not found["reference"], found

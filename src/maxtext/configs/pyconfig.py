@@ -425,6 +425,11 @@ def _validate(v: dict[str, Any]) -> None:
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
   _check_optimizer(v)
+  if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
+    raise ConfigError(
+      f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "
+      "inputs; expected dtype=bfloat16, or attention=autoselected or dot_product"
+    )
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size", "decode_steps_per_dispatch"):

@@ -25,6 +25,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full"]
 MatmulPrecision = Literal["default", "high", "highest"]
+Attention = Literal["autoselected", "dot_product", "cudnn_flash"]
 DecoderFamily = Literal["llama", "qwen3"]
 AnswerFormat = Literal["tags", "last_number"]
 RolloutEngineName = Literal["batched", "vanilla"]
@@ -89,6 +90,7 @@ class ModelSection:
   weight_dtype: Dtype
   remat_policy: RematPolicy
   matmul_precision: MatmulPrecision
+  attention: Attention
   load_parameters_path: str
   tokenizer_path: str
   init_weights_seed: int

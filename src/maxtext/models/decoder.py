@@ -15,13 +15,14 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from maxtext.configs.sections import MatmulPrecision, ModelSection
+from maxtext.models import attention as attention_lib
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -56,6 +57,10 @@ class ModelConfig:
   matmul_dtype: Any = None
   # Every matmul's precision (jax.lax.Precision's name: default, high, highest), passed to each dot.
   matmul_precision: MatmulPrecision = "default"
+  # How attention is computed (attention_lib.select's choice for the run): cudnn_flash computes a
+  # sequence's (more than one query position) with cuDNN's flash attention, a decode step's with
+  # dot_product's einsums.
+  attention: attention_lib.Selected = "dot_product"
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:
@@ -82,6 +87,7 @@ class ModelConfig:
       lora_alpha=float(cfg.lora_alpha),
       lora_module_path=cfg.lora_module_path,
       matmul_precision=cfg.matmul_precision,
+      attention=attention_lib.select(cfg),
     )
 
   @property
@@ -247,6 +253,8 @@ class Attention(_Projections):
       new_cache = {"k": k, "v": v, "end_index": start + x.shape[1]}
 
     b, t, hq, d = q.shape
+    if cfg.attention == "cudnn_flash" and t > 1:
+      return self._project(cfg, "o_proj", _dot_product_attention(q, k, v, attention_mask, "cudnn")), new_cache
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
     precision = cfg.precision
@@ -260,6 +268,23 @@ class Attention(_Projections):
       out = jnp.einsum("bkgts,bksd->btkgd", probs, v.astype(dt), precision=precision)
     out = out.reshape(b, t, hq, d)
     return self._project(cfg, "o_proj", out), new_cache
+
+
+def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"]) -> jax.Array:
+  """Attention through jax.nn.dot_product_attention with `implementation` (cudnn: cuDNN's flash
+  attention, what attention=cudnn_flash runs; xla: the same call through XLA): queries q [B, T, N, D],
+  keys k [B, K, D, S] and values v [B, K, S, D] (the KV cache's layouts; N a multiple of K), mask
+  [B, T, S] (True attends) for every head, logits scaled by 1 / sqrt(D). Keys and values are taken in
+  q's dtype; returns [B, T, N, D] in it."""
+  dt = q.dtype
+  return jax.nn.dot_product_attention(
+    q,
+    k.transpose(0, 3, 1, 2).astype(dt),
+    v.transpose(0, 2, 1, 3).astype(dt),
+    mask=mask[:, None],
+    scale=q.shape[-1] ** -0.5,
+    implementation=implementation,
+  )
 
 
 class MLP(_Projections):

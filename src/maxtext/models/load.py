@@ -124,15 +124,15 @@ def read_adapters(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
 
 def load_model(cfg: ModelSection, mesh: Mesh) -> Decoder:
   """The run's decoder: its weights, with LoRA adapters (fresh, or lora_input_adapters_path's) when
-  lora_rank > 0."""
+  lora_rank > 0. Logs where the weights come from and the attention chosen (attention.select)."""
   mcfg = ModelConfig.from_config(cfg)
   base_cfg = dataclasses.replace(mcfg, lora_rank=0)
   path = parameters_path(cfg)
   if not path:
-    log.info("Initialising %s randomly (seed %d)", cfg.model_name, cfg.init_weights_seed)
+    log.info("Initialising %s randomly (seed %d); attention %s", cfg.model_name, cfg.init_weights_seed, mcfg.attention)
     model = builder.init_random(base_cfg, mesh, cfg.init_weights_seed)
   else:
-    log.info("Loading weights from %s", path)
+    log.info("Loading weights from %s; attention %s", path, mcfg.attention)
     model = builder.from_arrays(base_cfg, mesh, read_arrays(path, cfg), path)
   if mcfg.lora_rank:
     model = builder.with_lora(model, mcfg, cfg.init_weights_seed)

@@ -19,7 +19,7 @@ from tunix.sft import utils as sft_utils
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs.sections import AlgorithmSection, RunSection, TrainSection
-from maxtext.integration.tunix import accumulation, metrics
+from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
@@ -172,10 +172,24 @@ def build_cluster(
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)
   trainer.with_training_hooks(ReleaseFreedMemory())
   accumulation.install(trainer, training.actor_optimizer)
+  score_reference_in_slices(cluster)
   feed_global_batches(cluster, trainer_mesh)
   if hasattr(cluster.rollout, "keys"):
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster
+
+
+def score_reference_in_slices(cluster: rl_cluster_lib.RLCluster) -> None:
+  """The reference's log-probs come from scoring.py, as the policy loss's and the samplers' do: its
+  final hidden states through the output layer a vocabulary slice at a time. Tunix's inference worker
+  takes them from the model's whole float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
+  worker = cluster.inference_worker
+
+  def reference_logps(prompt_tokens, completion_tokens, pad_id, eos_id, temperature=1.0):
+    reference = worker.get_model("reference")
+    return rollout.per_token_logps(reference, prompt_tokens, completion_tokens, pad_id, eos_id, temperature)
+
+  worker.get_ref_per_token_logps = reference_logps
 
 
 def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
