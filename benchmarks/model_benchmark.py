@@ -56,7 +56,9 @@ def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params:
   return rows * bandwidth / (n_params * dtype_bytes + kv)
 
 
-def _build(args, remat="none"):
+def _build(args, remat="none", overrides=()):
+  """(config, mesh, random-weight model, parameter count) of args.model in args.dtype; overrides:
+  more key=value arguments for the config (e.g. scan_layers=true)."""
   import jax
   from flax import nnx
 
@@ -73,6 +75,7 @@ def _build(args, remat="none"):
       f"dtype={args.dtype}",
       f"weight_dtype={args.dtype}",
       f"remat_policy={remat}",
+      *overrides,
     ]
   )
   mesh, _ = create_meshes(cfg.mesh, agentic=False)
@@ -93,36 +96,45 @@ def _peak_memory() -> int:
 
 
 def worker_train(args) -> dict:
+  """A training step (forward, cross-entropy over every next token, backward) on random tokens of
+  args.batch x args.seq: its program compiled once ahead of time (lowering and compiling timed
+  apart), then args.iters timed runs after one untimed one. getattr(args, "overrides", ()): more
+  key=value config arguments."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
 
   from maxtext.trainers.post_train.rl import footprint
 
-  cfg, mesh, model, n_params = _build(args, args.remat)
+  overrides = tuple(getattr(args, "overrides", None) or ())
+  cfg, mesh, model, n_params = _build(args, args.remat, overrides)
   b, t = args.batch, args.seq
   tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t + 1), 0, cfg.model.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
   mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+  graphdef, state = nnx.split(model)
 
-  @nnx.jit
-  def step(m, tokens):
+  def train_step(state, tokens):
     def loss_fn(m):
       logits, _ = m(tokens[:, :-1], pos, None, mask)
       logp = jax.nn.log_softmax(logits.astype(jnp.float32))
       return -jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).mean()
 
-    return nnx.value_and_grad(loss_fn)(m)
+    return nnx.value_and_grad(loss_fn)(nnx.merge(graphdef, state))
 
   rss_before = int(footprint.peak_rss_bytes())
   with jax.set_mesh(mesh):
-    graphdef, state = nnx.split(model)
-    planned = jax.jit(lambda s, t: step(nnx.merge(graphdef, s), t)).lower(state, tokens).compile().memory_analysis()
-    jax.block_until_ready(step(model, tokens))  # compile
     start = time.perf_counter()
+    lowered = jax.jit(train_step).lower(state, tokens)
+    lowered_at = time.perf_counter()
+    step = lowered.compile()
+    compiled_at = time.perf_counter()
+    planned = step.memory_analysis()
+    jax.block_until_ready(step(state, tokens))
+    start_timing = time.perf_counter()
     for _ in range(args.iters):
-      jax.block_until_ready(step(model, tokens))
-    elapsed = (time.perf_counter() - start) / args.iters
+      jax.block_until_ready(step(state, tokens))
+    elapsed = (time.perf_counter() - start_timing) / args.iters
   # 6 N per token for the dense layers plus 12 L T d_attn for attention scores (fwd+bwd).
   flops = (
     b * t * (6 * n_params + 12 * cfg.model.num_decoder_layers * t * cfg.model.num_query_heads * cfg.model.head_dim)
@@ -133,10 +145,13 @@ def worker_train(args) -> dict:
     "batch": b,
     "seq": t,
     "remat": args.remat,
+    "overrides": list(overrides),
     "step_s": elapsed,
     "tokens_per_s": b * t / elapsed,
     "tflops_per_s": flops / elapsed / 1e12,
     "mfu": flops / elapsed / peak_flops if peak_flops else None,
+    "lower_s": lowered_at - start,  # tracing and lowering to StableHLO
+    "compile_s": compiled_at - lowered_at,  # XLA's compilation
     "peak_memory_bytes": _peak_memory(),
     "rss_before_step_bytes": rss_before,
     # XLA's plan for the step: temporaries (activations kept for the backward pass and scratch).
