@@ -3,7 +3,7 @@ rollout shape (SmolLM2-135M in float32, 64 rows: 8 prompts x 8 samples of 40 tok
 replies, top-k off) through the real ContinuousBatcher, against the decode program's own time.
 
     python benchmarks/decode_chunks.py [--model smollm2-135m] [--rows 64] [--prompt 40] [--reply 12]
-                                       [--chunks 1 4 16] [--rounds 3]
+                                       [--chunks 1 4 16] [--rounds 3] [--dtype float32]
 
 For each chunk size, in one process: a round that compiles, then --rounds rounds of fresh prompts,
 every row decoding its whole reply (no EOS). A step's time is the batcher's decode time per decode
@@ -26,6 +26,41 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 
+def batcher_decode(model, rows: int, prompt: int, reply: int, chunk: int, rounds: int, rng) -> dict:
+  """The continuous batcher's decode speed with steps_per_dispatch=chunk: rounds + 1 rounds (the
+  first compiles) of `rows` requests, groups of 8 sharing a fresh random prompt of `prompt` tokens
+  (as GRPO samples them; single requests when rows is not a multiple of 8), every row decoding
+  `reply` tokens (no EOS, top-k off). Returns the busy-row tokens/s of the decode dispatches that
+  did not compile (every row busy in every step), the step time, the bytes read per second and the
+  dispatches."""
+  import jax
+
+  from maxtext.inference import continuous_batching as cb
+
+  group = 8 if rows % 8 == 0 else 1
+  vocab = model.config.vocab_size
+  batcher = cb.ContinuousBatcher(model, prompt + reply, rows, steps_per_dispatch=chunk)
+  try:
+    params = cb.SamplingParams(reply, temperature=1.0)
+    for round_ in range(rounds + 1):  # the first dispatch compiles; decode_rate leaves it out
+      prompts = [rng.integers(1, vocab, size=prompt).tolist() for _ in range(rows // group)]
+      requests = [p for p in prompts for _ in range(group)]
+      keys = [jax.random.PRNGKey(1000 * round_ + i) for i in range(len(requests))]
+      [f.result() for f in batcher.submit_many(requests, params, keys)]
+    tokens_s, bytes_s = batcher.decode_rate()
+    dispatches = batcher.decode_dispatches
+  finally:
+    batcher.close()
+  return {
+    "rows": rows,
+    "decode_steps_per_dispatch": chunk,
+    "tokens_per_s": tokens_s,
+    "step_ms": rows / tokens_s * 1e3,
+    "gb_per_s": bytes_s / 1e9,
+    "dispatches": dispatches,
+  }
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="smollm2-135m")
@@ -34,6 +69,7 @@ def main() -> None:
   parser.add_argument("--reply", type=int, default=12)
   parser.add_argument("--chunks", type=int, nargs="+", default=[1, 4, 16])
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "decode_chunks.json"))
   args = parser.parse_args()
 
@@ -48,7 +84,7 @@ def main() -> None:
 
   from maxtext.inference import continuous_batching as cb
 
-  cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
+  cfg, mesh, model, n_params = model_benchmark._build(args.model, args.dtype)
   rows, cache_size = args.rows, args.prompt + args.reply
   rng = np.random.default_rng(0)
   vocab = cfg.model.vocab_size
@@ -57,6 +93,7 @@ def main() -> None:
     "rows": rows,
     "prompt": args.prompt,
     "reply": args.reply,
+    "dtype": args.dtype,
     "device": jax.devices()[0].device_kind,
     "chunks": [],
   }
@@ -64,7 +101,7 @@ def main() -> None:
   with jax.set_mesh(mesh):
     # The decode program's own time per step: one chunk of `reply` steps, dispatched back to back.
     static, state = cb._StaticGraph(nnx.split(model)[0]), nnx.state(model)
-    held = {"cache": model.init_cache(rows, cache_size, jnp.float32)}
+    held = {"cache": model.init_cache(rows, cache_size, jnp.dtype(args.dtype))}
     tokens = jnp.ones((rows,), jnp.int32)
     positions = jnp.full((rows,), args.prompt - 1, jnp.int32)
     steps, keys = jnp.zeros((rows,), jnp.int32), jnp.zeros((rows, 2), jnp.uint32)
@@ -101,17 +138,8 @@ def main() -> None:
     own = statistics.median(times)
 
     for size in args.chunks:
-      batcher = cb.ContinuousBatcher(model, cache_size, rows, steps_per_dispatch=size)
-      params = cb.SamplingParams(args.reply, temperature=1.0)
-      for round_ in range(args.rounds + 1):  # the first dispatch compiles; decode_rate leaves it out
-        prompts = [rng.integers(1, vocab, size=args.prompt).tolist() for _ in range(rows // 8)]
-        group = [p for p in prompts for _ in range(8)]
-        keys_ = [jax.random.PRNGKey(1000 * round_ + i) for i in range(len(group))]
-        [f.result() for f in batcher.submit_many(group, params, keys_)]
-      tokens_s, _ = batcher.decode_rate()
-      step = rows / tokens_s  # every row is busy in every step
-      dispatches = batcher.decode_dispatches
-      batcher.close()
+      measured = batcher_decode(model, rows, args.prompt, args.reply, size, args.rounds, rng)
+      step = measured["step_ms"] / 1e3
       result["chunks"].append(
         {
           "decode_steps_per_dispatch": size,
@@ -119,7 +147,7 @@ def main() -> None:
           "program_ms_per_step": own * 1e3,
           "host_overhead_ms_per_step": (step - own) * 1e3,
           "host_overhead_fraction": (step - own) / step,
-          "dispatches": dispatches,
+          "dispatches": measured["dispatches"],
         }
       )
   print(

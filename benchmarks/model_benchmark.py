@@ -61,9 +61,12 @@ def decode_roofline(cfg, rows: int, cache_size: int, dtype_bytes: int, n_params:
   return rows * bandwidth / (n_params * dtype_bytes + kv)
 
 
-def _build(model_name: str, dtype: str, remat="none", weight_dtype: str | None = None, attention="autoselected"):
+def _build(
+  model_name: str, dtype: str, remat="none", weight_dtype: str | None = None, attention="autoselected", overrides=()
+):
   """The rl.yml config of model_name in dtype (weights in weight_dtype, default dtype), its mesh, a
-  random-weight model and its parameter count."""
+  random-weight model and its parameter count; overrides: more key=value arguments for the config
+  (e.g. scan_layers=true), applied last."""
   import jax
   from flax import nnx
 
@@ -81,6 +84,7 @@ def _build(model_name: str, dtype: str, remat="none", weight_dtype: str | None =
       f"weight_dtype={weight_dtype or dtype}",
       f"attention={attention}",
       f"remat_policy={remat}",
+      *overrides,
     ]
   )
   mesh, _ = create_meshes(cfg.mesh, agentic=False)
@@ -101,6 +105,10 @@ def _peak_memory() -> int:
 
 
 def worker_train(args) -> dict:
+  """A training step (forward, cross-entropy over every next token, backward) on random tokens of
+  args.batch x args.seq: its program compiled once ahead of time (lowering and compiling timed
+  apart), then args.iters timed runs after one untimed one. getattr(args, "overrides", ()): more
+  key=value config arguments."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
@@ -108,30 +116,42 @@ def worker_train(args) -> dict:
   from maxtext.models.token_logps import token_logps
   from maxtext.trainers.post_train.rl import footprint
 
-  cfg, mesh, model, n_params = _build(args.model, args.dtype, args.remat, args.weight_dtype, args.attention)
+  overrides = tuple(getattr(args, "overrides", None) or ())
+  cfg, mesh, model, n_params = _build(
+    args.model,
+    args.dtype,
+    args.remat,
+    getattr(args, "weight_dtype", None),
+    getattr(args, "attention", "autoselected"),
+    overrides,
+  )
   b, t = args.batch, args.seq
   tokens = jax.random.randint(jax.random.PRNGKey(0), (b, t + 1), 0, cfg.model.vocab_size)
   pos = jnp.broadcast_to(jnp.arange(t), (b, t))
   mask = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+  graphdef, state = nnx.split(model)
 
-  @nnx.jit
-  def step(m, tokens):
+  def train_step(state, tokens):
     def loss_fn(m):
       hidden, _ = m.hidden_states(tokens[:, :-1], pos, None, mask)
       logps, _ = token_logps(hidden, m.output_head(), tokens[:, 1:], 1.0, m.config.precision)
       return -logps.mean()
 
-    return nnx.value_and_grad(loss_fn)(m)
+    return nnx.value_and_grad(loss_fn)(nnx.merge(graphdef, state))
 
   rss_before = int(footprint.peak_rss_bytes())
   with jax.set_mesh(mesh):
-    graphdef, state = nnx.split(model)
-    planned = jax.jit(lambda s, t: step(nnx.merge(graphdef, s), t)).lower(state, tokens).compile().memory_analysis()
-    jax.block_until_ready(step(model, tokens))  # compile
     start = time.perf_counter()
+    lowered = jax.jit(train_step).lower(state, tokens)
+    lowered_at = time.perf_counter()
+    step = lowered.compile()
+    compiled_at = time.perf_counter()
+    planned = step.memory_analysis()
+    jax.block_until_ready(step(state, tokens))
+    start_timing = time.perf_counter()
     for _ in range(args.iters):
-      jax.block_until_ready(step(model, tokens))
-    elapsed = (time.perf_counter() - start) / args.iters
+      jax.block_until_ready(step(state, tokens))
+    elapsed = (time.perf_counter() - start_timing) / args.iters
   # 6 N per token for the dense layers plus 12 L T d_attn for attention scores (fwd+bwd).
   flops = (
     b * t * (6 * n_params + 12 * cfg.model.num_decoder_layers * t * cfg.model.num_query_heads * cfg.model.head_dim)
@@ -143,10 +163,13 @@ def worker_train(args) -> dict:
     "batch": b,
     "seq": t,
     "remat": args.remat,
+    "overrides": list(overrides),
     "step_s": elapsed,
     "tokens_per_s": b * t / elapsed,
     "tflops_per_s": flops / elapsed / 1e12,
     "mfu": flops / elapsed / peak_flops if peak_flops else None,
+    "lower_s": lowered_at - start,  # tracing and lowering to StableHLO
+    "compile_s": compiled_at - lowered_at,  # XLA's compilation
     "peak_memory_bytes": _peak_memory(),
     "rss_before_step_bytes": rss_before,
     # XLA's plan for the step: temporaries (activations kept for the backward pass and scratch).

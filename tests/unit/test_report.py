@@ -142,3 +142,14 @@ def test_gain_interval_and_no_signal_warning(tmp_path):
   assert "**Warning:** on average 75% of the groups per step had equal rewards" in text
   quiet = _run_folder(tmp_path / "r2", rows=[{**r, "frac_reward_zero_std": 0.25} for r in ROWS])
   assert "Warning" not in open(report.write(str(quiet))["report"], encoding="utf-8").read()
+
+
+def test_without_matplotlib_the_report_is_text_alone(tmp_path, monkeypatch):
+  """Where matplotlib is not installed (an accelerator image given only the wheels the device suite
+  needs), report.md is still written, with its tables and no plots."""
+  find_spec = report.importlib.util.find_spec
+  monkeypatch.setattr(report.importlib.util, "find_spec", lambda n, *a: None if n == "matplotlib" else find_spec(n, *a))
+  written = report.write(str(_run_folder(tmp_path / "run")))
+  text = open(written["report"], encoding="utf-8").read()
+  assert written["plots"] == [] and "## Plots" not in text and "|" in text
+  assert not (tmp_path / "run" / "plots").exists() or not list((tmp_path / "run" / "plots").iterdir())

@@ -5,20 +5,20 @@
 rebuilds it at any time (train_rl writes it when a run ends); stdout gets one JSON line naming the
 files written. Plots: reward (mean and per function), evaluation accuracy before/during/after
 training, KL, loss, response length, step time and, in agentic runs, staleness and tool call and
-failure frequency. A plot whose metrics the run did not log is left out.
+failure frequency. A plot whose metrics the run did not log is left out; without matplotlib installed
+the report has no plots.
 """
 
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import math
 import os
 import sys
 
 import yaml
-from matplotlib import ticker
-from matplotlib.figure import Figure
 
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
 from maxtext.utils import errors, jsonl
@@ -107,6 +107,9 @@ def _plot(path: str, title: str, ylabel: str, lines: list[tuple[str, list, list]
   lines = [line for line in lines if line[1]]
   if not lines:
     return False
+  from matplotlib import ticker
+  from matplotlib.figure import Figure
+
   fig = Figure(figsize=(6.4, 3.6), dpi=100, layout="constrained")
   ax = fig.add_subplot()
   for i, (label, xs, ys) in enumerate(lines):
@@ -132,7 +135,10 @@ def _plot(path: str, title: str, ylabel: str, lines: list[tuple[str, list, list]
 
 
 def _plots(rows: list[dict], evals: dict, plot_dir: str) -> list[tuple[str, str]]:
-  """Writes the PNGs; returns (title, file name) of each written."""
+  """Writes the PNGs; returns (title, file name) of each written (none where matplotlib is not
+  installed: the report is then text alone)."""
+  if importlib.util.find_spec("matplotlib") is None:
+    return []
   last_step = max((r["step"] for r in rows), default=0)
   line = lambda key, label=None: (label or key, *_series(rows, key))
   length, max_length = _first_present(rows, _LENGTH), _first_present(rows, _MAX_LENGTH)

@@ -1,0 +1,614 @@
+"""One command for a machine with an accelerator: the measurements a GPU or TPU session owes the
+project, within a time budget, into one JSON file.
+
+    python benchmarks/device_suite.py [--budget-s 420] [--quick] [--stages S ...] [--out F]
+
+Stages, biggest measurement first, each in its own process under its own time limit:
+
+1. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
+   model_benchmark's train worker: tokens/s and `mfu` against the device's bf16 peak, unrolled
+   (scan_layers=false) and scanned (scan_layers=true; null with its reason where the config has no
+   scan_layers key), and with attention dot_product and cudnn_flash where the config has an
+   attention key; the step program's lowering and compile seconds. The variants run one after
+   another in one process, so a variant's peak_memory_bytes is that process's peak so far.
+2. decode: the continuous batcher (decode_chunks.batcher_decode) at 256, 64 and 8 `rows` with
+   decode_steps_per_dispatch 16, then 1: busy-row tokens/s and `fraction_of_roofline` (the tokens/s
+   of reading every weight and the whole KV cache once per step at the device's HBM bandwidth,
+   model_benchmark.decode_roofline); the compile seconds of its prefill (`_extend`) and decode
+   chunk (`_decode`) programs, from JAX's compile events.
+3. agentic: benchmarks/agentic_vs_standard.py on qwen3-0.6b's shape: standard GRPO, then agentic
+   GRPO with rl.off_policy_steps=1, on the batched engine, 4 steps of 8 prompts x 8 samples with
+   256-token replies: each run's wall and compile seconds and `ratio_to_standard_same_engine`, with
+   and without compiling.
+4. parity: tests/unit/test_hf_parity.py (our decoder against transformers on checkpoints that
+   transformers writes) through pytest: passed, failed, skipped and errors.
+
+Every stage gets at most its own cap and the budget left after the estimates of the stages after
+it (and at least its own estimate); a stage whose estimate exceeds the budget left is skipped. A
+stage that fails or runs out of time is recorded with its error and the measurements it finished
+(each is written as it ends), and the suite goes on. `compile` in the JSON lists the compile seconds
+per program that stages 1 and 2 measured.
+
+Writes benchmarks/results/device_<device>_<date>.json (or --out): the device, platform, driver and
+versions, each stage's status, seconds, limit and error, and the measurements. `mfu` and
+`fraction_of_roofline` are null on a device without a known peak (model_benchmark.PEAKS: a CPU).
+
+--quick: qwen3-tiny, small shapes, every stage tiny, a larger default budget (minutes on 2 CPU cores):
+the suite end to end.
+
+On a machine without a package registry, such as a GPU image that has Python, jax, flax, optax,
+orbax, torch, transformers and pytest but not our other dependencies:
+
+    scripts/device_wheels.sh .whl   # beforehand, where pip reaches PyPI: the wheels the image lacks
+    scripts/device_run.sh .whl      # on the machine, from the repository root
+
+device_run.sh installs the wheels of distributions the image lacks into /tmp/site and runs
+`PYTHONPATH=/tmp/site:src python3 benchmarks/device_suite.py --budget-s 420` on the image's jax.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+STAGES = ("train", "decode", "agentic", "parity")
+VERSIONED = (
+  "jax",
+  "jaxlib",
+  "flax",
+  "optax",
+  "orbax-checkpoint",
+  "google-tunix",
+  "transformers",
+  "torch",
+  "numpy",
+  "pytest",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """The shapes of one mode (full or --quick) and each stage's (estimate, cap) in seconds: the
+  estimate is the least time in which the stage gives a result, the cap the most it may take."""
+
+  model: str
+  dtype: str
+  train_batch: int
+  train_seq: int
+  train_iters: int
+  decode_rows: tuple[int, ...]
+  decode_chunks: tuple[int, ...]
+  prompt: int
+  reply: int
+  decode_rounds: int
+  agentic: tuple[str, ...]  # agentic_vs_standard.py's options
+  agentic_overrides: tuple[str, ...]  # and its key=value arguments for every run
+  times: dict[str, tuple[float, float]]
+
+
+FULL = Work(
+  model="qwen3-0.6b",
+  dtype="bfloat16",
+  train_batch=8,
+  train_seq=1024,
+  train_iters=5,
+  decode_rows=(256, 64, 8),
+  decode_chunks=(16, 1),
+  prompt=256,
+  reply=256,
+  decode_rounds=2,
+  agentic=(
+    "--model",
+    "qwen3-0.6b",
+    "--steps",
+    "4",
+    "--batch-size",
+    "8",
+    "--generations",
+    "8",
+    "--engines",
+    "batched",
+  ),
+  agentic_overrides=("max_response_length=256", "dtype=bfloat16", "weight_dtype=bfloat16"),
+  # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them.
+  times={"train": (60, 150), "decode": (60, 180), "agentic": (150, 300), "parity": (30, 90)},
+)
+QUICK = Work(
+  model="qwen3-tiny",
+  dtype="float32",
+  train_batch=2,
+  train_seq=128,
+  train_iters=2,
+  decode_rows=(16, 8),
+  decode_chunks=(16, 1),
+  prompt=16,
+  reply=32,
+  decode_rounds=1,
+  agentic=("--quick", "--steps", "2", "--batch-size", "2", "--generations", "2", "--engines", "batched"),
+  agentic_overrides=(),
+  times={"train": (15, 90), "decode": (20, 150), "agentic": (60, 300), "parity": (30, 200)},
+)
+
+
+# ---------------------------------------------------------------------------------------------- plan
+
+
+def stage_limit(stage: str, remaining: float, later: list[str], work: Work) -> float | None:
+  """Seconds `stage` may run with `remaining` seconds of the budget left and the stages `later`
+  still to run after it: its cap, less what the later stages' estimates need, but never less than
+  its own estimate; None (skip it) when its estimate exceeds what is left."""
+  estimate, cap = work.times[stage]
+  if estimate > remaining:
+    return None
+  reserve = sum(work.times[s][0] for s in later)
+  return min(cap, remaining, max(estimate, remaining - reserve))
+
+
+# ------------------------------------------------------------------------------------------ workers
+
+
+def _emit(partial: str, record: dict) -> None:
+  """Appends one finished measurement to the stage's partial file (kept if the stage is killed)."""
+  with open(partial, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+class ProgramClock:
+  """Seconds JAX spent tracing and lowering (`lower_s`) and compiling (`compile_s`) each jitted
+  function since it was made, by function name, from JAX's compile events (any thread)."""
+
+  _EVENTS = {
+    "/jax/core/compile/jaxpr_trace_duration": "lower_s",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+    "/jax/core/compile/backend_compile_duration": "compile_s",
+  }
+
+  def __init__(self):
+    import jax
+
+    self.seconds: dict[str, dict[str, float]] = {}
+    jax.monitoring.register_event_duration_secs_listener(self._on_duration)
+
+  def _on_duration(self, event: str, duration_secs: float, **kwargs) -> None:
+    part = self._EVENTS.get(event)
+    if part is None:
+      return
+    name = re.sub(r"^jit\((.*)\)$", r"\1", str(kwargs.get("fun_name", "?")))
+    entry = self.seconds.setdefault(name, {"lower_s": 0.0, "compile_s": 0.0})
+    entry[part] += duration_secs
+
+  def snapshot(self) -> dict[str, dict[str, float]]:
+    return {name: dict(entry) for name, entry in self.seconds.items()}
+
+  def since(self, before: dict[str, dict[str, float]], name: str) -> dict[str, float]:
+    """`name`'s seconds since `before` (a snapshot)."""
+    now = self.seconds.get(name, {"lower_s": 0.0, "compile_s": 0.0})
+    then = before.get(name, {"lower_s": 0.0, "compile_s": 0.0})
+    return {part: now[part] - then[part] for part in ("lower_s", "compile_s")}
+
+
+def _config_keys() -> set[str]:
+  from maxtext.configs import pyconfig
+
+  return {key for key, _, _ in pyconfig.reference()}
+
+
+def train_variants(keys: set[str], platform_name: str) -> list[tuple[str, list[str] | None, str | None]]:
+  """(variant, config overrides, reason) of each training measurement in order: overrides None
+  means not measured, for `reason`. Unrolled and scanned layers where the config has scan_layers
+  (else the scanned one is not measured), then each attention implementation where it has
+  attention (cudnn_flash on a GPU only)."""
+  scan = "scan_layers" in keys
+  out: list[tuple[str, list[str] | None, str | None]] = [
+    ("unrolled", ["scan_layers=false"] if scan else [], None),
+    ("scan", ["scan_layers=true"], None) if scan else ("scan", None, "scan_layers not available"),
+  ]
+  for attention in ("dot_product", "cudnn_flash"):
+    name = f"attention={attention}"
+    if "attention" not in keys:
+      out.append((name, None, "attention not available"))
+    elif attention == "cudnn_flash" and platform_name != "gpu":
+      out.append((name, None, "cudnn_flash needs a GPU"))
+    else:
+      out.append((name, [name], None))
+  return out
+
+
+def worker_train(work: Work, partial: str) -> None:
+  import gc
+
+  import jax
+  import model_benchmark
+
+  for variant, overrides, reason in train_variants(_config_keys(), jax.devices()[0].platform):
+    record = {"variant": variant, "batch": work.train_batch, "seq": work.train_seq, "mfu": None}
+    if overrides is None:
+      _emit(partial, {**record, "reason": reason})
+      continue
+    args = argparse.Namespace(
+      model=work.model,
+      dtype=work.dtype,
+      remat="none",
+      batch=work.train_batch,
+      seq=work.train_seq,
+      iters=work.train_iters,
+      overrides=overrides,
+    )
+    try:
+      record.update(model_benchmark.worker_train(args))
+    except Exception as e:  # one variant failing (out of memory, an unsupported kernel) leaves the others
+      record["error"] = f"{type(e).__name__}: {e}"[-2000:]
+    record["variant"] = variant
+    _emit(partial, record)
+    gc.collect()
+    jax.clear_caches()
+
+
+def worker_decode(work: Work, partial: str) -> None:
+  import decode_chunks
+  import jax
+  import jax.numpy as jnp
+  import model_benchmark
+  import numpy as np
+
+  cfg, mesh, model, n_params = model_benchmark._build(work.model, work.dtype)
+  clock = ProgramClock()
+  rng = np.random.default_rng(0)
+  size = work.prompt + work.reply
+  with jax.set_mesh(mesh):
+    for chunk in work.decode_chunks:
+      for rows in work.decode_rows:
+        before = clock.snapshot()
+        record: dict = {"rows": rows, "decode_steps_per_dispatch": chunk, "prompt": work.prompt, "reply": work.reply}
+        try:
+          measured = decode_chunks.batcher_decode(model, rows, work.prompt, work.reply, chunk, work.decode_rounds, rng)
+          record.update(measured)
+          roofline = model_benchmark.decode_roofline(cfg, rows, size, jnp.dtype(work.dtype).itemsize, n_params)
+          record["roofline_tokens_per_s"] = roofline
+          record["fraction_of_roofline"] = record["tokens_per_s"] / roofline if roofline else None
+        except Exception as e:
+          record.update(error=f"{type(e).__name__}: {e}"[-2000:], fraction_of_roofline=None)
+        record["compile"] = {
+          "prefill": clock.since(before, "_extend"),
+          "decode_chunk": clock.since(before, "_decode"),
+        }
+        _emit(partial, record)
+
+
+def agentic_command(work: Work, config: str, output: str, append: bool) -> list[str]:
+  """agentic_vs_standard.py's command line for `config` alone, writing (or, with append, adding to)
+  `output`."""
+  script = os.path.join(HERE, "agentic_vs_standard.py")
+  options = [*work.agentic, "--configs", config, "--output", output, *(["--append"] if append else [])]
+  return [sys.executable, script, *options, *work.agentic_overrides]
+
+
+def worker_agentic(work: Work, partial: str) -> None:
+  """Standard GRPO, then agentic GRPO appended to the same table (each configuration's result is
+  kept when the stage runs out of time in the next)."""
+  out = partial + ".agentic.json"
+  for i, config in enumerate(("standard", "agentic1")):
+    cmd = agentic_command(work, config, out, append=i > 0)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+      raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(out, encoding="utf-8") as f:
+      _emit(partial, {"report": json.load(f)})
+
+
+def worker_parity(work: Work, partial: str) -> None:
+  del work
+  report = partial + ".junit.xml"
+  cmd = [
+    sys.executable,
+    "-m",
+    "pytest",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "-p",
+    "no:xdist",
+    f"--junitxml={report}",
+    "tests/unit/test_hf_parity.py",
+  ]
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+  if not os.path.exists(report):
+    raise RuntimeError(f"pytest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
+  _emit(partial, {**junit_counts(report), "exit_code": proc.returncode, "tail": proc.stdout.strip()[-1500:]})
+
+
+def junit_counts(path: str) -> dict:
+  """passed, failed, errors and skipped test counts of a pytest JUnit XML report, and the failed
+  tests' names."""
+  root = ET.parse(path).getroot()
+  cases = root.iter("testcase")
+  counts = {"passed": 0, "failed": 0, "errors": 0, "skipped": 0, "failures": []}
+  for case in cases:
+    outcome = next((c.tag for c in case if c.tag in ("failure", "error", "skipped")), None)
+    key = {"failure": "failed", "error": "errors", "skipped": "skipped", None: "passed"}[outcome]
+    counts[key] += 1
+    if outcome in ("failure", "error"):
+      counts["failures"].append(f"{case.get('classname')}::{case.get('name')}")
+  return counts
+
+
+def worker_env(work: Work, partial: str) -> None:
+  del work
+  import jax
+
+  dev = jax.devices()[0]
+  _emit(
+    partial,
+    {
+      "device": str(dev.device_kind),
+      "platform": dev.platform,
+      "device_count": jax.device_count(),
+      "platform_version": str(getattr(dev.client, "platform_version", "")),
+    },
+  )
+
+
+WORKERS = {
+  "env": worker_env,
+  "train": worker_train,
+  "decode": worker_decode,
+  "agentic": worker_agentic,
+  "parity": worker_parity,
+}
+
+# ------------------------------------------------------------------------------------------- runner
+
+
+def run_stage(stage: str, limit: float, quick: bool, scratch: str) -> dict:
+  """Runs `stage`'s worker for at most `limit` seconds (see run_limited)."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--worker", stage]
+  if quick:
+    cmd.append("--quick")
+  return run_limited(stage, cmd, limit, scratch)
+
+
+def run_limited(stage: str, cmd: list[str], limit: float, scratch: str) -> dict:
+  """Runs `cmd` --partial FILE in a process group of its own for at most `limit` seconds (then the
+  whole group is killed); its status (ok, failed, timed_out), seconds, limit, error (the end of its
+  output, when not ok) and the records it wrote to FILE, finished or not."""
+  partial = os.path.join(scratch, f"{stage}.jsonl")
+  log = os.path.join(scratch, f"{stage}.log")
+  started = time.monotonic()
+  with open(log, "w", encoding="utf-8") as out:
+    proc = subprocess.Popen(
+      [*cmd, "--partial", partial], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+      code = proc.wait(timeout=limit)
+      status = "ok" if code == 0 else "failed"
+    except subprocess.TimeoutExpired:
+      _kill_group(proc)
+      code, status = None, "timed_out"
+  seconds = time.monotonic() - started
+  records = []
+  if os.path.exists(partial):
+    with open(partial, encoding="utf-8") as f:
+      records = [json.loads(line) for line in f if line.strip()]
+  error = None
+  if status != "ok":
+    with open(log, encoding="utf-8", errors="replace") as f:
+      tail = f.read()[-3000:]
+    error = (f"exit {code}" if status == "failed" else f"timed out after {limit:.0f} s") + f":\n{tail}"
+  return {"stage": stage, "status": status, "seconds": seconds, "limit_s": limit, "error": error, "records": records}
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+  """SIGTERM to the stage's process group (its worker and every process it started), SIGKILL
+  to what is left after a few seconds."""
+  for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+    try:
+      os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+      return
+    try:
+      proc.wait(timeout=wait)
+      return
+    except subprocess.TimeoutExpired:
+      continue
+
+
+def driver_version() -> str | None:
+  """The NVIDIA driver's version from nvidia-smi, None where there is none."""
+  if not shutil.which("nvidia-smi"):
+    return None
+  try:
+    out = subprocess.run(
+      ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+      capture_output=True,
+      text=True,
+      timeout=30,
+      check=True,
+    ).stdout
+  except (OSError, subprocess.SubprocessError):
+    return None
+  return out.strip().splitlines()[0] if out.strip() else None
+
+
+def versions() -> dict[str, str | None]:
+  """Installed versions of the packages the measurements depend on (None: not installed), JAX's
+  accelerator plugins and libtpu included."""
+  from importlib import metadata
+
+  names = list(VERSIONED)
+  for dist in metadata.distributions():
+    name = (dist.metadata["Name"] or "").lower()
+    if name.startswith(("jax-cuda", "jax_cuda", "jax-rocm", "libtpu")) and name not in names:
+      names.append(name)
+  out: dict[str, str | None] = {}
+  for name in names:
+    try:
+      out[name] = metadata.version(name)
+    except metadata.PackageNotFoundError:
+      out[name] = None
+  return out
+
+
+def _first(records: list[dict]) -> dict:
+  return records[0] if records else {}
+
+
+def assemble(meta: dict, stages: list[dict]) -> dict:
+  """The suite's JSON from its metadata (mode, budget, wall time, device, driver, versions) and the
+  stage results run_stage returned (a stage not run: absent): each stage's status, and the
+  measurements under train, decode, compile, agentic_vs_standard and parity."""
+  by_name = {s["stage"]: s for s in stages}
+  records = {name: by_name[name]["records"] if name in by_name else [] for name in STAGES}
+  train = records["train"]
+  decode = [{k: v for k, v in r.items() if k != "compile"} for r in records["decode"]]
+  compile_s = [
+    {"program": "train_step", "variant": r["variant"], "lower_s": r["lower_s"], "compile_s": r["compile_s"]}
+    for r in train
+    if "compile_s" in r
+  ]
+  for r in records["decode"]:
+    for program, seconds in r.get("compile", {}).items():
+      if seconds["lower_s"] or seconds["compile_s"]:
+        shape = {"rows": r["rows"], "decode_steps_per_dispatch": r["decode_steps_per_dispatch"]}
+        compile_s.append({"program": program, **shape, **seconds})
+  agentic = None
+  if records["agentic"]:
+    report = records["agentic"][-1]["report"]
+    results = report["results"]
+    agentic_row = next((r for r in results if r["config"] != "standard"), {})
+    agentic = {
+      "arguments": report["arguments"],
+      "results": results,
+      **{
+        key: agentic_row.get(key)
+        for key in ("ratio_to_standard_same_engine", "ratio_to_standard_same_engine_without_compiling")
+      },
+    }
+  parity = _first(records["parity"]) or None
+  return {
+    **meta,
+    "stages": [{k: v for k, v in s.items() if k != "records"} for s in stages],
+    "train": train,
+    "decode": decode,
+    "compile": compile_s,
+    "agentic_vs_standard": agentic,
+    "parity": parity,
+  }
+
+
+def default_output(device: str, date: str, quick: bool) -> str:
+  """benchmarks/results/device_<device>[_quick]_<date>.json, the device kind in lower case with
+  other characters than letters and digits as underscores."""
+  slug = re.sub(r"[^a-z0-9]+", "_", device.lower()).strip("_") or "unknown"
+  return os.path.join(HERE, "results", f"device_{slug}{'_quick' if quick else ''}_{date}.json")
+
+
+def _print_summary(report: dict) -> None:
+  from model_benchmark import fmt
+
+  print(f"{report['device']} ({report['platform']}), driver {report['driver']}, jax {report['versions'].get('jax')}")
+  for s in report["stages"]:
+    print(f"  stage {s['stage']:<8} {s['status']:<9} {fmt(s['seconds'], '.0f'):>5} s of {fmt(s['limit_s'], '.0f')}")
+  for r in report["train"]:
+    print(f"  train {r['variant']:<22} mfu {fmt(r.get('mfu'), '.1%'):>6}  tokens/s {fmt(r.get('tokens_per_s'), '.0f')}")
+  for r in report["decode"]:
+    print(
+      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2}  tokens/s "
+      f"{fmt(r.get('tokens_per_s'), '.0f'):>8}  of roofline {fmt(r.get('fraction_of_roofline'), '.1%')}"
+    )
+  agentic = report["agentic_vs_standard"]
+  if agentic:
+    print(
+      f"  agentic / standard: {fmt(agentic['ratio_to_standard_same_engine'])} "
+      f"({fmt(agentic['ratio_to_standard_same_engine_without_compiling'])} without compiling)"
+    )
+  if report["parity"]:
+    p = report["parity"]
+    print(f"  parity: {p['passed']} passed, {p['failed']} failed, {p['errors']} errors, {p['skipped']} skipped")
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument(
+    "--budget-s", type=float, help="wall-clock seconds for the whole suite (default 420, --quick 900)"
+  )
+  parser.add_argument("--quick", action="store_true", help="qwen3-tiny and tiny shapes (the suite end to end on a CPU)")
+  parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="only these (in suite order)")
+  parser.add_argument("--out", help="where the JSON goes (default benchmarks/results/device_<device>_<date>.json)")
+  parser.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
+  parser.add_argument("--partial", help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  work = QUICK if args.quick else FULL
+  if args.budget_s is None:
+    args.budget_s = 900.0 if args.quick else 420.0
+
+  from maxtext.utils import xla_flags
+
+  xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts; the stages inherit it
+  if args.worker:
+    WORKERS[args.worker](work, args.partial)
+    return
+
+  started = time.monotonic()
+  stages = [s for s in STAGES if s in args.stages]
+  results = []
+  with tempfile.TemporaryDirectory(prefix="device_suite_") as scratch:
+    # The device, from a process of its own: this one never holds the accelerator the stages need.
+    env = run_stage("env", min(120.0, args.budget_s), args.quick, scratch)
+    device = _first(env["records"])
+    for i, stage in enumerate(stages):
+      remaining = args.budget_s - (time.monotonic() - started)
+      limit = stage_limit(stage, remaining, stages[i + 1 :], work)
+      if limit is None:
+        skipped = f"skipped: its estimate {work.times[stage][0]:.0f} s exceeds the {max(remaining, 0):.0f} s left"
+        results.append(
+          {"stage": stage, "status": "skipped", "seconds": 0.0, "limit_s": None, "error": skipped, "records": []}
+        )
+      else:
+        results.append(run_stage(stage, limit, args.quick, scratch))
+      print(f"  {stage}: {results[-1]['status']} in {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+  date = datetime.date.today().isoformat()
+  meta = {
+    "suite": "benchmarks/device_suite.py",
+    "quick": args.quick,
+    "budget_s": args.budget_s,
+    "wall_s": time.monotonic() - started,
+    "date": date,
+    "device": device.get("device"),
+    "platform": device.get("platform"),
+    "device_count": device.get("device_count"),
+    "platform_version": device.get("platform_version"),
+    "driver": driver_version(),
+    "env_error": env["error"],
+    "python": platform.python_version(),
+    "cpu_count": os.cpu_count(),
+    "versions": versions(),
+    "model": work.model,
+    "dtype": work.dtype,
+  }
+  report = assemble(meta, results)
+  out = args.out or default_output(report["device"] or "unknown", date, args.quick)
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  with open(out, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=1)
+  _print_summary(report)
+  print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+  main()
