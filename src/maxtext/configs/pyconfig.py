@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.configs import sections
 from maxtext.configs.sections import RunConfig
@@ -393,6 +394,33 @@ def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[s
   return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
 
 
+def _check_algorithm(v: dict[str, Any]) -> None:
+  """Refuses algorithm choices that would not do what they say together."""
+  if v["rl.policy_loss_fn"] == "cispo" and v["rl.loss_algo"] != "grpo":
+    raise ConfigError(
+      f"rl.loss_algo={v['rl.loss_algo']!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
+      "ppo_clip; cispo weights tokens (expected rl.loss_algo=grpo)"
+    )
+  if v["rl.advantage_estimator"] == "reinforce_pp" and v["rl.dynamic_sampling"]:
+    raise ConfigError(
+      "rl.advantage_estimator='reinforce_pp' with rl.dynamic_sampling=true: REINFORCE++ normalises over the "
+      "sampled batch, not the groups dynamic sampling keeps (expected grpo, dr_grpo or rloo)"
+    )
+  if v["rl.advantage_estimator"] == "reinforce_pp" and v["rl.use_agentic_rollout"]:
+    raise ConfigError(
+      "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
+      "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"
+    )
+
+
+def _check_reward_functions(v: dict[str, Any]) -> None:
+  """reward_functions and reward_functions_path come together (the file's functions replace the task's)."""
+  if v["reward_functions"] and not v["reward_functions_path"]:
+    raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
+  if v["reward_functions_path"] and not v["reward_functions"]:
+    raise ConfigError(f"reward_functions: name the functions of {v['reward_functions_path']} to use")
+
+
 def _validate(v: dict[str, Any]) -> None:
   _check_paths(v)
   for key in (
@@ -424,6 +452,8 @@ def _validate(v: dict[str, Any]) -> None:
   for key, allowed in sections.choices().items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
+  _check_algorithm(v)
+  _check_reward_functions(v)
   _check_optimizer(v)
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
@@ -571,6 +601,9 @@ def initialize(argv: list[str]) -> RunConfig:
   overridden = {
     k: (merger.values[k], merger.set_by.get(k, "derived")) for k in merger.values if merger.values[k] != defaults[k]
   }
+  tasks.select(merger.values["dataset_name"]).check(
+    list(overridden), user_rewards=bool(merger.values["reward_functions_path"])
+  )
   return RunConfig.from_values(merger.values, overridden)
 
 

@@ -32,6 +32,18 @@ RolloutDtype = Literal["model", "bfloat16"]
 EvalStrategy = Literal["greedy", "standard", "liberal"]
 EvalMode = Literal["pass", "maj", "pass_at_1"]
 KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
+# The algorithm's registries (integration/tunix/losses.py) hold one entry per choice.
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+PolicyLossFn = Literal["ppo_clip", "cispo"]
+LossAlgo = Literal["grpo", "gspo-token"]  # the ratio of ppo_clip: per token, or the sequence's (GSPO)
+# The modes tunix.rl.common.aggregate_loss implements (a contract test checks them).
+LossAggMode = Literal[
+  "token-mean",
+  "sequence-mean-token-mean",
+  "sequence-mean-token-scale",
+  "seq-mean-token-sum",
+  "sequence-mean-token-sum-norm",
+]
 SamplerIS = Literal["", "token"]
 ToolSandbox = Literal["bwrap", "none"]
 
@@ -222,10 +234,10 @@ class AlgorithmSection:
   grpo_beta: float
   kl_loss_mode: KlLossMode
   grpo_epsilon: float
-  advantage_estimator: str
-  policy_loss_fn: str
-  loss_algo: str
-  loss_agg_mode: str
+  advantage_estimator: AdvantageEstimator
+  policy_loss_fn: PolicyLossFn
+  loss_algo: LossAlgo
+  loss_agg_mode: LossAggMode
   epsilon_high: float
   sampler_is: SamplerIS
   sampler_is_threshold: float
