@@ -32,6 +32,7 @@ LAYERS = [
       "maxtext.trainers.post_train.rl.tool_worker",
       "maxtext.trainers.post_train.rl.sandbox",
       "maxtext.trainers.post_train.rl.run_folder",
+      "maxtext.trainers.post_train.rl.utils_rl",
     ],
   ),
   (

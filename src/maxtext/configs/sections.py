@@ -6,7 +6,8 @@ key is its section's PREFIX plus the field name, or the key its metadata names. 
 and mappings read-only, so a section can be shared without being changed.
 
 User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
-flat attribute view `RunConfig.maxtext_view()`.
+flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
+cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize returns.
 """
 
 from __future__ import annotations
@@ -308,7 +309,8 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 class MaxTextView:
   """The flat attribute view MaxText's user code expects (tmvp_config.reward_exact_answer,
-  tmvp_config.rl.num_generations); read-only."""
+  tmvp_config.rl.num_generations, or as MaxText's GRPO trainer once spelt it, tmvp_config.num_generations);
+  read-only."""
 
   def __init__(self, tree: Mapping[str, Any]):
     object.__setattr__(self, "_tree", {k: MaxTextView(v) if isinstance(v, dict) else v for k, v in tree.items()})
@@ -382,7 +384,16 @@ class RunConfig:
       for p in parents:
         node = node.setdefault(p, {})
       node[leaf] = value
+    tree.update({k: v for k, v in tree["rl"].items() if k not in tree})  # the rl keys' flat spelling too
     return MaxTextView(tree)
+
+  if not typing.TYPE_CHECKING:  # our own code reads the typed sections, and mypy holds it to them
+
+    def __getattr__(self, name: str) -> Any:
+      """MaxText's flat attribute names, read-only: cfg.reasoning_start_token, cfg.rl.num_generations."""
+      if name.startswith("_"):
+        raise AttributeError(name)
+      return getattr(self.maxtext_view(), name)
 
 
 _SECTION_TYPES: dict[str, type] = {
