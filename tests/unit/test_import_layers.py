@@ -8,7 +8,10 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # Lowest first. A module belongs to the layer of the longest prefix matching its name.
 LAYERS = [
-  ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext", "maxtext.configs.sections"]),
+  (
+    "utilities",
+    ["maxtext.utils", "maxtext.assets", "maxtext", "maxtext.configs.sections", "maxtext.configs.maxtext_keys"],
+  ),
   (
     "file formats",
     [

@@ -13,11 +13,13 @@ cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize re
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
+from maxtext.configs import maxtext_keys
 from maxtext.utils import storage
 
 # The values an enumerated key takes: the one list of its choices, which pyconfig checks at start
@@ -69,6 +71,7 @@ class RunSection:
   checkpoint_period: int
   max_num_checkpoints_to_keep: int
   resume_with_changes: bool
+  maxtext_compat: bool
 
   @property
   def run_dir(self) -> str:
@@ -113,6 +116,10 @@ class ModelSection:
   logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
 
 
+# The device mesh's axes, in the order of its shape.
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
   """Devices: mesh axes and the trainer/sampler split."""
@@ -139,6 +146,10 @@ class DataSection:
   train_fraction: float
   dataset_processor_path: str
   data_shuffle_seed: int
+
+
+# The shipped data templates, which data_template_path may name by file name.
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,6 +220,14 @@ class SamplingSection:
   def kv_cache_size(self) -> int:
     """Slots of the sampler's KV cache: the longest prompt plus the longest response."""
     return self.max_prompt_length + self.max_response_length
+
+
+# eval_sampling_strategy -> the sampling parameters of evaluation.
+EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
+  "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
+  "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
+  "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -330,7 +349,9 @@ class RunConfig:
   """The whole run config: only entrypoints and the configs package hold it; components get sections.
 
   overridden: dotted key -> (value, where it was set) for every key that differs from base.yml;
-  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL).
+  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL);
+  maxtext_only: dotted key -> value of the MaxText keys that maxtext_compat=true accepted unused
+  (config.yml records them).
   """
 
   run: RunSection
@@ -346,10 +367,15 @@ class RunConfig:
   tools: ToolsSection
   overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
   urls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  maxtext_only: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_values(
-    cls, values: Mapping[str, Any], overridden: Mapping[str, tuple[Any, str]] | None = None, urls=None
+    cls,
+    values: Mapping[str, Any],
+    overridden: Mapping[str, tuple[Any, str]] | None = None,
+    urls=None,
+    maxtext_only: Mapping[str, Any] | None = None,
   ) -> RunConfig:
     """Sections from dotted key -> value (every base.yml key, each claimed by exactly one field)."""
     built: dict[str, Any] = {}
@@ -361,7 +387,7 @@ class RunConfig:
     unclaimed = sorted(set(values) - claimed)
     if unclaimed:
       raise AssertionError(f"base.yml keys in no section of RunConfig: {unclaimed}")
-    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}))
+    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}), maxtext_only=dict(maxtext_only or {}))
 
   def flat(self) -> dict[str, Any]:
     """Dotted base.yml key -> value (lists and mappings as YAML writes them)."""
@@ -373,12 +399,15 @@ class RunConfig:
 
   def replace_values(self, changes: Mapping[str, Any], urls: Mapping[str, str]) -> RunConfig:
     """This config with some dotted keys set to other values and their URLs recorded."""
-    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls})
+    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls}, self.maxtext_only)
 
   def maxtext_view(self) -> MaxTextView:
-    """The flat view MaxText-format user code receives as tmvp_config."""
+    """The flat view MaxText-format user code receives as tmvp_config: every key, under MaxText's
+    names of renamed ones too, and the MaxText keys maxtext_compat accepted."""
     tree: dict[str, Any] = {}
-    for dotted, value in self.flat().items():
+    flat = self.flat()
+    renamed = {theirs: flat[ours] for theirs, ours in maxtext_keys.RENAMED.items()}
+    for dotted, value in {**flat, **renamed, **self.maxtext_only}.items():
       node = tree
       *parents, leaf = dotted.split(".")
       for p in parents:
