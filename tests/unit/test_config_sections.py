@@ -107,10 +107,8 @@ def test_mapping_values_are_read_only():
 
 
 def test_an_enumerated_key_refuses_a_value_outside_its_one_list_of_choices():
-  from maxtext.integration.tunix import rollout
-
   choices = sections.choices()
-  assert tuple(rollout.EVAL_SAMPLING) == choices["eval_sampling_strategy"]  # the table that dispatches it
+  assert tuple(sections.EVAL_SAMPLING) == choices["eval_sampling_strategy"]  # the table that dispatches it
   assert {"log_level", "dtype", "decoder_family", "answer_format", "rl.kl_loss_mode", "rl.tool_sandbox"} <= set(choices)
   for key, allowed in choices.items():
     shown = ", ".join(a or repr(a) for a in allowed)

@@ -8,7 +8,10 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 
 # Lowest first. A module belongs to the layer of the longest prefix matching its name.
 LAYERS = [
-  ("utilities", ["maxtext.utils", "maxtext.assets", "maxtext", "maxtext.configs.sections"]),
+  (
+    "utilities",
+    ["maxtext.utils", "maxtext.assets", "maxtext", "maxtext.configs.sections", "maxtext.configs.maxtext_keys"],
+  ),
   (
     "file formats",
     [
@@ -18,8 +21,11 @@ LAYERS = [
       "maxtext.checkpoint_conversion.orbax_checkpoint",
     ],
   ),
+  # Tasks sit below the config, which refuses a reward key the run's task never reads; binding their
+  # rewards to a template (tasks.rewards) is with the data.
+  ("tasks", ["maxtext.tasks"]),
   ("config", ["maxtext.configs"]),
-  ("models and data", ["maxtext.models", "maxtext.input_pipeline", "maxtext.tasks"]),
+  ("models and data", ["maxtext.models", "maxtext.input_pipeline", "maxtext.tasks.rewards"]),
   ("engines", ["maxtext.inference.continuous_batching"]),
   (
     "Tunix boundary and RL pieces",
@@ -29,6 +35,7 @@ LAYERS = [
       "maxtext.trainers.post_train.rl.tool_worker",
       "maxtext.trainers.post_train.rl.sandbox",
       "maxtext.trainers.post_train.rl.run_folder",
+      "maxtext.trainers.post_train.rl.utils_rl",
     ],
   ),
   (

@@ -1,6 +1,8 @@
 """The advantage estimators and policy losses of losses.py against hand computations, on the
 categorical toy policy of test_grpo_loss; config refusals name the key, the value and the choices."""
 
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 from flax import nnx
 from tunix.rl import algo_core, common, function_registry
 
+from maxtext.configs import sections
 from maxtext.integration.tunix import algorithm, losses
 from maxtext.utils.errors import ConfigError
 from tests.conftest import make_config
@@ -167,7 +170,7 @@ def test_the_loss_reports_the_sampler_trainer_mismatch_from_its_forward_pass():
 
 def test_every_aggregation_listed_is_one_tunix_implements():
   per_token, mask = jnp.ones((2, 3)), jnp.array([[1, 1, 0], [1, 0, 0]])
-  for mode in losses.LOSS_AGGREGATIONS:
+  for mode in typing.get_args(sections.LossAggMode):
     assert np.isfinite(float(common.aggregate_loss(per_token, mask, mode)))
   with pytest.raises(ValueError):
     common.aggregate_loss(per_token, mask, "bogus")
@@ -186,5 +189,10 @@ def test_every_aggregation_listed_is_one_tunix_implements():
 )
 def test_misspelt_or_conflicting_algorithm_values_are_refused(args, message):
   with pytest.raises(ConfigError, match=message):
-    cfg = make_config(*args)
-    losses.check(cfg.algorithm, cfg.agentic.use_agentic_rollout)
+    make_config(*args)
+
+
+def test_the_registries_hold_one_function_per_choice_of_their_key():
+  choices = sections.choices()
+  assert tuple(losses.ADVANTAGE_ESTIMATORS) == choices["rl.advantage_estimator"]
+  assert tuple(losses.POLICY_LOSSES) == choices["rl.policy_loss_fn"]

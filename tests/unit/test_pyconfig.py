@@ -336,3 +336,23 @@ def test_run_name_is_one_folder_name(name):
   assert make_config("run_name=a.b-c_1").run.run_name == "a.b-c_1"
   with pytest.raises(pyconfig.ConfigError, match=rf"run_name={re.escape(repr(name))}: expected the name of one folder"):
     make_config(f"run_name={name}")
+
+
+@pytest.mark.parametrize(
+  "args, message",
+  [
+    (
+      ["rl.advantage_estimator=vibes"],
+      "rl.advantage_estimator='vibes': expected one of grpo, dr_grpo, rloo, reinforce_pp",
+    ),
+    (["rl.policy_loss_fn=cispo", "rl.loss_algo=gspo-token"], "sequence-level ratio belongs to ppo_clip"),
+    (["dataset_name=random_digit", "reward_exact_answer=2.0"], "reward_exact_answer: dataset_name=random_digit would"),
+    (["reward_functions=[mine]"], "reward_functions: set reward_functions_path to the file that defines them"),
+    (["reward_functions_path=mine.py"], "reward_functions: name the functions of mine.py to use"),
+  ],
+)
+def test_initialize_refuses_whatever_the_command_line_refuses_of_the_config(args, message):
+  """pyconfig.initialize, the programmatic entry, returns only configs the programs run with: no check of the
+  config's own values waits for train_rl."""
+  with pytest.raises(pyconfig.ConfigError, match=re.escape(message)):
+    make_config(*args)

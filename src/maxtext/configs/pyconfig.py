@@ -15,13 +15,16 @@ import logging
 import math
 import os
 import re
+import reprlib
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
-from maxtext.configs import sections
+from maxtext.configs import maxtext_keys, sections
 from maxtext.configs.sections import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
@@ -33,9 +36,9 @@ BASE_YAML = os.path.join(CONFIG_DIR, "base.yml")
 MODELS_DIR = os.path.join(CONFIG_DIR, "models")
 
 # Accepted spellings of keys, mapped to the canonical key.
-KEY_ALIASES = {"model": "model_name"}
+KEY_ALIASES = {"model": "model_name", **maxtext_keys.RENAMED}
 # Keys whose value is a whole mapping (not a section of keys).
-MAPPING_VALUED_KEYS = ("rope_scaling",)
+MAPPING_VALUED_KEYS = ("rope_scaling", *maxtext_keys.MAPPING_VALUED)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -86,19 +89,23 @@ def _read_yaml(path: str) -> dict[str, Any]:
 
 
 def _load_chain(path: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
-  """[(path, flat values)] from the root base_config down to `path`."""
+  """[(path, flat values)] from base.yml down to `path`. A YAML without base_config extends base.yml
+  (as MaxText's configs extend MaxText's), and a base_config naming a base.yml that is not there
+  (MaxText's `../base.yml`) names ours."""
   path = os.path.abspath(path)
   if path in seen:
     raise ConfigError(f"{path}: base_config cycle through {' -> '.join(seen)}")
   data = _read_yaml(path)
   parent = data.pop("base_config", None)
-  chain = []
-  if parent is not None:
+  if path == BASE_YAML:
+    return [(path, _flatten(data))]
+  if parent is None:
+    parent_path = BASE_YAML
+  else:
     parent_path = parent if os.path.isabs(parent) else os.path.join(os.path.dirname(path), parent)
     if not os.path.isfile(parent_path):
-      parent_path = resolve_yaml_path(parent)
-    chain = _load_chain(parent_path, seen + (path,))
-  return chain + [(path, _flatten(data))]
+      parent_path = BASE_YAML if os.path.basename(parent) == "base.yml" else resolve_yaml_path(parent)
+  return _load_chain(parent_path, seen + (path,)) + [(path, _flatten(data))]
 
 
 def _type_name(value: Any) -> str:
@@ -130,31 +137,47 @@ def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
   return value
 
 
-def _unknown_key(key: str, known: list[str], source: str) -> ConfigError:
+def _unknown_key(key: str, known: list[str], source: str) -> str:
   close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
   hint = f"; did you mean {close[0]}?" if close else ""
-  return ConfigError(f"{key}: unknown key ({source}){hint}")
+  return f"{key}: unknown key ({source}){hint}"
+
+
+def _is_maxtext_only(key: str) -> bool:
+  """A MaxText key that base.yml lacks and no alias names: FIXED, generation_configs or ENGINE_ONLY."""
+  return (
+    key in maxtext_keys.FIXED
+    or key.split(".")[0] == "generation_configs"
+    or maxtext_keys.engine_only_reason(key) is not None
+  )
 
 
 class _Merger:
-  """Applies layers of flat overrides onto the flat defaults, checking keys and types."""
+  """Applies layers of flat overrides onto the flat defaults, checking types. Keys that are neither
+  base.yml's nor MaxText's are gathered in `unknown`, MaxText's keys that base.yml lacks in `maxtext`
+  (key -> (value, source)), for one report of them all."""
 
   def __init__(self, defaults: dict[str, Any]):
     self.defaults = defaults
     self.values = dict(defaults)
     self.set_by: dict[str, str] = {}
     self.layer: dict[str, int] = {}  # key -> the index of the apply() call that last set it
+    self.unknown: list[tuple[str, str]] = []
+    self.maxtext: dict[str, tuple[Any, str]] = {}
     self._applied = 0
 
   def apply(self, flat: dict[str, Any], source: str) -> None:
     self._applied += 1
     for key, value in flat.items():
       key = KEY_ALIASES.get(key, key)
-      if key not in self.defaults:
-        raise _unknown_key(key, list(self.defaults), source)
-      self.values[key] = _check_value(key, value, self.defaults[key], source)
-      self.set_by[key] = source
-      self.layer[key] = self._applied
+      if key in self.defaults:
+        self.values[key] = _check_value(key, value, self.defaults[key], source)
+        self.set_by[key] = source
+        self.layer[key] = self._applied
+      elif _is_maxtext_only(key):
+        self.maxtext[key] = (value, source)
+      else:
+        self.unknown.append((key, source))
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
@@ -195,6 +218,132 @@ def _apply_length_aliases(merger: _Merger) -> None:
     v["max_response_length"] = response
   v["max_prefill_predict_length"] = v["max_prompt_length"]
   v["max_target_length"] = v["max_prompt_length"] + v["max_response_length"]
+
+
+def _generation_configs_problem(key: str, value: Any, source: str) -> str | None:
+  """Why MaxText's generation_configs (or one dotted key of it) is refused, or None: it must hold the
+  evaluation presets of sections.EVAL_SAMPLING, this program's eval_sampling_strategy choices being
+  fixed. A greedy preset is any with eval_top_k 1 or eval_temperature 0 (MaxText's own: 0.01, top_k 1)."""
+  presets = value if key == "generation_configs" else _unflatten({key.partition(".")[2]: value})
+  fields = {"eval_temperature": "temperature", "eval_top_p": "top_p", "eval_top_k": "top_k"}
+  here: dict[str, dict[str, Any]] = {name: params for name, params in sections.EVAL_SAMPLING.items()}
+  expected = f"expected presets among {', '.join(here)}, each of {', '.join(fields)}"
+  if not isinstance(presets, dict):
+    return f"generation_configs={presets!r} ({source}): {expected}"
+  for name, preset in presets.items():
+    ours = here.get(name)
+    if ours is None or not isinstance(preset, dict) or set(preset) - set(fields):
+      return f"generation_configs.{name}={preset!r} ({source}): {expected}"
+    if name == "greedy" and (preset.get("eval_top_k") == 1 or preset.get("eval_temperature") == 0):
+      continue
+    if any(preset[f] != ours[k] for f, k in fields.items() if f in preset):
+      wanted = {f: ours[k] for f, k in fields.items() if ours[k] is not None}
+      greedy = " (or eval_top_k: 1)" if name == "greedy" else ""
+      return (
+        f"generation_configs.{name}={preset!r} ({source}): eval_sampling_strategy={name} samples with "
+        f"{wanted}{greedy} here, and its presets are fixed; expected those values"
+      )
+  return None
+
+
+def _fixed_problem(key: str, value: Any, source: str) -> str | None:
+  """Why a FIXED key of MaxText's (or generation_configs) is refused, or None: it is at another
+  value than what this program does."""
+  if key.split(".")[0] == "generation_configs":
+    return _generation_configs_problem(key, value, source)
+  accepted, what = maxtext_keys.FIXED[key]
+  return None if value == accepted else f"{key}={value!r} ({source}): not supported, {what}; expected {accepted!r}"
+
+
+def _check_maxtext_keys(merger: _Merger) -> dict[str, Any]:
+  """Refuses, in one ConfigError, every key that is unknown, every MaxText key fixed here at another
+  value than this program's, and (without maxtext_compat=true) every MaxText key that only tunes
+  what this program does not run, grouped by reason. Returns the latter keys that maxtext_compat
+  accepts (dotted key -> value), logging them."""
+  compat = merger.values["maxtext_compat"]
+  problems = [_unknown_key(key, list(merger.defaults), source) for key, source in merger.unknown]
+  engine_only = {k: vs for k, vs in merger.maxtext.items() if maxtext_keys.engine_only_reason(k)}
+  for key, (value, source) in merger.maxtext.items():
+    problem = None if key in engine_only else _fixed_problem(key, value, source)
+    if problem:
+      problems.append(problem)
+  one_source = len({source for _, source in engine_only.values()}) == 1
+  groups: dict[str, list[str]] = {}
+  for key, (value, source) in engine_only.items():
+    shown = f"{key}={value!r}" if one_source else f"{key}={value!r} ({source})"
+    groups.setdefault(str(maxtext_keys.engine_only_reason(key)), []).append(shown)
+  listed = "; ".join(f"[{reason}] {', '.join(keys)}" for reason, keys in groups.items())
+  if one_source:
+    listed = f"{next(iter(engine_only.values()))[1]}: {listed}"
+  if groups and not compat:
+    problems.append(
+      f"MaxText keys that only tune what this program does not run, refused unless maxtext_compat=true "
+      f"(which accepts them unused): {listed}"
+    )
+  if compat and not groups:
+    problems.append(
+      "maxtext_compat=true: no key of this config needs it (it accepts MaxText keys that only tune what "
+      "this program does not run); remove it"
+    )
+  if problems:
+    raise ConfigError("; ".join(problems))
+  if groups:
+    log.warning("maxtext_compat=true accepts these MaxText keys, unused: %s", listed)
+  return {k: v for k, (v, _) in engine_only.items()}
+
+
+def _shipped_template(path: str) -> str:
+  """A data template of MaxText's (maxtext/examples/chat_templates/gsm8k_rl.json), where that path is
+  not here, as the file name of the one shipped here under its name (same system prompt; the turns
+  come from the tokenizer's chat template)."""
+  name = os.path.basename(path)
+  shipped = os.path.isfile(os.path.join(sections.TEMPLATE_DIR, name))
+  return name if "chat_templates/" in path and shipped and not os.path.exists(path) else path
+
+
+def _axis_rules(rules: list) -> list:
+  """logical_axis_rules as [logical axis, [mesh axes]] on this program's mesh. MaxText's rules may
+  name one mesh axis for a list, and its mesh axes that this mesh lacks (maxtext_keys.OTHER_MESH_AXES),
+  which leave a dimension unsharded as an axis of size 1 would; any other name is refused."""
+  out = []
+  for rule in rules:
+    if not (isinstance(rule, list) and len(rule) == 2 and isinstance(rule[0], str)):
+      raise ConfigError(f"logical_axis_rules: {rule!r}: expected [logical axis, [mesh axes]]")
+    name, axes = rule[0], [rule[1]] if isinstance(rule[1], str) else rule[1]
+    unknown = [a for a in axes if a not in sections.MESH_AXES + maxtext_keys.OTHER_MESH_AXES]
+    if unknown:
+      raise ConfigError(
+        f"logical_axis_rules: {rule!r} names mesh axes {unknown}; expected {', '.join(sections.MESH_AXES)}"
+      )
+    out.append([name, [a for a in axes if a in sections.MESH_AXES]])
+  return out
+
+
+def _apply_maxtext_values(merger: _Merger) -> dict[str, str]:
+  """Sets our keys that hold a value MaxText gives a meaning base.yml spells otherwise to ours:
+  remat_policy=custom, train_micro_batch_size=-1 (no accumulation), eval_batch_size=-1 (batch_size),
+  null rl.epsilon_high (grpo_epsilon) and math_verify_num_procs (min(batch_size, CPUs)),
+  comma-separated reward_functions, MaxText's data template path and logical_axis_rules. Returns
+  key -> a note of MaxText's value, for the listing of keys that differ from base.yml."""
+  v = merger.values
+  translations: dict[str, Callable[[Any], Any]] = {
+    "remat_policy": lambda x: maxtext_keys.REMAT_CUSTOM if x == "custom" else x,
+    "train_micro_batch_size": lambda x: 0 if x == -1 else x,
+    "eval_batch_size": lambda x: v["batch_size"] if x == -1 else x,
+    "rl.epsilon_high": lambda x: -1.0 if x is None else x,
+    "math_verify_num_procs": lambda x: min(v["batch_size"], os.cpu_count() or 1) if x is None else x,
+    "reward_functions": lambda x: [n.strip() for item in x for n in str(item).split(",") if n.strip()],
+    "data_template_path": _shipped_template,
+    "logical_axis_rules": _axis_rules,
+  }
+  notes = {}
+  for key, translate in translations.items():
+    if key in merger.set_by:
+      value = translate(v[key])
+      if value != v[key]:
+        notes[key] = f"MaxText's {reprlib.repr(v[key])}"
+        v[key] = value
+  return notes
 
 
 # Keys only agentic GRPO reads (rl.use_agentic_rollout=true); standard GRPO refuses them.
@@ -246,7 +395,8 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
   """Every changed key must take effect in the run's mode: one the mode ignores is an error naming
   the key and the mode. Except where the key was set in an earlier layer (a recipe's YAML) than the
   setting that made the mode ignore it (e.g. num_test_batches=0 on the command line against the
-  recipe's eval_batch_size): the later choice wins and the key is reported as unused."""
+  recipe's eval_batch_size): the later choice wins and the key is reported as unused. Likewise, with
+  maxtext_compat=true, a key a file set (MaxText's configs set keys of every mode)."""
   v = merger.values
   agentic = v["rl.use_agentic_rollout"]
   mode = "agentic GRPO (rl.use_agentic_rollout=true)" if agentic else "standard GRPO (rl.use_agentic_rollout=false)"
@@ -297,7 +447,8 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
     if key not in ignored:
       continue
     reason, decider = ignored[key]
-    if merger.layer.get(key, -1) < merger.layer.get(decider, -1):
+    from_file = merger.set_by.get(key, "command line") != "command line"
+    if merger.layer.get(key, -1) < merger.layer.get(decider, -1) or (v["maxtext_compat"] and from_file):
       log.warning(
         "%s=%r (from %s) is not used: %s (%s=%r from %s)",
         key,
@@ -393,6 +544,33 @@ def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[s
   return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
 
 
+def _check_algorithm(v: dict[str, Any]) -> None:
+  """Refuses algorithm choices that would not do what they say together."""
+  if v["rl.policy_loss_fn"] == "cispo" and v["rl.loss_algo"] != "grpo":
+    raise ConfigError(
+      f"rl.loss_algo={v['rl.loss_algo']!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
+      "ppo_clip; cispo weights tokens (expected rl.loss_algo=grpo)"
+    )
+  if v["rl.advantage_estimator"] == "reinforce_pp" and v["rl.dynamic_sampling"]:
+    raise ConfigError(
+      "rl.advantage_estimator='reinforce_pp' with rl.dynamic_sampling=true: REINFORCE++ normalises over the "
+      "sampled batch, not the groups dynamic sampling keeps (expected grpo, dr_grpo or rloo)"
+    )
+  if v["rl.advantage_estimator"] == "reinforce_pp" and v["rl.use_agentic_rollout"]:
+    raise ConfigError(
+      "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
+      "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"
+    )
+
+
+def _check_reward_functions(v: dict[str, Any]) -> None:
+  """reward_functions and reward_functions_path come together (the file's functions replace the task's)."""
+  if v["reward_functions"] and not v["reward_functions_path"]:
+    raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
+  if v["reward_functions_path"] and not v["reward_functions"]:
+    raise ConfigError(f"reward_functions: name the functions of {v['reward_functions_path']} to use")
+
+
 def _validate(v: dict[str, Any]) -> None:
   _check_paths(v)
   for key in (
@@ -424,14 +602,16 @@ def _validate(v: dict[str, Any]) -> None:
   for key, allowed in sections.choices().items():
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
+  _check_algorithm(v)
+  _check_reward_functions(v)
   _check_optimizer(v)
   if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
     raise ConfigError(
       f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "
       "inputs; expected dtype=bfloat16, or attention=autoselected or dot_product"
     )
-  if not 0.0 < v["train_fraction"] < 1.0:
-    raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
+  if not 0.0 < v["train_fraction"] <= 1.0:
+    raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction above 0, at most 1")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size", "decode_steps_per_dispatch"):
     if v[key] < 1:
       raise ConfigError(f"{key}={v[key]}: expected a positive integer")
@@ -543,9 +723,7 @@ def initialize(argv: list[str]) -> RunConfig:
   cli = parse_overrides(args)
 
   chain = _load_chain(yaml_path)
-  base_path, defaults = chain[0]
-  if os.path.abspath(base_path) != os.path.abspath(BASE_YAML):
-    raise ConfigError(f"{yaml_path}: its base_config chain must start at {BASE_YAML}")
+  _, defaults = chain[0]
   merger = _Merger(defaults)
   for path, flat in chain[1:]:
     merger.apply(flat, path)
@@ -570,13 +748,20 @@ def initialize(argv: list[str]) -> RunConfig:
   if hf_arch is not None:
     _check_architecture(merger.values, hf_arch, hf_path)
 
+  maxtext_only = _check_maxtext_keys(merger)
+  notes = _apply_maxtext_values(merger)
+  for key, value in merger.values.items():
+    if value is None and defaults[key] is not None:
+      raise ConfigError(f"{key}=None ({merger.set_by[key]}): expected {_type_name(defaults[key])}")
   _apply_length_aliases(merger)
   _validate(merger.values)
   _check_modes(merger, [k for k in merger.set_by if merger.values[k] != defaults[k]])
-  overridden = {
-    k: (merger.values[k], merger.set_by.get(k, "derived")) for k in merger.values if merger.values[k] != defaults[k]
-  }
-  return RunConfig.from_values(merger.values, overridden)
+  sources = {k: merger.set_by.get(k, "derived") + (f", {notes[k]}" if k in notes else "") for k in merger.values}
+  overridden = {k: (merger.values[k], sources[k]) for k in merger.values if merger.values[k] != defaults[k]}
+  tasks.select(merger.values["dataset_name"]).check(
+    list(overridden), user_rewards=bool(merger.values["reward_functions_path"])
+  )
+  return RunConfig.from_values(merger.values, overridden, maxtext_only=maxtext_only)
 
 
 def written_values(config: RunConfig) -> dict[str, Any]:
@@ -585,7 +770,8 @@ def written_values(config: RunConfig) -> dict[str, Any]:
 
 
 def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ...] = ()) -> None:
-  """Writes config as YAML to a local path or a gs:// URL, after the comment lines `comments`."""
+  """Writes config as YAML to a local path or a gs:// URL, after the comment lines `comments`: every
+  key, then the MaxText keys maxtext_compat accepted (so that the file loads as a config again)."""
   if storage.is_url(path):
     with tempfile.TemporaryDirectory() as folder:
       write_yaml(config, os.path.join(folder, "config.yml"), comments)
@@ -594,7 +780,7 @@ def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ..
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(line + "\n" for line in comments)
-    yaml.safe_dump(_unflatten(written_values(config)), f, sort_keys=False)
+    yaml.safe_dump(_unflatten({**written_values(config), **config.maxtext_only}), f, sort_keys=False)
 
 
 def read_written(path: str) -> tuple[dict[str, Any], list[str]]:

@@ -6,17 +6,20 @@ key is its section's PREFIX plus the field name, or the key its metadata names. 
 and mappings read-only, so a section can be shared without being changed.
 
 User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
-flat attribute view `RunConfig.maxtext_view()`.
+flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
+cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize returns.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
+from maxtext.configs import maxtext_keys
 from maxtext.utils import storage
 
 # The values an enumerated key takes: the one list of its choices, which pyconfig checks at start
@@ -33,6 +36,18 @@ RolloutDtype = Literal["model", "bfloat16"]
 EvalStrategy = Literal["greedy", "standard", "liberal"]
 EvalMode = Literal["pass", "maj", "pass_at_1"]
 KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
+# The algorithm's registries (integration/tunix/losses.py) hold one entry per choice.
+AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
+PolicyLossFn = Literal["ppo_clip", "cispo"]
+LossAlgo = Literal["grpo", "gspo-token"]  # the ratio of ppo_clip: per token, or the sequence's (GSPO)
+# The modes tunix.rl.common.aggregate_loss implements (a contract test checks them).
+LossAggMode = Literal[
+  "token-mean",
+  "sequence-mean-token-mean",
+  "sequence-mean-token-scale",
+  "seq-mean-token-sum",
+  "sequence-mean-token-sum-norm",
+]
 SamplerIS = Literal["", "token"]
 ToolSandbox = Literal["bwrap", "none"]
 
@@ -57,6 +72,7 @@ class RunSection:
   checkpoint_period: int
   max_num_checkpoints_to_keep: int
   resume_with_changes: bool
+  maxtext_compat: bool
 
   @property
   def run_dir(self) -> str:
@@ -102,6 +118,10 @@ class ModelSection:
   logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
 
 
+# The device mesh's axes, in the order of its shape.
+MESH_AXES = ("data", "fsdp", "tensor")
+
+
 @dataclasses.dataclass(frozen=True)
 class MeshSection:
   """Devices: mesh axes and the trainer/sampler split."""
@@ -128,6 +148,10 @@ class DataSection:
   train_fraction: float
   dataset_processor_path: str
   data_shuffle_seed: int
+
+
+# The shipped data templates, which data_template_path may name by file name.
+TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "templates")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -200,6 +224,14 @@ class SamplingSection:
     return self.max_prompt_length + self.max_response_length
 
 
+# eval_sampling_strategy -> the sampling parameters of evaluation.
+EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
+  "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
+  "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
+  "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalSection:
   """Evaluation before, during and after training."""
@@ -224,10 +256,10 @@ class AlgorithmSection:
   grpo_beta: float
   kl_loss_mode: KlLossMode
   grpo_epsilon: float
-  advantage_estimator: str
-  policy_loss_fn: str
-  loss_algo: str
-  loss_agg_mode: str
+  advantage_estimator: AdvantageEstimator
+  policy_loss_fn: PolicyLossFn
+  loss_algo: LossAlgo
+  loss_agg_mode: LossAggMode
   epsilon_high: float
   sampler_is: SamplerIS
   sampler_is_threshold: float
@@ -298,7 +330,8 @@ def choices() -> dict[str, tuple[str, ...]]:
 
 class MaxTextView:
   """The flat attribute view MaxText's user code expects (tmvp_config.reward_exact_answer,
-  tmvp_config.rl.num_generations); read-only."""
+  tmvp_config.rl.num_generations, or as MaxText's GRPO trainer once spelt it, tmvp_config.num_generations);
+  read-only."""
 
   def __init__(self, tree: Mapping[str, Any]):
     object.__setattr__(self, "_tree", {k: MaxTextView(v) if isinstance(v, dict) else v for k, v in tree.items()})
@@ -318,7 +351,9 @@ class RunConfig:
   """The whole run config: only entrypoints and the configs package hold it; components get sections.
 
   overridden: dotted key -> (value, where it was set) for every key that differs from base.yml;
-  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL).
+  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL);
+  maxtext_only: dotted key -> value of the MaxText keys that maxtext_compat=true accepted unused
+  (config.yml records them).
   """
 
   run: RunSection
@@ -334,10 +369,15 @@ class RunConfig:
   tools: ToolsSection
   overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
   urls: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  maxtext_only: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_values(
-    cls, values: Mapping[str, Any], overridden: Mapping[str, tuple[Any, str]] | None = None, urls=None
+    cls,
+    values: Mapping[str, Any],
+    overridden: Mapping[str, tuple[Any, str]] | None = None,
+    urls=None,
+    maxtext_only: Mapping[str, Any] | None = None,
   ) -> RunConfig:
     """Sections from dotted key -> value (every base.yml key, each claimed by exactly one field)."""
     built: dict[str, Any] = {}
@@ -349,7 +389,7 @@ class RunConfig:
     unclaimed = sorted(set(values) - claimed)
     if unclaimed:
       raise AssertionError(f"base.yml keys in no section of RunConfig: {unclaimed}")
-    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}))
+    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}), maxtext_only=dict(maxtext_only or {}))
 
   def flat(self) -> dict[str, Any]:
     """Dotted base.yml key -> value (lists and mappings as YAML writes them)."""
@@ -361,18 +401,30 @@ class RunConfig:
 
   def replace_values(self, changes: Mapping[str, Any], urls: Mapping[str, str]) -> RunConfig:
     """This config with some dotted keys set to other values and their URLs recorded."""
-    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls})
+    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls}, self.maxtext_only)
 
   def maxtext_view(self) -> MaxTextView:
-    """The flat view MaxText-format user code receives as tmvp_config."""
+    """The flat view MaxText-format user code receives as tmvp_config: every key, under MaxText's
+    names of renamed ones too, and the MaxText keys maxtext_compat accepted."""
     tree: dict[str, Any] = {}
-    for dotted, value in self.flat().items():
+    flat = self.flat()
+    renamed = {theirs: flat[ours] for theirs, ours in maxtext_keys.RENAMED.items()}
+    for dotted, value in {**flat, **renamed, **self.maxtext_only}.items():
       node = tree
       *parents, leaf = dotted.split(".")
       for p in parents:
         node = node.setdefault(p, {})
       node[leaf] = value
+    tree.update({k: v for k, v in tree["rl"].items() if k not in tree})  # the rl keys' flat spelling too
     return MaxTextView(tree)
+
+  if not typing.TYPE_CHECKING:  # our own code reads the typed sections, and mypy holds it to them
+
+    def __getattr__(self, name: str) -> Any:
+      """MaxText's flat attribute names, read-only: cfg.reasoning_start_token, cfg.rl.num_generations."""
+      if name.startswith("_"):
+        raise AttributeError(name)
+      return getattr(self.maxtext_view(), name)
 
 
 _SECTION_TYPES: dict[str, type] = {

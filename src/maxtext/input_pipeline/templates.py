@@ -11,10 +11,8 @@ from __future__ import annotations
 import json
 import os
 
-from maxtext.configs.sections import TaskSection
+from maxtext.configs.sections import TEMPLATE_DIR, TaskSection
 from maxtext.utils import errors
-
-TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "configs", "templates")
 
 
 def template_path(cfg: TaskSection, default: str) -> str:

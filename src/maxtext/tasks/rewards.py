@@ -101,13 +101,9 @@ def reward_functions(task: Task, cfg: TaskSection, tmvp_config: MaxTextView) -> 
   """The user's reward functions when reward_functions_path is set, else the task's."""
   prefix = templates.answer_prefix(cfg)
   if not cfg.reward_functions_path:
-    if cfg.reward_functions:
-      raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
     return [bind_config(fn, cfg, prefix) for fn in task.rewards(cfg)]
   path = cfg.reward_functions_path
   module = user_code.load_file(path, "reward_functions_path")
-  if not cfg.reward_functions:
-    raise ConfigError(f"reward_functions: name the functions of {path} to use")
   missing = [n for n in cfg.reward_functions if not callable(getattr(module, n, None))]
   if missing:
     raise ConfigError(f"reward_functions: {missing} not defined in reward_functions_path={path}")

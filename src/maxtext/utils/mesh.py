@@ -8,11 +8,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from maxtext.configs.sections import MeshSection
+from maxtext.configs.sections import MESH_AXES, MeshSection
 from maxtext.utils import distributed
 from maxtext.utils.errors import ConfigError
 
-MESH_AXES = ("data", "fsdp", "tensor")
 # Mesh axes that split the batch of training examples.
 DATA_AXES = ("data", "fsdp")
 

@@ -13,8 +13,9 @@ below, never by running the model on whole sequences itself.
 Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL penalty, the
 aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
 shared, and the surrogate gives the per-token loss from the log-probs, their log ratio to the old
-ones and the advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES (its name becomes
-a choice of rl.policy_loss_fn, documented in base.yml) and its tests.
+ones and the advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES under a name
+added to sections.PolicyLossFn (the choices of rl.policy_loss_fn, which the config checks at start; documented in
+base.yml) and its tests; a new estimator likewise goes to ADVANTAGE_ESTIMATORS and sections.AdvantageEstimator.
 """
 
 from __future__ import annotations
@@ -28,9 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.rl import algo_core, common, function_registry
 
-from maxtext.configs.sections import AlgorithmSection
+from maxtext.configs.sections import AdvantageEstimator, PolicyLossFn
 from maxtext.integration.tunix import scoring
-from maxtext.utils.errors import ConfigError
 
 _EPS = 1e-6
 
@@ -43,7 +43,7 @@ def reinforce_pp(rewards, num_generations: int) -> np.ndarray:
   return ((r - r.mean()) / (r.std() + _EPS)).astype(np.float32)
 
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable[..., Any]] = {
+ADVANTAGE_ESTIMATORS: dict[AdvantageEstimator, Callable[..., Any]] = {
   # Tunix's: (r - group mean) / (group std (ddof 1) + 1e-6)
   "grpo": algo_core.compute_advantages,
   # Tunix's Dr. GRPO: r - group mean (no division by the group's std)
@@ -201,47 +201,10 @@ def _policy_loss(surrogate):
   return loss_fn
 
 
-POLICY_LOSSES: dict[str, Callable[..., Any]] = {
+POLICY_LOSSES: dict[PolicyLossFn, Callable[..., Any]] = {
   "ppo_clip": _policy_loss(_ppo_clip),
   "cispo": _policy_loss(_cispo),
 }
-LOSS_ALGOS = ("grpo", "gspo-token")  # the ratio of ppo_clip: per token, or the sequence's (GSPO)
-# The modes tunix.rl.common.aggregate_loss implements (a contract test checks them).
-LOSS_AGGREGATIONS = (
-  "token-mean",
-  "sequence-mean-token-mean",
-  "sequence-mean-token-scale",
-  "seq-mean-token-sum",
-  "sequence-mean-token-sum-norm",
-)
-
-
-def check(rl: AlgorithmSection, agentic: bool) -> None:
-  """Refuses an algorithm key whose value no registry here holds, naming the key, the value and the
-  choices, and combinations that would not do what they say (`agentic`: rl.use_agentic_rollout)."""
-  for key, value, choices in (
-    ("rl.advantage_estimator", rl.advantage_estimator, tuple(ADVANTAGE_ESTIMATORS)),
-    ("rl.policy_loss_fn", rl.policy_loss_fn, tuple(POLICY_LOSSES)),
-    ("rl.loss_algo", rl.loss_algo, LOSS_ALGOS),
-    ("rl.loss_agg_mode", rl.loss_agg_mode, LOSS_AGGREGATIONS),
-  ):
-    if value not in choices:
-      raise ConfigError(f"{key}={value!r}: expected one of {', '.join(choices)}")
-  if rl.policy_loss_fn == "cispo" and rl.loss_algo != "grpo":
-    raise ConfigError(
-      f"rl.loss_algo={rl.loss_algo!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
-      "ppo_clip; cispo weights tokens (expected rl.loss_algo=grpo)"
-    )
-  if rl.advantage_estimator == "reinforce_pp" and rl.dynamic_sampling:
-    raise ConfigError(
-      "rl.advantage_estimator='reinforce_pp' with rl.dynamic_sampling=true: REINFORCE++ normalises over the "
-      "sampled batch, not the groups dynamic sampling keeps (expected grpo, dr_grpo or rloo)"
-    )
-  if rl.advantage_estimator == "reinforce_pp" and agentic:
-    raise ConfigError(
-      "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
-      "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"
-    )
 
 
 def register() -> None:

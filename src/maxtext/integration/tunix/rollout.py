@@ -43,7 +43,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import jax
 import numpy as np
@@ -53,7 +53,7 @@ from tunix.generate import sampler, tokenizer_adapter
 from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from maxtext.configs.sections import EvalStrategy, MeshSection, ModelSection, SamplingSection
+from maxtext.configs.sections import EVAL_SAMPLING, EvalStrategy, MeshSection, ModelSection, SamplingSection
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.integration.tunix import scoring
 from maxtext.utils import errors
@@ -341,14 +341,6 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
   def model(self) -> nnx.Module:
     return self._model
-
-
-# eval_sampling_strategy -> sampling parameters of evaluation.
-EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
-  "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
-  "standard": {"temperature": 0.7, "top_p": 0.95, "top_k": 50},
-  "liberal": {"temperature": 0.85, "top_p": 1.0, "top_k": 2000},
-}
 
 
 def rollout_engine(cfg: SamplingSection):

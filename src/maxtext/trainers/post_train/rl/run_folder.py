@@ -43,12 +43,13 @@ log = logging.getLogger(__name__)
 
 @contextlib.contextmanager
 def locked(run: RunSection) -> Iterator[None]:
-  """Holds the lock of the run folder run.run_dir while the block runs: process 0 takes it, and every
-  process raises the InputError naming the folder and its holder when another run holds it.
-  distributed.initialize() must have run."""
+  """Holds the lock of the run folder run.run_dir while the block runs: process 0 checks that it can
+  write the folder and takes the lock, and every process raises the InputError naming the folder
+  (and its holder when another run holds it). distributed.initialize() must have run."""
   lock, refused = None, None
   if distributed.is_main():
     try:
+      storage.check_writable("base_output_directory", run.base_output_directory, run.run_dir)
       lock = folder_lock.acquire(run.run_dir)
     except errors.InputError as e:
       refused = str(e)

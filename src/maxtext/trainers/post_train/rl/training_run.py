@@ -31,7 +31,7 @@ from maxtext.configs.sections import RunConfig
 from maxtext.input_pipeline import datasets, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import chat_parser, losses, metrics, rollout, trajectories
+from maxtext.integration.tunix import chat_parser, metrics, rollout, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model
@@ -50,9 +50,7 @@ log = logging.getLogger(__name__)
 class TrainingRun:
   def __init__(self, cfg: RunConfig):
     agentic = cfg.agentic.use_agentic_rollout
-    losses.check(cfg.algorithm, agentic)
     self.task = task = tasks.select(cfg.data.dataset_name)
-    task.check(list(cfg.overridden), user_rewards=bool(cfg.task.reward_functions_path))
     distributed.initialize()  # before anything asks JAX about its devices
     reward_fns = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
     self.cfg = cfg
