@@ -86,6 +86,7 @@ class ModelSection:
   dtype: Dtype
   weight_dtype: Dtype
   remat_policy: RematPolicy
+  scan_layers: bool
   load_parameters_path: str
   tokenizer_path: str
   init_weights_seed: int
