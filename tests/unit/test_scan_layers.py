@@ -127,6 +127,7 @@ def test_an_orbax_checkpoint_of_either_layout_loads_into_either_decoder(tmp_path
   orbax_checkpoint.save_params(str(tmp_path), source)
   saved = orbax_checkpoint.restore_arrays(str(tmp_path))
   assert ("layers.attn.q_proj" in saved) == written_scanned
+  assert orbax_checkpoint.stacked_layers(str(tmp_path)) == written_scanned
   for scan in ("false", "true"):
     _, loaded = _model(f"load_parameters_path={tmp_path}", f"scan_layers={scan}")
     _assert_same_arrays(builder.to_arrays(loaded), builder.to_arrays(source), rtol=0, atol=0)

@@ -115,7 +115,8 @@ def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
 
 def _batches(leaves: list, batch_bytes: int):
   """(path, metadata) leaves in consecutive batches of at most batch_bytes of arrays (or one array)."""
-  batch, size = [], 0
+  batch: list = []
+  size = 0
   for path, meta in leaves:
     nbytes = int(np.prod(meta.shape)) * np.dtype(meta.dtype).itemsize
     if batch and size + nbytes > batch_bytes:
@@ -155,6 +156,16 @@ def resolve(path: str) -> str:
   if not saved:
     raise errors.MissingInputError(f"{folder}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
   return str(folder / str(saved[-1]) / _ITEM)
+
+
+def stacked_layers(path: str) -> bool | None:
+  """Whether the decoder layers' parameters saved at `path` (a step or checkpoint root, as
+  restore_arrays reads it) are stacked, as a scan_layers=true decoder holds them, rather than one per
+  layer; None when it holds no layers' parameters. Reads the checkpoint's metadata only."""
+  layers = ocp.PyTreeCheckpointer().metadata(resolve(path)).item_metadata.tree.get("layers")
+  if not isinstance(layers, dict) or not layers:
+    return None
+  return not all(str(key).isdigit() for key in layers)
 
 
 def _flatten(tree, prefix=()):
