@@ -120,7 +120,8 @@ def _random_hf_llama(cfg, seed=0):
   return {k: v.astype(np.float32) for k, v in hf.items()}
 
 
-def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_gguf_file_loads_with_rope_rows_restored(tmp_path, scan):
   cfg = make_config("model_name=llama-tiny", "vocab_size=256")
   hf = _random_hf_llama(cfg)
   path = tmp_path / "tiny.gguf"
@@ -130,7 +131,7 @@ def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
   for name, arr in hf.items():
     np.testing.assert_array_equal(read[name], arr, err_msg=name)
 
-  cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}")
+  cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}", f"scan_layers={scan}")
   mesh, _ = create_meshes(cfg.mesh, agentic=False)
   loaded = load.load_model(cfg.model, mesh)
   mcfg = ModelConfig.from_config(cfg.model)
