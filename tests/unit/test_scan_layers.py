@@ -176,3 +176,11 @@ def test_a_lora_path_selecting_some_layers_only_is_refused_with_scan_layers():
   assert list(builder.adapters(unrolled)) == ["layers.0.attn.q_proj_lora_a", "layers.0.attn.q_proj_lora_b"]
   with pytest.raises(errors.ConfigError, match=r"lora_module_path=.*selects q_proj of 1 of the 2 layers.*scan_layers"):
     _model("lora_rank=4", f"lora_module_path={some}", "scan_layers=true")
+
+
+def test_logical_axis_rules_without_the_layers_axis_are_refused_with_scan_layers():
+  rules = 'logical_axis_rules=[["vocab",["tensor"]],["embed",["fsdp"]],["mlp",["tensor"]],["q_heads",["tensor"]],'
+  rules += '["kv_heads",["tensor"]],["heads",["tensor"]],["kv",[]],["norm",[]]]'
+  make_config(*TINY, rules)  # unrolled layers need no rule for it
+  with pytest.raises(errors.ConfigError, match=r"logical_axis_rules: no rule for 'layers'.*scan_layers=true"):
+    make_config(*TINY, rules, "scan_layers=true")

@@ -390,6 +390,11 @@ def _validate(v: dict[str, Any]) -> None:
     if v[key] not in allowed:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
   _check_optimizer(v)
+  if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
+    raise ConfigError(
+      "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
+      'add ["layers", []] (on no mesh axis)'
+    )
   if not 0.0 < v["train_fraction"] < 1.0:
     raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction between 0 and 1")
   for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size"):
