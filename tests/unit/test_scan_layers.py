@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tunix.rl.rollout import base_rollout
 
 from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.integration.tunix.rollout import RolloutEngine
 from maxtext.models import builder, load
 from maxtext.models.decoder import MatmulCopy, cache_length, cache_rows
 from maxtext.utils import errors
@@ -107,6 +109,21 @@ def test_the_batcher_decodes_the_same_tokens_from_a_stacked_cache(models):
     results.append([f.result(timeout=120).tokens.tolist() for f in futures])
     batcher.close()
   assert results[0] == results[1]
+
+
+def test_tunix_samplers_greedy_tokens_are_the_same_from_a_stacked_cache(qwen3_tokenizer):
+  """Tunix's sampler (rollout_engine=vanilla) makes the cache with init_cache and passes it back."""
+  config = base_rollout.RolloutConfig(
+    max_tokens_to_generate=8, max_prompt_length=16, kv_cache_size=24, temperature=0.0, top_p=None, top_k=None
+  )
+  prompts = ["<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "What is 2 + 3?"]
+  tokens = []
+  for scan in ("false", "true"):
+    cfg = make_config("model_name=qwen3-tiny", f"scan_layers={scan}")
+    mesh, _ = create_meshes(cfg.mesh, agentic=False)
+    engine = RolloutEngine(load.load_model(cfg.model, mesh), qwen3_tokenizer, mesh, config, seed=0)
+    tokens.append([t.tolist() for t in engine.generate(prompts, config).tokens])
+  assert tokens[0] == tokens[1] and all(len(t) == 8 for t in tokens[1])
 
 
 def test_the_bfloat16_copy_of_a_scanned_decoder_keeps_its_norm_scales_in_float32(models):
