@@ -12,7 +12,7 @@ import transformers
 from safetensors.numpy import load_file
 
 from maxtext import assets
-from maxtext.checkpoint_conversion import hf_config, to_huggingface, to_maxtext
+from maxtext.checkpoint_conversion import hf_config, orbax_checkpoint, to_huggingface, to_maxtext
 from maxtext.input_pipeline.tokenizer import load_tokenizer
 from tests.conftest import make_config
 
@@ -27,8 +27,18 @@ def write_hf_like(model_name, path, dtype=torch.float32):
   return model
 
 
-@pytest.mark.parametrize("dtype, weight_dtype", [(torch.float32, "float32"), (torch.bfloat16, "bfloat16")])
-def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype):
+# (torch dtype, weight_dtype, scan_layers of to_maxtext, of to_huggingface): an Orbax checkpoint
+# written with the layers stacked or not converts back through a decoder of either layout.
+@pytest.mark.parametrize(
+  "dtype, weight_dtype, scan_in, scan_out",
+  [
+    (torch.float32, "float32", "false", "false"),
+    (torch.bfloat16, "bfloat16", "false", "false"),
+    (torch.float32, "float32", "true", "false"),
+    (torch.bfloat16, "bfloat16", "false", "true"),
+  ],
+)
+def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype, scan_in, scan_out):
   write_hf_like("qwen3-tiny", tmp_path / "hf", dtype)
   common = ["model_name=qwen3-tiny", f"weight_dtype={weight_dtype}"]
   assert (
@@ -37,6 +47,7 @@ def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype):
         "to_maxtext",
         "rl.yml",
         *common,
+        f"scan_layers={scan_in}",
         f"load_parameters_path={tmp_path / 'hf'}",
         f"base_output_directory={tmp_path / 'orbax'}",
       ]
@@ -44,12 +55,14 @@ def test_hf_to_orbax_to_hf_is_bit_exact(tmp_path, dtype, weight_dtype):
     == 0
   )
   assert (tmp_path / "orbax" / "0" / "model_params").is_dir()
+  assert orbax_checkpoint.stacked_layers(str(tmp_path / "orbax")) == (scan_in == "true")
   assert (
     to_huggingface.main(
       [
         "to_huggingface",
         "rl.yml",
         *common,
+        f"scan_layers={scan_out}",
         f"load_parameters_path={tmp_path / 'orbax'}",
         f"hf_output_path={tmp_path / 'out'}",
       ]

@@ -197,12 +197,15 @@ _SPLIT = textwrap.dedent("""
 """)
 
 
-def test_lora_adapters_reach_a_sampler_on_other_devices(tmp_path):
-  """Trainer and sampler on one host device each: Tunix syncs only the adapters; afterwards the
-  sampler's model scores sampled completions as the trainer's does, and unlike the initial model."""
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_lora_adapters_reach_a_sampler_on_other_devices(tmp_path, scan):
+  """Trainer and sampler on one host device each: Tunix syncs only the adapters (stacked ones with
+  scan_layers); afterwards the sampler's model scores sampled completions as the trainer's does, and
+  unlike the initial model."""
   (tmp_path / "reward.py").write_text(REWARD)
   args = [
     *LORA,
+    f"scan_layers={scan}",
     f"reward_functions_path={tmp_path / 'reward.py'}",
     f"base_output_directory={tmp_path}",
     "run_name=split",

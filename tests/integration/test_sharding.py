@@ -37,13 +37,14 @@ _LAYOUT_CHECK = textwrap.dedent("""
     one = pyconfig.initialize(base + ["ici_fsdp_parallelism=1"])
     _, ref = logits(one, Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1), MESH_AXES))
     report = {}
-    for layout in sys.argv[1:]:
-      data, fsdp, tensor = map(int, layout.split("x"))
+    for layout in sys.argv[1:]:  # data x fsdp x tensor, "scanned" after it: scan_layers=true
+      scanned = layout.endswith("scanned")
+      data, fsdp, tensor = map(int, layout.removesuffix(" scanned").split("x"))
       cfg = pyconfig.initialize(base + [f"ici_data_parallelism={data}", f"ici_fsdp_parallelism={fsdp}",
-                                        f"ici_tensor_parallelism={tensor}"])
+                                        f"ici_tensor_parallelism={tensor}", f"scan_layers={str(scanned).lower()}"])
       mesh, _ = create_meshes(cfg.mesh, agentic=False)
       model, out = logits(cfg, mesh)
-      q = model.layers[0].attn.q_proj[...]
+      q = (model.layers.attn if scanned else model.layers[0].attn).q_proj[...]
       report[layout] = {
           "max_diff": float(np.abs(out - ref).max()),
           "mesh": dict(mesh.shape),
@@ -58,7 +59,7 @@ _LAYOUT_CHECK = textwrap.dedent("""
 
 def test_layouts_match_one_device_and_shard_parameters():
   proc = subprocess.run(
-    [sys.executable, "-c", _LAYOUT_CHECK, "1x4x2", "2x2x2", "1x8x1", "8x1x1"],
+    [sys.executable, "-c", _LAYOUT_CHECK, "1x4x2", "2x2x2", "1x8x1", "8x1x1", "1x4x2 scanned"],
     env=_ENV,
     capture_output=True,
     text=True,
@@ -77,11 +78,16 @@ def test_layouts_match_one_device_and_shard_parameters():
   assert report["1x4x2"]["embed_shard"] == [151936 // 2, 64 // 4]
   assert report["1x8x1"]["q_shard"] == [8, 4, 32]
   assert report["8x1x1"]["q_shard"] == [64, 4, 32]  # pure data parallelism replicates parameters
+  # Stacked layers: the leading 'layers' axis is on no mesh axis (qwen3-tiny's 2 layers in every shard).
+  assert report["1x4x2 scanned"]["q_spec"][:3] == [None, "fsdp", "tensor"]
+  assert report["1x4x2 scanned"]["q_shard"] == [2, 16, 2, 32]
 
 
-def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path):
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path, scan):
   args = [
     "model_name=qwen3-tiny",
+    f"scan_layers={scan}",
     "num_batches=2",
     "batch_size=2",
     "rl.num_generations=2",

@@ -140,6 +140,35 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert ours["token_ids"] == hf_greedy_tokens(run / "hf", "What is 2+3?", 8)
 
 
+def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
+  """scan_layers=true: the same seeded weights, samples and rewards in each step, and the same loss,
+  KL and gradient norm within 1e-4, as the unrolled decoder's run. A rerun that changes scan_layers
+  is refused naming it, rather than failing in the checkpoint's restore."""
+  (tmp_path / "rewards.py").write_text(SPREAD_REWARDS)
+  rows = {}
+  for scan in ("false", "true"):
+    args = [
+      *TINY,
+      f"base_output_directory={tmp_path}",
+      f"reward_functions_path={tmp_path / 'rewards.py'}",
+      "reward_functions=[check_answer,spread]",
+      f"run_name=scan_{scan}",
+      f"scan_layers={scan}",
+    ]
+    assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+    rows[scan] = _read_jsonl(tmp_path / f"scan_{scan}" / "metrics.jsonl")
+  assert [r["step"] for r in rows["true"]] == [r["step"] for r in rows["false"]] == [1, 2]
+  for unrolled, scanned in zip(rows["false"], rows["true"]):
+    assert (
+      scanned["rewards/mean"] == unrolled["rewards/mean"] and scanned["rewards/spread"] == unrolled["rewards/spread"]
+    )
+    for key in ("loss", "kl", "grad_norm"):
+      assert abs(scanned[key] - unrolled[key]) <= 1e-4, (key, scanned[key], unrolled[key])
+  capsys.readouterr()
+  assert train_rl.main(["train_rl", "rl.yml", *args[:-2], "run_name=scan_true", "scan_layers=false"]) == 2
+  assert "scan_layers=false: the run's checkpoints hold the decoder layers stacked" in capsys.readouterr().err
+
+
 def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys):
   """rl.num_iterations=2: num_batches=3 trains 3 batches in 6 optimizer updates; metrics.jsonl has one
   row per batch, checkpoints are taken every checkpoint_period batches, and a run stopped after 2

@@ -85,15 +85,29 @@ def test_the_samplers_bfloat16_copy_is_the_matmul_copys_size(args):
   assert footprint.estimate(make_config(*args, "rl.use_agentic_rollout=true")).parts[part] == 0
 
 
-def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows():
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows(scan):
   cfg = make_config(
-    "model_name=qwen3-tiny", "batch_size=4", "rl.num_generations=4", "rollout_max_batch_size=8", "num_test_batches=0"
+    "model_name=qwen3-tiny",
+    "batch_size=4",
+    "rl.num_generations=4",
+    "rollout_max_batch_size=8",
+    "num_test_batches=0",
+    f"scan_layers={scan}",
   )
   model = builder.init_random(ModelConfig.from_config(cfg.model), create_meshes(cfg.mesh, agentic=False)[0], 0)
   cache = model.init_cache(8, cfg.sampling.kv_cache_size, jnp.float32)  # min(4 x 4 prompts' samples, 8 slots)
   expected = sum(layer["k"].nbytes + layer["v"].nbytes for layer in cache.values())
   parts = footprint.estimate(cfg).parts
   assert parts[f"sampler KV cache (8 rows x {cfg.sampling.kv_cache_size})"] == expected
+  assert footprint.parameter_count(cfg.model) == sum(x.size for x in jax.tree.leaves(nnx.state(model)))
+
+
+def test_scanned_layers_count_one_layers_compiled_programs():
+  programs = lambda scan: footprint.estimate(make_config("model_name=qwen3-tiny", f"scan_layers={scan}")).parts[
+    "compiled programs"
+  ]
+  assert programs("true") == programs("false") / 2  # qwen3-tiny's 2 layers
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])

@@ -125,10 +125,11 @@ def load_ours(path, *overrides):
   return cfg, load.load_model(cfg.model, mesh)
 
 
+@pytest.mark.parametrize("scan", ["false", "true"])
 @pytest.mark.parametrize("shape", sorted(SHAPES))
-def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape, scan):
   hf = write_hf_model(tmp_path, shape)
-  cfg, ours = load_ours(tmp_path)
+  cfg, ours = load_ours(tmp_path, f"scan_layers={scan}")
   assert cfg.model.decoder_family == SHAPES[shape][0].model_type
   assert ours.config.precision == jax.lax.Precision.HIGHEST
   tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
@@ -147,13 +148,14 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape):
     np.testing.assert_array_equal(our_greedy(ours, prompt, 32), hf_greedy(hf, prompt, 32))
 
 
+@pytest.mark.parametrize("scan", ["false", "true"])
 @pytest.mark.parametrize("shape", ["qwen3-gqa-tied-headdim", "llama3-rope-scaling-untied"])
-def test_bfloat16_matmul_copy_is_transformers_with_rounded_linear_inputs_and_near_float32(tmp_path, shape):
+def test_bfloat16_matmul_copy_is_transformers_with_rounded_linear_inputs_and_near_float32(tmp_path, shape, scan):
   """decoder.MatmulCopy (the rollout_dtype=bfloat16 sampler's model): its logits equal transformers'
   float32 model whose embedding and linear weights, and every linear layer's input, are rounded to
   bfloat16; and they stay near the float32 model's (the samples' shift from the trainer's policy)."""
   hf = write_hf_model(tmp_path, shape)
-  _, ours = load_ours(tmp_path)
+  _, ours = load_ours(tmp_path, f"scan_layers={scan}")
   copy = decoder.MatmulCopy(ours, jnp.bfloat16)
   tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
   t = tokens.shape[1]

@@ -121,7 +121,8 @@ def _random_hf_llama(cfg, seed=0):
   return {k: v.astype(np.float32) for k, v in hf.items()}
 
 
-def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_gguf_file_loads_with_rope_rows_restored(tmp_path, scan):
   cfg = make_config("model_name=llama-tiny", "vocab_size=256")
   hf = _random_hf_llama(cfg)
   path = tmp_path / "tiny.gguf"
@@ -131,7 +132,7 @@ def test_gguf_file_loads_with_rope_rows_restored(tmp_path):
   for name, arr in hf.items():
     np.testing.assert_array_equal(read[name], arr, err_msg=name)
 
-  cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}")
+  cfg = make_config("model_name=llama-tiny", "vocab_size=256", f"load_parameters_path={path}", f"scan_layers={scan}")
   mesh, _ = create_meshes(cfg.mesh, agentic=False)
   loaded = load.load_model(cfg.model, mesh)
   mcfg = ModelConfig.from_config(cfg.model)
@@ -214,26 +215,33 @@ def _training_step(cfg, mesh, graphdef, tokens):
   )
 
 
-def test_remat_full_recomputes_layers_and_cuts_the_training_steps_memory():
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_remat_full_recomputes_layers_and_cuts_the_training_steps_memory(scan):
   """remat_policy=full keeps one layer's activations at a time: a training step of SmolLM2-135M's
     shape (8 layers, 8192-token vocabulary) on 4 x 256 tokens needs under a third of the XLA
   temporaries it needs without remat
     (compiled only, on abstract weights). This holds with the CPU scheduler maxtext selects on import
     (see maxtext/__init__.py); XLA's default one kept every layer's activations alive. Gradients are
-    the same either way (tiny model, run)."""
+    the same either way (tiny model, run). Both hold with the layers unrolled and scanned."""
   temps = {}
   for remat in ("none", "full"):
-    cfg = make_config("model_name=smollm2-135m", "num_decoder_layers=8", "vocab_size=8192", f"remat_policy={remat}")
+    cfg = make_config(
+      "model_name=smollm2-135m",
+      "num_decoder_layers=8",
+      "vocab_size=8192",
+      f"remat_policy={remat}",
+      f"scan_layers={scan}",
+    )
     mesh, _ = create_meshes(cfg.mesh, agentic=False)
     graphdef, abstract, _ = builder._abstract(ModelConfig.from_config(cfg.model), mesh)
     step = _training_step(cfg, mesh, graphdef, jnp.zeros((4, 256), jnp.int32))
     with jax.set_mesh(mesh):
       temps[remat] = step.lower(abstract).compile().memory_analysis().temp_size_in_bytes
   assert temps["full"] < temps["none"] / 3, temps
-  cfg, mesh, model = _model("model_name=qwen3-tiny", "remat_policy=full")
+  cfg, mesh, model = _model("model_name=qwen3-tiny", "remat_policy=full", f"scan_layers={scan}")
   tokens = jax.random.randint(jax.random.PRNGKey(0), (2, 16), 0, 1000)
   grads = _training_step(cfg, mesh, nnx.graphdef(model), tokens)(nnx.state(model))
-  reference_cfg, _, reference = _model("model_name=qwen3-tiny", "remat_policy=none")
+  reference_cfg, _, reference = _model("model_name=qwen3-tiny", "remat_policy=none", f"scan_layers={scan}")
   expected = _training_step(reference_cfg, mesh, nnx.graphdef(reference), tokens)(nnx.state(reference))
   for got, want in zip(jax.tree.leaves(grads), jax.tree.leaves(expected)):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-7)

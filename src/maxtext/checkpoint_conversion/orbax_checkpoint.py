@@ -192,6 +192,16 @@ def resolve(path: str) -> str:
   return str(folder / str(saved[-1]) / _ITEM)
 
 
+def stacked_layers(path: str) -> bool | None:
+  """Whether the decoder layers' parameters saved at `path` (a step or checkpoint root, as
+  restore_arrays reads it) are stacked, as a scan_layers=true decoder holds them, rather than one per
+  layer; None when it holds no layers' parameters. Reads the checkpoint's metadata only."""
+  layers = ocp.PyTreeCheckpointer().metadata(resolve(path)).item_metadata.tree.get("layers")
+  if not isinstance(layers, dict) or not layers:
+    return None
+  return not all(str(key).isdigit() for key in layers)
+
+
 def _flatten(tree, prefix=()):
   for key, value in tree.items():
     if isinstance(value, dict):

@@ -110,7 +110,6 @@ ENGINE_ONLY: dict[str, tuple[str, ...]] = {
     "attention_out",
     "engram",
   ),
-  "MaxText's own decoder (scanned layers): this program's decoder runs its layers one by one": ("scan_layers",),
   "MaxText's checkpoint writer (Pathways storage formats, synchronous saving): checkpoints here are Orbax's, "
   "saved asynchronously": (
     "checkpoint_storage_use_ocdbt",

@@ -605,6 +605,11 @@ def _validate(v: dict[str, Any]) -> None:
   _check_algorithm(v)
   _check_reward_functions(v)
   _check_optimizer(v)
+  if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
+    raise ConfigError(
+      "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
+      'add ["layers", []] (on no mesh axis)'
+    )
   if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
     raise ConfigError(
       f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "

@@ -107,6 +107,7 @@ class ModelSection:
   remat_policy: RematPolicy
   matmul_precision: MatmulPrecision
   attention: Attention
+  scan_layers: bool
   load_parameters_path: str
   tokenizer_path: str
   init_weights_seed: int

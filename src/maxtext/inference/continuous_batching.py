@@ -53,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from maxtext.models.decoder import Decoder, MatmulCopy, cache_length
+from maxtext.models.decoder import Decoder, MatmulCopy, cache_length, cache_rows
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ class ContinuousBatcher:
   @property
   def rows(self) -> int:
     """Cache rows now allocated (each decode step computes all of them)."""
-    return self._cache["layer_0"]["end_index"].shape[0]
+    return cache_rows(self._cache)
 
   def _grow(self, needed: int) -> None:
     """Grows the cache to the smallest power of two of rows (at most max_batch_size) >= needed."""

@@ -6,7 +6,14 @@ resharding included. The call signature and KV cache follow Tunix's sampler cont
 `model(input_tokens, positions, cache, attention_mask) -> (logits, new_cache)`, with the cache
 `{'layer_i': {'k', 'v', 'end_index'}}` whose slot i holds the token at buffer index i; each row
 writes from its own end_index, so rows of one batch may be at different positions (continuous
-batching).
+batching). Tunix's sampler only makes the cache (`init_cache`) and passes it back, so the cache of a
+decoder with scan_layers is one stacked entry `{'layers': {'k', 'v', 'end_index'}}` whose keys and
+values hold every layer's on an axis after the rows: every cache array keeps its rows on axis 0.
+
+With scan_layers the decoder layers are one layer module whose parameters are stacked along a leading
+axis (logical name 'layers'), run by one jax.lax.scan: the compiled programs hold one layer's code
+instead of num_layers copies. Its parameters' dotted names have no layer number
+(layers.attn.q_proj [layers, ...] instead of layers.3.attn.q_proj); `builder` converts between the two.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from flax import nnx
 
 from maxtext.configs.sections import MatmulPrecision, ModelSection
 from maxtext.models import attention as attention_lib
+from maxtext.utils.errors import ConfigError
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -61,6 +69,7 @@ class ModelConfig:
   # sequence's (more than one query position) with cuDNN's flash attention, a decode step's with
   # dot_product's einsums.
   attention: attention_lib.Selected = "dot_product"
+  scan_layers: bool = False  # the layers as one scanned layer over stacked parameters
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:
@@ -88,6 +97,7 @@ class ModelConfig:
       lora_module_path=cfg.lora_module_path,
       matmul_precision=cfg.matmul_precision,
       attention=attention_lib.select(cfg),
+      scan_layers=cfg.scan_layers,
     )
 
   @property
@@ -121,12 +131,20 @@ class _Projections(nnx.Module):
   """A module of projection weights, each optionally with a LoRA adapter: W + (alpha / rank) A B with
   A [inputs..., rank] and B [rank, outputs...] as nnx.LoRAParam (Tunix trains only those when any
   exist), stored beside the weight as <name>_lora_a / <name>_lora_b. B starts at zero, so an adapted
-  model starts as its base."""
+  model starts as its base. `paths`: the dotted module paths (layers.3.attn) whose weights the module
+  holds: one, or with scan_layers every layer's; their weights get adapters all or none."""
 
-  def _weight(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str, name: str, shape, axes) -> None:
+  def _weight(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...], name: str, shape, axes) -> None:
     setattr(self, name, _param(cfg, rngs, nnx.initializers.lecun_normal(), shape, axes))
-    if not cfg.adapts(f"{path}.{name}"):
+    adapted = [path for path in paths if cfg.adapts(f"{path}.{name}")]
+    if not adapted:
       return
+    if len(adapted) < len(paths):
+      raise ConfigError(
+        f"lora_module_path={cfg.lora_module_path!r} selects {name} of {len(adapted)} of the {len(paths)} "
+        "layers; with scan_layers=true the layers share one stacked adapter per weight, so a weight is "
+        "adapted in every layer or in none (set scan_layers=false to adapt some layers only)"
+      )
     n_in = LORA_INPUT_AXES[name]
     init_a = nnx.initializers.he_uniform(in_axis=tuple(range(n_in)), out_axis=-1)
     lora = lambda value, lora_axes: nnx.LoRAParam(
@@ -209,28 +227,33 @@ def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.A
   return out.astype(x.dtype)
 
 
-def _write_at(buffer: jax.Array, new: jax.Array, start: jax.Array, axis: int) -> jax.Array:
+def _write_at(buffer: jax.Array, new: jax.Array, start: jax.Array, axis: int, layer=None) -> jax.Array:
   """buffer [B, ...] with row b's new [...] written from index start[b] of its axis `axis` (of the
-  row) on."""
-  at = lambda i: tuple(i if a == axis else 0 for a in range(new.ndim - 1))
+  row) on; with `layer`, buffer is a stacked cache's [B, layers, ...] and new goes into that layer."""
+  row_axes = range(new.ndim - 1)
+  at = lambda i: tuple(i if a == axis else 0 for a in row_axes)
+  if layer is not None:
+    new, in_layer = new[:, None], at
+    at = lambda i: (layer, *in_layer(i))
   return jax.vmap(lambda buf, n, i: jax.lax.dynamic_update_slice(buf, n, at(i)))(buffer, new, start)
 
 
 class Attention(_Projections):
   """Grouped-query attention with optional per-head q/k RMSNorm and a KV cache."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...]):
     self.cfg = cfg
     e, hq, hkv, d = cfg.emb_dim, cfg.num_query_heads, cfg.num_kv_heads, cfg.head_dim
-    self._weight(cfg, rngs, path, "q_proj", (e, hq, d), ("embed", "q_heads", "kv"))
-    self._weight(cfg, rngs, path, "k_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
-    self._weight(cfg, rngs, path, "v_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
-    self._weight(cfg, rngs, path, "o_proj", (hq, d, e), ("heads", "kv", "embed"))
+    self._weight(cfg, rngs, paths, "q_proj", (e, hq, d), ("embed", "q_heads", "kv"))
+    self._weight(cfg, rngs, paths, "k_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self._weight(cfg, rngs, paths, "v_proj", (e, hkv, d), ("embed", "kv_heads", "kv"))
+    self._weight(cfg, rngs, paths, "o_proj", (hq, d, e), ("heads", "kv", "embed"))
     if cfg.use_qk_norm:
       self.q_norm = RMSNorm(d, cfg, rngs)
       self.k_norm = RMSNorm(d, cfg, rngs)
 
-  def __call__(self, x, positions, layer_cache, attention_mask):
+  def __call__(self, x, positions, layer_cache, attention_mask, layer=None):
+    """layer_cache: one layer's cache, or with `layer` (this layer's index) a stacked cache's."""
     cfg = self.cfg
     dt = cfg.dtype
     q = self._project(cfg, "q_proj", x)
@@ -248,9 +271,11 @@ class Attention(_Projections):
     new_cache = None
     if layer_cache is not None:
       start = layer_cache["end_index"]
-      k = _write_at(layer_cache["k"], k.astype(layer_cache["k"].dtype), start, axis=2)
-      v = _write_at(layer_cache["v"], v.astype(layer_cache["v"].dtype), start, axis=1)
+      k = _write_at(layer_cache["k"], k.astype(layer_cache["k"].dtype), start, axis=2, layer=layer)
+      v = _write_at(layer_cache["v"], v.astype(layer_cache["v"].dtype), start, axis=1, layer=layer)
       new_cache = {"k": k, "v": v, "end_index": start + x.shape[1]}
+      if layer is not None:
+        k, v = k[:, layer], v[:, layer]
 
     b, t, hq, d = q.shape
     if cfg.attention == "cudnn_flash" and t > 1:
@@ -290,11 +315,11 @@ def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"
 class MLP(_Projections):
   """SwiGLU feed-forward block."""
 
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...]):
     self.cfg = cfg
-    self._weight(cfg, rngs, path, "gate_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
-    self._weight(cfg, rngs, path, "up_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
-    self._weight(cfg, rngs, path, "down_proj", (cfg.mlp_dim, cfg.emb_dim), ("mlp", "embed"))
+    self._weight(cfg, rngs, paths, "gate_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self._weight(cfg, rngs, paths, "up_proj", (cfg.emb_dim, cfg.mlp_dim), ("embed", "mlp"))
+    self._weight(cfg, rngs, paths, "down_proj", (cfg.mlp_dim, cfg.emb_dim), ("mlp", "embed"))
 
   def __call__(self, x):
     cfg = self.cfg
@@ -329,16 +354,28 @@ _swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class DecoderLayer(nnx.Module):
-  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, path: str):
+  def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...]):
     self.attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
-    self.attn = Attention(cfg, rngs, f"{path}.attn")
+    self.attn = Attention(cfg, rngs, tuple(f"{path}.attn" for path in paths))
     self.mlp_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
-    self.mlp = MLP(cfg, rngs, f"{path}.mlp")
+    self.mlp = MLP(cfg, rngs, tuple(f"{path}.mlp" for path in paths))
 
-  def __call__(self, x, positions, layer_cache, attention_mask):
-    h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask)
+  def __call__(self, x, positions, layer_cache, attention_mask, layer=None):
+    h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask, layer)
     x = x + h
     return x + self.mlp(self.mlp_norm(x)), new_cache
+
+
+def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+  """One DecoderLayer whose parameters hold every layer's, stacked on a leading axis named 'layers'."""
+  paths = tuple(f"layers.{i}" for i in range(cfg.num_layers))
+
+  @nnx.split_rngs(splits=cfg.num_layers)
+  @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
+  def make(layer_rngs: nnx.Rngs) -> DecoderLayer:
+    return DecoderLayer(cfg, layer_rngs, paths)
+
+  return make(rngs)
 
 
 class Decoder(nnx.Module):
@@ -347,7 +384,11 @@ class Decoder(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     self.config = cfg
     self.embed = _param(cfg, rngs, nnx.initializers.normal(0.02), (cfg.vocab_size, cfg.emb_dim), ("vocab", "embed"))
-    self.layers = nnx.List([DecoderLayer(cfg, rngs, f"layers.{i}") for i in range(cfg.num_layers)])
+    self.layers: DecoderLayer | nnx.List[DecoderLayer]
+    if cfg.scan_layers:
+      self.layers = _stacked_layers(cfg, rngs)
+    else:
+      self.layers = nnx.List([DecoderLayer(cfg, rngs, (f"layers.{i}",)) for i in range(cfg.num_layers)])
     self.final_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     if not cfg.tie_embeddings:
       self.lm_head = _param(
@@ -386,6 +427,10 @@ class Decoder(nnx.Module):
     later), from which `logits` gives the logits."""
     cfg = self.config
     x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
+    if cfg.scan_layers:
+      x, stacked_cache = self._scan(x, positions, cache, attention_mask)
+      return self.final_norm(x[:, first:]), stacked_cache
+    assert isinstance(self.layers, nnx.List)
     new_cache: Cache | None = None if cache is None else {}
     for i, layer in enumerate(self.layers):
       name = f"layer_{i}"
@@ -397,6 +442,29 @@ class Decoder(nnx.Module):
       if new_cache is not None:
         new_cache[name] = updated
     return self.final_norm(x[:, first:]), new_cache
+
+  def _scan(self, x, positions, cache: Cache | None, attention_mask) -> tuple[jax.Array, Cache | None]:
+    """The stacked layers run in turn on x by one jax.lax.scan (with remat, each layer's step under
+    jax.checkpoint); the stacked cache's keys and values are carried through it and written in place."""
+    cfg = self.config
+    assert isinstance(self.layers, DecoderLayer)
+    graphdef, params = nnx.split(self.layers)
+    stacked = None if cache is None else cache["layers"]
+
+    def step(carry, layer_params):
+      x, kv = carry
+      layer_state, index = layer_params
+      layer_cache = None if stacked is None else {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"]}
+      x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, attention_mask, index)
+      return (x, None if updated is None else (updated["k"], updated["v"])), None
+
+    if cfg.remat:
+      step = jax.checkpoint(step)
+    kv = None if stacked is None else (stacked["k"], stacked["v"])
+    (x, kv), _ = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers)))
+    if stacked is None or kv is None:
+      return x, None
+    return x, {"layers": {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"] + x.shape[1]}}
 
   def output_head(self) -> jax.Array:
     """The output layer's weights [D, V] in the matmul dtype (the embedding's transpose when tied)."""
@@ -414,6 +482,15 @@ class Decoder(nnx.Module):
     cfg = self.config
     keys = (batch_size, cfg.num_kv_heads, cfg.head_dim, cache_size)
     values = (batch_size, cfg.num_kv_heads, cache_size, cfg.head_dim)
+    if cfg.scan_layers:  # each row's keys and values of every layer: [B, layers, ...]
+      layers = lambda shape: (shape[0], cfg.num_layers, *shape[1:])
+      return {
+        "layers": {
+          "k": jnp.zeros(layers(keys), dtype),
+          "v": jnp.zeros(layers(values), dtype),
+          "end_index": jnp.zeros((batch_size,), jnp.int32),
+        }
+      }
     return {
       f"layer_{i}": {
         "k": jnp.zeros(keys, dtype),
@@ -443,11 +520,15 @@ class MatmulCopy:
     sources = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(self._source)[0])}
     paths, self._target = jax.tree_util.tree_flatten_with_path(target)
     embed = next(i for path, i in sources.items() if _top_name(path) == "embed")
-    # Per leaf of the copy: (index of its source leaf, whether that leaf is transposed): a tied
-    # model's lm_head is its embedding's transpose.
+    # Per leaf of the copy: (index of its source leaf, whether that leaf is transposed, whether it is
+    # a matrix, cast to dtype): a tied model's lm_head is its embedding's transpose; stacked layers'
+    # leaves have one more axis than a layer's.
+    stacked = lambda path: int(cfg.scan_layers and _top_name(path) == "layers")
     self._plan = tuple(
-      (embed, True) if _top_name(path) == "lm_head" and model.config.tie_embeddings else (sources[path], False)
-      for path, _ in paths
+      (embed, True, True)
+      if _top_name(path) == "lm_head" and model.config.tie_embeddings
+      else (sources[path], False, leaf.ndim - stacked(path) >= 2)
+      for path, leaf in paths
     )
     self._dtype = dtype
     leaves = tuple(jax.tree.leaves(self._source))
@@ -467,12 +548,17 @@ def _top_name(path) -> str | None:
 def _cast_leaves(leaves: tuple, plan: tuple, dtype) -> list:
   """The copy's leaves from the source's (MatmulCopy's plan): matrices in dtype, vectors as they are."""
   out = []
-  for index, transposed in plan:
+  for index, transposed, matrix in plan:
     x = leaves[index].T if transposed else leaves[index]
-    out.append(x.astype(dtype) if x.ndim >= 2 else x)
+    out.append(x.astype(dtype) if matrix else x)
   return out
 
 
 def cache_length(cache: Cache) -> int:
   """How many positions each row of a cache from Decoder.init_cache holds."""
-  return cache["layer_0"]["v"].shape[2]
+  return next(iter(cache.values()))["v"].shape[-2]
+
+
+def cache_rows(cache: Cache) -> int:
+  """How many rows a cache from Decoder.init_cache holds."""
+  return next(iter(cache.values()))["end_index"].shape[0]

@@ -16,7 +16,8 @@ activations the backward pass keeps (with remat_policy=full only each layer's in
 layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
 before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
 and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size calibrated on the
-default demo, benchmarks/RESULTS.md, "Where the memory goes"). Not counted: the optimizer update's
+default demo, benchmarks/RESULTS.md, "Where the memory goes"; with scan_layers one layer's, the
+programs holding one scanned layer). Not counted: the optimizer update's
 own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
 """
 
@@ -155,7 +156,7 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     f"output layer, micro-batch of {sequences} x {scored}": output_layer,
     f"activations of {tokens} tokens (remat {model.remat_policy})": activations,
     "sampler's bfloat16 copy (rollout_dtype)": copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
-    "compiled programs": _PROGRAM_BYTES_PER_LAYER * model.num_decoder_layers,
+    "compiled programs": _PROGRAM_BYTES_PER_LAYER * (1 if model.scan_layers else model.num_decoder_layers),
     "the process before loading (runtime, libraries)": process_bytes,
   }
   return Footprint(parts)

@@ -216,6 +216,11 @@ class RunFolder:
     )
     return step
 
+  def layers_stacked(self, step: int) -> bool | None:
+    """Whether the checkpoint of training step `step` holds the decoder layers stacked
+    (orbax_checkpoint.stacked_layers)."""
+    return orbax_checkpoint.stacked_layers(storage.join(self._actor, str(self._steps.updates_in(step))))
+
   def previous_results(self, resumed: int) -> dict:
     """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and
     during it up to that step (a fresh run starts empty)."""

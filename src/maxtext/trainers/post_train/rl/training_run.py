@@ -102,7 +102,16 @@ class TrainingRun:
     actor = load_model(cfg.model, trainer_mesh)
     folder.write_config(cfg)  # once the inputs it names have loaded
 
-    self.results = folder.previous_results(folder.resume())
+    resumed = folder.resume()
+    stacked = folder.layers_stacked(resumed) if resumed else None
+    if stacked is not None and stacked != cfg.model.scan_layers:
+      raise ConfigError(
+        f"scan_layers={str(cfg.model.scan_layers).lower()}: the run's checkpoints hold the decoder layers "
+        f"{'stacked' if stacked else 'one per layer'} (written with scan_layers={str(stacked).lower()}); resume "
+        f"with scan_layers={str(stacked).lower()}, or start a new run from them (load_parameters_path and "
+        "lora_input_adapters_path load either layout)"
+      )
+    self.results = folder.previous_results(resumed)
     run = cfg.run
     wandb = None
     if run.wandb_project and distributed.is_main():
