@@ -141,7 +141,6 @@ def test_an_hf_export_on_the_bucket_loads_back_as_training_weights(gcs, tmp_path
       "run_name=second",
       "load_parameters_path=gs://bkt/export",
       "tokenizer_path=gs://bkt/export",
-      "learning_rate=0",
     ],
     gcs,
   )

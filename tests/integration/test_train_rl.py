@@ -165,7 +165,10 @@ def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
     for key in ("loss", "kl", "grad_norm"):
       assert abs(scanned[key] - unrolled[key]) <= 1e-4, (key, scanned[key], unrolled[key])
   capsys.readouterr()
-  assert train_rl.main(["train_rl", "rl.yml", *args[:-2], "run_name=scan_true", "scan_layers=false"]) == 2
+  rerun = ["train_rl", "rl.yml", *args[:-2], "run_name=scan_true", "scan_layers=false"]
+  assert train_rl.main(rerun) == 2  # a key that shapes training, as config.yml says
+  assert "scan_layers: True -> False" in capsys.readouterr().err
+  assert train_rl.main([*rerun, "resume_with_changes=true"]) == 2  # the checkpoints' layout cannot change
   assert "scan_layers=false: the run's checkpoints hold the decoder layers stacked" in capsys.readouterr().err
 
 
