@@ -81,8 +81,20 @@ def _programs(args, scan_layers: bool) -> dict:
     "prefill": (cb._extend, (static, state, cache, i32(rows, chunk), i32(rows))),
     "decode": (
       cb._decode,
-      (static, state, cache, i32(rows), i32(rows), i32(rows), jax.ShapeDtypeStruct((rows, 2), jnp.uint32), sampling),
-      {"top_k": i32(rows), "top_width": 50},
+      (
+        static,
+        state,
+        cache,
+        *(i32(rows),) * 3,
+        jax.ShapeDtypeStruct((rows, 2), jnp.uint32),
+        sampling,
+        i32(rows),
+        50,
+        i32(rows),
+        i32(rows, 1),
+        i32(2),
+        1,  # one step per dispatch: the program decode_steps_per_dispatch=1 runs
+      ),
     ),
   }
 
@@ -117,7 +129,7 @@ def _decode_step(static, state, cache, inputs):
   held = {"cache": cache}
 
   def step():
-    tokens, logps, held["cache"] = cb._decode(static, state, held["cache"], *inputs, 50)
+    tokens, logps, _, _, held["cache"] = cb._decode(static, state, held["cache"], *inputs)
     return tokens, logps
 
   return step
@@ -153,6 +165,11 @@ def _decode_ms(args) -> dict:
       jnp.zeros((rows, 2), jnp.uint32),
       jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1),
       jnp.full((rows,), 50, jnp.int32),
+      50,  # top_width
+      jnp.full((rows,), 1 << 20, jnp.int32),  # no budget ends a row
+      jnp.full((rows, 1), -1, jnp.int32),  # nor an EOS id
+      jnp.array([1, 0]),
+      1,  # one step per dispatch
     )
     step = _decode_step(cb._StaticGraph(graph), state, model.init_cache(rows, size, jnp.dtype(args.dtype)), inputs)
     jax.block_until_ready(step())

@@ -125,6 +125,21 @@ def test_qwen3_thinking_template_falls_back_to_prefix_preserving_chatml(qwen3_to
   assert text.endswith("<|im_start|>assistant\n<answer>84</answer><|im_end|>")
 
 
+def _scripted(replies: list[str], tokenizer):
+  """(calls, model_call): a model that answers each turn with the next of `replies` (EOS-terminated
+  tokens), recording them in calls."""
+  calls: list[str] = []
+
+  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
+    calls.append(replies[len(calls)])
+    tokens = np.asarray(tokenizer.encode(calls[-1], add_special_tokens=False) + [tokenizer.eos_token_id])
+    return base_rollout.RolloutOutput(
+      text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None, logprobs=None
+    )
+
+  return calls, model_call
+
+
 def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
   def model_call(messages, env=None, max_generation_steps=None):
     return base_rollout.RolloutOutput(
@@ -382,16 +397,7 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
     '<tool_call>{"name": "finish", "arguments": "84"}</tool_call>',
   ]
   parser = ConfigChatParser(smollm2_tokenizer, "SYS")
-  calls = []
-
-  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
-    calls.append(replies[len(calls)])
-    tokens = np.asarray(
-      smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
-    )
-    return base_rollout.RolloutOutput(
-      text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None, logprobs=None
-    )
+  calls, model_call = _scripted(replies, smollm2_tokenizer)
 
   tool_map = {"calculator": tools.CalculatorTool}
   cls = tool_agent.ToolAgent if agent_class == "tunix" else trajectories.UserTurnToolAgent
@@ -458,16 +464,7 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
     '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>',
     "<answer>84</answer>",
   ]
-  calls = []
-
-  def model_call(messages, env=None, max_generation_steps=None, prompt_ids=None):
-    calls.append(replies[len(calls)])
-    tokens = np.asarray(
-      smollm2_tokenizer.encode(calls[-1], add_special_tokens=False) + [smollm2_tokenizer.eos_token_id]
-    )
-    return base_rollout.RolloutOutput(
-      text=[calls[-1]], logits=None, tokens=[tokens], left_padded_prompt_tokens=None, logprobs=None
-    )
+  calls, model_call = _scripted(replies, smollm2_tokenizer)
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]")
   kwargs = trajectories.agent_kwargs(cfg.tools, {"calculator": tools.CalculatorTool}, ())
