@@ -83,7 +83,9 @@ def test_layouts_match_one_device_and_shard_parameters():
   assert report["1x4x2 scanned"]["q_shard"] == [2, 16, 2, 32]
 
 
-@pytest.mark.parametrize("scan", ["false", "true"])
+@pytest.mark.parametrize(
+  "scan", ["false", pytest.param("true", marks=pytest.mark.slow)]
+)  # scanned: also in test_scan_layers
 def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path, scan):
   args = [
     "model_name=qwen3-tiny",
