@@ -129,7 +129,7 @@ def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
         for keys, value in jax.tree_util.tree_flatten_with_path(restored)[0]:
           value = np.asarray(value)
           if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
-            return f"{item}/{'/'.join(str(k.key) for k in keys)} holds NaN or infinite values"
+            return f"{item}/{'/'.join(str(_key(k)) for k in keys)} holds NaN or infinite values"
     except Exception as e:  # noqa: BLE001 (whatever a damaged checkpoint makes Orbax or TensorStore raise)
       return f"{item} does not read back: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
   return None
@@ -156,9 +156,14 @@ def _nested(leaves: list) -> dict:
   for path, value in leaves:
     node = tree
     for key in path[:-1]:
-      node = node.setdefault(key.key, {})
-    node[path[-1].key] = value
+      node = node.setdefault(_key(key), {})
+    node[_key(path[-1])] = value
   return tree
+
+
+def _key(entry):
+  """A pytree path entry's dict key or sequence index (Orbax's metadata trees hold both)."""
+  return getattr(entry, "key", getattr(entry, "idx", entry))
 
 
 def remove_unfinished(root: str) -> None:

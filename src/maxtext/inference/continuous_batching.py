@@ -575,7 +575,9 @@ class ContinuousBatcher:
     sampling, top_k, top_width = self._sampling_arrays(requests)
     with self._wake:
       waiting = bool(self._waiting)
-    until = np.array([self.steps_per_dispatch, waiting], np.int32)
+    # A request that arrived since the admission round, with a slot free for it, is admitted next step.
+    chunk = 1 if waiting and None in self._slots else self.steps_per_dispatch
+    until = np.array([chunk, waiting], np.int32)
     read = self._weight_bytes + sum(x.nbytes for x in jax.tree.leaves(self._cache))
     shape = (len(requests), top_width, eos.shape[1])  # what a new decode program is compiled for
     started = time.perf_counter()

@@ -8,9 +8,10 @@ however it ends (SIGKILL included), so a lock a killed run left is taken over at
 the holder it names). On a bucket (gs://): the object is created only where none exists
 (if_generation_match=0); the holder rewrites it every lease_s / 5 seconds, each time on the
 condition that it is still the version it wrote last, and a run that finds it unrenewed for lease_s
-seconds (by the bucket's clock), or held by a process of its own host that no longer runs, takes it
-over on the condition that it is still the version it read, so of two runs taking over at once one
-wins. A holder whose lock was taken over (it did not renew it for lease_s) logs an error.
+seconds (its update time on the bucket against this host's clock), or held by a process of its own
+host that no longer runs, takes it over on the condition that it is still the version it read, so
+of two runs taking over at once one wins. A holder whose lock was taken over (it did not renew it
+for lease_s) logs an error.
 """
 
 from __future__ import annotations
@@ -107,9 +108,14 @@ class LocalLock:
     return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
 
   def release(self) -> None:
-    """Removes the lock file, then unlocks it; removes the folder too if nothing else is in it."""
-    os.unlink(self.path)
-    os.close(self._fd)
+    """Removes the lock file (if still there), then unlocks it; removes the folder too if nothing
+    else is in it."""
+    try:
+      os.unlink(self.path)
+    except FileNotFoundError:
+      pass  # removed by hand: the flock is released all the same
+    finally:
+      os.close(self._fd)
     try:
       os.rmdir(self.folder)
     except OSError:

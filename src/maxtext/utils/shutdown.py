@@ -35,8 +35,9 @@ class NonFiniteError(RunStopped):
   """A training value (loss, KL, gradient norm, a reward, or the parameters after an update) was NaN
   or infinite at `step`; `kept` is the newest checkpoint, the one a rerun resumes from."""
 
-  def __init__(self, name: str, step: int, kept: int):
-    self.step = step
+  def __init__(self, name: str, step: int, kept: int | None = None):
+    """kept: None where the checkpoints are still being settled (TrainingRun raises it again with it)."""
+    self.name, self.step = name, step
     super().__init__(
       f"{name}: not finite at step {step}; stopped without saving it: a rerun resumes from the checkpoint "
       f"of step {kept}, the last good one"

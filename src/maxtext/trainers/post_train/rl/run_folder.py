@@ -53,6 +53,8 @@ def locked(run: RunSection) -> Iterator[None]:
       lock = folder_lock.acquire(run.run_dir)
     except errors.InputError as e:
       refused = str(e)
+    except OSError as e:  # run.lock itself not writable (another user's), say
+      refused = f"run folder {run.run_dir}: cannot take its lock {folder_lock.NAME} ({e})"
   refused = distributed.main_object(refused)
   if refused:
     raise errors.InputError(refused)
@@ -74,8 +76,17 @@ class RunFolder:
   """The run folder, run.run_dir; `steps` says how its checkpoints' updates map to training steps."""
 
   def __init__(self, run: RunSection, steps: Steps):
-    """Refuses (InputError naming base_output_directory) a folder this process cannot write."""
-    storage.check_writable("base_output_directory", run.base_output_directory, run.run_dir)
+    """Refuses (InputError naming base_output_directory, on every process) a folder process 0 cannot
+    write."""
+    refused = None
+    if distributed.is_main():
+      try:
+        storage.check_writable("base_output_directory", run.base_output_directory, run.run_dir)
+      except errors.InputError as e:
+        refused = str(e)
+    refused = distributed.main_object(refused)
+    if refused:
+      raise errors.InputError(refused)
     self.url = run.run_dir
     self.path = self.url
     if storage.is_url(self.url):

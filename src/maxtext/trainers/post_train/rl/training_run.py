@@ -189,11 +189,7 @@ class TrainingRun:
     flags = distributed.gather(np.array([bad[1] if bad else 0, self.stop.signum or 0]))
     step, signum = int(flags[0, 0]), int(flags[:, 1].max())
     if step:
-      self.cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
-      self.folder.keep_checkpoints_through(step - 1)
-      raise shutdown.NonFiniteError(
-        bad[0] if bad else "a watched value (see process 0)", step, max(self.folder.saved_steps(), default=0)
-      )
+      raise shutdown.NonFiniteError(bad[0] if bad else "a watched value (see process 0)", step)
     if signum:
       raise shutdown.Interrupted(signum, steps_done)
 
@@ -209,11 +205,18 @@ class TrainingRun:
     step = int(distributed.gather(np.array([bad[1] if bad else 0]))[:, 0].max())
     if step or not finite:
       name = bad[0] if bad else ("a watched value (see process 0)" if step else "the updated parameters")
-      raise shutdown.NonFiniteError(
-        name, step or self.steps.of_update(update), max(self.folder.saved_steps(), default=0)
-      )
+      raise shutdown.NonFiniteError(name, step or self.steps.of_update(update))
     if not self.cfg.agentic.use_agentic_rollout and self.steps.ends_step(update):
       self.sinks.step_logged(self.steps.of_update(update) - 1)
+
+  def _stop_non_finite(self, e: shutdown.NonFiniteError) -> None:
+    """Ends a run stopped at step e.step by a non-finite value: the metrics rows and the saves of the
+    steps before it land, checkpoints of e.step on (saved before a late-logged value showed) are set
+    aside, and the NonFiniteError is raised again naming the checkpoint a rerun resumes from."""
+    self.sinks.stopped_after(e.step - 1)
+    self.cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
+    self.folder.keep_checkpoints_through(e.step - 1)
+    raise shutdown.NonFiniteError(e.name, e.step, max(self.folder.saved_steps(), default=0)) from None
 
   def _before_step(self, steps_done: int) -> None:
     """_between_steps, and the evaluation every eval_interval steps (standard GRPO)."""
@@ -237,18 +240,23 @@ class TrainingRun:
         cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
         raise
       except shutdown.NonFiniteError as e:
-        sinks.stopped_after(e.step - 1)
-        cluster.actor_trainer.checkpoint_manager.close()  # the last good step's save lands
-        raise
+        self._stop_non_finite(e)
       except InputError:  # a reward function's: the checkpoints saved before it land whole
         cluster.actor_trainer.checkpoint_manager.close()
         raise
       except Exception as e:  # Orbax's writes fail as ValueErrors that carry the OS error's text
         if not storage.no_space(e):
           raise
+        try:  # an earlier step's save still being written lands (or fails) before unfinished ones go
+          cluster.actor_trainer.checkpoint_manager.close()
+        except Exception:  # noqa: BLE001 (it too may find the disk full)
+          log.warning("An earlier checkpoint's save did not finish either", exc_info=True)
         raise shutdown.DiskFull(self.folder.checkpoints, self.folder.drop_unfinished_checkpoints()) from e
     trained = self.steps.done(cluster.actor_trainer.train_steps)
-    self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
+    try:
+      self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
+    except shutdown.NonFiniteError as e:
+      self._stop_non_finite(e)
     log.info(
       "Trained %d steps in %.1f s (%.1f s of it compiling)",
       trained,
