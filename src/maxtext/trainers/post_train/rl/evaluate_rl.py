@@ -109,13 +109,22 @@ def summary_of(result: dict | None) -> dict | None:
 def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
   """Loads the model per cfg and evaluates it on the evaluation split; writes eval.json and
   returns the summary (the command's stdout line)."""
-  from maxtext.input_pipeline import datasets
-  from maxtext.integration.tunix import rollout
-  from maxtext.trainers.post_train.rl.run_folder import RunFolder
+  from maxtext.trainers.post_train.rl import run_folder
+  from maxtext.utils import distributed
   from maxtext.utils.steps import Steps
 
   if cfg.eval.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
+  distributed.initialize()
+  with run_folder.locked(cfg.run):  # a writable folder no other run writes, checked before evaluating
+    return _evaluate_into(cfg, run_folder.RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)))
+
+
+def _evaluate_into(cfg: RunConfig, folder) -> list[dict]:
+  """evaluate_checkpoint's evaluation, its result written to `folder`'s eval.json."""
+  from maxtext.input_pipeline import datasets
+  from maxtext.integration.tunix import rollout
+
   task = tasks.select(cfg.data.dataset_name)
   generate, tokenizer = rollout.load_sampler(
     cfg.model, cfg.mesh, cfg.sampling, cfg.eval.eval_sampling_strategy, rollout.Mode.EVAL
@@ -124,7 +133,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
   source = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
   examples = source.evaluation(cfg.eval.num_test_batches * cfg.eval.eval_batch_size)
   result = evaluate(lambda prompts: generate(prompts).text, examples, scorer(task, cfg.task), cfg.eval, "eval")
-  RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)).write_results({"checkpoint": result})
+  folder.write_results({"checkpoint": result})
   summary = summary_of(result)
   assert summary is not None  # result is a dict
   return [summary]

@@ -76,17 +76,7 @@ class RunFolder:
   """The run folder, run.run_dir; `steps` says how its checkpoints' updates map to training steps."""
 
   def __init__(self, run: RunSection, steps: Steps):
-    """Refuses (InputError naming base_output_directory, on every process) a folder process 0 cannot
-    write."""
-    refused = None
-    if distributed.is_main():
-      try:
-        storage.check_writable("base_output_directory", run.base_output_directory, run.run_dir)
-      except errors.InputError as e:
-        refused = str(e)
-    refused = distributed.main_object(refused)
-    if refused:
-      raise errors.InputError(refused)
+    """The folder of a run that holds it (`locked`, which refuses one that cannot be written)."""
     self.url = run.run_dir
     self.path = self.url
     if storage.is_url(self.url):
