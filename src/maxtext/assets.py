@@ -56,4 +56,4 @@ DEFAULT_TOKENIZERS = {
   "llama-tiny": smollm2_gguf,
   **dict.fromkeys(("qwen3-tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"), qwen3_tokenizer_dir),
 }  # one tokenizer for every Qwen3 size
-RANDOM_INIT_MODELS = ("qwen3-tiny", "llama-tiny")
+RANDOM_INIT_MODELS = ("qwen3-tiny", "llama-tiny", "gemma3-tiny")

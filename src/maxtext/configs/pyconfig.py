@@ -646,8 +646,14 @@ def _validate(v: dict[str, Any]) -> None:
   if v["math_verify_timeout"] <= 0:
     raise ConfigError(f"math_verify_timeout={v['math_verify_timeout']}: expected a positive number of seconds")
   scaling = v["rope_scaling"]
-  if scaling is not None and (not isinstance(scaling, dict) or sorted(scaling) != sorted(_ROPE_SCALING_FIELDS)):
-    raise ConfigError(f"rope_scaling={scaling!r}: expected null or a mapping with {', '.join(_ROPE_SCALING_FIELDS)}")
+  if scaling is not None and (
+    not isinstance(scaling, dict) or sorted(scaling) not in (sorted(_ROPE_SCALING_FIELDS), ["factor"])
+  ):
+    raise ConfigError(
+      f"rope_scaling={scaling!r}: expected null, a mapping with {', '.join(_ROPE_SCALING_FIELDS)} (Llama 3) "
+      "or a mapping with factor alone (linear)"
+    )
+  _check_gemma3_keys(v)
   if v["decode_sampling_temperature"] <= 0 and v["rl.use_agentic_rollout"] and v["rollout_engine"] == "batched":
     raise ConfigError(
       f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
@@ -669,6 +675,30 @@ def _validate(v: dict[str, Any]) -> None:
     re.compile(v["lora_module_path"])
   except re.error as e:
     raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
+
+
+# The keys only decoder_family=gemma3 reads: 0 (none) for the other families.
+_GEMMA3_KEYS = ("rope_local_max_timescale", "sliding_window_size", "sliding_window_pattern", "query_pre_attn_scalar")
+
+
+def _check_gemma3_keys(v: dict[str, Any]) -> None:
+  """Gemma 3's attention keys: set, and positive, for gemma3; 0 for the other families."""
+  family = v["decoder_family"]
+  if family != "gemma3":
+    for key in _GEMMA3_KEYS:
+      if v[key] != 0:
+        raise ConfigError(
+          f"{key}={v[key]!r}: only decoder_family=gemma3 has sliding-window layers and their settings, but "
+          f"decoder_family={family!r}; expected 0"
+        )
+    return
+  for key in _GEMMA3_KEYS:
+    if v[key] <= 0:
+      raise ConfigError(f"{key}={v[key]!r}: decoder_family=gemma3 needs it; expected a positive number")
+  if not v["use_qk_norm"]:
+    raise ConfigError(
+      "use_qk_norm=False: decoder_family=gemma3 always normalises queries and keys per head; expected true"
+    )
 
 
 def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:

@@ -29,7 +29,7 @@ Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full"]
 MatmulPrecision = Literal["default", "high", "highest"]
 Attention = Literal["autoselected", "dot_product", "cudnn_flash"]
-DecoderFamily = Literal["llama", "qwen3"]
+DecoderFamily = Literal["llama", "qwen3", "gemma3"]
 AnswerFormat = Literal["tags", "last_number"]
 RolloutEngineName = Literal["batched", "vanilla"]
 RolloutDtype = Literal["model", "bfloat16"]
@@ -98,6 +98,10 @@ class ModelSection:
   mlp_dim: int
   rope_max_timescale: float
   rope_scaling: Mapping[str, float] | None
+  rope_local_max_timescale: float
+  sliding_window_size: int
+  sliding_window_pattern: int
+  query_pre_attn_scalar: float
   normalization_layer_epsilon: float
   use_qk_norm: bool
   logits_via_embedding: bool

@@ -1,4 +1,4 @@
-"""MaxText-style decoder for the Llama and Qwen3 families, in flax.nnx.
+"""MaxText-style decoder for the Llama, Qwen3 and Gemma 3 families, in flax.nnx.
 
 Parameters carry logical axis names (`out_sharding`) and the config's logical->mesh rules
 (`sharding_rules`), so `nnx.get_partition_spec` yields mesh PartitionSpecs anywhere, Tunix's
@@ -14,6 +14,14 @@ With scan_layers the decoder layers are one layer module whose parameters are st
 axis (logical name 'layers'), run by one jax.lax.scan: the compiled programs hold one layer's code
 instead of num_layers copies. Its parameters' dotted names have no layer number
 (layers.attn.q_proj [layers, ...] instead of layers.3.attn.q_proj); `builder` converts between the two.
+
+Gemma 3 (family gemma3) interleaves sliding-window layers with global ones. A sliding-window layer's
+query at position q attends the keys at positions q - window + 1 .. q. Its mask is the layer's
+attention mask restricted to each query's last `window` attended keys: the keys a query attends (the
+causal and padding masks every caller makes) are its sequence's tokens at consecutive positions up to
+its own, wherever they lie in the cache (a left-padded prompt, rows at different positions), so the
+k-th last of them is at position q - k + 1. Which layers are global is a per-layer flag: a Python bool
+for unrolled layers, one of the scan's inputs with scan_layers.
 """
 
 from __future__ import annotations
@@ -70,6 +78,13 @@ class ModelConfig:
   # dot_product's einsums.
   attention: attention_lib.Selected = "dot_product"
   scan_layers: bool = False  # the layers as one scanned layer over stacked parameters
+  # gemma3: the sliding-window layers' window (in positions), their (unscaled) RoPE theta, and the
+  # layers that attend globally (True) instead; () and 0 for the other families (every layer global).
+  sliding_window: int = 0
+  rope_local_theta: float = 0.0
+  global_layers: tuple[bool, ...] = ()
+  # Attention scores are scaled by query_pre_attn_scalar ** -0.5; 0: by head_dim ** -0.5.
+  query_pre_attn_scalar: float = 0.0
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:
@@ -98,7 +113,29 @@ class ModelConfig:
       matmul_precision=cfg.matmul_precision,
       attention=attention_lib.select(cfg),
       scan_layers=cfg.scan_layers,
+      sliding_window=cfg.sliding_window_size,
+      rope_local_theta=cfg.rope_local_max_timescale,
+      global_layers=global_layers(cfg.num_decoder_layers, cfg.sliding_window_pattern),
+      query_pre_attn_scalar=cfg.query_pre_attn_scalar,
     )
+
+  @property
+  def gemma(self) -> bool:
+    """Gemma 3's layer: norms scaled by 1 + w, norms after attention and MLP too, GeGLU, a scaled embedding."""
+    return self.family == "gemma3"
+
+  def is_global(self, layer: int) -> bool:
+    """Whether a layer attends every earlier position (else through the sliding window)."""
+    return not self.global_layers or self.global_layers[layer]
+
+  @property
+  def has_local_layers(self) -> bool:
+    return not all(self.is_global(i) for i in range(self.num_layers))
+
+  @property
+  def attention_scale(self) -> float:
+    """What attention scores (q . k) are multiplied by."""
+    return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
   @property
   def precision(self) -> jax.lax.Precision:
@@ -113,6 +150,20 @@ class ModelConfig:
   def adapts(self, weight_name: str) -> bool:
     """Whether the weight (dotted name) gets a LoRA adapter."""
     return self.lora_rank > 0 and re.fullmatch(self.lora_module_path, weight_name) is not None
+
+
+def global_layers(num_layers: int, pattern: int) -> tuple[bool, ...]:
+  """Per layer, whether it attends globally: layer i does when (i + 1) % pattern == 0 (Gemma 3's
+  sliding_window_pattern); () for pattern 0 (no sliding-window layers)."""
+  return tuple((i + 1) % pattern == 0 for i in range(num_layers)) if pattern else ()
+
+
+def sliding_window_mask(attention_mask: jax.Array, window: int) -> jax.Array:
+  """attention_mask [B, T, S] (True attends) kept at each query's last `window` attended keys: those
+  at positions q - window + 1 .. q, since the keys a query attends are its sequence's tokens at
+  consecutive positions up to its own (in whichever cache slots they lie)."""
+  after = jnp.cumsum(attention_mask[..., ::-1].astype(jnp.int32), axis=-1)[..., ::-1]  # attended keys at or after
+  return attention_mask & (after <= window)
 
 
 def _param(cfg: ModelConfig, rngs: nnx.Rngs, init, shape, axes) -> nnx.Param:
@@ -191,22 +242,30 @@ def _tokens_matmul(x: jax.Array, w: jax.Array, n_in: int, **dot_kwargs) -> jax.A
 
 
 class RMSNorm(nnx.Module):
+  """RMSNorm in float32, times its scale w (Gemma 3: times 1 + w, w starting at zero, as HF stores it)."""
+
   def __init__(self, dim: int, cfg: ModelConfig, rngs: nnx.Rngs):
     self.eps = cfg.norm_eps
-    self.scale = _param(cfg, rngs, nnx.initializers.ones, (dim,), ("norm",))
+    self.offset = 1.0 if cfg.gemma else 0.0
+    init = nnx.initializers.zeros if cfg.gemma else nnx.initializers.ones
+    self.scale = _param(cfg, rngs, init, (dim,), ("norm",))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-    return (y * self.scale[...].astype(jnp.float32)).astype(x.dtype)
+    return (y * (self.offset + self.scale[...].astype(jnp.float32))).astype(x.dtype)
 
 
-def rope_inverse_frequencies(cfg: ModelConfig) -> jax.Array:
-  """RoPE inverse frequencies, with Llama-3 wavelength-dependent scaling when configured."""
-  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
-  if cfg.rope_scaling is None:
+def rope_inverse_frequencies(cfg: ModelConfig, local: bool = False) -> jax.Array:
+  """RoPE inverse frequencies, with Llama-3 wavelength-dependent or linear scaling when configured;
+  `local`: a sliding-window layer's (theta rope_local_theta, never scaled)."""
+  theta = cfg.rope_local_theta if local else cfg.rope_theta
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, cfg.head_dim, 2, dtype=jnp.float32) / cfg.head_dim))
+  if cfg.rope_scaling is None or local:
     return inv_freq
   s = dict(cfg.rope_scaling)
+  if set(s) == {"factor"}:  # linear: positions divided by the factor
+    return inv_freq / s["factor"]
   factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
   old_context = s["original_max_position_embeddings"]
   wavelen = 2 * math.pi / inv_freq
@@ -252,8 +311,10 @@ class Attention(_Projections):
       self.q_norm = RMSNorm(d, cfg, rngs)
       self.k_norm = RMSNorm(d, cfg, rngs)
 
-  def __call__(self, x, positions, layer_cache, attention_mask, layer=None):
-    """layer_cache: one layer's cache, or with `layer` (this layer's index) a stacked cache's."""
+  def __call__(self, x, positions, layer_cache, attention_mask, layer=None, is_global=True):
+    """layer_cache: one layer's cache, or with `layer` (this layer's index) a stacked cache's.
+    attention_mask: this layer's (a sliding-window layer's restricted to its window); is_global
+    (a bool, or a traced one with scan_layers): whether the layer takes the global layers' RoPE."""
     cfg = self.cfg
     dt = cfg.dtype
     q = self._project(cfg, "q_proj", x)
@@ -262,6 +323,9 @@ class Attention(_Projections):
     if cfg.use_qk_norm:
       q, k = self.q_norm(q), self.k_norm(k)
     inv_freq = rope_inverse_frequencies(cfg)
+    if cfg.has_local_layers and is_global is not True:
+      local = rope_inverse_frequencies(cfg, local=True)
+      inv_freq = local if is_global is False else jnp.where(is_global, inv_freq, local)
     q, k = apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq)
 
     # The cache's layouts: keys [B, KV heads, D, positions], values [B, KV heads, positions, D]. Both
@@ -279,12 +343,13 @@ class Attention(_Projections):
 
     b, t, hq, d = q.shape
     if cfg.attention == "cudnn_flash" and t > 1:
-      return self._project(cfg, "o_proj", _dot_product_attention(q, k, v, attention_mask, "cudnn")), new_cache
+      out = _dot_product_attention(q, k, v, attention_mask, "cudnn", cfg.attention_scale)
+      return self._project(cfg, "o_proj", out), new_cache
     groups = hq // cfg.num_kv_heads
     q = q.reshape(b, t, cfg.num_kv_heads, groups, d).transpose(0, 2, 3, 1, 4)
     precision = cfg.precision
     scores = jnp.einsum("bkgtd,bkds->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32, precision=precision)
-    scores = scores * (d**-0.5)
+    scores = scores * cfg.attention_scale
     scores = jnp.where(attention_mask[:, None, None, :, :], scores, _MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     if t == 1:  # the values' dot in its plain form, then the (one-position) output transposed
@@ -295,11 +360,11 @@ class Attention(_Projections):
     return self._project(cfg, "o_proj", out), new_cache
 
 
-def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"]) -> jax.Array:
+def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"], scale=None) -> jax.Array:
   """Attention through jax.nn.dot_product_attention with `implementation` (cudnn: cuDNN's flash
   attention, what attention=cudnn_flash runs; xla: the same call through XLA): queries q [B, T, N, D],
   keys k [B, K, D, S] and values v [B, K, S, D] (the KV cache's layouts; N a multiple of K), mask
-  [B, T, S] (True attends) for every head, logits scaled by 1 / sqrt(D). Keys and values are taken in
+  [B, T, S] (True attends) for every head, logits scaled by `scale` (None: 1 / sqrt(D)). Keys and values are taken in
   q's dtype; returns [B, T, N, D] in it."""
   dt = q.dtype
   return jax.nn.dot_product_attention(
@@ -307,13 +372,13 @@ def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"
     k.transpose(0, 3, 1, 2).astype(dt),
     v.transpose(0, 2, 1, 3).astype(dt),
     mask=mask[:, None],
-    scale=q.shape[-1] ** -0.5,
+    scale=q.shape[-1] ** -0.5 if scale is None else scale,
     implementation=implementation,
   )
 
 
 class MLP(_Projections):
-  """SwiGLU feed-forward block."""
+  """SwiGLU feed-forward block (Gemma 3: GeGLU, gelu's tanh approximation of the gate times up)."""
 
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...]):
     self.cfg = cfg
@@ -323,7 +388,8 @@ class MLP(_Projections):
 
   def __call__(self, x):
     cfg = self.cfg
-    h = _swiglu(self._project(cfg, "gate_proj", x), self._project(cfg, "up_proj", x))
+    gate, up = self._project(cfg, "gate_proj", x), self._project(cfg, "up_proj", x)
+    h = jax.nn.gelu(gate, approximate=True) * up if cfg.gemma else _swiglu(gate, up)
     return self._project(cfg, "down_proj", h)
 
 
@@ -354,16 +420,28 @@ _swiglu.defvjp(_swiglu_fwd, _swiglu_bwd)
 
 
 class DecoderLayer(nnx.Module):
+  """Pre-norm attention and MLP blocks; Gemma 3 also normalises each block's output (post_attn_norm,
+  post_mlp_norm) before adding it to the residual stream."""
+
   def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, paths: tuple[str, ...]):
     self.attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     self.attn = Attention(cfg, rngs, tuple(f"{path}.attn" for path in paths))
+    if cfg.gemma:
+      self.post_attn_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     self.mlp_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
     self.mlp = MLP(cfg, rngs, tuple(f"{path}.mlp" for path in paths))
+    if cfg.gemma:
+      self.post_mlp_norm = RMSNorm(cfg.emb_dim, cfg, rngs)
 
-  def __call__(self, x, positions, layer_cache, attention_mask, layer=None):
-    h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask, layer)
+  def __call__(self, x, positions, layer_cache, attention_mask, layer=None, is_global=True):
+    h, new_cache = self.attn(self.attn_norm(x), positions, layer_cache, attention_mask, layer, is_global)
+    if hasattr(self, "post_attn_norm"):
+      h = self.post_attn_norm(h)
     x = x + h
-    return x + self.mlp(self.mlp_norm(x)), new_cache
+    h = self.mlp(self.mlp_norm(x))
+    if hasattr(self, "post_mlp_norm"):
+      h = self.post_mlp_norm(h)
+    return x + h, new_cache
 
 
 def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
@@ -427,25 +505,34 @@ class Decoder(nnx.Module):
     later), from which `logits` gives the logits."""
     cfg = self.config
     x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
+    if cfg.gemma:  # scaled by sqrt(emb_dim), rounded to the activations' dtype as transformers does
+      x = x * jnp.asarray(math.sqrt(cfg.emb_dim), cfg.dtype)
+    local_mask = sliding_window_mask(attention_mask, cfg.sliding_window) if cfg.has_local_layers else None
     if cfg.scan_layers:
-      x, stacked_cache = self._scan(x, positions, cache, attention_mask)
+      x, stacked_cache = self._scan(x, positions, cache, attention_mask, local_mask)
       return self.final_norm(x[:, first:]), stacked_cache
     assert isinstance(self.layers, nnx.List)
     new_cache: Cache | None = None if cache is None else {}
     for i, layer in enumerate(self.layers):
       name = f"layer_{i}"
       layer_cache = None if cache is None else cache[name]
+      is_global = cfg.is_global(i)
+      mask = attention_mask if is_global else local_mask
       if cfg.remat:
-        x, updated = nnx.remat(lambda lyr, *a: lyr(*a))(layer, x, positions, layer_cache, attention_mask)
+        call = functools.partial(lambda g, lyr, *a: lyr(*a, None, g), is_global)
+        x, updated = nnx.remat(call)(layer, x, positions, layer_cache, mask)
       else:
-        x, updated = layer(x, positions, layer_cache, attention_mask)
+        x, updated = layer(x, positions, layer_cache, mask, None, is_global)
       if new_cache is not None:
         new_cache[name] = updated
     return self.final_norm(x[:, first:]), new_cache
 
-  def _scan(self, x, positions, cache: Cache | None, attention_mask) -> tuple[jax.Array, Cache | None]:
+  def _scan(
+    self, x, positions, cache: Cache | None, attention_mask, local_mask=None
+  ) -> tuple[jax.Array, Cache | None]:
     """The stacked layers run in turn on x by one jax.lax.scan (with remat, each layer's step under
-    jax.checkpoint); the stacked cache's keys and values are carried through it and written in place."""
+    jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
+    With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input."""
     cfg = self.config
     assert isinstance(self.layers, DecoderLayer)
     graphdef, params = nnx.split(self.layers)
@@ -453,15 +540,18 @@ class Decoder(nnx.Module):
 
     def step(carry, layer_params):
       x, kv = carry
-      layer_state, index = layer_params
+      layer_state, index, is_global = layer_params
+      mask = attention_mask if local_mask is None else jnp.where(is_global, attention_mask, local_mask)
+      flag = True if local_mask is None else is_global
       layer_cache = None if stacked is None else {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"]}
-      x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, attention_mask, index)
+      x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, index, flag)
       return (x, None if updated is None else (updated["k"], updated["v"])), None
 
     if cfg.remat:
       step = jax.checkpoint(step)
     kv = None if stacked is None else (stacked["k"], stacked["v"])
-    (x, kv), _ = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers)))
+    flags = jnp.asarray([cfg.is_global(i) for i in range(cfg.num_layers)])
+    (x, kv), _ = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers), flags))
     if stacked is None or kv is None:
       return x, None
     return x, {"layers": {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"] + x.shape[1]}}
