@@ -101,7 +101,7 @@ class ModelSection:
   rope_local_max_timescale: float
   sliding_window_size: int
   sliding_window_pattern: int
-  query_pre_attn_scalar: float
+  query_pre_attn_scalar: int
   normalization_layer_epsilon: float
   use_qk_norm: bool
   logits_via_embedding: bool

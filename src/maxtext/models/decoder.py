@@ -84,7 +84,7 @@ class ModelConfig:
   rope_local_theta: float = 0.0
   global_layers: tuple[bool, ...] = ()
   # Attention scores are scaled by query_pre_attn_scalar ** -0.5; 0: by head_dim ** -0.5.
-  query_pre_attn_scalar: float = 0.0
+  query_pre_attn_scalar: int = 0
 
   @classmethod
   def from_config(cls, cfg: ModelSection) -> ModelConfig:

@@ -1,8 +1,9 @@
-"""Maps Hugging Face Llama/Qwen3 parameter names and layouts to this decoder's parameters and back.
+"""Maps Hugging Face Llama/Qwen3/Gemma 3 (Gemma3ForCausalLM) parameter names and layouts to this decoder's parameters and back.
 
 HF linear weights are [out_features, in_features]; ours are einsum kernels laid out
 [in, heads, head_dim] for q/k/v, [heads, head_dim, out] for o, and [in, out] for the MLP.
-One table drives both directions, so the two stay exact inverses.
+One table drives both directions, so the two stay exact inverses. Norm weights are copied as they
+are: Gemma 3's as HF stores them (w, the norm scaling by 1 + w), which is what ours hold too.
 """
 
 from __future__ import annotations
@@ -26,9 +27,19 @@ def _table(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     rows.append(("lm_head.weight", "lm_head", "linear"))
   for i in range(cfg.num_layers):
     hf, ours = f"model.layers.{i}.", f"layers.{i}."
+    if cfg.gemma:  # post_attention_layernorm normalises the attention block's output
+      rows += [
+        (hf + "input_layernorm.weight", ours + "attn_norm.scale", "vector"),
+        (hf + "post_attention_layernorm.weight", ours + "post_attn_norm.scale", "vector"),
+        (hf + "pre_feedforward_layernorm.weight", ours + "mlp_norm.scale", "vector"),
+        (hf + "post_feedforward_layernorm.weight", ours + "post_mlp_norm.scale", "vector"),
+      ]
+    else:
+      rows += [
+        (hf + "input_layernorm.weight", ours + "attn_norm.scale", "vector"),
+        (hf + "post_attention_layernorm.weight", ours + "mlp_norm.scale", "vector"),
+      ]
     rows += [
-      (hf + "input_layernorm.weight", ours + "attn_norm.scale", "vector"),
-      (hf + "post_attention_layernorm.weight", ours + "mlp_norm.scale", "vector"),
       (hf + "self_attn.q_proj.weight", ours + "attn.q_proj", "q"),
       (hf + "self_attn.k_proj.weight", ours + "attn.k_proj", "kv"),
       (hf + "self_attn.v_proj.weight", ours + "attn.v_proj", "kv"),

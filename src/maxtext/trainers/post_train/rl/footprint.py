@@ -59,9 +59,9 @@ def parameter_count(cfg: ModelSection) -> int:
 
 
 def _norm_scale_count(cfg: ModelSection) -> int:
-  """The decoder's norm scales (its only vectors): two RMSNorms per layer (and q/k norms with
-  use_qk_norm) and the final one."""
-  per_layer = 2 * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)
+  """The decoder's norm scales (its only vectors): two RMSNorms per layer (four for gemma3, and q/k
+  norms with use_qk_norm) and the final one."""
+  per_layer = (4 if cfg.decoder_family == "gemma3" else 2) * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)
   return cfg.num_decoder_layers * per_layer + cfg.emb_dim
 
 
@@ -92,7 +92,10 @@ def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
   q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate, up
   and product (its activation is recomputed: models/decoder.py's _swiglu), and the residual stream."""
   hq_d, hkv_d = cfg.num_query_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-  return 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 3 * cfg.mlp_dim
+  values = 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 3 * cfg.mlp_dim
+  if cfg.decoder_family == "gemma3":  # the post-norms' inputs and outputs, and GeGLU's autodiff intermediates
+    values += 4 * cfg.emb_dim + 2 * cfg.mlp_dim
+  return values
 
 
 def _bfloat16_copy_bytes(cfg: ModelSection, count: int) -> int:
