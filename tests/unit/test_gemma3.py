@@ -117,18 +117,15 @@ def test_left_padded_batch_through_the_kv_cache_matches_transformers(hf_dir, sca
     ref = hf(
       torch.tensor(tokens), attention_mask=torch.tensor(valid.astype(np.int64)), position_ids=torch.tensor(positions)
     ).logits.numpy()
-    want = (
-      hf.generate(
-        torch.tensor(tokens),
-        attention_mask=torch.tensor(valid.astype(np.int64)),
-        max_new_tokens=n,
-        min_new_tokens=n,
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=0,
-      )[:, t:]
-      .numpy()
-    )
+    want = hf.generate(
+      torch.tensor(tokens),
+      attention_mask=torch.tensor(valid.astype(np.int64)),
+      max_new_tokens=n,
+      min_new_tokens=n,
+      do_sample=False,
+      eos_token_id=None,
+      pad_token_id=0,
+    )[:, t:].numpy()
 
   cache = ours.init_cache(b, size, jnp.float32)
   keys = np.pad(valid, ((0, 0), (0, n)), constant_values=True)  # the prompts' pads are never attended

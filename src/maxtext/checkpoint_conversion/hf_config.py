@@ -123,7 +123,9 @@ def _pattern(layer_types: list[str], where: str) -> int:
   full_attention ones."""
   unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
   if unknown:
-    raise errors.InputError(f"{where}: layer_types {unknown} are not supported (expected full_attention or sliding_attention)")
+    raise errors.InputError(
+      f"{where}: layer_types {unknown} are not supported (expected full_attention or sliding_attention)"
+    )
   is_global = [kind == "full_attention" for kind in layer_types]
   n = len(is_global)
   for pattern in range(1, n + 2):
@@ -139,7 +141,9 @@ def _gemma3_architecture(hf: dict[str, Any], where) -> dict[str, Any]:
   """Gemma3TextConfig's keys (transformers 5's rope_parameters per kind of layer, or 4's rope_theta,
   rope_local_base_freq and rope_scaling of the global layers), with Gemma 3's defaults."""
   unsupported = [k for k in ("attention_bias", "use_bidirectional_attention") if hf.get(k)]
-  unsupported += [f"{k}={hf[k]}" for k in ("attn_logit_softcapping", "final_logit_softcapping") if hf.get(k) is not None]
+  unsupported += [
+    f"{k}={hf[k]}" for k in ("attn_logit_softcapping", "final_logit_softcapping") if hf.get(k) is not None
+  ]
   for key in ("hidden_activation", "hidden_act"):
     if hf.get(key, "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
       unsupported.append(f"{key}={hf[key]}")
@@ -155,9 +159,9 @@ def _gemma3_architecture(hf: dict[str, Any], where) -> dict[str, Any]:
     local = float(hf.get("rope_local_base_freq", 1e4))
   n = hf["num_hidden_layers"]
   layer_types = hf.get("layer_types")
-  pattern = _pattern(layer_types, where) if layer_types else int(hf.get("sliding_window_pattern", 6))
-  if len(layer_types or [None] * n) != n:
+  if layer_types and len(layer_types) != n:
     raise errors.InputError(f"{where}: layer_types has {len(layer_types)} entries for {n} layers")
+  pattern = _pattern(layer_types, where) if layer_types else int(hf.get("sliding_window_pattern", 6))
   return {
     **_shape(hf, "gemma3", theta, scaling),
     "use_qk_norm": True,

@@ -527,9 +527,7 @@ class Decoder(nnx.Module):
         new_cache[name] = updated
     return self.final_norm(x[:, first:]), new_cache
 
-  def _scan(
-    self, x, positions, cache: Cache | None, attention_mask, local_mask=None
-  ) -> tuple[jax.Array, Cache | None]:
+  def _scan(self, x, positions, cache: Cache | None, attention_mask, local_mask=None) -> tuple[jax.Array, Cache | None]:
     """The stacked layers run in turn on x by one jax.lax.scan (with remat, each layer's step under
     jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
     With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input."""

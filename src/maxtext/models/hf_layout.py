@@ -1,4 +1,5 @@
-"""Maps Hugging Face Llama/Qwen3/Gemma 3 (Gemma3ForCausalLM) parameter names and layouts to this decoder's parameters and back.
+"""Maps Hugging Face Llama/Qwen3/Gemma 3 (Gemma3ForCausalLM) parameter names and layouts to this
+decoder's parameters and back.
 
 HF linear weights are [out_features, in_features]; ours are einsum kernels laid out
 [in, heads, head_dim] for q/k/v, [heads, head_dim, out] for o, and [in, out] for the MLP.
