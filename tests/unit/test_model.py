@@ -340,19 +340,20 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     assert precisions and set(precisions) == {want}, (name, precisions)
 
 
-def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch):
+@pytest.mark.parametrize("model", ["qwen3-tiny", "gemma3-tiny"])  # gemma3: sliding window and query_pre_attn_scalar
+def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch, model):
   """attention=cudnn_flash's call (decoder._dot_product_attention: the KV cache's layouts turned to
   jax.nn.dot_product_attention's, grouped-query heads, the mask over every head, the scale), run
   through XLA on CPU instead of cuDNN: the decoder's logits and gradients equal the einsum path's
   (attention=dot_product), without a cache on left-padded causal rows and over a KV cache that
   already holds a prompt. Decode steps (one query position) take the einsum path."""
-  _, _, m = _model("model_name=qwen3-tiny", "vocab_size=512")
+  _, _, m = _model(f"model_name={model}", "vocab_size=512")
   assert m.config.attention == "dot_product" and m.config.num_query_heads > m.config.num_kv_heads
   helper, implementations = decoder._dot_product_attention, []
 
-  def through_xla(q, k, v, mask, implementation):
+  def through_xla(q, k, v, mask, implementation, scale=None):
     implementations.append(implementation)
-    return helper(q, k, v, mask, "xla")
+    return helper(q, k, v, mask, "xla", scale)
 
   monkeypatch.setattr(decoder, "_dot_product_attention", through_xla)
   flash_cfg = dataclasses.replace(m.config, attention="cudnn_flash")
