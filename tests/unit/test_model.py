@@ -45,6 +45,21 @@ def test_prefill_plus_decode_equals_full_forward(model):
     steps.append(logits)
   assert int(cache["layer_0"]["end_index"][0]) == t
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+  # A prefill asking for the last position's logits only (Tunix's sampler does) gets that row.
+  last, _ = m(
+    tokens,
+    positions,
+    m.init_cache(b, cache_size, jnp.float32),
+    mask_for(causal, cache_size),
+    decode_only_last_token=True,
+  )
+  assert last.shape == (b, 1, full.shape[-1])
+  np.testing.assert_allclose(last, full[:, -1:], atol=1e-5)
+
+
+def mask_for(causal, cache_size):
+  """A causal mask [B, T, T] padded to a cache of cache_size positions."""
+  return jnp.pad(causal, ((0, 0), (0, 0), (0, cache_size - causal.shape[-1])))
 
 
 def test_left_padding_does_not_change_logits():

@@ -580,6 +580,9 @@ class ContinuousBatcher:
     until = np.array([chunk, waiting], np.int32)
     read = self._weight_bytes + sum(x.nbytes for x in jax.tree.leaves(self._cache))
     shape = (len(requests), top_width, eos.shape[1])  # what a new decode program is compiled for
+    # Dispatch is asynchronous: a prefill dispatched this round may still be running. The meter
+    # starts once it has finished, so decode_rate times decode steps only.
+    jax.block_until_ready(self._cache)
     started = time.perf_counter()
     tokens, logp, made, ran, self._cache = _decode(
       self._graphdef,

@@ -59,7 +59,7 @@ from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
-from maxtext.integration.tunix import losses, step_metrics
+from maxtext.integration.tunix import losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
@@ -70,6 +70,7 @@ from maxtext.integration.tunix.trajectories import (
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.utils import distributed, errors
+from maxtext.utils import mesh as mesh_lib
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +155,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
     # are marked per thread around that call (see _process_results).
     self._skips_trainer_logps = threading.local()
-    actor_logps = self.rl_cluster.get_actor_per_token_logps
-
-    def actor_logps_unless_skipped(*args, **kwargs):
-      return None if getattr(self._skips_trainer_logps, "value", False) else actor_logps(*args, **kwargs)
-
-    self.rl_cluster.get_actor_per_token_logps = actor_logps_unless_skipped
+    self.rl_cluster.get_actor_per_token_logps = self._trainer_logps
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
 
@@ -300,6 +296,25 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     engine) or sampler_is=token trains on them. Otherwise the loss reports the sampler/trainer
     mismatch from the sampler's log-probs (losses.mismatch_from_old)."""
     return not losses.mismatch_from_old(self.algo_config)
+
+  def _trainer_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None, temperature=None):
+    """RLCluster.get_actor_per_token_logps's contract (the log-probs of the completions under the
+    weights of the last sync, at the sampling temperature unless given), None for a group whose check
+    is skipped. The final hidden states go through the output layer a vocabulary slice at a time
+    (scoring.py), where Tunix takes the log-probs from the model's whole float32 logits [B, T, vocab];
+    micro_batch_size is not needed for that and is ignored. Every process holds the whole batch: the
+    inputs become global arrays on the trainer's mesh, as the reference's do (cluster.py)."""
+    if getattr(self._skips_trainer_logps, "value", False):
+      return None
+    cluster = self.rl_cluster
+    if temperature is None:
+      temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
+    mesh = cluster.r2m[rl_cluster_lib.Role.ACTOR]
+    state = rl_utils.put_params_on_memory_kind(cluster._anchor_policy_state, jax.devices()[0].default_memory().kind)
+    model = nnx.merge(nnx.graphdef(cluster.actor_trainer.model), state)
+    with mesh:
+      prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
+      return rollout.per_token_logps(model, prompts, completions, pad_id, eos_id, temperature)
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
     recomputes = self._trainer_recomputes()
