@@ -13,7 +13,7 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, algorithm, losses, rollout, step_metrics, trajectories
+from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from tests.conftest import make_config, parser_for
 
@@ -66,13 +66,13 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   ).use_rollout_logps  # vanilla returns none
 
   def rollout_configs(cfg):
-    return rollout.rollout_configs(cfg.sampling, "greedy", cfg.agentic.use_agentic_rollout, eos_id=2)
+    return rollout_setup.rollout_configs(cfg.sampling, "greedy", cfg.agentic.use_agentic_rollout, eos_id=2)
 
   configs = rollout_configs(make_config("rl.use_agentic_rollout=true"))
-  assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
+  assert configs[rollout_setup.Mode.TRAIN].return_logprobs and configs[rollout_setup.Mode.EVAL].return_logprobs
   standard = rollout_configs(make_config())  # for the check and the correction of the batch
-  assert standard[rollout.Mode.TRAIN].return_logprobs and not standard[rollout.Mode.EVAL].return_logprobs
-  assert not rollout_configs(make_config("rollout_engine=vanilla"))[rollout.Mode.TRAIN].return_logprobs
+  assert standard[rollout_setup.Mode.TRAIN].return_logprobs and not standard[rollout_setup.Mode.EVAL].return_logprobs
+  assert not rollout_configs(make_config("rollout_engine=vanilla"))[rollout_setup.Mode.TRAIN].return_logprobs
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ Workarounds for google-tunix 0.1.7 used here:
   own devices, and the groups are scored on the training thread: each process's groups are gathered
   to every process, which scores them all in process order (reference and trainer log-probs run on
   the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
-  every step. Draws are named by (group, sample, turn) (rollout.StepKeys.request), so the processes
+  every step. Draws are named by (group, sample, turn) (step_keys.StepKeys.request), so the processes
   draw what one process would;
 - a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
   group it never completes, so the error is raised in the training loop instead, and the producer's

@@ -150,7 +150,7 @@ def build_cluster(
   before_save=None,
 ) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
-  rollout_engine and rollout_configs: rollout.rollout_engine's and rollout.rollout_configs';
+  rollout_engine and rollout_configs: rollout_setup.rollout_engine's and rollout_setup.rollout_configs';
   before_save: see orbax_checkpoint.CheckpointManager (the actor's checkpoints)."""
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},

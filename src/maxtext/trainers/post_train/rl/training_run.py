@@ -31,7 +31,7 @@ from maxtext.configs.sections import RunConfig
 from maxtext.input_pipeline import datasets, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import chat_parser, metrics, rollout, trajectories
+from maxtext.integration.tunix import chat_parser, metrics, rollout_setup, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model
@@ -127,8 +127,8 @@ class TrainingRun:
           trainer_mesh,
           sampler_mesh,
           cluster_lib.training_config(run, cfg.train, cfg.algorithm, self.sinks, folder.checkpoints),
-          rollout.rollout_engine(cfg.sampling),
-          rollout.rollout_configs(cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id),
+          rollout_setup.rollout_engine(cfg.sampling),
+          rollout_setup.rollout_configs(cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id),
           before_save=self._check_update,
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
@@ -167,7 +167,7 @@ class TrainingRun:
   def _generate(self, prompts: list[str]) -> list[str]:
     """Evaluation completions; where each process has its own sampler, each generates every
     process_count-th prompt and the processes exchange them."""
-    generate = lambda some: self.cluster.generate(some, mode=rollout.Mode.EVAL).text if some else []
+    generate = lambda some: self.cluster.generate(some, mode=rollout_setup.Mode.EVAL).text if some else []
     if not mesh_lib.process_local(self.cluster.r2m[cluster_lib.Role.ROLLOUT]):
       return generate(prompts)
     count, texts = jax.process_count(), list(prompts)
