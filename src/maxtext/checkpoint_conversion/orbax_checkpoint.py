@@ -55,9 +55,15 @@ def _path(path: str) -> epath.Path:
 
 
 def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
-  """Writes the model's parameters as step `step` under `root`; returns the step folder."""
-  manager = CheckpointManager(str(_path(root)), ocp.CheckpointManagerOptions(max_to_keep=None))
-  manager.save(step, model, force=True)
+  """Writes the model's parameters as step `step` under `root`, as the actor's checkpoint manager
+  saves them (uncompressed, after the room check of a local folder); returns the step folder."""
+  directory = str(_path(root))
+  params = nnx.state(model)
+  if not storage.is_url(directory):
+    check_room(directory, step, jax.tree.leaves(params))
+  manager = uncompressed_manager(directory, ocp.CheckpointManagerOptions(max_to_keep=None))
+  item = ocp.args.PyTreeSave(item=params, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), params))
+  manager.save(step, args=ocp.args.Composite(**{_ITEM: item}), custom_metadata={}, force=True)  # as Tunix saves
   manager.close()
   return str(_path(root) / str(step))
 
