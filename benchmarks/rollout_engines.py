@@ -66,7 +66,9 @@ def _engines(args):
   _, mesh = create_meshes(cfg.mesh, agentic=False)
   model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0)
   tokenizer = tokenizer_for(cfg.model)
-  rollout = rollout_setup.rollout_configs(cfg.sampling, "greedy", False, tokenizer.eos_token_id)[rollout_setup.Mode.TRAIN]
+  rollout = rollout_setup.rollout_configs(cfg.sampling, "greedy", False, tokenizer.eos_token_id)[
+    rollout_setup.Mode.TRAIN
+  ]
   engines = {
     "vanilla": engines_lib.RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
     "batched": engines_lib.BatchedRolloutEngine(

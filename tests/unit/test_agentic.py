@@ -205,7 +205,7 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   from tunix.rl.agentic.agents import tool_agent
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
   parser = parser_for(cfg, smollm2_tokenizer)
@@ -263,7 +263,7 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   conversation; re-rendering the text and re-tokenizing it (Tunix's way) gives other tokens."""
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
   call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
@@ -319,7 +319,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   the model's own turns."""
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   demo_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>'
   examples = [
@@ -389,7 +389,7 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   from tunix.rl.agentic.agents import tool_agent
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   replies = [
     '<tool_call>{"name": "calculator", "arguments": "12*7"}</tool_call>',
@@ -457,7 +457,7 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
   """A call whose JSON does not parse: Tunix's parser printed it and the reply ended the conversation
   as its answer; the agent and environment the learner builds answer it with an error text in the
   tool turn, which tools/failed_calls counts, and the conversation goes on."""
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   replies = [
     '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}</tool_call>',  # a brace short

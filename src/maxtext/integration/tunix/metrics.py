@@ -99,10 +99,10 @@ class JsonlBackend:
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
   held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
   `<path>.pending` whenever a step begins, so a killed run loses none of them:
-  metrics_file.truncate_after merges them back on resume. A step's scalars arrive when it ends, so step_time_s is the wall
-  time from the first scalar of the previous step (for the first step: from `restart_clock`, called
-  when training starts) to the first scalar of this one, and compile_s the seconds of compiling
-  (`compile_clock`) in that time.
+  metrics_file.truncate_after merges them back on resume. A step's scalars arrive when it ends, so
+  step_time_s is the wall time from the first scalar of the previous step (for the first step: from
+  `restart_clock`, called when training starts) to the first scalar of this one, and compile_s the
+  seconds of compiling (`compile_clock`) in that time.
   """
 
   def __init__(

@@ -1,17 +1,18 @@
 """One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
 
-`TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at once),
-the run folder (refusing a rerun that changes the settings that shape training, or a folder without
-room for two checkpoints; resuming from its latest complete checkpoint), the meshes, tokenizer, data,
-the decoder with its weights, Tunix's cluster and the learner the config selects; config.yml is
-written once the inputs it names have loaded. Before each of the actor's checkpoint requests
-`_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or reward
-logged so far or non-finite parameters or optimizer state after the update; between training steps
-`_between_steps` stops it on a non-finite logged value or on a signal (both judged by the run guard,
-run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads the run folder when it is on a bucket and, in
-standard GRPO, evaluates every eval_interval steps. A reward function that fails mid-run raises its
-InputError out of the training loop once the checkpoints already being saved have landed; a
-checkpoint that finds no space left on its device stops the run (shutdown.DiskFull).
+`TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at
+once), the run folder (refusing a rerun that changes the settings that shape training, or a folder
+without room for two checkpoints; resuming from its latest complete checkpoint), the meshes,
+tokenizer, data, the decoder with its weights, Tunix's cluster and the learner the config selects;
+config.yml is written once the inputs it names have loaded. Before each of the actor's checkpoint
+requests `_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or
+reward logged so far or non-finite parameters or optimizer state after the update; between training
+steps `_between_steps` stops it on a non-finite logged value or on a signal (both judged by the run
+guard, run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads
+the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
+reward function that fails mid-run raises its InputError out of the training loop once the
+checkpoints already being saved have landed; a checkpoint that finds no space left on its device
+stops the run (shutdown.DiskFull).
 """
 
 from __future__ import annotations
@@ -26,15 +27,14 @@ import jax
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
 from maxtext.configs.sections import RunConfig
-from maxtext.input_pipeline import datasets, templates
+from maxtext.input_pipeline import datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import chat_parser, metrics, rollout_setup, trajectories
+from maxtext.integration.tunix import chat_parser, metrics, rollout_setup, tools, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model
-from maxtext.tasks import rewards
-from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_guard, tools
+from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
 from maxtext.utils import mesh as mesh_lib
