@@ -54,9 +54,8 @@ def optimizer(cfg: TrainSection, steps: Steps) -> optax.GradientTransformation:
 def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """tx, except that a gradient of all zeros does not move the weights: a GRPO step whose groups all
   scored alike (and no KL term) has nothing to learn from, while AdamW would still move the policy
-  with its momentum and weight decay (the calculator learning test saw a policy that had learned the
-  task drift off it over two such steps). tx's state still takes the zero gradient (AdamW's moments
-  decay); keeping it as it was would hold both states at once (benchmarks/RESULTS.md, "Where the memory goes")."""
+  with its momentum and weight decay. tx's state still takes the zero gradient (AdamW's moments
+  decay). Why: docs/decisions.md, "No update without a learning signal"."""
 
   def update(grads, state, params=None):
     updates, state = tx.update(grads, state, params)

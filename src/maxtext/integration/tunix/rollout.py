@@ -1,38 +1,29 @@
-"""Our rollout engine for Tunix: its vanilla sampler with three defects of google-tunix 0.1.7 fixed.
+"""The rollout engines Tunix samples with (ClusterConfig.rollout_engine): RolloutEngine on Tunix's
+vanilla KV-cache sampler (rollout_engine: vanilla) and BatchedRolloutEngine on our continuous batcher
+(rollout_engine: batched).
 
-1. Fresh randomness: with no seed, Tunix's sampler uses PRNGKey(0) on every call, so the samples
-   of a GRPO group are identical across steps. Each call here folds the training step
-   (`step_source`) and a call counter within that step into a base seed unless the rollout config
-   carries its own seed, so a resumed run draws what an uninterrupted one would.
-2. EOS kept: the sampler cuts completions before their EOS token, so the trained sequence never
-   contains EOS and the policy never learns to stop. A completion that stopped early (shorter than
-   the generation budget) gets its EOS token back.
-3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
-   syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
-   goes through host memory, so a trainer/sampler split of 4/4 devices crashed. A trainer spanning
-   several processes gives each process's own sampler whole copies (mesh.placed).
-4. Token prompts: a prompt may be given as token ids instead of text (the agentic learner continues
-   a conversation's exact token stream that way); Tunix's sampler takes only text.
-5. The pad token cannot end up inside a completion: Tunix masks the pad id as padding, but it is an
-   ordinary token the policy can sample (`<|endoftext|>` for Qwen3 and SmolLM2), so the trainer
-   would score the tokens after it without it in their context while the sampler had it. A
-   completion ends at a sampled pad token (kept, so it is masked like the padding it stands for).
-6. Log-probs at the sampling temperature: `get_per_token_logps` (the old policy's log-probs with
-   rl.num_iterations > 1) scores tokens under softmax(logits / temperature), the distribution that
+Both guarantee:
+1. Fresh randomness: a call without a seed in its rollout config draws its key from StepKeys
+   (inference/step_keys.py), so a resumed run draws what an uninterrupted one would.
+2. EOS kept: a completion that stopped before the generation budget ends with its EOS token.
+3. A sampled pad token ends the completion and is kept (masked like the padding it stands for).
+4. `get_per_token_logps` scores tokens under softmax(logits / temperature), the distribution that
    sampled them and the one the trainer's loss uses.
-7. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
-   next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
-   the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
-   that does not fit raises an error that says by how much.
+5. Prompts are text or token ids (used as they are).
+6. A prompt plus the generation budget must fit the KV cache (max_prompt_length +
+   max_response_length), else an InputError says by how much; a prompt longer than
+   max_prompt_length that fits is sampled (RolloutEngine pads it to the room the cache leaves).
+7. Weights from a trainer on another (multi-device) mesh are accepted: they may pass through host
+   memory, and a trainer spanning several processes gives each process's sampler whole copies
+   (mesh.placed).
 
-`BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same
-contract from our continuous batcher (maxtext.inference.continuous_batching): Tunix's agentic
-learner calls the engine once per conversation turn with a single prompt from up to
-rl.max_concurrency threads, and these calls are merged into one decode batch. It draws keys like
-RolloutEngine, keeps EOS, returns per-token log-probs
-and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a
-conversation's earlier turns, a shared system prompt, a GRPO group's prompt).
+BatchedRolloutEngine serves Tunix's agentic learner, which calls the engine once per conversation
+turn with a single prompt from up to rl.max_concurrency threads: the calls are merged into one decode
+batch. It returns per-token log-probs, records the weights version of every token, and reuses KV
+prefixes the batcher holds (a conversation's earlier turns, a shared system prompt, a GRPO group's
+prompt).
 
+Why each guarantee (the google-tunix 0.1.7 defects they fix): docs/decisions.md, "Rollout engine".
 The private Tunix members used here are listed, with why, in private_api.py.
 """
 
