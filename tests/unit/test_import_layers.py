@@ -111,3 +111,17 @@ def test_the_checks_see_an_upward_import():
   """The layer check would catch engines importing the Tunix boundary."""
   assert _layer("maxtext.inference.continuous_batching") < _layer("maxtext.integration.tunix.rollout")
   assert "maxtext.inference.continuous_batching" in _imports(_modules())["maxtext.integration.tunix.rollout"]
+
+
+def test_only_integration_tunix_imports_tunix():
+  """docs/architecture.md: only integration/tunix touches Tunix (imports at the top or inside a function)."""
+  outside = []
+  for module, path in _modules().items():
+    if module.startswith("maxtext.integration.tunix"):
+      continue
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        names = [node.module]
+      outside += [f"{module} imports {n}" for n in names if n == "tunix" or n.startswith("tunix.")]
+  assert not outside, "\n".join(outside)
