@@ -5,16 +5,15 @@ training and accepts samples at most rl.off_policy_steps policy versions old. It
 user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
 With rl.tools the agent is Tunix's ToolAgent (tool calls parsed from <tool_call>{json}</tool_call>)
 in a ToolEnvironment of at most rl.max_turns model turns.
-Workarounds for google-tunix 0.1.7 used here:
+What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
-  with) is refreshed before each batch is scored; Tunix refreshes it only in weight syncs, which a
-  shared mesh never runs, so every PPO ratio was taken against the initial weights;
+  with) is refreshed before each batch is scored;
 - with tools, the user turn is the example's templated user content (ToolAgent reads only a
   `question` field, the raw question, and drops the data template's user turn): trajectories.UserTurnToolAgent;
-- a chat parser is always given (the learner crashes without one); numpy message content is coerced
+- a chat parser is always given; numpy message content is coerced
   to text by the parser;
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
   behaviour policy of an off-policy sample, whatever weights the trainer holds now); Tunix then
@@ -22,17 +21,15 @@ Workarounds for google-tunix 0.1.7 used here:
   forward pass that is here run only with rl.sampler_is=token, which trains on it: otherwise the
   loss reports the agreement every step from its own forward pass (losses.mismatch_from_old); the
   vanilla engine returns no log-probs, so there the
-  trainer computes them (an engine that returns none where they are expected fails the run: Tunix
-  would use zeros);
+  trainer computes them (an engine that returns none where they are expected fails the run);
 - across several processes (multi-controller JAX, where every process must launch the same global
   programs in the same order), each process samples its share of every batch (ProcessShare) on its
   own devices, and the groups are scored on the training thread: each process's groups are gathered
   to every process, which scores them all in process order (reference and trainer log-probs run on
   the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
-  every step. Draws are named by (group, sample, turn) (rollout.StepKeys.request), so the processes
+  every step. Draws are named by (group, sample, turn) (step_keys.StepKeys.request), so the processes
   draw what one process would;
-- a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
-  group it never completes, so the error is raised in the training loop instead, and the producer's
+- a failed rollout fails the run: its error is raised in the training loop, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
 
 The private Tunix members used here are listed, with why, in private_api.py.

@@ -427,13 +427,13 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "chat_parser.py",
     "the generation prompt from the tokenizer's own template",
   ),
-  # Checkpoints (checkpoint_conversion/orbax_checkpoint.py)
+  # Checkpoints (actor_checkpoints.py)
   PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",
     "_checkpoint_manager",
     "write",
     None,
-    "orbax_checkpoint.py",
+    "actor_checkpoints.py",
     "the Orbax manager with uncompressed array handlers (Tunix builds its "
     "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
     "its trainer state); the class's save, restore and close use it",
