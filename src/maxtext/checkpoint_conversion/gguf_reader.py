@@ -62,7 +62,7 @@ ARCHITECTURE_KEYS = {
   "num_kv_heads": "attention.head_count_kv",
   "head_dim": "attention.key_length",
   "vocab_size": "vocab_size",
-  "sliding_window": "attention.sliding_window",
+  "sliding_window_size": "attention.sliding_window",  # MaxText's name of the key
   "rope_max_timescale": "rope.freq_base",
   "normalization_layer_epsilon": "attention.layer_norm_rms_epsilon",
 }
@@ -205,8 +205,9 @@ def hyperparameters(reader: GGUFFile) -> dict[str, Any]:
     value = field(reader, f"{arch}.{gguf_key}")
     if value is not None:
       out[key] = value
-  if "vocab_size" not in out and "tokenizer.ggml.tokens" in reader.fields:
-    out["vocab_size"] = len(reader.fields["tokenizer.ggml.tokens"])
+  embed = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+  if "vocab_size" not in out and embed is not None:
+    out["vocab_size"] = embed.shape[0]
   return out
 
 
