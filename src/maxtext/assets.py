@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
+from collections.abc import Callable
 
 from maxtext.utils import errors
 
@@ -88,8 +89,8 @@ def math_data_file(dataset: str, split: str) -> str:
 
 # Defaults used when load_parameters_path / tokenizer_path are empty. A model without default
 # weights and not in RANDOM_INIT_MODELS needs load_parameters_path.
-DEFAULT_WEIGHTS = {"smollm2-135m": smollm2_gguf, "gemma3-270m": gemma3_270m_gguf}
-DEFAULT_TOKENIZERS = {
+DEFAULT_WEIGHTS: dict[str, Callable[[], str]] = {"smollm2-135m": smollm2_gguf, "gemma3-270m": gemma3_270m_gguf}
+DEFAULT_TOKENIZERS: dict[str, Callable[[], str]] = {
   "smollm2-135m": smollm2_gguf,
   "gemma3-270m": gemma3_270m_gguf,
   "llama-tiny": smollm2_gguf,

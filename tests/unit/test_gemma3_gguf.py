@@ -137,7 +137,12 @@ def _expected_shapes():
   shapes = {"model.embed_tokens.weight": (VOCAB, EMB), "model.norm.weight": (EMB,)}
   for i in range(LAYERS):
     p = f"model.layers.{i}."
-    for norm in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm"):
+    for norm in (
+      "input_layernorm",
+      "post_attention_layernorm",
+      "pre_feedforward_layernorm",
+      "post_feedforward_layernorm",
+    ):
       shapes[p + norm + ".weight"] = (EMB,)
     shapes[p + "self_attn.q_proj.weight"] = (HEADS * HEAD_DIM, EMB)
     shapes[p + "self_attn.k_proj.weight"] = (KV_HEADS * HEAD_DIM, EMB)
@@ -173,7 +178,9 @@ def test_norms_are_stored_plus_one_and_read_as_hf_keeps_them(reader, state):
     np.testing.assert_array_equal(state[hf_name], stored - np.float32(1.0))
   # weights not ending in norm.weight keep their values (and gemma's q/k rows are not permuted)
   q = _tensor(reader, "blk.5.attn_k.weight")
-  np.testing.assert_array_equal(state["model.layers.5.self_attn.k_proj.weight"], gguf.quants.dequantize(q.data, q.tensor_type))
+  np.testing.assert_array_equal(
+    state["model.layers.5.self_attn.k_proj.weight"], gguf.quants.dequantize(q.data, q.tensor_type)
+  )
 
 
 def test_hyperparameters_name_the_model_config_keys(reader):
@@ -237,7 +244,10 @@ def test_encoding_follows_sentencepiece_rules_stated_by_hand(tok):
 
 
 def test_round_trip_and_one_bos(tok):
-  text = "Natalia sold 48 clips in April,\nand then  half as many in May: 24.\n\n\tÜber naïve café — 日本語 🤖 \x07 𝄞 \U00010400!"
+  text = (
+    "Natalia sold 48 clips in April,\nand then  half as many in May: 24.\n\n"
+    "\tÜber naïve café — 日本語 🤖 \x07 𝄞 \U00010400!"
+  )
   ids = tok(text).input_ids
   assert ids[0] == 2 and ids.count(2) == 1
   assert tok.decode(ids, skip_special_tokens=True) == text

@@ -143,7 +143,7 @@ def open_gguf(path: str) -> GGUFFile:
     raise errors.MissingInputError(f"{path}: GGUF file not found")
   try:
     mm = np.memmap(path, mode="r") if os.path.getsize(path) else np.zeros(0, np.uint8)
-    cur = _Cursor(memoryview(mm))
+    cur = _Cursor(mm.data)
     if bytes(cur.buf[:4]) != _GGUF_MAGIC:
       raise ValueError("no GGUF magic at its start")
     cur.pos = 4
@@ -192,7 +192,8 @@ def architecture(reader: GGUFFile) -> str:
   arch = field(reader, "general.architecture")
   if arch not in SUPPORTED_ARCHITECTURES:
     raise errors.InputError(
-      f"{reader.path}: GGUF architecture {arch!r} is not supported (expected one of {', '.join(SUPPORTED_ARCHITECTURES)})"
+      f"{reader.path}: GGUF architecture {arch!r} is not supported "
+      f"(expected one of {', '.join(SUPPORTED_ARCHITECTURES)})"
     )
   return arch
 

@@ -21,7 +21,9 @@ from maxtext.utils.errors import ConfigError
 # llama.cpp token types (tokenizer.ggml.token_type)
 _GGUF_NORMAL, _GGUF_CONTROL, _GGUF_USER_DEFINED = 1, 3, 4
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")
-CHAT_TEMPLATE_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "chat_templates")
+CHAT_TEMPLATE_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "chat_templates"
+)
 # The chat template for a GGUF file of this architecture that carries none.
 _SHIPPED_CHAT_TEMPLATES = {"gemma3": "gemma3.jinja"}
 
@@ -50,7 +52,7 @@ def _sentencepiece_bpe(reader: gguf_reader.GGUFFile, tokens: list[str], types: l
   scores = gguf_reader.field(reader, "tokenizer.ggml.scores")
   vocab = {t: i for i, t in enumerate(tokens)}
   normal = sorted((i for i, ty in enumerate(types) if ty == _GGUF_NORMAL), key=lambda i: (-scores[i], i))
-  merges = []
+  merges: list[tuple[str, str]] = []
   for i in normal:
     piece = tokens[i]
     merges.extend((piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab)
@@ -105,7 +107,9 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
     tok.post_processor = tokenizers.processors.TemplateProcessing(
       single=f"{first}$A{last}",
       pair=f"{first}$A{last} {first}$B:1{last}",
-      special_tokens=[(t, tokens.index(t)) for t in dict.fromkeys(x for x, on in ((bos, add_bos), (eos, add_eos)) if on)],
+      special_tokens=[
+        (t, tokens.index(t)) for t in dict.fromkeys(x for x, on in ((bos, add_bos), (eos, add_eos)) if on)
+      ],
     )
   template = gguf_reader.field(reader, "tokenizer.chat_template")
   arch = gguf_reader.field(reader, "general.architecture")
