@@ -224,7 +224,8 @@ def test_truncated_file_is_a_one_line_input_error(tmp_path, path, keep):
 
 
 def test_special_token_ids(tok):
-  assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == ("<bos>", 2, "<eos>", 1)
+  # With the shipped chat template, a model turn ends (and sampling stops) at <end_of_turn>.
+  assert (tok.bos_token, tok.bos_token_id, tok.eos_token, tok.eos_token_id) == ("<bos>", 2, "<end_of_turn>", 106)
   assert (tok.pad_token, tok.pad_token_id, tok.unk_token_id) == ("<pad>", 0, 3)
   for text, idx in [("<start_of_turn>", 105), ("<end_of_turn>", 106), ("<bos>", 2), ("\n", 107), ("\n\n", 108)]:
     assert tok(text, add_special_tokens=False).input_ids == [idx]
@@ -309,6 +310,12 @@ def test_chat_template_is_gemma3s(tok):
   assert tok.apply_chat_template(chat, tokenize=False) == (
     "<bos><start_of_turn>user\nAnswer briefly.\n\nWhat is 2+2?<end_of_turn>\n"
     "<start_of_turn>model\n4<end_of_turn>\n<start_of_turn>user\nAnd 3+3?<end_of_turn>\n"
+  )
+  # Gemma has no tool role: a tool's reply is a user turn.
+  tool = [*user, {"role": "assistant", "content": "<tool_call>x</tool_call>"}, {"role": "tool", "content": "4"}]
+  assert tok.apply_chat_template(tool, tokenize=False, add_generation_prompt=True).endswith(
+    "<start_of_turn>model\n<tool_call>x</tool_call><end_of_turn>\n<start_of_turn>user\n4<end_of_turn>\n"
+    "<start_of_turn>model\n"
   )
   ids = tok.apply_chat_template(user, add_generation_prompt=True, tokenize=True)
   ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids

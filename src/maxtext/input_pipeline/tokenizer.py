@@ -24,8 +24,10 @@ _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>
 CHAT_TEMPLATE_DIR = os.path.join(
   os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "chat_templates"
 )
-# The chat template for a GGUF file of this architecture that carries none.
-_SHIPPED_CHAT_TEMPLATES = {"gemma3": "gemma3.jinja"}
+# The chat template for a GGUF file of this architecture that carries none, and the token that ends
+# a model turn in it: the tokenizer's EOS with that template (sampling stops at it, and a multi-turn
+# conversation continues after it).
+_SHIPPED_CHAT_TEMPLATES = {"gemma3": ("gemma3.jinja", "<end_of_turn>")}
 
 
 def _byte_level_bpe(reader: gguf_reader.GGUFFile, tokens: list[str]) -> tokenizers.Tokenizer:
@@ -114,7 +116,8 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
   template = gguf_reader.field(reader, "tokenizer.chat_template")
   arch = gguf_reader.field(reader, "general.architecture")
   if template is None and arch in _SHIPPED_CHAT_TEMPLATES:
-    with open(os.path.join(CHAT_TEMPLATE_DIR, _SHIPPED_CHAT_TEMPLATES[arch]), encoding="utf-8") as f:
+    name, eos = _SHIPPED_CHAT_TEMPLATES[arch]
+    with open(os.path.join(CHAT_TEMPLATE_DIR, name), encoding="utf-8") as f:
       template = f.read()
   return transformers.PreTrainedTokenizerFast(
     tokenizer_object=tok,
