@@ -307,7 +307,7 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
   and entropies (scoring.completion_logps, through the decoder and through SharedPrefix), and the
   batched engine's prefill and KV-cache decode step, from the model and from its bfloat16
   MatmulCopy."""
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
   from maxtext.integration.tunix import scoring
   from maxtext.models.shared_prefix import SharedPrefix
 
@@ -330,10 +330,10 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     "model": (graphdef, state),
     "bfloat16 copy": ((copy := decoder.MatmulCopy(m, jnp.bfloat16)).graphdef, copy.state()),
   }.items():
-    static, cache = cb._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
+    static, cache = kv._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
     ints = jnp.zeros((rows,), jnp.int32)
-    programs[f"prefill ({name})"] = cb._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
-    programs[f"decode chunk ({name})"] = cb._decode.lower(
+    programs[f"prefill ({name})"] = kv._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
+    programs[f"decode chunk ({name})"] = kv._decode.lower(
       static,
       weights,
       cache,
