@@ -11,7 +11,7 @@ setup(
     description="MaxText-style GRPO post-training for Qwen3 and Llama models in JAX, on Tunix.",
     package_dir={"": "src"},
     packages=find_packages("src"),
-    package_data={"maxtext": ["configs/*.yml", "configs/*/*.yml", "configs/templates/*.json"]},
+    package_data={"maxtext": ["configs/*.yml", "configs/*/*.yml", "configs/templates/*.json", "configs/chat_templates/*.jinja"]},
     python_requires=">=3.11",
     install_requires=requirements,
 )

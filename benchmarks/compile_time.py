@@ -8,8 +8,8 @@ prompts, 128-token replies) and the continuous batcher's (8 rows, a 320-position
 - train step: the policy loss's log-probs (scoring.py, each group's prompt once: SharedPrefix),
   their gradient and an AdamW update, in one program;
 - reference log-probs: the same log-probs without gradient;
-- prefill: the batcher's chunk of 64 tokens per row written into the cache (continuous_batching._extend);
-- decode: the batcher's decode step with top-k sampling (continuous_batching._decode).
+- prefill: the batcher's chunk of 64 tokens per row written into the cache (kv_programs._extend);
+- decode: the batcher's decode step with top-k sampling (kv_programs._decode).
 Each is traced, lowered and compiled from abstract weights and inputs (compiling depends on shapes
 only, not on values), with the persistent compilation cache off; timed as wall-clock seconds and as
 the process's CPU seconds (which other processes on a shared machine do not stretch). Then the decode
@@ -36,7 +36,7 @@ def _programs(args, scan_layers: bool) -> dict:
   from flax import nnx
 
   from maxtext.configs import pyconfig
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
   from maxtext.integration.tunix import scoring
   from maxtext.models import builder
   from maxtext.models.decoder import ModelConfig
@@ -73,14 +73,14 @@ def _programs(args, scan_layers: bool) -> dict:
   with jax.set_mesh(mesh):
     cache = jax.eval_shape(lambda: nnx.merge(graphdef, state).init_cache(rows, size, jnp.dtype(args.dtype)))
     opt_state = jax.eval_shape(adamw.init, state)
-  static = cb._StaticGraph(graphdef)
+  static = kv._StaticGraph(graphdef)
   sampling = jax.ShapeDtypeStruct((rows, 2), jnp.float32)
   return mesh, {
     "train step": (train_step, (state, opt_state, i32(rows, p + n))),
     "reference log-probs": (jax.jit(logps), (state, i32(rows, p + n))),
-    "prefill": (cb._extend, (static, state, cache, i32(rows, chunk), i32(rows))),
+    "prefill": (kv._extend, (static, state, cache, i32(rows, chunk), i32(rows))),
     "decode": (
-      cb._decode,
+      kv._decode,
       (
         static,
         state,
@@ -124,12 +124,12 @@ def _measure(args, scan_layers: bool) -> dict:
 def _decode_step(static, state, cache, inputs):
   """A function running the batcher's decode step once on `inputs`, keeping the cache it donates
   and returns, as the batcher does; it returns the sampled tokens and log-probs."""
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
 
   held = {"cache": cache}
 
   def step():
-    tokens, logps, _, _, held["cache"] = cb._decode(static, state, held["cache"], *inputs)
+    tokens, logps, _, _, held["cache"] = kv._decode(static, state, held["cache"], *inputs)
     return tokens, logps
 
   return step
@@ -143,7 +143,7 @@ def _decode_ms(args) -> dict:
   from flax import nnx
 
   from maxtext.configs import pyconfig
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
   from maxtext.models import builder
   from maxtext.models.decoder import ModelConfig
   from maxtext.utils.mesh import create_meshes
@@ -171,7 +171,7 @@ def _decode_ms(args) -> dict:
       jnp.array([1, 0]),
       1,  # one step per dispatch
     )
-    step = _decode_step(cb._StaticGraph(graph), state, model.init_cache(rows, size, jnp.dtype(args.dtype)), inputs)
+    step = _decode_step(kv._StaticGraph(graph), state, model.init_cache(rows, size, jnp.dtype(args.dtype)), inputs)
     jax.block_until_ready(step())
     steps[layout] = step
   times: dict[str, list[float]] = {layout: [] for layout in steps}

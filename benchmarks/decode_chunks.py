@@ -82,7 +82,7 @@ def main() -> None:
   import numpy as np
   from flax import nnx
 
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
 
   cfg, mesh, model, n_params = model_benchmark._build(args.model, args.dtype)
   rows, cache_size = args.rows, args.prompt + args.reply
@@ -100,7 +100,7 @@ def main() -> None:
 
   with jax.set_mesh(mesh):
     # The decode program's own time per step: one chunk of `reply` steps, dispatched back to back.
-    static, state = cb._StaticGraph(nnx.split(model)[0]), nnx.state(model)
+    static, state = kv._StaticGraph(nnx.split(model)[0]), nnx.state(model)
     held = {"cache": model.init_cache(rows, cache_size, jnp.dtype(args.dtype))}
     tokens = jnp.ones((rows,), jnp.int32)
     positions = jnp.full((rows,), args.prompt - 1, jnp.int32)
@@ -110,7 +110,7 @@ def main() -> None:
     eos, until = jnp.full((rows, 1), -1, jnp.int32), jnp.array([args.reply, 0])
 
     def chunk():
-      out = cb._decode(
+      out = kv._decode(
         static,
         state,
         held["cache"],

@@ -5,7 +5,7 @@ it is made of.
     python benchmarks/decode_step.py [--model smollm2-135m] [--rows 8] [--cache 320] [--iters 5]
 
 In one process, each timed as the median of --iters runs of 10 calls after one that compiles:
-- the decode step train_rl runs (continuous_batching._decode: the model on one position per row
+- the decode step train_rl runs (kv_programs._decode: the model on one position per row
   with its KV cache, then sampling);
 - its read floor: summing as many bytes as the step reads (every weight and the cache);
 - the same step with rollout_dtype=bfloat16 (on decoder.MatmulCopy), its read floor, and the time
@@ -59,7 +59,7 @@ def main() -> None:
   import model_benchmark
   from flax import nnx
 
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
   from maxtext.models.decoder import MatmulCopy
 
   cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
@@ -68,7 +68,7 @@ def main() -> None:
   result: dict = {"model": args.model, "rows": rows, "cache": size, "params": n_params, "ms": {}}
   with jax.set_mesh(mesh):
     graph, state = nnx.split(model)
-    static = cb._StaticGraph(graph)
+    static = kv._StaticGraph(graph)
     cache = model.init_cache(rows, size, jnp.float32)
     tokens = jnp.ones((rows,), jnp.int32)
     positions = jnp.full((rows,), size - 1, jnp.int32)
@@ -79,7 +79,7 @@ def main() -> None:
     held = {"cache": cache}
 
     def step(static, state):  # one decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it
-      out = cb._decode(
+      out = kv._decode(
         static, state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50, limits, eos, one_step, 1
       )
       held["cache"] = out[-1]  # the step donates its cache, as the batcher's does
@@ -96,7 +96,7 @@ def main() -> None:
     timings["decode step (as train_rl runs it)"] = _median_ms(decode, args.iters)
     timings["read floor (its weights and cache summed)"] = _median_ms(lambda: total(flat), args.iters)
     copy = MatmulCopy(model, jnp.bfloat16)
-    copy_static, copy_state = cb._StaticGraph(copy.graphdef), copy.state()
+    copy_static, copy_state = kv._StaticGraph(copy.graphdef), copy.state()
 
     def decode_bf16():
       return step(copy_static, copy_state)
@@ -122,7 +122,7 @@ def main() -> None:
       x = jnp.ones((count, widest), jnp.float32)
       timings[f"weight matmuls alone ({name})"] = _median_ms(lambda x=x, ws=ws: matmuls(x, ws), args.iters)
     logits = jax.random.normal(jax.random.PRNGKey(0), (rows, cfg.model.vocab_size)) * 3
-    sample = jax.jit(lambda lg: cb._sample(lg, keys, steps, sampling[:, 0], sampling[:, 1], top_k, 50))
+    sample = jax.jit(lambda lg: kv._sample(lg, keys, steps, sampling[:, 0], sampling[:, 1], top_k, 50))
     timings["sampling alone (top-k 50)"] = _median_ms(lambda: sample(logits), args.iters)
   floor = timings["read floor (its weights and cache summed)"]
   result["step_bytes"] = step_bytes

@@ -46,6 +46,7 @@ def _engines(args):
   from maxtext.configs import pyconfig
   from maxtext.input_pipeline.tokenizer import tokenizer_for
   from maxtext.integration.tunix import rollout as engines_lib
+  from maxtext.integration.tunix import rollout_setup
   from maxtext.models import builder
   from maxtext.models.decoder import ModelConfig
   from maxtext.utils.mesh import create_meshes
@@ -65,7 +66,9 @@ def _engines(args):
   _, mesh = create_meshes(cfg.mesh, agentic=False)
   model = builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0)
   tokenizer = tokenizer_for(cfg.model)
-  rollout = engines_lib.rollout_configs(cfg.sampling, "greedy", False, tokenizer.eos_token_id)[engines_lib.Mode.TRAIN]
+  rollout = rollout_setup.rollout_configs(cfg.sampling, "greedy", False, tokenizer.eos_token_id)[
+    rollout_setup.Mode.TRAIN
+  ]
   engines = {
     "vanilla": engines_lib.RolloutEngine(model, tokenizer, mesh, rollout, seed=0),
     "batched": engines_lib.BatchedRolloutEngine(

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from maxtext.trainers.post_train.rl import sandbox
+from maxtext.utils import sandbox
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "tool_sandbox.json")

@@ -166,7 +166,7 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
 _SPLIT = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from maxtext.integration.tunix import cluster as cluster_lib, rollout
+    from maxtext.integration.tunix import cluster as cluster_lib, rollout, rollout_setup
     from maxtext.models import load
     from maxtext.trainers.post_train.rl import train_rl
     from maxtext.utils.mesh import create_meshes
@@ -179,7 +179,7 @@ _SPLIT = textwrap.dedent("""
     cluster = clusters[0]
     engine, trainer = cluster.rollout, cluster.actor_trainer.model
     out = engine.generate(["What is 2+3?", "Name a colour."],
-                          cluster.cluster_config.rollout_config[rollout.Mode.TRAIN])
+                          cluster.cluster_config.rollout_config[rollout_setup.Mode.TRAIN])
     prompts = np.asarray(out.left_padded_prompt_tokens)
     width = max(len(t) for t in out.tokens)
     completions = np.full((len(out.tokens), width), engine.pad_id(), np.int32)

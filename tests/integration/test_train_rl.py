@@ -429,10 +429,20 @@ def test_dynamic_sampling_trains_only_groups_with_signal_and_shaping_takes_effec
 def test_agentic_dynamic_sampling_trains_only_groups_with_signal(tmp_path):
   """rl.dynamic_sampling in agentic GRPO (_flat_or_coin): a group without signal gives its slot to a
   reserve prompt, sampled while the rest of the step is in flight; every step trains batch_size
-  groups whose rewards differ."""
-  args = [*_flat_or_coin(tmp_path), "rl.use_agentic_rollout=true", "rl.max_concurrency=8", "run_name=agentic_dapo"]
+  groups whose rewards differ. With the sampler importance correction the trainer recomputes the
+  old policy's log-probs (vocabulary slice by slice), which agree with the sampler's."""
+  args = [
+    *_flat_or_coin(tmp_path),
+    "rl.use_agentic_rollout=true",
+    "rl.max_concurrency=8",
+    "rl.sampler_is=token",
+    "run_name=agentic_dapo",
+  ]
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
-  _assert_dynamic_sampling(_read_jsonl(tmp_path / "agentic_dapo" / "metrics.jsonl"))
+  rows = _read_jsonl(tmp_path / "agentic_dapo" / "metrics.jsonl")
+  _assert_dynamic_sampling(rows)
+  for row in rows:  # Tunix logs these from the trainer's recomputed log-probs
+    assert 0.0 <= row["sampler_trainer/logp_diff_mean"] < 1e-3 and row["sampler_trainer/logp_diff_max"] < 1e-2
 
 
 def test_agentic_grpo_trains_on_full_length_completions(tmp_path):

@@ -13,7 +13,7 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, algorithm, losses, rollout, step_metrics, trajectories
+from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from tests.conftest import make_config, parser_for
 
@@ -66,13 +66,13 @@ def test_every_rl_key_reaches_the_agentic_config(smollm2_tokenizer):
   ).use_rollout_logps  # vanilla returns none
 
   def rollout_configs(cfg):
-    return rollout.rollout_configs(cfg.sampling, "greedy", cfg.agentic.use_agentic_rollout, eos_id=2)
+    return rollout_setup.rollout_configs(cfg.sampling, "greedy", cfg.agentic.use_agentic_rollout, eos_id=2)
 
   configs = rollout_configs(make_config("rl.use_agentic_rollout=true"))
-  assert configs[rollout.Mode.TRAIN].return_logprobs and configs[rollout.Mode.EVAL].return_logprobs
+  assert configs[rollout_setup.Mode.TRAIN].return_logprobs and configs[rollout_setup.Mode.EVAL].return_logprobs
   standard = rollout_configs(make_config())  # for the check and the correction of the batch
-  assert standard[rollout.Mode.TRAIN].return_logprobs and not standard[rollout.Mode.EVAL].return_logprobs
-  assert not rollout_configs(make_config("rollout_engine=vanilla"))[rollout.Mode.TRAIN].return_logprobs
+  assert standard[rollout_setup.Mode.TRAIN].return_logprobs and not standard[rollout_setup.Mode.EVAL].return_logprobs
+  assert not rollout_configs(make_config("rollout_engine=vanilla"))[rollout_setup.Mode.TRAIN].return_logprobs
 
 
 @pytest.mark.parametrize(
@@ -205,7 +205,7 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   from tunix.rl.agentic.agents import tool_agent
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", "rl.system_prompt=SYS")
   parser = parser_for(cfg, smollm2_tokenizer)
@@ -263,7 +263,7 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   conversation; re-rendering the text and re-tokenizing it (Tunix's way) gives other tokens."""
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   encode = lambda text: smollm2_tokenizer.encode(text, add_special_tokens=False)
   call = '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}}</tool_call>'
@@ -319,7 +319,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   the model's own turns."""
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   demo_call = '<tool_call>{"name": "calculator", "arguments": {"expression": "3*4"}}</tool_call>'
   examples = [
@@ -389,7 +389,7 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   from tunix.rl.agentic.agents import tool_agent
   from tunix.rl.agentic.environments import tool_environment
 
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   replies = [
     '<tool_call>{"name": "calculator", "arguments": "12*7"}</tool_call>',
@@ -457,7 +457,7 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
   """A call whose JSON does not parse: Tunix's parser printed it and the reply ended the conversation
   as its answer; the agent and environment the learner builds answer it with an error text in the
   tool turn, which tools/failed_calls counts, and the conversation goes on."""
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools
 
   replies = [
     '<tool_call>{"name": "calculator", "arguments": {"expression": "12*7"}</tool_call>',  # a brace short

@@ -252,8 +252,7 @@ def test_long_prompts_are_dropped_and_counted(smollm2_tokenizer, caplog):
 def test_tool_descriptions_that_do_not_fit_name_the_prompt_length_to_set(tmp_path, smollm2_tokenizer):
   """rl.tools=[calculator] with rl.yml's max_prompt_length: the tools' descriptions make every
   prompt too long, and the error names the max_prompt_length that fits; with it the run has its batches."""
-  from maxtext.integration.tunix import trajectories
-  from maxtext.trainers.post_train.rl import tools
+  from maxtext.integration.tunix import tools, trajectories
 
   data = tmp_path / "train.jsonl"
   data.write_text(

@@ -7,6 +7,7 @@ import jax
 import pytest
 
 from maxtext.integration.tunix import metrics
+from maxtext.utils import metrics_file
 
 
 def test_sinks_write_each_step_once_and_unregister_on_close(tmp_path):
@@ -38,8 +39,8 @@ def test_killed_run_keeps_pending_rows_and_resume_cuts_later_ones(tmp_path):
   for step in (1, 2, 3):
     backend.log_scalar("actor/train/loss", float(step), step=step)
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]  # 2 and 3 are held
-  assert set(metrics.logged_steps(str(path))) == {1, 2}  # step 3 began after the last pending save
-  assert metrics.truncate_after(str(path), 1) == 1  # resuming from step 1: row 2 goes
+  assert set(metrics_file.logged_steps(str(path))) == {1, 2}  # step 3 began after the last pending save
+  assert metrics_file.truncate_after(str(path), 1) == 1  # resuming from step 1: row 2 goes
   assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [1.0]
   assert not (tmp_path / "metrics.jsonl.pending").exists()
 
@@ -124,5 +125,5 @@ def test_a_logged_step_is_written_at_once_and_a_kill_keeps_the_next_ones_pending
   sinks.step_logged(1)
   rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert [(r["step"], r["loss"], r["rewards/mean"]) for r in rows] == [(1, 0.5, 1.0)]
-  assert metrics.logged_steps(str(tmp_path / "metrics.jsonl"))[2]["rewards/mean"] == 2.0  # never closed: a kill
+  assert metrics_file.logged_steps(str(tmp_path / "metrics.jsonl"))[2]["rewards/mean"] == 2.0  # never closed: a kill
   sinks.close()

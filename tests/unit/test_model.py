@@ -45,6 +45,21 @@ def test_prefill_plus_decode_equals_full_forward(model):
     steps.append(logits)
   assert int(cache["layer_0"]["end_index"][0]) == t
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+  # A prefill asking for the last position's logits only (Tunix's sampler does) gets that row.
+  last, _ = m(
+    tokens,
+    positions,
+    m.init_cache(b, cache_size, jnp.float32),
+    mask_for(causal, cache_size),
+    decode_only_last_token=True,
+  )
+  assert last.shape == (b, 1, full.shape[-1])
+  np.testing.assert_allclose(last, full[:, -1:], atol=1e-5)
+
+
+def mask_for(causal, cache_size):
+  """A causal mask [B, T, T] padded to a cache of cache_size positions."""
+  return jnp.pad(causal, ((0, 0), (0, 0), (0, cache_size - causal.shape[-1])))
 
 
 def test_left_padding_does_not_change_logits():
@@ -292,7 +307,7 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
   and entropies (scoring.completion_logps, through the decoder and through SharedPrefix), and the
   batched engine's prefill and KV-cache decode step, from the model and from its bfloat16
   MatmulCopy."""
-  from maxtext.inference import continuous_batching as cb
+  from maxtext.inference import kv_programs as kv
   from maxtext.integration.tunix import scoring
   from maxtext.models.shared_prefix import SharedPrefix
 
@@ -315,10 +330,10 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     "model": (graphdef, state),
     "bfloat16 copy": ((copy := decoder.MatmulCopy(m, jnp.bfloat16)).graphdef, copy.state()),
   }.items():
-    static, cache = cb._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
+    static, cache = kv._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
     ints = jnp.zeros((rows,), jnp.int32)
-    programs[f"prefill ({name})"] = cb._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
-    programs[f"decode chunk ({name})"] = cb._decode.lower(
+    programs[f"prefill ({name})"] = kv._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
+    programs[f"decode chunk ({name})"] = kv._decode.lower(
       static,
       weights,
       cache,

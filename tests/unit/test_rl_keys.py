@@ -4,8 +4,7 @@ that mode builds or stops the config with an error naming the key and the mode."
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.integration.tunix import agentic, learner, trajectories
-from maxtext.trainers.post_train.rl import tools
+from maxtext.integration.tunix import agentic, learner, tools, trajectories
 from tests.conftest import make_config, parser_for
 
 # A value away from the default for every rl.* key, and where each mode's learner shows it.
@@ -110,7 +109,7 @@ def test_the_walk_covers_every_rl_key():
 def test_each_rl_key_takes_effect_or_is_refused(key, agentic_mode, tmp_path, monkeypatch, smollm2_tokenizer):
   tools_file = tmp_path / "my_tools.py"
   tools_file.write_text(
-    "from maxtext.trainers.post_train.rl.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n"
+    "from maxtext.integration.tunix.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n"
   )
   value = str(tools_file) if CHANGED[key] == "TOOLS_FILE" else CHANGED[key]
   arg = f"{key}=[{', '.join(value)}]" if isinstance(value, list) else f"{key}={value}"

@@ -1,6 +1,7 @@
 """Our rollout engine fixes google-tunix 0.1.7 sampler defects; each test fails on the vanilla one."""
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,7 @@ from tunix.rl.rollout import base_rollout, vanilla_rollout
 
 from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine
 from maxtext.models import load
+from maxtext.models.decoder import Decoder
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -228,3 +230,23 @@ def test_a_named_request_draws_the_same_whatever_came_before(setup, batched, whi
   with engine.keys.request(7, 2, 0):
     other = _tokens(engine.generate(PROMPTS[:1], config))
   assert first == again and first != other
+
+
+def test_tunix_sampler_prefill_takes_the_last_positions_logits_only(setup, qwen3_tokenizer, monkeypatch):
+  """Tunix's sampler asks a model whose call has decode_only_last_token for the prompt's last logits
+  only: its prefill computes [B, 1, vocab] logits, not [B, prompt, vocab] (those equal the last row of
+  the whole logits, tests/unit/test_model.py); every call the engine traces returns one position."""
+  engine, _, config = setup
+  shapes = []
+  call = Decoder.__call__
+
+  @functools.wraps(call)
+  def recording(self, *args, **kwargs):
+    logits, cache = call(self, *args, **kwargs)
+    shapes.append(logits.shape)
+    return logits, cache
+
+  monkeypatch.setattr(Decoder, "__call__", recording)
+  fresh = RolloutEngine(engine.model(), qwen3_tokenizer, engine.mesh, config, seed=0)
+  fresh.generate(["<|im_start|>user\nA longer prompt than before<|im_end|>\n<|im_start|>assistant\n"] * 2, config)
+  assert shapes and all(shape[1] == 1 for shape in shapes), shapes

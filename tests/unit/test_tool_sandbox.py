@@ -16,7 +16,8 @@ import uuid
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.trainers.post_train.rl import sandbox, tools
+from maxtext.integration.tunix import tools
+from maxtext.utils import sandbox
 from tests.conftest import make_config
 
 TOKEN = uuid.uuid4().hex
@@ -287,7 +288,7 @@ def test_python_tool_from_a_venv_under_tmp():
       f"sorted(os.listdir('/tmp')))))"
     )
     script = (
-      "from maxtext.trainers.post_train.rl import tools\nfrom tests.conftest import make_config\n"
+      "from maxtext.integration.tunix import tools\nfrom tests.conftest import make_config\n"
       "cfg = make_config('rl.use_agentic_rollout=true', 'rl.tools=[python]')\n"
       f"print(tools.tool_map(cfg.tools)['python']('python', 'run python').apply(code={probe!r}).output)"
     )

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.trainers.post_train.rl import tools
+from maxtext.integration.tunix import tools
 from tests.conftest import make_config
 
 CFG = make_config(

@@ -9,8 +9,9 @@ import socket
 import pytest
 
 from maxtext import tasks
-from maxtext.tasks import rewards
-from maxtext.trainers.post_train.rl import tools, train_rl
+from maxtext.input_pipeline import rewards
+from maxtext.integration.tunix import tools
+from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import errors, storage, user_code
 from tests.conftest import make_config
 

@@ -1,8 +1,8 @@
 """Orbax parameter checkpoints in the layout train_rl writes: `<root>/<step>/model_params`, in a
 local folder or on a bucket (gs://).
 
-train_rl's checkpoints (through Tunix) and `to_maxtext` share this layout, so either loads
-through `load_parameters_path`.
+train_rl's checkpoints (through Tunix; the manager is integration/tunix/actor_checkpoints.py) and
+`to_maxtext` share this layout, so either loads through `load_parameters_path`.
 """
 
 from __future__ import annotations
@@ -11,68 +11,41 @@ import errno
 import os
 import re
 import time
-from collections.abc import Callable
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import nnx
-from tunix.sft import checkpoint_manager
 
 from maxtext.utils import distributed, errors, storage
 
 _ITEM = "model_params"
 
 
-class CheckpointManager(checkpoint_manager.CheckpointManager):
-  """Tunix's checkpoint manager (same items and layout), writing arrays without zstd compression.
-  Orbax compresses every chunk in memory before writing it, which made the default demo's final save
-  its peak memory, while float32 training state hardly compresses (benchmarks/RESULTS.md, "Where the
-  memory goes"). Compressed and uncompressed checkpoints restore alike.
+def uncompressed_manager(root_directory: str, options: ocp.CheckpointManagerOptions) -> ocp.CheckpointManager:
+  """An Orbax manager with Tunix's items (model_params, optimizer_state, custom_metadata) whose arrays
+  are written without zstd compression (read back like compressed ones), with OCDBT except on
+  Pathways (as Tunix's)."""
+  use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")
+  arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
+  return ocp.CheckpointManager(
+    root_directory,
+    options=options,
+    item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
+  )
 
-  A save to a local folder whose filesystem has less room than the checkpoint's arrays take raises
-  an ENOSPC OSError before anything is written (Orbax would write until the disk is full, leave the
-  unfinished checkpoint and log each failed write from each of its threads)."""
 
-  def __init__(
-    self,
-    root_directory: str,
-    options: ocp.CheckpointManagerOptions,
-    before_save: Callable[[int, nnx.Module, nnx.Optimizer | None], None] | None = None,
-  ):
-    """before_save(step, model, optimizer): called on every save request, before anything is
-    written (also for steps the save policy skips); an exception it raises stops the save."""
-    super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here
-    self._before_save = before_save
-    self._root = root_directory
-    use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")  # as Tunix's: Pathways writes without OCDBT
-    arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
-    self._checkpoint_manager = ocp.CheckpointManager(
-      root_directory,
-      options=options,
-      item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
+def check_room(root: str, step: int, arrays: list) -> None:
+  """Raises an ENOSPC OSError, before anything is written, when the local filesystem of `root` has
+  less room than `arrays` take (the checkpoint of `step`). Every process of a job calls it alike and
+  gets process 0's answer."""
+  needed = sum(a.nbytes for a in arrays)
+  free = distributed.main_object(storage.free_bytes(root) if distributed.is_main() else 0)
+  if free < needed:
+    raise OSError(
+      errno.ENOSPC, f"No space left on device for the checkpoint of step {step} ({needed:,} bytes; {free:,} free)", root
     )
-
-  def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
-    """Tunix's save (same parameters), after before_save and the room check; every process of a job
-    calls it alike and gets process 0's answer."""
-    if self._before_save is not None:
-      self._before_save(step, model, optimizer)
-    if not storage.is_url(self._root) and (force or self._checkpoint_manager.should_save(step)):
-      state = nnx.state(model, nnx.LoRAParam) if save_only_lora_params else nnx.state(model)
-      arrays = jax.tree.leaves(state)
-      if optimizer is not None:
-        arrays += jax.tree.leaves(nnx.state(optimizer, nnx.optimizer.OptState))
-      needed = sum(a.nbytes for a in arrays)
-      free = distributed.main_object(storage.free_bytes(self._root) if distributed.is_main() else 0)
-      if free < needed:
-        raise OSError(
-          errno.ENOSPC,
-          f"No space left on device for the checkpoint of step {step} ({needed:,} bytes; {free:,} free)",
-          self._root,
-        )
-    return super().save(step, model, optimizer, save_only_lora_params, force, custom_metadata)
 
 
 def _path(path: str) -> epath.Path:
@@ -82,9 +55,15 @@ def _path(path: str) -> epath.Path:
 
 
 def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
-  """Writes the model's parameters as step `step` under `root`; returns the step folder."""
-  manager = CheckpointManager(str(_path(root)), ocp.CheckpointManagerOptions(max_to_keep=None))
-  manager.save(step, model, force=True)
+  """Writes the model's parameters as step `step` under `root`, as the actor's checkpoint manager
+  saves them (uncompressed, after the room check of a local folder); returns the step folder."""
+  directory = str(_path(root))
+  params = nnx.state(model)
+  if not storage.is_url(directory):
+    check_room(directory, step, jax.tree.leaves(params))
+  manager = uncompressed_manager(directory, ocp.CheckpointManagerOptions(max_to_keep=None))
+  item = ocp.args.PyTreeSave(item=params, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), params))
+  manager.save(step, args=ocp.args.Composite(**{_ITEM: item}), custom_metadata={}, force=True)  # as Tunix saves
   manager.close()
   return str(_path(root) / str(step))
 

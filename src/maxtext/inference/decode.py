@@ -17,11 +17,11 @@ from maxtext.utils.errors import ConfigError
 
 def decode(cfg: RunConfig) -> list[dict]:
   """Completions (text and token ids, EOS included when generated) of the prompt key."""
-  from maxtext.integration.tunix import rollout
+  from maxtext.integration.tunix import rollout_setup
 
   sampling = cfg.sampling
-  generate, tokenizer = rollout.load_sampler(
-    cfg.model, cfg.mesh, sampling, cfg.eval.eval_sampling_strategy, rollout.Mode.TRAIN
+  generate, tokenizer = rollout_setup.load_sampler(
+    cfg.model, cfg.mesh, sampling, cfg.eval.eval_sampling_strategy, rollout_setup.Mode.TRAIN
   )
   texts = [
     tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)

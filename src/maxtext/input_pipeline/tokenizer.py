@@ -18,38 +18,114 @@ from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors
 from maxtext.utils.errors import ConfigError
 
-_GGUF_CONTROL_TOKEN = 3  # llama.cpp token type of special (control) tokens
+# llama.cpp token types (tokenizer.ggml.token_type)
+_GGUF_NORMAL, _GGUF_CONTROL, _GGUF_USER_DEFINED = 1, 3, 4
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|finetune_right_pad_id|>", "<unk>")
+CHAT_TEMPLATE_DIR = os.path.join(
+  os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "chat_templates"
+)
+# The chat template for a GGUF file of this architecture that carries none, and the token that ends
+# a model turn in it: the tokenizer's EOS with that template (sampling stops at it, and a multi-turn
+# conversation continues after it).
+_SHIPPED_CHAT_TEMPLATES = {"gemma3": ("gemma3.jinja", "<end_of_turn>")}
 
 
-def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
-  reader = gguf_reader.open_gguf(path)
-  model = gguf_reader.field(reader, "tokenizer.ggml.model")
-  if model != "gpt2":
-    raise errors.InputError(f"{path}: GGUF tokenizer model {model!r} is not supported (expected byte-level BPE 'gpt2')")
-  tokens = gguf_reader.field(reader, "tokenizer.ggml.tokens")
-  types = gguf_reader.field(reader, "tokenizer.ggml.token_type")
+def _byte_level_bpe(reader: gguf_reader.GGUFFile, tokens: list[str]) -> tokenizers.Tokenizer:
+  """tokenizer.ggml.model "gpt2": byte-level BPE with the file's merges."""
   merges = [tuple(m.split(" ", 1)) for m in gguf_reader.field(reader, "tokenizer.ggml.merges")]
-  bpe = tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges)
-  tok = tokenizers.Tokenizer(bpe)
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
   pre = [tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]
   if gguf_reader.field(reader, "tokenizer.ggml.pre") == "smollm":
     pre.insert(0, tokenizers.pre_tokenizers.Digits(individual_digits=True))
   tok.pre_tokenizer = tokenizers.pre_tokenizers.Sequence(pre)
   tok.decoder = tokenizers.decoders.ByteLevel()
-  tok.add_special_tokens([t for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL_TOKEN])
+  return tok
+
+
+def _sentencepiece_bpe(reader: gguf_reader.GGUFFile, tokens: list[str], types: list[int]) -> tokenizers.Tokenizer:
+  """tokenizer.ggml.model "llama": a SentencePiece BPE vocabulary (pieces, scores, types; no merges).
+
+  SentencePiece's BPE repeatedly joins the adjacent pair whose join is the normal piece of highest
+  score; the same as BPE merges ranked by that score, with every split of a piece into two pieces a
+  merge. Characters outside the vocabulary fall back to their <0xNN> byte pieces; spaces are '▁'.
+  User-defined pieces (newline and space runs, HTML tags) are matched whole before BPE, as
+  SentencePiece does; control pieces only as special tokens.
+  """
+  scores = gguf_reader.field(reader, "tokenizer.ggml.scores")
+  vocab = {t: i for i, t in enumerate(tokens)}
+  normal = sorted((i for i, ty in enumerate(types) if ty == _GGUF_NORMAL), key=lambda i: (-scores[i], i))
+  merges: list[tuple[str, str]] = []
+  for i in normal:
+    piece = tokens[i]
+    merges.extend((piece[:k], piece[k:]) for k in range(1, len(piece)) if piece[:k] in vocab and piece[k:] in vocab)
+  unk = gguf_reader.field(reader, "tokenizer.ggml.unknown_token_id")
+  bpe = tokenizers.models.BPE(
+    vocab=vocab, merges=merges, unk_token=None if unk is None else tokens[unk], byte_fallback=True, fuse_unk=True
+  )
+  tok = tokenizers.Tokenizer(bpe)
+  tok.normalizer = tokenizers.normalizers.Replace(" ", "▁")
+  tok.decoder = tokenizers.decoders.Sequence(
+    [tokenizers.decoders.Replace("▁", " "), tokenizers.decoders.ByteFallback(), tokenizers.decoders.Fuse()]
+  )
+  # llama.cpp writes user-defined pieces as raw text (spaces, not '▁'), so they match before normalising.
+  tok.add_tokens(
+    [tokenizers.AddedToken(t, normalized=False) for t, ty in zip(tokens, types) if ty == _GGUF_USER_DEFINED]
+  )
+  return tok
+
+
+def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
+  reader = gguf_reader.open_gguf(path)
+  model = gguf_reader.field(reader, "tokenizer.ggml.model")
+  tokens = gguf_reader.field(reader, "tokenizer.ggml.tokens")
+  types = gguf_reader.field(reader, "tokenizer.ggml.token_type")
+  if model == "gpt2":
+    tok = _byte_level_bpe(reader, tokens)
+  elif model == "llama" and gguf_reader.field(reader, "tokenizer.ggml.scores") is not None:
+    if gguf_reader.field(reader, "tokenizer.ggml.add_space_prefix", True):
+      raise errors.InputError(
+        f"{path}: SentencePiece GGUF vocabularies that prepend a space (tokenizer.ggml.add_space_prefix true, "
+        "Llama 2 style) are not supported; Gemma 3's is (add_space_prefix false)"
+      )
+    tok = _sentencepiece_bpe(reader, tokens, types)
+  else:
+    raise errors.InputError(
+      f"{path}: GGUF tokenizer model {model!r} is not supported (expected byte-level BPE 'gpt2' or "
+      "SentencePiece 'llama' with scores)"
+    )
+  tok.add_special_tokens(
+    [tokenizers.AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == _GGUF_CONTROL]
+  )
 
   def token(key):
     idx = gguf_reader.field(reader, f"tokenizer.ggml.{key}_token_id")
     return None if idx is None else tokens[idx]
 
+  bos, eos = token("bos"), token("eos")
+  add_bos = bool(gguf_reader.field(reader, "tokenizer.ggml.add_bos_token", False)) and bos is not None
+  add_eos = bool(gguf_reader.field(reader, "tokenizer.ggml.add_eos_token", False)) and eos is not None
+  if add_bos or add_eos:
+    first, last = (f"{bos} " if add_bos else ""), (f" {eos}" if add_eos else "")
+    tok.post_processor = tokenizers.processors.TemplateProcessing(
+      single=f"{first}$A{last}",
+      pair=f"{first}$A{last} {first}$B:1{last}",
+      special_tokens=[
+        (t, tokens.index(t)) for t in dict.fromkeys(x for x, on in ((bos, add_bos), (eos, add_eos)) if on)
+      ],
+    )
+  template = gguf_reader.field(reader, "tokenizer.chat_template")
+  arch = gguf_reader.field(reader, "general.architecture")
+  if template is None and arch in _SHIPPED_CHAT_TEMPLATES:
+    name, eos = _SHIPPED_CHAT_TEMPLATES[arch]
+    with open(os.path.join(CHAT_TEMPLATE_DIR, name), encoding="utf-8") as f:
+      template = f.read()
   return transformers.PreTrainedTokenizerFast(
     tokenizer_object=tok,
-    bos_token=token("bos"),
-    eos_token=token("eos"),
+    bos_token=bos,
+    eos_token=eos,
     unk_token=token("unknown"),
     pad_token=token("padding"),
-    chat_template=gguf_reader.field(reader, "tokenizer.chat_template"),
+    chat_template=template,
   )
 
 

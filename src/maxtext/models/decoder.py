@@ -484,13 +484,16 @@ class Decoder(nnx.Module):
     cache: Cache | None,
     attention_mask: jax.Array,
     logits_from: int = 0,
+    decode_only_last_token: bool = False,
   ) -> tuple[jax.Array, Cache | None]:
     """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
 
     Returns float32 logits [B, T - logits_from, V] (of positions logits_from and later) and the
-    updated cache (None without a cache).
+    updated cache (None without a cache). decode_only_last_token: the last position's logits only,
+    [B, 1, V] (Tunix's sampler asks for them so in its prefill when the parameter exists).
     """
-    hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, logits_from)
+    first = input_tokens.shape[1] - 1 if decode_only_last_token else logits_from
+    hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, first)
     return self.logits(hidden), new_cache
 
   def hidden_states(

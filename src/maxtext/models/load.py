@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 
 import numpy as np
@@ -24,21 +25,18 @@ log = logging.getLogger(__name__)
 
 
 def _check_gguf_architecture(path: str, cfg: ModelSection) -> None:
+  """The file's architecture is one we read, and its hyperparameters are the config's (those the
+  file states and the config has: gemma3's sliding window, say, only where the config defines one)."""
   reader = gguf_reader.open_gguf(path)
-  arch = gguf_reader.field(reader, "general.architecture")
-  expected = {
-    "num_decoder_layers": (f"{arch}.block_count", cfg.num_decoder_layers),
-    "emb_dim": (f"{arch}.embedding_length", cfg.emb_dim),
-    "mlp_dim": (f"{arch}.feed_forward_length", cfg.mlp_dim),
-    "num_query_heads": (f"{arch}.attention.head_count", cfg.num_query_heads),
-    "num_kv_heads": (f"{arch}.attention.head_count_kv", cfg.num_kv_heads),
-    "vocab_size": (f"{arch}.vocab_size", cfg.vocab_size),
-  }
-  diffs = [
-    f"{key}={ours} but the file has {gguf_key}={gguf_reader.field(reader, gguf_key)}"
-    for key, (gguf_key, ours) in expected.items()
-    if gguf_reader.field(reader, gguf_key) not in (None, ours)
-  ]
+  arch = gguf_reader.architecture(reader)
+  diffs = []
+  for key, theirs in gguf_reader.hyperparameters(reader).items():
+    ours = getattr(cfg, key, None)
+    if ours is None:
+      continue
+    same = math.isclose(ours, theirs, rel_tol=1e-5) if isinstance(theirs, float) else ours == theirs
+    if not same:
+      diffs.append(f"{key}={ours} but the file has {arch}.{gguf_reader.ARCHITECTURE_KEYS[key]}={theirs}")
   if diffs:
     raise ConfigError(f"{path}: does not match model_name={cfg.model_name}: " + "; ".join(diffs))
 

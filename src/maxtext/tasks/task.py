@@ -5,7 +5,7 @@ Rows are raw (a task's own fields); `normalise` turns one into (question, answer
 dataset_processor_path's process_data handles the raw rows itself. Reward functions have MaxText's
 signature fn(prompts, completions, tmvp_config, **kwargs) -> one float per completion, where a
 task's own functions receive the task section as tmvp_config (user functions receive the whole
-config's MaxText view; tasks.rewards binds either). `score` gives one verdict per completion:
+config's MaxText view; input_pipeline.rewards binds either). `score` gives one verdict per completion:
 {"answer": the extracted answer or None, "correct", "partially_correct", "formatted"}.
 """
 

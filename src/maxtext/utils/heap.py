@@ -2,8 +2,8 @@
 
 On CPU, XLA allocates each step's temporaries (many of 1 to 8 MiB) with malloc; glibc keeps what is
 freed in its heaps, spread over up to 8 arenas per core, and returns to the system only what sits at
-a heap's top. Over a run's training micro-batches these freed but kept pages add up to several times
-the live arrays (benchmarks/RESULTS.md, "Where the memory goes"). `release()` hands them back
+a heap's top, so freed but kept pages add up over a run's training micro-batches (docs/decisions.md,
+"Heap release"). `release()` hands them back
 (glibc's malloc_trim); the trainer calls it before each micro-batch and after each step's training
 (cluster.py), load_model after reading the weights, train_rl after every XLA compile (the compiler's
 working memory, held through the first rollout otherwise). Elsewhere (no glibc) it

@@ -9,11 +9,8 @@ _CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 
 def use_sequential_cpu_scheduler() -> None:
   """Gives XLA's CPU backend its sequential, memory-aware scheduler unless XLA_FLAGS already sets the
-  flag. The default concurrency-optimised scheduler starts the backward pass's recomputations early
-  and keeps every layer's activations alive at once, which defeats remat_policy=full and costs
-  memory without it, at no speed gain on a few cores (benchmarks/cpu_scheduler.py measures both).
-  Takes effect only when called before JAX computes anything; the command-line programs call it
-  first."""
+  flag (why: docs/decisions.md, "Sequential CPU scheduler"). Takes effect only when called before
+  JAX computes anything; the command-line programs call it first."""
   flags = os.environ.get("XLA_FLAGS", "")
   if _CPU_SCHEDULER_FLAG not in flags:
     os.environ["XLA_FLAGS"] = f"{flags} {_CPU_SCHEDULER_FLAG}=false".strip()

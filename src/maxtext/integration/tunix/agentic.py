@@ -5,16 +5,15 @@ training and accepts samples at most rl.off_policy_steps policy versions old. It
 user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
 With rl.tools the agent is Tunix's ToolAgent (tool calls parsed from <tool_call>{json}</tool_call>)
 in a ToolEnvironment of at most rl.max_turns model turns.
-Workarounds for google-tunix 0.1.7 used here:
+What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
-  with) is refreshed before each batch is scored; Tunix refreshes it only in weight syncs, which a
-  shared mesh never runs, so every PPO ratio was taken against the initial weights;
+  with) is refreshed before each batch is scored;
 - with tools, the user turn is the example's templated user content (ToolAgent reads only a
   `question` field, the raw question, and drops the data template's user turn): trajectories.UserTurnToolAgent;
-- a chat parser is always given (the learner crashes without one); numpy message content is coerced
+- a chat parser is always given; numpy message content is coerced
   to text by the parser;
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
   behaviour policy of an off-policy sample, whatever weights the trainer holds now); Tunix then
@@ -22,17 +21,15 @@ Workarounds for google-tunix 0.1.7 used here:
   forward pass that is here run only with rl.sampler_is=token, which trains on it: otherwise the
   loss reports the agreement every step from its own forward pass (losses.mismatch_from_old); the
   vanilla engine returns no log-probs, so there the
-  trainer computes them (an engine that returns none where they are expected fails the run: Tunix
-  would use zeros);
+  trainer computes them (an engine that returns none where they are expected fails the run);
 - across several processes (multi-controller JAX, where every process must launch the same global
   programs in the same order), each process samples its share of every batch (ProcessShare) on its
   own devices, and the groups are scored on the training thread: each process's groups are gathered
   to every process, which scores them all in process order (reference and trainer log-probs run on
   the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
-  every step. Draws are named by (group, sample, turn) (rollout.StepKeys.request), so the processes
+  every step. Draws are named by (group, sample, turn) (step_keys.StepKeys.request), so the processes
   draw what one process would;
-- a failed rollout fails the run: Tunix logs a model-call exception and then waits forever for the
-  group it never completes, so the error is raised in the training loop instead, and the producer's
+- a failed rollout fails the run: its error is raised in the training loop, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
 
 The private Tunix members used here are listed, with why, in private_api.py.
@@ -59,7 +56,7 @@ from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
-from maxtext.integration.tunix import losses, step_metrics
+from maxtext.integration.tunix import losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
@@ -70,6 +67,7 @@ from maxtext.integration.tunix.trajectories import (
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.utils import distributed, errors
+from maxtext.utils import mesh as mesh_lib
 
 log = logging.getLogger(__name__)
 
@@ -154,12 +152,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     # switch, and groups are processed on several threads at once: the groups whose check is skipped
     # are marked per thread around that call (see _process_results).
     self._skips_trainer_logps = threading.local()
-    actor_logps = self.rl_cluster.get_actor_per_token_logps
-
-    def actor_logps_unless_skipped(*args, **kwargs):
-      return None if getattr(self._skips_trainer_logps, "value", False) else actor_logps(*args, **kwargs)
-
-    self.rl_cluster.get_actor_per_token_logps = actor_logps_unless_skipped
+    self.rl_cluster.get_actor_per_token_logps = self._trainer_logps
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
 
@@ -300,6 +293,25 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     engine) or sampler_is=token trains on them. Otherwise the loss reports the sampler/trainer
     mismatch from the sampler's log-probs (losses.mismatch_from_old)."""
     return not losses.mismatch_from_old(self.algo_config)
+
+  def _trainer_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None, temperature=None):
+    """RLCluster.get_actor_per_token_logps's contract (the log-probs of the completions under the
+    weights of the last sync, at the sampling temperature unless given), None for a group whose check
+    is skipped. The final hidden states go through the output layer a vocabulary slice at a time
+    (scoring.py), where Tunix takes the log-probs from the model's whole float32 logits [B, T, vocab];
+    micro_batch_size is not needed for that and is ignored. Every process holds the whole batch: the
+    inputs become global arrays on the trainer's mesh, as the reference's do (cluster.py)."""
+    if getattr(self._skips_trainer_logps, "value", False):
+      return None
+    cluster = self.rl_cluster
+    if temperature is None:
+      temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
+    mesh = cluster.r2m[rl_cluster_lib.Role.ACTOR]
+    state = rl_utils.put_params_on_memory_kind(cluster._anchor_policy_state, jax.devices()[0].default_memory().kind)
+    model = nnx.merge(nnx.graphdef(cluster.actor_trainer.model), state)
+    with mesh:
+      prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
+      return rollout.per_token_logps(model, prompts, completions, pad_id, eos_id, temperature)
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
     recomputes = self._trainer_recomputes()

@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(kw_only=True)
 class GRPOConfig(grpo_learner.GRPOConfig):
-  """Tunix's standard GRPO config with the upper clipping epsilon its loss reads when present (its
-  agentic config has the field; the standard one lacks it, so clip-higher was silently off)."""
+  """Tunix's standard GRPO config with the upper clipping epsilon its loss reads when present
+  (docs/decisions.md, "Clip-higher in standard GRPO")."""
 
   epsilon_high: float
 

@@ -17,9 +17,8 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
-from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs.sections import AlgorithmSection, RunSection, TrainSection
-from maxtext.integration.tunix import accumulation, metrics, rollout
+from maxtext.integration.tunix import accumulation, actor_checkpoints, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
@@ -55,9 +54,8 @@ def optimizer(cfg: TrainSection, steps: Steps) -> optax.GradientTransformation:
 def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTransformation:
   """tx, except that a gradient of all zeros does not move the weights: a GRPO step whose groups all
   scored alike (and no KL term) has nothing to learn from, while AdamW would still move the policy
-  with its momentum and weight decay (the calculator learning test saw a policy that had learned the
-  task drift off it over two such steps). tx's state still takes the zero gradient (AdamW's moments
-  decay); keeping it as it was would hold both states at once (benchmarks/RESULTS.md, "Where the memory goes")."""
+  with its momentum and weight decay. tx's state still takes the zero gradient (AdamW's moments
+  decay). Why: docs/decisions.md, "No update without a learning signal"."""
 
   def update(grads, state, params=None):
     updates, state = tx.update(grads, state, params)
@@ -150,8 +148,8 @@ def build_cluster(
   before_save=None,
 ) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
-  rollout_engine and rollout_configs: rollout.rollout_engine's and rollout.rollout_configs';
-  before_save: see orbax_checkpoint.CheckpointManager (the actor's checkpoints)."""
+  rollout_engine and rollout_configs: rollout_setup.rollout_engine's and rollout_setup.rollout_configs';
+  before_save: see actor_checkpoints.CheckpointManager (the actor's checkpoints)."""
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
     rollout_engine=rollout_engine,
@@ -164,7 +162,7 @@ def build_cluster(
   trainer = cluster.actor_trainer
   # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
   trainer.checkpoint_manager.close()
-  trainer.checkpoint_manager = orbax_checkpoint.CheckpointManager(
+  trainer.checkpoint_manager = actor_checkpoints.CheckpointManager(
     trainer.config.checkpoint_root_directory, trainer.config.checkpointing_options, before_save
   )
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.

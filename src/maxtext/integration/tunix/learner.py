@@ -80,8 +80,8 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       return self._last_rollout
 
     self.rl_cluster.generate = recording_generate
-    # A resumed run fast-forwards the data by the trainer's micro-step count, which counts every batch
-    # num_iterations times (google-tunix 0.1.7): it would skip data never trained on.
+    # A resumed run fast-forwards the data by training steps, not the trainer's micro-step count
+    # (docs/decisions.md, "Resume position of the standard learner").
     self._steps = steps
     self._last_iter_step: int = self._steps.done(self.rl_cluster.actor_trainer.iter_steps)
     sync = self.rl_cluster.sync_weights

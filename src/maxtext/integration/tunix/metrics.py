@@ -1,4 +1,10 @@
-"""Metric sinks for Tunix's MetricsLogger: TensorBoard plus one JSON object per step in metrics.jsonl."""
+"""Metric sinks for Tunix's MetricsLogger: TensorBoard, one JSON object per step in metrics.jsonl,
+and each row to W&B.
+
+The sinks write what Tunix logs, once each, in step order; they judge nothing: every training
+scalar is also handed to `on_scalar` (the run guard, trainers/post_train/rl/run_guard.py, decides
+what stops a run). Reading metrics.jsonl back and cutting it to a checkpoint on resume is
+utils/metrics_file.py."""
 
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import jax
 import numpy as np
 from metrax.logging import TensorboardBackend
 
+from maxtext.utils import metrics_file
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -23,6 +30,8 @@ log = logging.getLogger(__name__)
 ONE_UPDATE_PER_STEP = Steps(0)
 # The share of a step's groups whose rewards are all equal (zero advantage: no learning signal).
 ZERO_SIGNAL = "frac_reward_zero_std"
+# Called with each training scalar as it arrives: (metric name, training step, its values).
+OnScalar = Callable[[str, int, np.ndarray], None]
 
 
 def parse_event(event: str, step: int, steps: Steps = ONE_UPDATE_PER_STEP) -> tuple[str, str, int] | None:
@@ -89,11 +98,11 @@ class JsonlBackend:
 
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
   held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
-  `<path>.pending` whenever a step begins, so a killed run loses none of them: `truncate_after`
-  merges them back on resume. A step's scalars arrive when it ends, so step_time_s is the wall
-  time from the first scalar of the previous step (for the first step: from `restart_clock`, called
-  when training starts) to the first scalar of this one, and compile_s the seconds of compiling
-  (`compile_clock`) in that time.
+  `<path>.pending` whenever a step begins, so a killed run loses none of them:
+  metrics_file.truncate_after merges them back on resume. A step's scalars arrive when it ends, so
+  step_time_s is the wall time from the first scalar of the previous step (for the first step: from
+  `restart_clock`, called when training starts) to the first scalar of this one, and compile_s the
+  seconds of compiling (`compile_clock`) in that time.
   """
 
   def __init__(
@@ -103,21 +112,23 @@ class JsonlBackend:
     on_row: Callable[[dict], None] | None = None,
     compile_clock: Callable[[], float] = lambda: 0.0,
     steps: Steps = ONE_UPDATE_PER_STEP,
+    on_scalar: OnScalar = lambda name, step, values: None,
   ):
     """on_row: also called with each row as it is written; steps: see parse_event (a step's row
-    holds its last update's trainer metrics)."""
+    holds its last update's trainer metrics); on_scalar(name, step, values): called with each
+    training scalar of a step not yet written, as it arrives (the run guard's feed)."""
+    self._on_scalar = on_scalar
     self._steps = steps
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._on_row = on_row
     self._file = open(path, "a", encoding="utf-8")
-    self._pending = path + ".pending"
+    self._pending = metrics_file.pending(path)
     self._lag = lag
     self._rows: dict[int, dict[str, float]] = {}
     self._started: dict[int, tuple[float, float]] = {}  # step -> (wall time, compile clock) of its first scalar
     self._written = 0
     self._compile_clock = compile_clock
     self._origin = (time.time(), compile_clock())
-    self.nonfinite: tuple[str, int] | None = None  # the first (metric, step) of a NaN or infinite loss, KL or reward
     self.last_step: int | None = None  # set when training stopped early: later rows are dropped at close
 
   def restart_clock(self):
@@ -135,10 +146,7 @@ class JsonlBackend:
       self._save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
-    if _watched(name) and arr.size and not np.isfinite(arr).all():
-      first = self.nonfinite
-      if first is None or (first[1] == step and _aggregate(first[0]) and not _aggregate(name)):
-        self.nonfinite = (name, step)  # a reward function's own name rather than an aggregate of them
+    self._on_scalar(name, step, arr)
     for s in sorted(self._rows):
       if s <= max(self._rows) - self._lag:
         self._write(s)
@@ -190,39 +198,6 @@ class JsonlBackend:
       os.remove(self._pending)
 
 
-def _watched(name: str) -> bool:
-  """Metrics whose NaN or infinity stops a run: the loss, the KL, the gradient norm and the rewards."""
-  return name in ("loss", "kl", "grad_norm") or name.startswith("rewards/")
-
-
-def _aggregate(name: str) -> bool:
-  """Tunix's summaries over reward functions (rewards/mean, rewards/score/max, ...)."""
-  return name.startswith("rewards/") and name.rsplit("/", 1)[1] in ("sum", "mean", "min", "max")
-
-
-def logged_steps(path: str) -> dict[int, dict]:
-  """Rows of a (possibly killed) run's metrics.jsonl, with the rows it still held when it died."""
-  rows = {}
-  if os.path.isfile(path + ".pending"):
-    with open(path + ".pending", encoding="utf-8") as f:
-      rows.update({r["step"]: r for r in json.load(f)})
-  if os.path.isfile(path):
-    with open(path, encoding="utf-8") as f:
-      rows.update({r["step"]: r for r in map(json.loads, filter(str.strip, f))})
-  return rows
-
-
-def truncate_after(path: str, step: int) -> int:
-  """Makes metrics.jsonl hold exactly the logged steps up to `step` (the checkpoint a rerun resumes
-  from), pending rows merged in; returns how many later rows were dropped (the rerun logs them)."""
-  rows = logged_steps(path)
-  if os.path.isfile(path + ".pending"):
-    os.remove(path + ".pending")
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(rows[s]) + "\n" for s in sorted(rows) if s <= step)
-  return sum(s > step for s in rows)
-
-
 class _Sink:
   """A backend whose close is idempotent and which ignores scalars once closed."""
 
@@ -265,40 +240,41 @@ class MetricSinks:
   process never writes into this run's closed files.
   """
 
-  def __init__(self, run_dir: str, lag: int = 2, wandb: WandbRun | None = None, steps: Steps = ONE_UPDATE_PER_STEP):
+  def __init__(
+    self,
+    run_dir: str,
+    lag: int = 2,
+    wandb: WandbRun | None = None,
+    steps: Steps = ONE_UPDATE_PER_STEP,
+    on_scalar: OnScalar = lambda name, step, values: None,
+  ):
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
     off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2);
-    steps: the run's steps and their optimizer updates."""
+    steps: the run's steps and their optimizer updates; on_scalar: see JsonlBackend (the run
+    guard's feed, on the process that writes metrics.jsonl)."""
     self._wandb = wandb
     self.compile_clock = CompileClock()
     self.log_dir = os.path.join(run_dir, "tensorboard")
     on_row = wandb.log if wandb is not None else None
     self._makers = {
       "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
-      "jsonl": lambda: JsonlBackend(os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, steps),
+      "jsonl": lambda: JsonlBackend(
+        os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, steps, on_scalar
+      ),
     }
     self._real: dict[str, _Sink] = {}
     self._handed_out: list[_Sink] = []
-    self._jsonl_backend: JsonlBackend | None = None  # kept after close: its nonfinite record stays readable
 
   def _make(self, kind: str) -> _Sink:
     sink = _Sink() if kind in self._real else _Sink(self._makers[kind]())
     self._real.setdefault(kind, sink)
     self._handed_out.append(sink)
-    if kind == "jsonl" and self._jsonl_backend is None:
-      self._jsonl_backend = sink._backend
     return sink
 
   def _jsonl(self) -> JsonlBackend | None:
     """The open metrics.jsonl backend (None before Tunix asked for it and after close)."""
     sink = self._real.get("jsonl")
     return sink._backend if sink is not None else None
-
-  def nonfinite(self) -> tuple[str, int] | None:
-    """The first (metric, step) at which the loss, the KL, the gradient norm or a reward was NaN or
-    infinite, also once the sinks are closed (their last rows written)."""
-    jsonl = self._jsonl_backend
-    return jsonl.nonfinite if jsonl is not None else None
 
   def restart_clock(self) -> None:
     """Marks the start of training (the first step's step_time_s counts from here)."""

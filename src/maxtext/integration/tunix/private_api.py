@@ -226,7 +226,8 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     None,
     "agentic.py",
     "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
-    "sampler check must use the weights the samples came from",
+    "sampler check must use the weights the samples came from; our get_actor_per_token_logps "
+    "reads it as Tunix's does",
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
@@ -235,7 +236,9 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size", "temperature"),
     "agentic.py",
     "skips the trainer's recomputation of the old policy's log-probs where the "
-    "sampler's are used (Tunix always recomputes them, doubling the forward passes)",
+    "sampler's are used (Tunix always recomputes them, doubling the forward passes), and where "
+    "they are recomputed takes them a vocabulary slice at a time (scoring.py) instead of from "
+    "the whole float32 logits [B, T, vocab]",
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
@@ -424,13 +427,13 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "chat_parser.py",
     "the generation prompt from the tokenizer's own template",
   ),
-  # Checkpoints (checkpoint_conversion/orbax_checkpoint.py)
+  # Checkpoints (actor_checkpoints.py)
   PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",
     "_checkpoint_manager",
     "write",
     None,
-    "orbax_checkpoint.py",
+    "actor_checkpoints.py",
     "the Orbax manager with uncompressed array handlers (Tunix builds its "
     "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
     "its trainer state); the class's save, restore and close use it",

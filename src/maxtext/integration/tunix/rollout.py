@@ -1,48 +1,37 @@
-"""Our rollout engine for Tunix: its vanilla sampler with three defects of google-tunix 0.1.7 fixed.
+"""The rollout engines Tunix samples with (ClusterConfig.rollout_engine): RolloutEngine on Tunix's
+vanilla KV-cache sampler (rollout_engine: vanilla) and BatchedRolloutEngine on our continuous batcher
+(rollout_engine: batched).
 
-1. Fresh randomness: with no seed, Tunix's sampler uses PRNGKey(0) on every call, so the samples
-   of a GRPO group are identical across steps. Each call here folds the training step
-   (`step_source`) and a call counter within that step into a base seed unless the rollout config
-   carries its own seed, so a resumed run draws what an uninterrupted one would.
-2. EOS kept: the sampler cuts completions before their EOS token, so the trained sequence never
-   contains EOS and the policy never learns to stop. A completion that stopped early (shorter than
-   the generation budget) gets its EOS token back.
-3. Weight sync between disjoint multi-device meshes: on CPU Tunix forbids host transfers while
-   syncing weights, but jax.device_put of replicated arrays from one multi-device mesh to another
-   goes through host memory, so a trainer/sampler split of 4/4 devices crashed. A trainer spanning
-   several processes gives each process's own sampler whole copies (mesh.placed).
-4. Token prompts: a prompt may be given as token ids instead of text (the agentic learner continues
-   a conversation's exact token stream that way); Tunix's sampler takes only text.
-5. The pad token cannot end up inside a completion: Tunix masks the pad id as padding, but it is an
-   ordinary token the policy can sample (`<|endoftext|>` for Qwen3 and SmolLM2), so the trainer
-   would score the tokens after it without it in their context while the sampler had it. A
-   completion ends at a sampled pad token (kept, so it is masked like the padding it stands for).
-6. Log-probs at the sampling temperature: `get_per_token_logps` (the old policy's log-probs with
-   rl.num_iterations > 1) scores tokens under softmax(logits / temperature), the distribution that
+Both guarantee:
+1. Fresh randomness: a call without a seed in its rollout config draws its key from StepKeys
+   (inference/step_keys.py), so a resumed run draws what an uninterrupted one would.
+2. EOS kept: a completion that stopped before the generation budget ends with its EOS token.
+3. A sampled pad token ends the completion and is kept (masked like the padding it stands for).
+4. `get_per_token_logps` scores tokens under softmax(logits / temperature), the distribution that
    sampled them and the one the trainer's loss uses.
-7. Later turns of a conversation: the sampler pads a prompt longer than max_prompt_length to the
-   next power of two, which overflows the KV cache (max_prompt_length + max_response_length) although
-   the conversation fits it. Such a prompt is padded to the room the cache leaves instead, and one
-   that does not fit raises an error that says by how much.
+5. Prompts are text or token ids (used as they are).
+6. A prompt plus the generation budget must fit the KV cache (max_prompt_length +
+   max_response_length), else an InputError says by how much; a prompt longer than
+   max_prompt_length that fits is sampled (RolloutEngine pads it to the room the cache leaves).
+7. Weights from a trainer on another (multi-device) mesh are accepted: they may pass through host
+   memory, and a trainer spanning several processes gives each process's sampler whole copies
+   (mesh.placed).
 
-`BatchedRolloutEngine` (rollout_engine: batched) shares fixes 1, 2, 5 and 6 and serves the same
-contract from our continuous batcher (maxtext.inference.continuous_batching): Tunix's agentic
-learner calls the engine once per conversation turn with a single prompt from up to
-rl.max_concurrency threads, and these calls are merged into one decode batch. It draws keys like
-RolloutEngine, keeps EOS, returns per-token log-probs
-and records the weights version of every token; prompts reuse KV prefixes the batcher holds (a
-conversation's earlier turns, a shared system prompt, a GRPO group's prompt).
+BatchedRolloutEngine serves Tunix's agentic learner, which calls the engine once per conversation
+turn with a single prompt from up to rl.max_concurrency threads: the calls are merged into one decode
+batch. It returns per-token log-probs, records the weights version of every token, and reuses KV
+prefixes the batcher holds (a conversation's earlier turns, a shared system prompt, a GRPO group's
+prompt).
 
+Why each guarantee (the google-tunix 0.1.7 defects they fix): docs/decisions.md, "Rollout engine".
 The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import jax
@@ -50,18 +39,15 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
-from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*) or EVAL (eval_sampling_strategy)
 from tunix.rl.rollout import base_rollout, vanilla_rollout
 
-from maxtext.configs.sections import EVAL_SAMPLING, EvalStrategy, MeshSection, ModelSection, SamplingSection
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
+from maxtext.inference.step_keys import StepKeys
 from maxtext.integration.tunix import scoring
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
 
 if TYPE_CHECKING:
-  import transformers
-
   from maxtext.models.decoder import Decoder
 
 
@@ -87,45 +73,6 @@ def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
       f"{cache_size} tokens (max_prompt_length + max_response_length); raise max_prompt_length or "
       "max_response_length"
     )
-
-
-class StepKeys:
-  """Sampling keys: fold_in(fold_in(seed, training step), call within that step), so a resumed run
-  draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's global
-  step). Within `request(ids)` a thread draws fold_in(seed, *ids) instead: the agentic learner names
-  each model turn by (group, sample, turn), so its draws do not depend on the order in which its
-  threads' calls arrive (nor on the process that makes them)."""
-
-  def __init__(self, seed: int):
-    self._seed = seed
-    self.step_source: Callable[[], int] = lambda: 0
-    self._step = 0
-    self._calls = 0
-    self._lock = threading.Lock()
-    self._request = threading.local()
-
-  @contextlib.contextmanager
-  def request(self, *ids: int):
-    self._request.ids = ids
-    try:
-      yield
-    finally:
-      self._request.ids = None
-
-  def next(self) -> jax.Array:
-    ids = getattr(self._request, "ids", None)
-    if ids is not None:
-      key = jax.random.PRNGKey(self._seed)
-      for i in ids:
-        key = jax.random.fold_in(key, i)
-      return key
-    with self._lock:
-      step = self.step_source()
-      if step != self._step:
-        self._step, self._calls = step, 0
-      self._calls += 1
-      call = self._calls - 1
-    return jax.random.fold_in(jax.random.fold_in(jax.random.PRNGKey(self._seed), step), call)
 
 
 Prompt = str | np.ndarray  # text, or token ids used as they are
@@ -341,62 +288,3 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
   def model(self) -> nnx.Module:
     return self._model
-
-
-def rollout_engine(cfg: SamplingSection):
-  """ClusterConfig.rollout_engine for cfg.rollout_engine: our engine bound to its settings."""
-  if cfg.rollout_engine == "batched":
-    return functools.partial(
-      BatchedRolloutEngine,
-      seed=cfg.decode_seed,
-      max_batch_size=cfg.rollout_max_batch_size,
-      matmul_dtype=None if cfg.rollout_dtype == "model" else cfg.rollout_dtype,
-      steps_per_dispatch=cfg.decode_steps_per_dispatch,
-    )
-  return functools.partial(RolloutEngine, seed=cfg.decode_seed)
-
-
-def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: EvalStrategy, agentic: bool, eos_id: int) -> dict:
-  """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
-  log-probs on the batched engine) and for evaluation (with log-probs in `agentic` runs)."""
-  shared = dict(
-    max_tokens_to_generate=cfg.max_response_length,
-    max_prompt_length=cfg.max_prompt_length,
-    kv_cache_size=cfg.kv_cache_size,
-    eos_tokens=[eos_id],
-  )
-  greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **shared)
-  train = (
-    greedy
-    if cfg.decode_sampling_temperature == 0
-    else base_rollout.RolloutConfig(
-      temperature=cfg.decode_sampling_temperature,
-      top_p=cfg.decode_sampling_top_p,
-      top_k=cfg.decode_sampling_top_k or None,
-      **shared,
-    )
-  )
-  evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[eval_sampling_strategy], **shared)
-  if cfg.rollout_engine == "batched":  # the agentic learner trains on them; both learners check them
-    train = dataclasses.replace(train, return_logprobs=True)
-    if agentic:
-      evaluation = dataclasses.replace(evaluation, return_logprobs=True)
-  return {Mode.TRAIN: train, Mode.EVAL: evaluation}
-
-
-def load_sampler(
-  model: ModelSection, devices: MeshSection, sampling: SamplingSection, eval_sampling_strategy: EvalStrategy, mode: Mode
-) -> tuple[Callable, transformers.PreTrainedTokenizerBase]:
-  """(generate, tokenizer): the RL sampler on its own (rollout_engine vanilla or batched). generate(prompts)
-  returns Tunix's RolloutOutput, sampled as `mode` says."""
-  from maxtext.input_pipeline.tokenizer import tokenizer_for
-  from maxtext.models.load import load_model
-  from maxtext.utils import distributed
-  from maxtext.utils import mesh as mesh_lib
-
-  distributed.initialize()
-  _, mesh = mesh_lib.create_meshes(devices, agentic=False)
-  tokenizer = tokenizer_for(model)
-  config = rollout_configs(sampling, eval_sampling_strategy, False, tokenizer.eos_token_id)[mode]
-  engine = rollout_engine(sampling)(load_model(model, mesh), tokenizer, mesh, config)
-  return (lambda prompts: engine.generate(prompts, config)), tokenizer

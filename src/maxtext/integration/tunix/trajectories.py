@@ -31,13 +31,12 @@ from maxtext.integration.tunix.chat_parser import ConfigChatParser
 
 
 class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
-  """Tunix's trajectory collection with two fixes.
+  """Tunix's trajectory collection with two guarantees.
 
-  Full-length responses kept: Tunix checks the response budget right after the model call and ends
-  the episode before the agent records the response, so every completion that used the whole
-  budget was trained as empty (a short completion plus its EOS can reach the budget too). Here the
-  check right after the model call is skipped; the next step's check ends the episode with the
-  response recorded.
+  Full-length responses kept: a completion that uses the whole response budget (a short completion
+  plus its EOS can reach it too) is recorded and trained: the budget check right after the model call
+  is skipped; the next step's check ends the episode with the response recorded (docs/decisions.md,
+  "Trajectory engine").
 
   Token in, token out: the trainer trains on the first prompt's tokens followed by each turn's
   sampled tokens and the environment's tokens, but Tunix samples every later turn from the
@@ -163,10 +162,8 @@ class MalformedCall(base_tool.BaseTool):
 class ToolCallParser(qwen_parser.QwenToolParser):
   """Tunix's Qwen tool-call format, <tool_call>{"name": ..., "arguments": ...}</tool_call>, where a
   malformed call (not JSON, not an object with a "name" string and "arguments", or a <tool_call>
-  without its </tool_call>) becomes a call of MALFORMED_CALL whose `problem` says what is wrong.
-  Tunix's parser printed a call whose JSON does not parse and skipped it (and dropped every call of
-  a reply where one lacked "name"), so a reply whose calls were all malformed ended the
-  conversation as its answer, with no error turn and no failed call counted."""
+  without its </tool_call>) becomes a call of MALFORMED_CALL whose `problem` says what is wrong, so it
+  gets an error turn and counts as a failed call (docs/decisions.md, "Tool-call parser")."""
 
   def parse(self, model_response: str) -> list[base_tool.ToolCall]:
     calls = []

@@ -123,11 +123,11 @@ def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
 def _evaluate_into(cfg: RunConfig, folder) -> list[dict]:
   """evaluate_checkpoint's evaluation, its result written to `folder`'s eval.json."""
   from maxtext.input_pipeline import datasets
-  from maxtext.integration.tunix import rollout
+  from maxtext.integration.tunix import rollout_setup
 
   task = tasks.select(cfg.data.dataset_name)
-  generate, tokenizer = rollout.load_sampler(
-    cfg.model, cfg.mesh, cfg.sampling, cfg.eval.eval_sampling_strategy, rollout.Mode.EVAL
+  generate, tokenizer = rollout_setup.load_sampler(
+    cfg.model, cfg.mesh, cfg.sampling, cfg.eval.eval_sampling_strategy, rollout_setup.Mode.EVAL
   )
   template = templates.PromptTemplate(cfg.task, tokenizer, task.template)
   source = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())

@@ -15,9 +15,9 @@ temporaries for one micro-batch: the output layer's, a vocabulary slice's float3
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
 layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
 before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
-and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size calibrated on the
-default demo, benchmarks/RESULTS.md, "Where the memory goes"; with scan_layers one layer's, the
-programs holding one scanned layer). Not counted: the optimizer update's
+and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size, docs/decisions.md,
+"Compiled-program memory in the estimate"; with scan_layers one layer's, the programs holding one
+scanned layer). Not counted: the optimizer update's
 own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
 """
 
@@ -35,8 +35,7 @@ from maxtext.models.decoder import ModelConfig
 log = logging.getLogger(__name__)
 
 GB = 1e9
-# Compiled programs per decoder layer (training step, update, prefill, decode, log-probs): the default
-# demo's 30 layers held 0.52 GB of them.
+# Compiled programs per decoder layer (training step, update, prefill, decode, log-probs).
 _PROGRAM_BYTES_PER_LAYER = 17e6
 # Projections that can take LoRA adapters: name -> (inputs, outputs) in terms of the architecture.
 _PROJECTIONS = {

@@ -34,8 +34,7 @@ from typing import Any
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.configs.sections import RunConfig, RunSection
-from maxtext.integration.tunix import metrics
-from maxtext.utils import distributed, errors, folder_lock, storage
+from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -195,7 +194,7 @@ class RunFolder:
     step = -1  # no checkpoint at all
     saved = self.saved_steps() if distributed.is_main() else []
     if saved:
-      logged = metrics.logged_steps(self.metrics)
+      logged = metrics_file.logged_steps(self.metrics)
       complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
       while complete:
         reason = orbax_checkpoint.unusable(storage.join(self._actor, str(self._steps.updates_in(complete[-1]))))
@@ -207,7 +206,7 @@ class RunFolder:
     if step < 0:
       return 0
     moved = self.keep_checkpoints_through(step)
-    dropped = metrics.truncate_after(self.metrics, step) if distributed.is_main() else 0
+    dropped = metrics_file.truncate_after(self.metrics, step) if distributed.is_main() else 0
     self.save()
     log.info(
       "Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows dropped)",

@@ -1,17 +1,18 @@
 """One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
 
-`TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at once),
-the run folder (refusing a rerun that changes the settings that shape training, or a folder without
-room for two checkpoints; resuming from its latest complete checkpoint), the meshes, tokenizer, data,
-the decoder with its weights, Tunix's cluster and the learner the config selects; config.yml is
-written once the inputs it names have loaded. Before each of the actor's checkpoint requests
-`_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or reward
-logged so far or non-finite parameters or optimizer state after the update; between training steps
-`_between_steps` stops it on a non-finite logged value or on a signal (both raise out of Tunix's
-training loop, which has no other way out), uploads the run folder when it is on a bucket and, in
-standard GRPO, evaluates every eval_interval steps. A reward function that fails mid-run raises its
-InputError out of the training loop once the checkpoints already being saved have landed; a
-checkpoint that finds no space left on its device stops the run (shutdown.DiskFull).
+`TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at
+once), the run folder (refusing a rerun that changes the settings that shape training, or a folder
+without room for two checkpoints; resuming from its latest complete checkpoint), the meshes,
+tokenizer, data, the decoder with its weights, Tunix's cluster and the learner the config selects;
+config.yml is written once the inputs it names have loaded. Before each of the actor's checkpoint
+requests `_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or
+reward logged so far or non-finite parameters or optimizer state after the update; between training
+steps `_between_steps` stops it on a non-finite logged value or on a signal (both judged by the run
+guard, run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads
+the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
+reward function that fails mid-run raises its InputError out of the training loop once the
+checkpoints already being saved have landed; a checkpoint that finds no space left on its device
+stops the run (shutdown.DiskFull).
 """
 
 from __future__ import annotations
@@ -22,26 +23,22 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
-from flax import nnx
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
 from maxtext.configs.sections import RunConfig
-from maxtext.input_pipeline import datasets, templates
+from maxtext.input_pipeline import datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import chat_parser, metrics, rollout, trajectories
+from maxtext.integration.tunix import chat_parser, metrics, rollout_setup, tools, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model
-from maxtext.tasks import rewards
-from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, tools
+from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
 from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.errors import ConfigError, InputError
-from maxtext.utils.finite import all_finite
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -116,8 +113,10 @@ class TrainingRun:
     wandb = None
     if run.wandb_project and distributed.is_main():
       wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
-    self.sinks = metrics.MetricSinks(folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps)
-    self.stop = shutdown.GracefulStop()
+    self.guard = run_guard.RunGuard(steps)
+    self.sinks = metrics.MetricSinks(
+      folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps, on_scalar=self.guard.observe
+    )
     try:
       with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
         self.cluster = cluster_lib.build_cluster(
@@ -127,8 +126,10 @@ class TrainingRun:
           trainer_mesh,
           sampler_mesh,
           cluster_lib.training_config(run, cfg.train, cfg.algorithm, self.sinks, folder.checkpoints),
-          rollout.rollout_engine(cfg.sampling),
-          rollout.rollout_configs(cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id),
+          rollout_setup.rollout_engine(cfg.sampling),
+          rollout_setup.rollout_configs(
+            cfg.sampling, evaluations.eval_sampling_strategy, agentic, tokenizer.eos_token_id
+          ),
           before_save=self._check_update,
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
@@ -167,7 +168,7 @@ class TrainingRun:
   def _generate(self, prompts: list[str]) -> list[str]:
     """Evaluation completions; where each process has its own sampler, each generates every
     process_count-th prompt and the processes exchange them."""
-    generate = lambda some: self.cluster.generate(some, mode=rollout.Mode.EVAL).text if some else []
+    generate = lambda some: self.cluster.generate(some, mode=rollout_setup.Mode.EVAL).text if some else []
     if not mesh_lib.process_local(self.cluster.r2m[cluster_lib.Role.ROLLOUT]):
       return generate(prompts)
     count, texts = jax.process_count(), list(prompts)
@@ -185,13 +186,7 @@ class TrainingRun:
     """Stops on a non-finite loss, KL or reward (process 0 logs them) or on a signal to any process;
     every process takes the same branch. On a bucket, the run folder is uploaded."""
     self.folder.save()
-    bad = self.sinks.nonfinite()
-    flags = distributed.gather(np.array([bad[1] if bad else 0, self.stop.signum or 0]))
-    step, signum = int(flags[0, 0]), int(flags[:, 1].max())
-    if step:
-      raise shutdown.NonFiniteError(bad[0] if bad else "a watched value (see process 0)", step)
-    if signum:
-      raise shutdown.Interrupted(signum, steps_done)
+    self.guard.between_steps(steps_done)
 
   def _check_update(self, update: int, model, optimizer) -> None:
     """Before the actor's checkpoint request for optimizer update `update` (Tunix makes one after
@@ -199,13 +194,7 @@ class TrainingRun:
     or the updated parameters or optimizer state are not finite. Every process takes the same
     branch. In standard GRPO the metrics rows of the steps before this one are then final and
     written."""
-    bad = self.sinks.nonfinite()
-    state = (nnx.state(model, nnx.Param), nnx.state(optimizer, nnx.optimizer.OptState) if optimizer else None)
-    finite = all_finite(state)
-    step = int(distributed.gather(np.array([bad[1] if bad else 0]))[:, 0].max())
-    if step or not finite:
-      name = bad[0] if bad else ("a watched value (see process 0)" if step else "the updated parameters")
-      raise shutdown.NonFiniteError(name, step or self.steps.of_update(update))
+    self.guard.check_update(update, model, optimizer)
     if not self.cfg.agentic.use_agentic_rollout and self.steps.ends_step(update):
       self.sinks.step_logged(self.steps.of_update(update) - 1)
 
@@ -232,7 +221,7 @@ class TrainingRun:
     sinks, cluster = self.sinks, self.cluster
     start, compiled = time.time(), sinks.compile_clock()
     sinks.restart_clock()
-    with self.stop:
+    with self.guard.stop:
       try:
         self.learner.train(self.train_ds)
       except shutdown.Interrupted as e:

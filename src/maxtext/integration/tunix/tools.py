@@ -8,7 +8,7 @@ rl.tool_* limits it reads.
 - calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
   tree, never with eval; a power whose result would exceed MAX_RESULT_BITS is an error (a few
   characters such as (9**999)**999 would otherwise keep a core busy for minutes).
-- python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (sandbox.py), with
+- python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (utils/sandbox.py), with
   wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network, its
   output cut to rl.tool_output_max_chars (head and tail kept). Where the sandbox cannot start, the
   tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on purpose (limits only),
@@ -34,8 +34,8 @@ from typing import Any
 from tunix.rl.agentic.tools import base_tool
 
 from maxtext.configs.sections import ToolsSection
-from maxtext.trainers.post_train.rl import sandbox, tool_worker
-from maxtext.utils import user_code
+from maxtext.integration.tunix import tool_worker
+from maxtext.utils import sandbox, user_code
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ import maxtext
 
 START_S = 60.0
 
-_SERVE = "from maxtext.trainers.post_train.rl import tool_worker; tool_worker.serve({fd})"
+_SERVE = "from maxtext.integration.tunix import tool_worker; tool_worker.serve({fd})"
 
 
 class _Worker:
