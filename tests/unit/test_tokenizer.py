@@ -7,7 +7,9 @@ import pytest
 import sentencepiece as spm
 
 from maxtext import assets
-from maxtext.input_pipeline.tokenizer import load_tokenizer
+from maxtext.input_pipeline.tokenizer import _use_plain_template, load_tokenizer, tokenizer_for
+from maxtext.utils.errors import ConfigError
+from tests.conftest import make_config
 
 _TEMPLATE = (
   "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}</s>{% endfor %}"
@@ -107,3 +109,31 @@ def test_every_qwen3_size_defaults_to_the_qwen3_tokenizer(model_name):
   assert tok.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>", "<tool_call>"]) == [151644, 151645, 151657]
   text = tok.apply_chat_template([{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True)
   assert text.endswith("<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_plain_chat_template_writes_question_answer_text_ending_turns_at_a_blank_line():
+  """chat_template=plain (base models): plain "Question:/Answer:" turns; a turn ends with a blank line,
+  whose token becomes the EOS, so an answer's sampling stops there."""
+  tok = tokenizer_for(make_config("model_name=qwen3-tiny", "chat_template=plain").model)
+  messages = [
+    {"role": "system", "content": "Add."},
+    {"role": "user", "content": "What is 3 + 4?"},
+    {"role": "assistant", "content": "7"},
+    {"role": "user", "content": "What is 1 + 1?"},
+  ]
+  text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+  assert text == "Add.\n\nQuestion: What is 3 + 4?\nAnswer: 7\n\nQuestion: What is 1 + 1?\nAnswer:"
+  assert tok.encode("\n\n", add_special_tokens=False) == [tok.eos_token_id]
+  assert tok.encode(" 7\n\n", add_special_tokens=False)[-1] == tok.eos_token_id
+  default = tokenizer_for(make_config("model_name=qwen3-tiny").model)
+  assert default.eos_token == "<|im_end|>" and "<|im_start|>" in default.chat_template
+
+
+def test_plain_chat_template_needs_a_blank_line_token(sp_dir):
+  """A tokenizer that writes a blank line as two tokens cannot end plain turns with one: refused,
+  naming the key."""
+  (sp_dir / "chat_template.jinja").write_text(_TEMPLATE)
+  tok = load_tokenizer(str(sp_dir / "tokenizer.model"))
+  assert len(tok.encode("\n\n", add_special_tokens=False)) == 3  # byte fallback, after a "▁" piece
+  with pytest.raises(ConfigError, match=r"chat_template=plain: .* 3 tokens"):
+    _use_plain_template(tok, str(sp_dir))

@@ -28,6 +28,7 @@ LogLevel = Literal["debug", "info", "warning", "error"]
 Dtype = Literal["float32", "bfloat16"]
 RematPolicy = Literal["none", "full"]
 MatmulPrecision = Literal["default", "high", "highest"]
+ChatTemplate = Literal["model", "plain"]
 Attention = Literal["autoselected", "dot_product", "cudnn_flash"]
 DecoderFamily = Literal["llama", "qwen3", "gemma3"]
 AnswerFormat = Literal["tags", "last_number"]
@@ -114,6 +115,7 @@ class ModelSection:
   scan_layers: bool
   load_parameters_path: str
   tokenizer_path: str
+  chat_template: ChatTemplate
   init_weights_seed: int
   random_weights: bool
   lora_rank: int

@@ -188,9 +188,27 @@ def tokenizer_path(cfg: ModelSection) -> str:
 
 
 def tokenizer_for(cfg: ModelSection) -> transformers.PreTrainedTokenizerBase:
-  """The run's tokenizer, checked against the model's vocabulary."""
+  """The run's tokenizer, checked against the model's vocabulary, with chat_template's template."""
   path = tokenizer_path(cfg)
   tok = load_tokenizer(path)
   if len(tok) > cfg.vocab_size:
     raise ConfigError(f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={cfg.vocab_size}")
+  if cfg.chat_template == "plain":
+    _use_plain_template(tok, path)
   return tok
+
+
+def _use_plain_template(tok: transformers.PreTrainedTokenizerBase, path: str) -> None:
+  """The plain-text template (configs/chat_templates/plain.jinja), whose turns end with a blank line:
+  the "\n\n" token becomes the EOS, so sampling stops after an answer."""
+  ids = tok.encode("\n\n", add_special_tokens=False)
+  if len(ids) != 1:
+    raise ConfigError(
+      f"chat_template=plain: the tokenizer ({path}) writes a blank line as {len(ids)} tokens; plain prompts "
+      "need it to be one token, their turns' end (expected chat_template=model for this tokenizer)"
+    )
+  with open(os.path.join(CHAT_TEMPLATE_DIR, "plain.jinja"), encoding="utf-8") as f:
+    tok.chat_template = f.read()
+  tok.eos_token = tok.convert_ids_to_tokens(ids[0])
+  if tok.pad_token_id == tok.eos_token_id:
+    raise ConfigError(f"chat_template=plain: the tokenizer's ({path}) pad token is its blank line")
