@@ -40,7 +40,7 @@ def test_real_weights_give_transformers_logits_from_our_export(tmp_path):
   assert isinstance(hf, transformers.Gemma3ForCausalLM)
 
   # 600 tokens: past the 512-token window of the sliding layers
-  ids = tokenizer((TEXT * 20))["input_ids"][:600]
+  ids = tokenizer(TEXT * 20)["input_ids"][:600]
   tokens = np.asarray([ids])
   n = tokens.shape[1]
   with torch.no_grad():
