@@ -3,7 +3,7 @@ that mode builds or stops the config with an error naming the key and the mode."
 
 import pytest
 
-from maxtext.configs import pyconfig
+from maxtext.configs import pyconfig, sections
 from maxtext.integration.tunix import agentic, learner, tools, trajectories
 from tests.conftest import make_config, parser_for
 
@@ -138,7 +138,7 @@ def test_which_keys_each_mode_refuses():
   # set alone, a key that refines another one's setting is refused: it would change nothing
   refines = {"rl.dynamic_sampling_max_rounds", "rl.overlong_penalty", "rl.sampler_is_threshold"}
   standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
-  assert standard == set(pyconfig.AGENTIC_ONLY_KEYS) - {"rl.tools_path"} | refines
+  assert standard == set(sections.AGENTIC_ONLY_KEYS) - {"rl.tools_path"} | refines
   agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
     "rl.num_iterations",
@@ -147,7 +147,7 @@ def test_which_keys_each_mode_refuses():
     "rl.tool_memory_mb",
     "rl.tool_output_max_chars",
     "rl.tool_sandbox",
-    *pyconfig.STANDARD_ONLY_KEYS,
+    *sections.STANDARD_ONLY_KEYS,
     *refines,
   }
   assert not refused("rl.dynamic_sampling=true", "rl.dynamic_sampling_max_rounds=3", "rl.overlong_buffer_length=4")

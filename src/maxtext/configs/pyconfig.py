@@ -346,103 +346,20 @@ def _apply_maxtext_values(merger: _Merger) -> dict[str, str]:
   return notes
 
 
-# Keys only agentic GRPO reads (rl.use_agentic_rollout=true); standard GRPO refuses them.
-AGENTIC_ONLY_KEYS = (
-  "rl.max_concurrency",
-  "rl.off_policy_steps",
-  "rl.system_prompt",
-  "rl.filter_zero_variance_groups",
-  "rl.tools",
-  "rl.tools_path",
-  "rl.max_turns",
-  "rl.tool_timeout_s",
-  "rl.tool_memory_mb",
-  "rl.tool_output_max_chars",
-  "rl.tool_sandbox",
-)
-# Keys only standard GRPO reads (rl.use_agentic_rollout=false); agentic GRPO refuses them.
-STANDARD_ONLY_KEYS = (
-  "rl.overlong_buffer_length",
-  "rl.overlong_penalty",
-  "rl.mask_truncated_completions",
-)
-# Keys that configure LoRA adapters; lora_rank=0 (full fine-tuning) refuses them.
-LORA_KEYS = ("lora_alpha", "lora_module_path", "lora_input_adapters_path")
-# Keys only evaluation reads; num_test_batches=0 (no evaluation) refuses them.
-EVAL_KEYS = (
-  "eval_dataset_name",
-  "eval_split",
-  "eval_batch_size",
-  "eval_sampling_strategy",
-  "num_eval_passes",
-  "eval_mode",
-  "eval_interval",
-  "eval_make_lst",
-)
-# Keys the format-tag rewards read; answer_format=last_number refuses them.
-TAG_REWARD_KEYS = (
-  "reward_exact_format_match",
-  "reward_white_space_format_match",
-  "reward_partial_format_match",
-  "reward_ratio_guess_to_answer_high",
-  "reward_ratio_guess_to_answer_low",
-  "penalty_incorrect_format",
-  "penalty_incorrect_answer",
-)
-
-
 def _check_modes(merger: _Merger, changed: list[str]) -> None:
-  """Every changed key must take effect in the run's mode: one the mode ignores is an error naming
-  the key and the mode. Except where the key was set in an earlier layer (a recipe's YAML) than the
-  setting that made the mode ignore it (e.g. num_test_batches=0 on the command line against the
-  recipe's eval_batch_size): the later choice wins and the key is reported as unused. Likewise, with
-  maxtext_compat=true, a key a file set (MaxText's configs set keys of every mode)."""
+  """Every changed key must take effect in the run's mode (its field's `applies` conditions, see
+  sections.key): one the mode ignores is an error naming the key and the mode. Except where the key
+  was set in an earlier layer (a recipe's YAML) than the setting that made the mode ignore it (e.g.
+  num_test_batches=0 on the command line against the recipe's eval_batch_size): the later choice
+  wins and the key is reported as unused. Likewise, with maxtext_compat=true, a key a file set
+  (MaxText's configs set keys of every mode)."""
   v = merger.values
-  agentic = v["rl.use_agentic_rollout"]
-  mode = "agentic GRPO (rl.use_agentic_rollout=true)" if agentic else "standard GRPO (rl.use_agentic_rollout=false)"
-  ignored = {}  # key -> (reason, the key whose value makes it ignored)
-  if not agentic:
-    ignored.update({k: ("only agentic GRPO reads it", "rl.use_agentic_rollout") for k in AGENTIC_ONLY_KEYS})
-  else:
-    ignored.update({k: ("only standard GRPO reads it", "rl.use_agentic_rollout") for k in STANDARD_ONLY_KEYS})
-    ignored["eval_interval"] = ("evaluation during training runs in standard GRPO only", "rl.use_agentic_rollout")
-    ignored["rl.num_iterations"] = ("its learner trains each batch once", "rl.use_agentic_rollout")
-  if v["num_test_batches"] == 0:
-    ignored.update({k: ("num_test_batches=0 runs no evaluation", "num_test_batches") for k in EVAL_KEYS})
-  tools = v["rl.tools"]
-  tool_users = {
-    "rl.max_turns": bool(tools),
-    "rl.tool_timeout_s": bool(tools),
-    "rl.tool_memory_mb": "python" in tools,
-    "rl.tool_output_max_chars": "python" in tools,
-    "rl.tool_sandbox": "python" in tools,
-  }
-  for key, used in tool_users.items():
-    if not used:
-      ignored.setdefault(key, (f"no tool it limits is in rl.tools={tools}", "rl.tools"))
-  if not v["rl.dynamic_sampling"]:
-    ignored.setdefault("rl.dynamic_sampling_max_rounds", ("rl.dynamic_sampling=false", "rl.dynamic_sampling"))
-  if not v["rl.overlong_buffer_length"]:
-    ignored.setdefault(
-      "rl.overlong_penalty", ("rl.overlong_buffer_length=0 punishes nothing", "rl.overlong_buffer_length")
-    )
-  if not v["rl.sampler_is"]:
-    ignored.setdefault("rl.sampler_is_threshold", ("rl.sampler_is is off", "rl.sampler_is"))
-  if v["rollout_engine"] != "batched":
-    ignored.setdefault("rl.sampler_is", ("only the batched engine returns sampler log-probs", "rollout_engine"))
-    ignored.setdefault("rollout_max_batch_size", ("only rollout_engine=batched has decode slots", "rollout_engine"))
-    ignored.setdefault(
-      "decode_steps_per_dispatch", ("only rollout_engine=batched decodes chunks on the device", "rollout_engine")
-    )
-    ignored.setdefault(
-      "rollout_dtype", ("only rollout_engine=batched samples from a copy of the weights", "rollout_engine")
-    )
-  if v["lora_rank"] == 0:
-    ignored.update({k: ("lora_rank=0 trains the full weights, without adapters", "lora_rank") for k in LORA_KEYS})
-  if v["answer_format"] == "last_number":
-    ignored.update(
-      {k: ("answer_format=last_number rewards the last number only", "answer_format") for k in TAG_REWARD_KEYS}
-    )
+  mode = (
+    "agentic GRPO (rl.use_agentic_rollout=true)"
+    if v["rl.use_agentic_rollout"]
+    else "standard GRPO (rl.use_agentic_rollout=false)"
+  )
+  ignored = sections.inapplicable(v)  # key -> (reason, the key whose value makes it ignored)
   for key in changed:
     if key not in ignored:
       continue

@@ -5,6 +5,9 @@ field of exactly one section (`RunConfig.from_values` refuses a key no section c
 key is its section's PREFIX plus the field name, or the key its metadata names. Lists become tuples
 and mappings read-only, so a section can be shared without being changed.
 
+A key's rules live on its field, as metadata that `key(...)` builds: when the run reads it at all
+(`applies`: conditions on other keys). `inapplicable(values)` checks them for every key at once.
+
 User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
 flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
 cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize returns.
@@ -16,7 +19,7 @@ import dataclasses
 import os
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
 from maxtext.configs import maxtext_keys
@@ -53,9 +56,59 @@ SamplerIS = Literal["", "token"]
 ToolSandbox = Literal["bwrap", "none"]
 
 
-def _key(key: str) -> Any:
-  """A field whose YAML key (after the section's PREFIX) differs from its name."""
-  return dataclasses.field(metadata={"key": key})
+@dataclasses.dataclass(frozen=True)
+class When:
+  """A condition on the config under which a key takes effect: `holds(values)` on dotted key -> value.
+  Where it does not hold the run ignores the key; `reason` (a string, or one made from the values)
+  says why and `decider` names the key whose value makes it so."""
+
+  decider: str
+  holds: Callable[[Mapping[str, Any]], bool]
+  reason: str | Callable[[Mapping[str, Any]], str]
+
+  def because(self, reason: str) -> When:
+    """The same condition, with a reason of its own for one key."""
+    return dataclasses.replace(self, reason=reason)
+
+  def why_not(self, values: Mapping[str, Any]) -> str | None:
+    """Why a key under this condition is ignored with `values`, or None where it holds."""
+    if self.holds(values):
+      return None
+    return self.reason if isinstance(self.reason, str) else self.reason(values)
+
+
+# The conditions keys take effect under (`key(applies=...)`).
+AGENTIC = When("rl.use_agentic_rollout", lambda v: v["rl.use_agentic_rollout"], "only agentic GRPO reads it")
+STANDARD = When("rl.use_agentic_rollout", lambda v: not v["rl.use_agentic_rollout"], "only standard GRPO reads it")
+EVALUATING = When("num_test_batches", lambda v: v["num_test_batches"] != 0, "num_test_batches=0 runs no evaluation")
+LORA = When("lora_rank", lambda v: v["lora_rank"] != 0, "lora_rank=0 trains the full weights, without adapters")
+TAG_REWARDS = When(
+  "answer_format",
+  lambda v: v["answer_format"] != "last_number",
+  "answer_format=last_number rewards the last number only",
+)
+BATCHED_ENGINE = When("rollout_engine", lambda v: v["rollout_engine"] == "batched", "only rollout_engine=batched")
+ANY_TOOL = When(
+  "rl.tools", lambda v: bool(v["rl.tools"]), lambda v: f"no tool it limits is in rl.tools={v['rl.tools']}"
+)
+PYTHON_TOOL = dataclasses.replace(ANY_TOOL, holds=lambda v: "python" in v["rl.tools"])
+DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
+OVERLONG_BUFFER = When(
+  "rl.overlong_buffer_length",
+  lambda v: v["rl.overlong_buffer_length"] != 0,
+  "rl.overlong_buffer_length=0 punishes nothing",
+)
+SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
+
+
+def key(name: str | None = None, *, applies: tuple[When, ...] = ()) -> dict[str, Any]:
+  """A field's metadata (`dataclasses.field(metadata=key(...))`): `name`, its YAML key after the
+  section's PREFIX where that is not the field's name; `applies`, the conditions under which the run
+  reads the key, the first that fails giving the reason it is ignored."""
+  out: dict[str, Any] = {"applies": applies}
+  if name is not None:
+    out["key"] = name
+  return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +172,9 @@ class ModelSection:
   init_weights_seed: int
   random_weights: bool
   lora_rank: int
-  lora_alpha: float
-  lora_module_path: str
-  lora_input_adapters_path: str
+  lora_alpha: float = dataclasses.field(metadata=key(applies=(LORA,)))
+  lora_module_path: str = dataclasses.field(metadata=key(applies=(LORA,)))
+  lora_input_adapters_path: str = dataclasses.field(metadata=key(applies=(LORA,)))
   logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
 
 
@@ -147,11 +200,11 @@ class DataSection:
 
   PREFIX: ClassVar[str] = ""
   dataset_name: str
-  eval_dataset_name: str
+  eval_dataset_name: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
   hf_subset: str
   tfds_data_dir: str
   train_split: str
-  eval_split: str
+  eval_split: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
   train_fraction: float
   dataset_processor_path: str
   data_shuffle_seed: int
@@ -173,14 +226,14 @@ class TaskSection:
   solution_start_token: str
   solution_end_token: str
   reasoning_start_token_in_prompt: bool
-  reward_exact_format_match: float
-  reward_white_space_format_match: float
-  reward_partial_format_match: float
-  reward_ratio_guess_to_answer_high: float
-  reward_ratio_guess_to_answer_low: float
+  reward_exact_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
+  reward_white_space_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
+  reward_partial_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
+  reward_ratio_guess_to_answer_high: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
+  reward_ratio_guess_to_answer_low: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
   reward_exact_answer: float
-  penalty_incorrect_format: float
-  penalty_incorrect_answer: float
+  penalty_incorrect_format: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
+  penalty_incorrect_answer: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
   math_verify_timeout: float
   math_verify_num_procs: int
   reward_functions_path: str
@@ -219,9 +272,15 @@ class SamplingSection:
   decode_sampling_top_k: int
   decode_seed: int
   rollout_engine: RolloutEngineName
-  rollout_max_batch_size: int
-  decode_steps_per_dispatch: int
-  rollout_dtype: RolloutDtype
+  rollout_max_batch_size: int = dataclasses.field(
+    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched has decode slots"),))
+  )
+  decode_steps_per_dispatch: int = dataclasses.field(
+    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched decodes chunks on the device"),))
+  )
+  rollout_dtype: RolloutDtype = dataclasses.field(
+    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),))
+  )
   prompt: tuple[str, ...]
   use_chat_template: bool
 
@@ -245,12 +304,14 @@ class EvalSection:
 
   PREFIX: ClassVar[str] = ""
   num_test_batches: int
-  eval_batch_size: int
-  eval_sampling_strategy: EvalStrategy
-  num_eval_passes: int
-  eval_mode: EvalMode
-  eval_interval: int
-  eval_make_lst: bool
+  eval_batch_size: int = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  eval_sampling_strategy: EvalStrategy = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  num_eval_passes: int = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  eval_mode: EvalMode = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  eval_interval: int = dataclasses.field(
+    metadata=key(applies=(EVALUATING, STANDARD.because("evaluation during training runs in standard GRPO only")))
+  )
+  eval_make_lst: bool = dataclasses.field(metadata=key(applies=(EVALUATING,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,7 +320,9 @@ class AlgorithmSection:
 
   PREFIX: ClassVar[str] = "rl."
   num_generations: int
-  num_iterations: int
+  num_iterations: int = dataclasses.field(
+    metadata=key(applies=(STANDARD.because("its learner trains each batch once"),))
+  )
   grpo_beta: float
   kl_loss_mode: KlLossMode
   grpo_epsilon: float
@@ -268,14 +331,16 @@ class AlgorithmSection:
   loss_algo: LossAlgo
   loss_agg_mode: LossAggMode
   epsilon_high: float
-  sampler_is: SamplerIS
-  sampler_is_threshold: float
+  sampler_is: SamplerIS = dataclasses.field(
+    metadata=key(applies=(BATCHED_ENGINE.because("only the batched engine returns sampler log-probs"),))
+  )
+  sampler_is_threshold: float = dataclasses.field(metadata=key(applies=(SAMPLER_IS,)))
   dynamic_sampling: bool
-  dynamic_sampling_max_rounds: int
-  overlong_buffer_length: int
-  overlong_penalty: float
-  mask_truncated_completions: bool
-  filter_zero_variance_groups: bool
+  dynamic_sampling_max_rounds: int = dataclasses.field(metadata=key(applies=(DYNAMIC_SAMPLING,)))
+  overlong_buffer_length: int = dataclasses.field(metadata=key(applies=(STANDARD,)))
+  overlong_penalty: float = dataclasses.field(metadata=key(applies=(STANDARD, OVERLONG_BUFFER)))
+  mask_truncated_completions: bool = dataclasses.field(metadata=key(applies=(STANDARD,)))
+  filter_zero_variance_groups: bool = dataclasses.field(metadata=key(applies=(AGENTIC,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,9 +349,9 @@ class AgenticSection:
 
   PREFIX: ClassVar[str] = "rl."
   use_agentic_rollout: bool
-  max_concurrency: int
-  off_policy_steps: int
-  system_prompt: str
+  max_concurrency: int = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  off_policy_steps: int = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  system_prompt: str = dataclasses.field(metadata=key(applies=(AGENTIC,)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,13 +359,13 @@ class ToolsSection:
   """The agentic learner's tools and the limits every call runs under."""
 
   PREFIX: ClassVar[str] = "rl."
-  tools_path: str
-  max_turns: int
-  tool_timeout_s: float
-  tool_memory_mb: int
-  tool_output_max_chars: int
-  tool_sandbox: ToolSandbox
-  names: tuple[str, ...] = _key("tools")  # last: a field with metadata reads as one with a default
+  tools_path: str = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  max_turns: int = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
+  tool_timeout_s: float = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
+  tool_memory_mb: int = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
+  tool_output_max_chars: int = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
+  tool_sandbox: ToolSandbox = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
+  names: tuple[str, ...] = dataclasses.field(metadata=key("tools", applies=(AGENTIC,)))
 
 
 def _frozen(value: Any) -> Any:
@@ -333,6 +398,33 @@ def choices() -> dict[str, tuple[str, ...]]:
       if typing.get_origin(hints[field]) is Literal:
         out[key] = typing.get_args(hints[field])
   return out
+
+
+def _fields() -> list[tuple[str, dataclasses.Field[Any]]]:
+  """(dotted key, field) of every section's fields, in section order."""
+  out: list[tuple[str, dataclasses.Field[Any]]] = []
+  for section in _SECTION_TYPES.values():
+    keys = yaml_keys(section)
+    out.extend((keys[f.name], f) for f in dataclasses.fields(section))
+  return out
+
+
+def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+  """Dotted key -> (why the run ignores it, the key whose value makes it so), for every key one of whose
+  `applies` conditions fails with `values` (dotted key -> value): the first one that fails."""
+  out = {}
+  for dotted, f in _fields():
+    for when in f.metadata.get("applies", ()):
+      reason = when.why_not(values)
+      if reason is not None:
+        out[dotted] = (reason, when.decider)
+        break
+  return out
+
+
+def keys_only_under(when: When) -> tuple[str, ...]:
+  """The dotted keys that take effect only under `when`."""
+  return tuple(dotted for dotted, f in _fields() if when in f.metadata.get("applies", ()))
 
 
 class MaxTextView:
@@ -447,3 +539,7 @@ _SECTION_TYPES: dict[str, type] = {
   "agentic": AgenticSection,
   "tools": ToolsSection,
 }
+
+# Keys only agentic GRPO reads (rl.use_agentic_rollout=true), which standard GRPO refuses; and the reverse.
+AGENTIC_ONLY_KEYS = keys_only_under(AGENTIC)
+STANDARD_ONLY_KEYS = keys_only_under(STANDARD)
