@@ -12,7 +12,6 @@ import difflib
 import importlib.util
 import itertools
 import logging
-import math
 import os
 import re
 import reprlib
@@ -420,22 +419,6 @@ def _check_paths(v: dict[str, Any]) -> None:
     )
 
 
-def _check_optimizer(v: dict[str, Any]) -> None:
-  """The optimizer's hyperparameters are finite and in range (a NaN or infinite one makes every
-  update non-finite)."""
-  rules = {
-    "learning_rate": (lambda x: x > 0, "a finite number > 0"),
-    "warmup_steps_fraction": (lambda x: 0 <= x < 1, "a fraction from 0 to below 1"),
-    "adam_b1": (lambda x: 0 <= x < 1, "a number from 0 to below 1"),
-    "adam_b2": (lambda x: 0 <= x < 1, "a number from 0 to below 1"),
-    "adam_weight_decay": (lambda x: x >= 0, "a finite number >= 0"),
-    "gradient_clipping_threshold": (lambda x: x >= 0, "a finite number >= 0 (0: no clipping)"),
-  }
-  for key, (ok, expected) in rules.items():
-    if not (math.isfinite(v[key]) and ok(v[key])):
-      raise ConfigError(f"{key}={v[key]}: expected {expected}")
-
-
 # Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the
 # evaluation, the device layout, recomputation and the decode chunk. Every other key shapes the training trajectory
 # (model and weights, data, template and rewards, algorithm, optimizer, batch shape and steps,
@@ -490,21 +473,9 @@ def _check_reward_functions(v: dict[str, Any]) -> None:
 
 def _validate(v: dict[str, Any]) -> None:
   _check_paths(v)
-  for key in (
-    "max_prompt_length",
-    "max_response_length",
-    "batch_size",
-    "num_batches",
-    "eval_batch_size",
-    "checkpoint_period",
-    "num_epoch",
-  ):
-    if v[key] <= 0:
-      raise ConfigError(f"{key}={v[key]}: expected a positive integer")
-  if v["num_test_batches"] < 0:
-    raise ConfigError(f"num_test_batches={v['num_test_batches']}: expected 0 (no evaluation) or a positive integer")
-  if v["rl.num_generations"] < 2:
-    raise ConfigError(f"rl.num_generations={v['rl.num_generations']}: GRPO needs at least 2 samples per prompt")
+  problem = sections.bounds_problem(v)
+  if problem:
+    raise ConfigError(problem)
   total = v["max_prompt_length"] + v["max_response_length"]
   if total > v["max_position_embeddings"]:
     raise ConfigError(
@@ -521,7 +492,6 @@ def _validate(v: dict[str, Any]) -> None:
       raise ConfigError(f"{key}={v[key]!r}: expected one of {', '.join(a or repr(a) for a in allowed)}")
   _check_algorithm(v)
   _check_reward_functions(v)
-  _check_optimizer(v)
   if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
     raise ConfigError(
       "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
@@ -532,19 +502,11 @@ def _validate(v: dict[str, Any]) -> None:
       f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "
       "inputs; expected dtype=bfloat16, or attention=autoselected or dot_product"
     )
-  if not 0.0 < v["train_fraction"] <= 1.0:
-    raise ConfigError(f"train_fraction={v['train_fraction']}: expected a fraction above 0, at most 1")
-  for key in ("num_eval_passes", "math_verify_num_procs", "rollout_max_batch_size", "decode_steps_per_dispatch"):
-    if v[key] < 1:
-      raise ConfigError(f"{key}={v[key]}: expected a positive integer")
   micro = v["train_micro_batch_size"]
   if micro < 0 or (micro and v["batch_size"] % micro):
     raise ConfigError(
       f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of batch_size={v['batch_size']}"
     )
-  for key in ("eval_interval", "rl.off_policy_steps"):
-    if v[key] < 0:
-      raise ConfigError(f"{key}={v[key]}: expected an integer >= 0")
   if v["rl.dynamic_sampling_max_rounds"] < 2 and v["rl.dynamic_sampling"]:
     raise ConfigError(
       f"rl.dynamic_sampling_max_rounds={v['rl.dynamic_sampling_max_rounds']}: expected at least 2 (one round "
@@ -555,13 +517,6 @@ def _validate(v: dict[str, Any]) -> None:
       f"rl.overlong_buffer_length={v['rl.overlong_buffer_length']}, rl.overlong_penalty={v['rl.overlong_penalty']}: "
       f"expected a buffer from 0 (off) to max_response_length={v['max_response_length']} and a penalty >= 0"
     )
-  if v["rl.sampler_is_threshold"] < 1.0:
-    raise ConfigError(
-      f"rl.sampler_is_threshold={v['rl.sampler_is_threshold']}: expected a truncation threshold >= 1 "
-      "(weights below 1 are never truncated)"
-    )
-  if v["math_verify_timeout"] <= 0:
-    raise ConfigError(f"math_verify_timeout={v['math_verify_timeout']}: expected a positive number of seconds")
   scaling = v["rope_scaling"]
   if scaling is not None and (
     not isinstance(scaling, dict) or sorted(scaling) not in (sorted(_ROPE_SCALING_FIELDS), ["factor"])

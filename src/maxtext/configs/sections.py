@@ -16,6 +16,7 @@ cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize re
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -101,11 +102,33 @@ OVERLONG_BUFFER = When(
 SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
 
 
-def key(name: str | None = None, *, applies: tuple[When, ...] = ()) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class Bound:
+  """The values a number key takes: those `ok` accepts (finite ones only, where `finite`); the error
+  for any other reads "{key}={value}: {expected}"."""
+
+  ok: Callable[[Any], bool]
+  expected: str
+  finite: bool = False
+
+  def problem(self, dotted: str, value: Any) -> str | None:
+    """The error for `value` of the key `dotted`, or None where it is in bounds."""
+    if (not self.finite or math.isfinite(value)) and self.ok(value):
+      return None
+    return f"{dotted}={value}: {self.expected}"
+
+
+POSITIVE_INT = Bound(lambda x: x > 0, "expected a positive integer")
+NON_NEGATIVE_INT = Bound(lambda x: x >= 0, "expected an integer >= 0")
+BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", finite=True)
+NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
+
+
+def key(name: str | None = None, *, bounds: Bound | None = None, applies: tuple[When, ...] = ()) -> dict[str, Any]:
   """A field's metadata (`dataclasses.field(metadata=key(...))`): `name`, its YAML key after the
-  section's PREFIX where that is not the field's name; `applies`, the conditions under which the run
-  reads the key, the first that fails giving the reason it is ignored."""
-  out: dict[str, Any] = {"applies": applies}
+  section's PREFIX where that is not the field's name; `bounds`, the values it takes; `applies`, the
+  conditions under which the run reads the key, the first that fails giving the reason it is ignored."""
+  out: dict[str, Any] = {"applies": applies, "bounds": bounds}
   if name is not None:
     out["key"] = name
   return out
@@ -123,7 +146,7 @@ class RunSection:
   export_hf: bool
   hf_output_path: str
   wandb_project: str
-  checkpoint_period: int
+  checkpoint_period: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
   max_num_checkpoints_to_keep: int
   resume_with_changes: bool
   maxtext_compat: bool
@@ -205,7 +228,9 @@ class DataSection:
   tfds_data_dir: str
   train_split: str
   eval_split: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
-  train_fraction: float
+  train_fraction: float = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: 0.0 < x <= 1.0, "expected a fraction above 0, at most 1"))
+  )
   dataset_processor_path: str
   data_shuffle_seed: int
 
@@ -234,8 +259,10 @@ class TaskSection:
   reward_exact_answer: float
   penalty_incorrect_format: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
   penalty_incorrect_answer: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  math_verify_timeout: float
-  math_verify_num_procs: int
+  math_verify_timeout: float = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: x > 0, "expected a positive number of seconds"))
+  )
+  math_verify_num_procs: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
   reward_functions_path: str
   reward_functions: tuple[str, ...]
 
@@ -245,17 +272,23 @@ class TrainSection:
   """Steps, batches and the optimizer."""
 
   PREFIX: ClassVar[str] = ""
-  batch_size: int
+  batch_size: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
   train_micro_batch_size: int
-  num_batches: int
-  num_epoch: int
-  learning_rate: float
-  warmup_steps_fraction: float
-  adam_b1: float
-  adam_b2: float
-  adam_weight_decay: float
+  num_batches: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
+  num_epoch: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
+  learning_rate: float = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: x > 0, "expected a finite number > 0", finite=True))
+  )
+  warmup_steps_fraction: float = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: 0 <= x < 1, "expected a fraction from 0 to below 1", finite=True))
+  )
+  adam_b1: float = dataclasses.field(metadata=key(bounds=BELOW_ONE))
+  adam_b2: float = dataclasses.field(metadata=key(bounds=BELOW_ONE))
+  adam_weight_decay: float = dataclasses.field(metadata=key(bounds=NON_NEGATIVE))
   adam_weight_decay_all: bool
-  gradient_clipping_threshold: float
+  gradient_clipping_threshold: float = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: x >= 0, "expected a finite number >= 0 (0: no clipping)", finite=True))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +296,8 @@ class SamplingSection:
   """Rollouts: lengths, sampling parameters and the engine."""
 
   PREFIX: ClassVar[str] = ""
-  max_prompt_length: int
-  max_response_length: int
+  max_prompt_length: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
+  max_response_length: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
   max_prefill_predict_length: int
   max_target_length: int
   decode_sampling_temperature: float
@@ -273,10 +306,12 @@ class SamplingSection:
   decode_seed: int
   rollout_engine: RolloutEngineName
   rollout_max_batch_size: int = dataclasses.field(
-    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched has decode slots"),))
+    metadata=key(bounds=POSITIVE_INT, applies=(BATCHED_ENGINE.because("only rollout_engine=batched has decode slots"),))
   )
   decode_steps_per_dispatch: int = dataclasses.field(
-    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched decodes chunks on the device"),))
+    metadata=key(
+      bounds=POSITIVE_INT, applies=(BATCHED_ENGINE.because("only rollout_engine=batched decodes chunks on the device"),)
+    )
   )
   rollout_dtype: RolloutDtype = dataclasses.field(
     metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),))
@@ -303,13 +338,18 @@ class EvalSection:
   """Evaluation before, during and after training."""
 
   PREFIX: ClassVar[str] = ""
-  num_test_batches: int
-  eval_batch_size: int = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  num_test_batches: int = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: x >= 0, "expected 0 (no evaluation) or a positive integer"))
+  )
+  eval_batch_size: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT, applies=(EVALUATING,)))
   eval_sampling_strategy: EvalStrategy = dataclasses.field(metadata=key(applies=(EVALUATING,)))
-  num_eval_passes: int = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  num_eval_passes: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT, applies=(EVALUATING,)))
   eval_mode: EvalMode = dataclasses.field(metadata=key(applies=(EVALUATING,)))
   eval_interval: int = dataclasses.field(
-    metadata=key(applies=(EVALUATING, STANDARD.because("evaluation during training runs in standard GRPO only")))
+    metadata=key(
+      bounds=NON_NEGATIVE_INT,
+      applies=(EVALUATING, STANDARD.because("evaluation during training runs in standard GRPO only")),
+    )
   )
   eval_make_lst: bool = dataclasses.field(metadata=key(applies=(EVALUATING,)))
 
@@ -319,7 +359,9 @@ class AlgorithmSection:
   """GRPO and its variants: group size, advantages, the policy loss, KL, sampler correction, shaping."""
 
   PREFIX: ClassVar[str] = "rl."
-  num_generations: int
+  num_generations: int = dataclasses.field(
+    metadata=key(bounds=Bound(lambda x: x >= 2, "GRPO needs at least 2 samples per prompt"))
+  )
   num_iterations: int = dataclasses.field(
     metadata=key(applies=(STANDARD.because("its learner trains each batch once"),))
   )
@@ -334,7 +376,12 @@ class AlgorithmSection:
   sampler_is: SamplerIS = dataclasses.field(
     metadata=key(applies=(BATCHED_ENGINE.because("only the batched engine returns sampler log-probs"),))
   )
-  sampler_is_threshold: float = dataclasses.field(metadata=key(applies=(SAMPLER_IS,)))
+  sampler_is_threshold: float = dataclasses.field(
+    metadata=key(
+      bounds=Bound(lambda x: x >= 1.0, "expected a truncation threshold >= 1 (weights below 1 are never truncated)"),
+      applies=(SAMPLER_IS,),
+    )
+  )
   dynamic_sampling: bool
   dynamic_sampling_max_rounds: int = dataclasses.field(metadata=key(applies=(DYNAMIC_SAMPLING,)))
   overlong_buffer_length: int = dataclasses.field(metadata=key(applies=(STANDARD,)))
@@ -350,7 +397,7 @@ class AgenticSection:
   PREFIX: ClassVar[str] = "rl."
   use_agentic_rollout: bool
   max_concurrency: int = dataclasses.field(metadata=key(applies=(AGENTIC,)))
-  off_policy_steps: int = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  off_policy_steps: int = dataclasses.field(metadata=key(bounds=NON_NEGATIVE_INT, applies=(AGENTIC,)))
   system_prompt: str = dataclasses.field(metadata=key(applies=(AGENTIC,)))
 
 
@@ -420,6 +467,17 @@ def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         out[dotted] = (reason, when.decider)
         break
   return out
+
+
+def bounds_problem(values: Mapping[str, Any]) -> str | None:
+  """The error for the first key, in section order, whose value in `values` (dotted key -> value) is
+  out of its field's `bounds`; None where every one is in bounds."""
+  for dotted, f in _fields():
+    bounds = f.metadata.get("bounds")
+    problem = bounds.problem(dotted, values[dotted]) if bounds else None
+    if problem:
+      return problem
+  return None
 
 
 def keys_only_under(when: When) -> tuple[str, ...]:
