@@ -469,10 +469,13 @@ def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
   return out
 
 
-def bounds_problem(values: Mapping[str, Any]) -> str | None:
+def field_problem(values: Mapping[str, Any]) -> str | None:
   """The error for the first key, in section order, whose value in `values` (dotted key -> value) is
-  out of its field's `bounds`; None where every one is in bounds."""
+  not one of its choices (a Literal field) or out of its field's `bounds`; None where none is."""
+  allowed = choices()
   for dotted, f in _fields():
+    if dotted in allowed and values[dotted] not in allowed[dotted]:
+      return f"{dotted}={values[dotted]!r}: expected one of {', '.join(a or repr(a) for a in allowed[dotted])}"
     bounds = f.metadata.get("bounds")
     problem = bounds.problem(dotted, values[dotted]) if bounds else None
     if problem:
