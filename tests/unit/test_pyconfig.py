@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from maxtext.configs import pyconfig
+from maxtext.configs import pyconfig, sections
 from tests.conftest import make_config
 
 
@@ -282,7 +282,7 @@ def test_bad_lora_settings_name_the_key(args, message):
     make_config(*args)
 
 
-@pytest.mark.parametrize("key", pyconfig.PATH_KEYS)
+@pytest.mark.parametrize("key", sections.PATH_KEYS)
 def test_unsupported_url_schemes_are_refused_naming_the_key(key):
   """A path key takes a local path or gs://; another scheme is a config error at start, not a local
   folder named 's3:'."""

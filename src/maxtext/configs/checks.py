@@ -16,27 +16,13 @@ from maxtext.configs import sections
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
-# Keys naming a file or folder the program reads or writes, with os-level file access.
-PATH_KEYS = (
-  "base_output_directory",
-  "jax_cache_dir",
-  "load_parameters_path",
-  "tokenizer_path",
-  "hf_output_path",
-  "lora_input_adapters_path",
-  "tfds_data_dir",
-  "dataset_processor_path",
-  "data_template_path",
-  "reward_functions_path",
-  "rl.tools_path",
-  "dataset_name",
-  "eval_dataset_name",
-)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 def _check_paths(v: Mapping[str, Any]) -> None:
-  for key in PATH_KEYS:
+  """Every key naming a file or folder (sections.key(path=...)) is a local path or gs://; run_name one
+  folder's name; the compilation cache local."""
+  for key in sections.PATH_KEYS:
     storage.check(key, v[key])
   name = v["run_name"]
   if name in ("", ".", "..") or "/" in name or "\\" in name:

@@ -22,7 +22,6 @@ import yaml
 from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.configs import checks, maxtext_keys, sections
-from maxtext.configs.checks import PATH_KEYS
 from maxtext.configs.sections import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
@@ -379,11 +378,7 @@ def _check_modes(merger: _Merger, changed: list[str]) -> None:
 
 # Inputs that a program reads from a local copy when they are on a bucket (with_local_inputs); the
 # others are outputs, stay on the machine (jax_cache_dir) or are Orbax checkpoints, read in place.
-_COPIED_INPUTS = tuple(
-  k
-  for k in PATH_KEYS
-  if k not in ("base_output_directory", "jax_cache_dir", "hf_output_path", "lora_input_adapters_path")
-)
+_COPIED_INPUTS = sections.path_keys("input")
 
 
 # Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the

@@ -124,11 +124,23 @@ BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", f
 NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
 
 
-def key(name: str | None = None, *, bounds: Bound | None = None, applies: tuple[When, ...] = ()) -> dict[str, Any]:
+# What a key that names a file or folder is to the run: an input it reads (from a local copy when it is on
+# a bucket, see pyconfig.with_local_inputs), an input Orbax reads where it is, or where it writes.
+PathKind = Literal["input", "in_place", "output"]
+
+
+def key(
+  name: str | None = None,
+  *,
+  bounds: Bound | None = None,
+  applies: tuple[When, ...] = (),
+  path: PathKind | None = None,
+) -> dict[str, Any]:
   """A field's metadata (`dataclasses.field(metadata=key(...))`): `name`, its YAML key after the
   section's PREFIX where that is not the field's name; `bounds`, the values it takes; `applies`, the
-  conditions under which the run reads the key, the first that fails giving the reason it is ignored."""
-  out: dict[str, Any] = {"applies": applies, "bounds": bounds}
+  conditions under which the run reads the key, the first that fails giving the reason it is ignored;
+  `path`, what the file or folder the key names is to the run (a local path or gs://, checked at start)."""
+  out: dict[str, Any] = {"applies": applies, "bounds": bounds, "path": path}
   if name is not None:
     out["key"] = name
   return out
@@ -140,11 +152,11 @@ class RunSection:
 
   PREFIX: ClassVar[str] = ""
   run_name: str
-  base_output_directory: str
+  base_output_directory: str = dataclasses.field(metadata=key(path="output"))
   log_level: LogLevel
-  jax_cache_dir: str
+  jax_cache_dir: str = dataclasses.field(metadata=key(path="output"))
   export_hf: bool
-  hf_output_path: str
+  hf_output_path: str = dataclasses.field(metadata=key(path="output"))
   wandb_project: str
   checkpoint_period: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
   max_num_checkpoints_to_keep: int
@@ -189,15 +201,15 @@ class ModelSection:
   matmul_precision: MatmulPrecision
   attention: Attention
   scan_layers: bool
-  load_parameters_path: str
-  tokenizer_path: str
+  load_parameters_path: str = dataclasses.field(metadata=key(path="input"))
+  tokenizer_path: str = dataclasses.field(metadata=key(path="input"))
   chat_template: ChatTemplate
   init_weights_seed: int
   random_weights: bool
   lora_rank: int
   lora_alpha: float = dataclasses.field(metadata=key(applies=(LORA,)))
   lora_module_path: str = dataclasses.field(metadata=key(applies=(LORA,)))
-  lora_input_adapters_path: str = dataclasses.field(metadata=key(applies=(LORA,)))
+  lora_input_adapters_path: str = dataclasses.field(metadata=key(path="in_place", applies=(LORA,)))
   logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
 
 
@@ -222,16 +234,16 @@ class DataSection:
   """Where the questions come from and how they are split."""
 
   PREFIX: ClassVar[str] = ""
-  dataset_name: str
-  eval_dataset_name: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  dataset_name: str = dataclasses.field(metadata=key(path="input"))
+  eval_dataset_name: str = dataclasses.field(metadata=key(path="input", applies=(EVALUATING,)))
   hf_subset: str
-  tfds_data_dir: str
+  tfds_data_dir: str = dataclasses.field(metadata=key(path="input"))
   train_split: str
   eval_split: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
   train_fraction: float = dataclasses.field(
     metadata=key(bounds=Bound(lambda x: 0.0 < x <= 1.0, "expected a fraction above 0, at most 1"))
   )
-  dataset_processor_path: str
+  dataset_processor_path: str = dataclasses.field(metadata=key(path="input"))
   data_shuffle_seed: int
 
 
@@ -244,7 +256,7 @@ class TaskSection:
   """How a question becomes a prompt and a completion a reward: template, answer format, weights."""
 
   PREFIX: ClassVar[str] = ""
-  data_template_path: str
+  data_template_path: str = dataclasses.field(metadata=key(path="input"))
   answer_format: AnswerFormat
   reasoning_start_token: str
   reasoning_end_token: str
@@ -263,7 +275,7 @@ class TaskSection:
     metadata=key(bounds=Bound(lambda x: x > 0, "expected a positive number of seconds"))
   )
   math_verify_num_procs: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  reward_functions_path: str
+  reward_functions_path: str = dataclasses.field(metadata=key(path="input"))
   reward_functions: tuple[str, ...]
 
 
@@ -406,7 +418,7 @@ class ToolsSection:
   """The agentic learner's tools and the limits every call runs under."""
 
   PREFIX: ClassVar[str] = "rl."
-  tools_path: str = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  tools_path: str = dataclasses.field(metadata=key(path="input", applies=(AGENTIC,)))
   max_turns: int = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
   tool_timeout_s: float = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
   tool_memory_mb: int = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
@@ -481,6 +493,11 @@ def field_problem(values: Mapping[str, Any]) -> str | None:
     if problem:
       return problem
   return None
+
+
+def path_keys(*kinds: PathKind) -> tuple[str, ...]:
+  """The dotted keys that name a file or folder of one of `kinds` (every kind where none is given)."""
+  return tuple(dotted for dotted, f in _fields() if f.metadata.get("path") in (kinds or typing.get_args(PathKind)))
 
 
 def keys_only_under(when: When) -> tuple[str, ...]:
@@ -604,3 +621,5 @@ _SECTION_TYPES: dict[str, type] = {
 # Keys only agentic GRPO reads (rl.use_agentic_rollout=true), which standard GRPO refuses; and the reverse.
 AGENTIC_ONLY_KEYS = keys_only_under(AGENTIC)
 STANDARD_ONLY_KEYS = keys_only_under(STANDARD)
+# Keys naming a file or folder the program reads or writes, with os-level file access.
+PATH_KEYS = path_keys()
