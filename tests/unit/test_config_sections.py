@@ -114,3 +114,45 @@ def test_an_enumerated_key_refuses_a_value_outside_its_one_list_of_choices():
     shown = ", ".join(a or repr(a) for a in allowed)
     with pytest.raises(pyconfig.ConfigError, match=f"^{re.escape(key)}='bogus': expected one of {re.escape(shown)}$"):
       make_config(f"{key}=bogus")
+
+
+def test_each_keys_rules_on_its_field_fit_the_keys():
+  """A field's metadata (sections.key) names keys that exist and fits its type: every `applies`
+  condition is decided by a key of base.yml, bounds sit on numbers, paths on strings; the defaults
+  are within every key's choices and bounds."""
+  flat = pyconfig.initialize(["x", "base.yml"]).flat()
+  for section in sections._SECTION_TYPES.values():
+    hints = typing.get_type_hints(section)
+    for field in dataclasses.fields(section):
+      key = sections.yaml_keys(section)[field.name]
+      for when in field.metadata.get("applies", ()):
+        assert when.decider in flat and when.decider != key, f"{key}: applies under {when.decider}"
+      if field.metadata.get("bounds"):
+        assert hints[field.name] in (int, float), f"{key}: bounds on {hints[field.name]}"
+      if field.metadata.get("path"):
+        assert hints[field.name] is str, f"{key}: a path of type {hints[field.name]}"
+  assert sections.field_problem(flat) is None
+  assert set(sections.path_keys("input")) <= set(sections.PATH_KEYS)
+
+
+@pytest.mark.parametrize(
+  ("arg", "message"),
+  [
+    ("learning_rate=.nan", "learning_rate=nan: expected a finite number > 0"),
+    ("adam_b2=1.0", "adam_b2=1.0: expected a number from 0 to below 1"),
+    ("rl.num_generations=1", "rl.num_generations=1: GRPO needs at least 2 samples per prompt"),
+    ("math_verify_timeout=.nan", "math_verify_timeout=nan: expected a positive number of seconds"),
+  ],
+)
+def test_a_value_out_of_its_fields_bounds_is_refused_naming_the_key(arg, message):
+  with pytest.raises(pyconfig.ConfigError, match=f"^{re.escape(message)}$"):
+    make_config(arg)
+
+
+def test_a_key_its_mode_ignores_is_refused_with_its_fields_first_failing_condition():
+  """eval_interval applies only while evaluating and in standard GRPO: with both failing, the first
+  condition on its field gives the reason."""
+  ignored = sections.inapplicable({**pyconfig.initialize(["x", "base.yml"]).flat(), "rl.use_agentic_rollout": True})
+  assert ignored["eval_interval"] == ("evaluation during training runs in standard GRPO only", "rl.use_agentic_rollout")
+  with pytest.raises(pyconfig.ConfigError, match=r"^eval_interval=2: .*\(num_test_batches=0 runs no evaluation\)"):
+    make_config("rl.use_agentic_rollout=true", "num_test_batches=0", "eval_interval=2")
