@@ -16,6 +16,7 @@ from maxtext.configs import sections
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
+# The fields of a Llama 3 rope_scaling mapping (a linear one has factor alone).
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
@@ -37,7 +38,8 @@ def _check_paths(v: Mapping[str, Any]) -> None:
 
 
 def _check_algorithm(v: Mapping[str, Any]) -> None:
-  """Refuses algorithm choices that would not do what they say together."""
+  """Refuses algorithm choices that would not do what they say together, a micro-batch that does not
+  divide the batch, and dynamic sampling and overlong shaping out of range."""
   if v["rl.policy_loss_fn"] == "cispo" and v["rl.loss_algo"] != "grpo":
     raise ConfigError(
       f"rl.loss_algo={v['rl.loss_algo']!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
@@ -52,6 +54,21 @@ def _check_algorithm(v: Mapping[str, Any]) -> None:
     raise ConfigError(
       "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
       "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"
+    )
+  micro = v["train_micro_batch_size"]
+  if micro < 0 or (micro and v["batch_size"] % micro):
+    raise ConfigError(
+      f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of batch_size={v['batch_size']}"
+    )
+  if v["rl.dynamic_sampling_max_rounds"] < 2 and v["rl.dynamic_sampling"]:
+    raise ConfigError(
+      f"rl.dynamic_sampling_max_rounds={v['rl.dynamic_sampling_max_rounds']}: expected at least 2 (one round "
+      "samples nothing more)"
+    )
+  if not 0 <= v["rl.overlong_buffer_length"] <= v["max_response_length"] or v["rl.overlong_penalty"] < 0:
+    raise ConfigError(
+      f"rl.overlong_buffer_length={v['rl.overlong_buffer_length']}, rl.overlong_penalty={v['rl.overlong_penalty']}: "
+      f"expected a buffer from 0 (off) to max_response_length={v['max_response_length']} and a penalty >= 0"
     )
 
 
@@ -87,6 +104,59 @@ def _check_gemma3_keys(v: Mapping[str, Any]) -> None:
     )
 
 
+def _check_model(v: Mapping[str, Any]) -> None:
+  """The model's keys together: the context holds the lengths, the layout fits the architecture, and
+  the rope scaling, the family's own keys and the LoRA settings are well formed."""
+  total = v["max_prompt_length"] + v["max_response_length"]
+  if total > v["max_position_embeddings"]:
+    raise ConfigError(
+      f"max_prompt_length + max_response_length = {total} exceeds the context of "
+      f"{v['model_name']} (max_position_embeddings={v['max_position_embeddings']})"
+    )
+  if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
+    raise ConfigError(
+      "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
+      'add ["layers", []] (on no mesh axis)'
+    )
+  if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
+    raise ConfigError(
+      f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "
+      "inputs; expected dtype=bfloat16, or attention=autoselected or dot_product"
+    )
+  scaling = v["rope_scaling"]
+  if scaling is not None and (
+    not isinstance(scaling, dict) or sorted(scaling) not in (sorted(_ROPE_SCALING_FIELDS), ["factor"])
+  ):
+    raise ConfigError(
+      f"rope_scaling={scaling!r}: expected null, a mapping with {', '.join(_ROPE_SCALING_FIELDS)} (Llama 3) "
+      "or a mapping with factor alone (linear)"
+    )
+  _check_gemma3_keys(v)
+  if v["lora_rank"] < 0 or v["lora_alpha"] <= 0:
+    raise ConfigError(
+      f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
+      "fine-tuning) and lora_alpha > 0"
+    )
+  try:
+    re.compile(v["lora_module_path"])
+  except re.error as e:
+    raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
+
+
+def _check_sampling(v: Mapping[str, Any]) -> None:
+  """Sampling that the learner can train on, with top-k and top-p in their ranges."""
+  if v["decode_sampling_temperature"] <= 0 and v["rl.use_agentic_rollout"] and v["rollout_engine"] == "batched":
+    raise ConfigError(
+      f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
+      "sampler's log-probs, which greedy rollouts do not have; expected a temperature > 0"
+    )
+  if v["decode_sampling_top_k"] < 0 or not 0.0 < v["decode_sampling_top_p"] <= 1.0:
+    raise ConfigError(
+      f"decode_sampling_top_k={v['decode_sampling_top_k']}, decode_sampling_top_p="
+      f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)"
+    )
+
+
 def check(v: Mapping[str, Any]) -> None:
   """Refuses, with a ConfigError, the first rule that the merged values `v` (dotted key -> value, every
   key of base.yml) break: the paths, each key's own choices and bounds (sections.field_problem), then
@@ -100,66 +170,9 @@ def check(v: Mapping[str, Any]) -> None:
   problem = sections.field_problem(v)
   if problem:
     raise ConfigError(problem)
-  total = v["max_prompt_length"] + v["max_response_length"]
-  if total > v["max_position_embeddings"]:
-    raise ConfigError(
-      f"max_prompt_length + max_response_length = {total} exceeds the context of "
-      f"{v['model_name']} (max_position_embeddings={v['max_position_embeddings']})"
-    )
+  _check_model(v)
   _check_algorithm(v)
   _check_reward_functions(v)
-  if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
-    raise ConfigError(
-      "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
-      'add ["layers", []] (on no mesh axis)'
-    )
-  if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
-    raise ConfigError(
-      f"attention=cudnn_flash, dtype={v['dtype']!r}: cuDNN flash attention takes bfloat16 or float16 "
-      "inputs; expected dtype=bfloat16, or attention=autoselected or dot_product"
-    )
-  micro = v["train_micro_batch_size"]
-  if micro < 0 or (micro and v["batch_size"] % micro):
-    raise ConfigError(
-      f"train_micro_batch_size={micro}: expected 0 (no accumulation) or a divisor of batch_size={v['batch_size']}"
-    )
-  if v["rl.dynamic_sampling_max_rounds"] < 2 and v["rl.dynamic_sampling"]:
-    raise ConfigError(
-      f"rl.dynamic_sampling_max_rounds={v['rl.dynamic_sampling_max_rounds']}: expected at least 2 (one round "
-      "samples nothing more)"
-    )
-  if not 0 <= v["rl.overlong_buffer_length"] <= v["max_response_length"] or v["rl.overlong_penalty"] < 0:
-    raise ConfigError(
-      f"rl.overlong_buffer_length={v['rl.overlong_buffer_length']}, rl.overlong_penalty={v['rl.overlong_penalty']}: "
-      f"expected a buffer from 0 (off) to max_response_length={v['max_response_length']} and a penalty >= 0"
-    )
-  scaling = v["rope_scaling"]
-  if scaling is not None and (
-    not isinstance(scaling, dict) or sorted(scaling) not in (sorted(_ROPE_SCALING_FIELDS), ["factor"])
-  ):
-    raise ConfigError(
-      f"rope_scaling={scaling!r}: expected null, a mapping with {', '.join(_ROPE_SCALING_FIELDS)} (Llama 3) "
-      "or a mapping with factor alone (linear)"
-    )
-  _check_gemma3_keys(v)
-  if v["decode_sampling_temperature"] <= 0 and v["rl.use_agentic_rollout"] and v["rollout_engine"] == "batched":
-    raise ConfigError(
-      f"decode_sampling_temperature={v['decode_sampling_temperature']}: agentic GRPO trains on the "
-      "sampler's log-probs, which greedy rollouts do not have; expected a temperature > 0"
-    )
-  if v["decode_sampling_top_k"] < 0 or not 0.0 < v["decode_sampling_top_p"] <= 1.0:
-    raise ConfigError(
-      f"decode_sampling_top_k={v['decode_sampling_top_k']}, decode_sampling_top_p="
-      f"{v['decode_sampling_top_p']}: expected top_k >= 0 (0: off) and 0 < top_p <= 1 (1: off)"
-    )
+  _check_sampling(v)
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
-  if v["lora_rank"] < 0 or v["lora_alpha"] <= 0:
-    raise ConfigError(
-      f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
-      "fine-tuning) and lora_alpha > 0"
-    )
-  try:
-    re.compile(v["lora_module_path"])
-  except re.error as e:
-    raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
