@@ -5,8 +5,11 @@ field of exactly one section (`RunConfig.from_values` refuses a key no section c
 key is its section's PREFIX plus the field name, or the key its metadata names. Lists become tuples
 and mappings read-only, so a section can be shared without being changed.
 
-A key's rules live on its field, as metadata that `key(...)` builds: when the run reads it at all
-(`applies`: conditions on other keys). `inapplicable(values)` checks them for every key at once.
+A key's own rules live on its field: its choices (a Literal type) and, as metadata that `key(...)`
+builds, its bounds, what a file or folder it names is to the run (`path`) and when the run reads it
+at all (`applies`: conditions on other keys). `field_problem(values)` checks the choices and bounds
+of every key at once, `inapplicable(values)` the conditions; configs/checks.py holds the rules that
+relate keys.
 
 User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
 flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
