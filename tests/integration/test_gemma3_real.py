@@ -81,3 +81,40 @@ def test_a_short_grpo_run_on_gemma3_trains_evaluates_and_saves(tmp_path):
   replies = [p["completion"] for ex in evals["after"]["examples"] for p in ex["passes"]]
   assert len(replies) == 4 and all(isinstance(r, str) for r in replies)
   assert any((tmp_path / "short" / "checkpoints").iterdir())
+
+
+def _sums_run(folder, sign: float) -> dict:
+  """rl_gemma3_sums.yml shortened to 8 steps, its reward negated for sign -1 (a reward file): the
+  greedy held-out accuracy before and after (eval.json) and the sampled reward per step."""
+  args = ["train_rl", "rl_gemma3_sums.yml", "num_batches=8", f"base_output_directory={folder}", "run_name=run"]
+  if sign < 0:
+    (folder / "reward.py").write_text(
+      "from maxtext.tasks import word_problems\n"
+      "def negated(prompts, completions, tmvp_config, answer, **kwargs):\n"
+      "  return [-r for r in word_problems.last_number_correct(prompts, completions, tmvp_config, answer, **kwargs)]\n"
+    )
+    args += [f"reward_functions_path={folder / 'reward.py'}", "reward_functions=[negated]"]
+  assert train_rl.main(args) == 0
+  evals = json.loads((folder / "run" / "eval.json").read_text())
+  rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+  return {
+    "before": evals["before"]["accuracy"],
+    "after": evals["after"]["accuracy"],
+    "sampled": [abs(r["rewards/mean"]) for r in rows],
+  }
+
+
+# About 6 minutes per run on 2 cores.
+@pytest.mark.slow
+def test_gemma3_follows_the_reward_sign(tmp_path):
+  """The same GRPO run on Gemma 3 270M with the sums reward and with it negated: greedy held-out accuracy
+  rises with the reward and falls against it."""
+  runs = {}
+  for sign in (1.0, -1.0):
+    folder = tmp_path / f"sign{sign:+.0f}"
+    folder.mkdir()
+    runs[sign] = _sums_run(folder, sign)
+  print(f"rewarded: {runs[1.0]}; negated: {runs[-1.0]}")
+  assert runs[1.0]["after"] >= runs[1.0]["before"] + 0.1
+  assert runs[-1.0]["after"] <= runs[-1.0]["before"]
+  assert runs[1.0]["after"] >= runs[-1.0]["after"] + 0.15
