@@ -84,9 +84,9 @@ def test_a_short_grpo_run_on_gemma3_trains_evaluates_and_saves(tmp_path):
 
 
 def _sums_run(folder, sign: float) -> dict:
-  """rl_gemma3_sums.yml shortened to 8 steps, its reward negated for sign -1 (a reward file): the
+  """rl_gemma3_sums.yml shortened to 6 steps, its reward negated for sign -1 (a reward file): the
   greedy held-out accuracy before and after (eval.json) and the sampled reward per step."""
-  args = ["train_rl", "rl_gemma3_sums.yml", "num_batches=8", f"base_output_directory={folder}", "run_name=run"]
+  args = ["train_rl", "rl_gemma3_sums.yml", "num_batches=6", f"base_output_directory={folder}", "run_name=run"]
   if sign < 0:
     (folder / "reward.py").write_text(
       "from maxtext.tasks import word_problems\n"
@@ -104,7 +104,7 @@ def _sums_run(folder, sign: float) -> dict:
   }
 
 
-# About 6 minutes per run on 2 cores.
+# About 8 minutes per run on 2 cores.
 @pytest.mark.slow
 def test_gemma3_follows_the_reward_sign(tmp_path):
   """The same GRPO run on Gemma 3 270M with the sums reward and with it negated: greedy held-out accuracy
