@@ -19,7 +19,7 @@ import numpy as np
 from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import rollout
+from maxtext.integration.tunix import rollout_setup
 
 Script = Callable[[str, int], str]
 
@@ -81,4 +81,4 @@ class ScriptedRollout(base_rollout.BaseRollout):
 
 def use_script(monkeypatch, script: Script) -> None:
   """Makes train_rl's rollouts come from `script`."""
-  monkeypatch.setattr(rollout, "rollout_engine", lambda cfg: functools.partial(ScriptedRollout, script=script))
+  monkeypatch.setattr(rollout_setup, "rollout_engine", lambda cfg: functools.partial(ScriptedRollout, script=script))

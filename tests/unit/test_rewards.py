@@ -3,7 +3,8 @@
 import pytest
 
 from maxtext import tasks
-from maxtext.tasks import answers, rewards, word_problems
+from maxtext.input_pipeline import rewards
+from maxtext.tasks import answers, word_problems
 from tests.conftest import make_config
 
 CFG = make_config().task
