@@ -30,6 +30,12 @@ CHAT_TEMPLATE_DIR = os.path.join(
 _SHIPPED_CHAT_TEMPLATES = {"gemma3": ("gemma3.jinja", "<end_of_turn>")}
 
 
+def _shipped_chat_template(name: str) -> str:
+  """The text of a chat template shipped in configs/chat_templates."""
+  with open(os.path.join(CHAT_TEMPLATE_DIR, name), encoding="utf-8") as f:
+    return f.read()
+
+
 def _byte_level_bpe(reader: gguf_reader.GGUFFile, tokens: list[str]) -> tokenizers.Tokenizer:
   """tokenizer.ggml.model "gpt2": byte-level BPE with the file's merges."""
   merges = [tuple(m.split(" ", 1)) for m in gguf_reader.field(reader, "tokenizer.ggml.merges")]
@@ -117,8 +123,7 @@ def _from_gguf(path: str) -> transformers.PreTrainedTokenizerFast:
   arch = gguf_reader.field(reader, "general.architecture")
   if template is None and arch in _SHIPPED_CHAT_TEMPLATES:
     name, eos = _SHIPPED_CHAT_TEMPLATES[arch]
-    with open(os.path.join(CHAT_TEMPLATE_DIR, name), encoding="utf-8") as f:
-      template = f.read()
+    template = _shipped_chat_template(name)
   return transformers.PreTrainedTokenizerFast(
     tokenizer_object=tok,
     bos_token=bos,
@@ -207,8 +212,7 @@ def _use_plain_template(tok: transformers.PreTrainedTokenizerBase, path: str) ->
       f"chat_template=plain: the tokenizer ({path}) writes a blank line as {len(ids)} tokens; plain prompts "
       "need it to be one token, their turns' end (expected chat_template=model for this tokenizer)"
     )
-  with open(os.path.join(CHAT_TEMPLATE_DIR, "plain.jinja"), encoding="utf-8") as f:
-    tok.chat_template = f.read()
+  tok.chat_template = _shipped_chat_template("plain.jinja")
   tok.eos_token = tok.convert_ids_to_tokens(ids[0])
   if tok.pad_token_id == tok.eos_token_id:
     raise ConfigError(f"chat_template=plain: the tokenizer's ({path}) pad token is its blank line")
