@@ -19,12 +19,12 @@ import numpy as np
 from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import rollout_setup
+from maxtext.integration.tunix import rollout, rollout_setup
 
 Script = Callable[[str, int], str]
 
 
-class ScriptedRollout(base_rollout.BaseRollout):
+class ScriptedRollout(rollout.WithoutExtras, base_rollout.BaseRollout):
   """ClusterConfig.rollout_engine answering from `script` (bind it with functools.partial)."""
 
   def __init__(self, rollout_actor, tokenizer, mesh, rollout_config, script: Script):

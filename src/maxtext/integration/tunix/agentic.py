@@ -148,10 +148,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._wire(before_step)
     if losses.mismatch_from_old(self.algo_config):
       self._log_loss_mismatch()
-    # Tunix's _process_results recomputes the old log-probs with the trainer for every group, with no
-    # switch, and groups are processed on several threads at once: the groups whose check is skipped
-    # are marked per thread around that call (see _process_results).
-    self._skips_trainer_logps = threading.local()
     self.rl_cluster.get_actor_per_token_logps = self._trainer_logps
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
@@ -193,7 +189,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         self._rollout_error = e
       self._close_queues()
       raise
-    versions = getattr(self.rl_cluster.rollout, "last_versions", lambda: None)()
+    versions = self._engine.last_versions()
     if env is not None and versions and len(versions[0]):
       # The sample's version is that of its oldest token over all turns (Tunix tags the latest call).
       env.task["policy_version"] = env.task[_OLDEST_VERSION] = min(
@@ -201,9 +197,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       )
     return out
 
+  @property
+  def _engine(self) -> rollout.Engine:
+    return self.rl_cluster.rollout
+
   def _draws(self, env):
     """The sampling keys of a conversation's next turn: its (group, dynamic sampling round, sample, turn)."""
-    keys = getattr(self.rl_cluster.rollout, "keys", None)
+    keys = self._engine.keys
     if env is None or keys is None:
       return contextlib.nullcontext()
     turn = env.task.get(_TURNS, 0)
@@ -276,8 +276,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _current_version(self) -> int:
     """The version lags are measured from: the engine's weights version when it tags tokens, else
     Tunix's policy version."""
-    policy_version: int = self.policy_version
-    return getattr(self.rl_cluster.rollout, "version", policy_version)
+    version = self._engine.version
+    return self.policy_version if version is None else version
 
   def _put_prompts_to_queue(self, prompt_queue, batch):
     self._prompt_queue = prompt_queue
@@ -296,12 +296,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
   def _trainer_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None, temperature=None):
     """RLCluster.get_actor_per_token_logps's contract (the log-probs of the completions under the
-    weights of the last sync, at the sampling temperature unless given), None for a group whose check
-    is skipped. The final hidden states go through the output layer a vocabulary slice at a time
+    weights of the last sync, at the sampling temperature unless given), or None unless
+    _trainer_recomputes (Tunix's _process_results, the only caller, asks for every group with no
+    switch). The final hidden states go through the output layer a vocabulary slice at a time
     (scoring.py), where Tunix takes the log-probs from the model's whole float32 logits [B, T, vocab];
     micro_batch_size is not needed for that and is ignored. Every process holds the whole batch: the
     inputs become global arrays on the trainer's mesh, as the reference's do (cluster.py)."""
-    if getattr(self._skips_trainer_logps, "value", False):
+    if not self._trainer_recomputes():
       return None
     cluster = self.rl_cluster
     if temperature is None:
@@ -314,8 +315,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       return rollout.per_token_logps(model, prompts, completions, pad_id, eos_id, temperature)
 
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
-    recomputes = self._trainer_recomputes()
-    if recomputes and not self.should_sync_weights:  # shared mesh: the samples came from the live weights
+    # On a shared mesh the samples came from the live weights: they are the anchor.
+    if self._trainer_recomputes() and not self.should_sync_weights:
       self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(
         nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host"
       )
@@ -324,12 +325,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       self._log_conversations(conversations, expected_step)
     for item, conversation in zip(trajectories, conversations):
       item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
-    self._skips_trainer_logps.value = not recomputes
-    try:
-      example = super()._process_results(trajectories, mode, expected_step)
-    finally:
-      self._skips_trainer_logps.value = False
-    return example
+    return super()._process_results(trajectories, mode, expected_step)
 
   def _log_zero_signal_so_far(self, zero: int, step: int) -> None:
     """frac_reward_zero_std over the step's trained groups so far (running totals, as _log_conversations)."""

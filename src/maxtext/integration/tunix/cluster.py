@@ -172,7 +172,9 @@ def build_cluster(
   accumulation.install(trainer, training.actor_optimizer)
   score_reference_in_slices(cluster)
   feed_global_batches(cluster, trainer_mesh)
-  if hasattr(cluster.rollout, "keys"):
+  if not isinstance(cluster.rollout, rollout.Engine):
+    raise TypeError(f"rollout engine {type(cluster.rollout).__name__} lacks rollout.Engine's members")
+  if cluster.rollout.keys is not None:
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -99,6 +99,44 @@ def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, te
   return jax.lax.stop_gradient(logps)
 
 
+@runtime_checkable
+class Engine(Protocol):
+  """What our learners and metrics read of a rollout engine beside Tunix's BaseRollout; None where
+  the engine does not have it (the vanilla engine: no per-token versions, no prefix reuse, no decode
+  meter)."""
+
+  keys: StepKeys | None  # the draws of the engine's calls without a seed (guarantee 1)
+
+  @property
+  def version(self) -> int | None:
+    """Weights version (the training step whose weights) of the next sampled token."""
+
+  def last_versions(self) -> list[np.ndarray] | None:
+    """Per prompt, the weights version of each token of this thread's last generate call."""
+
+  def prefix_reuse(self) -> float | None:
+    """The share of prompt tokens so far read from a reused KV prefix instead of prefilled."""
+
+  def decode_rate(self) -> tuple[float, float] | None:
+    """(tokens/s, bytes read/s) of the decode steps so far that did not compile."""
+
+
+class WithoutExtras:
+  """Engine's members for an engine that has none of them but its keys."""
+
+  keys: StepKeys | None = None
+  version = None
+
+  def last_versions(self) -> list[np.ndarray] | None:
+    return None
+
+  def prefix_reuse(self) -> float | None:
+    return None
+
+  def decode_rate(self) -> tuple[float, float] | None:
+    return None
+
+
 class _TokenPromptSampler(sampler.Sampler):
   """Tunix's sampler that also takes prompts as token ids."""
 
@@ -108,7 +146,7 @@ class _TokenPromptSampler(sampler.Sampler):
     return np.asarray(input_string, np.int32)
 
 
-class RolloutEngine(vanilla_rollout.VanillaRollout):
+class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
   """Tunix's vanilla rollout (KV-cache sampler) with fresh seeds and completions that keep EOS.
 
   Passed to Tunix as `ClusterConfig.rollout_engine` (a BaseRollout subclass, via functools.partial
@@ -205,22 +243,18 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
 
   @property
   def version(self) -> int:
-    """Weights version (the training step whose weights) of the next sampled token."""
     return self.keys.step_source()
 
   def prefix_reuse(self) -> float | None:
-    """The share of prompt tokens so far read from a reused KV prefix instead of prefilled (None
-    before the first prompt)."""
+    """None before the first prompt."""
     prompt = self.batcher.prompt_tokens
     return self.batcher.reused_tokens / prompt if prompt else None
 
   def decode_rate(self) -> tuple[float, float] | None:
-    """(tokens/s, bytes read/s) of the batcher's decode steps so far that did not compile."""
     return self.batcher.decode_rate()
 
   def last_versions(self) -> list[np.ndarray] | None:
-    """Per prompt, the weights version of each token of this thread's last generate call. (Not a
-    field of the returned RolloutOutput: Tunix's RLCluster.generate, which the learner calls,
+    """(Not a field of the returned RolloutOutput: Tunix's RLCluster.generate, which the learner calls,
     rebuilds the output from the fields it knows. Per thread, since the agentic learner's
     conversations call generate from many threads at once.)"""
     return getattr(self._last_versions, "value", None)

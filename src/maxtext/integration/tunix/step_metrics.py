@@ -10,6 +10,8 @@ import time
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
+from maxtext.integration.tunix import rollout
+
 
 def last(values):
   """A metric reduction: the last value logged."""
@@ -20,10 +22,11 @@ def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
   """Over the run so far, for the batched engine: rollout/prefix_reuse_fraction, and the decode steps'
   rollout/decode_tokens_per_s and rollout/decode_gb_per_s (bytes they read at least; compiling left out)."""
   metrics = {}
-  reuse = getattr(cluster.rollout, "prefix_reuse", lambda: None)()
+  engine: rollout.Engine = cluster.rollout
+  reuse = engine.prefix_reuse()
   if reuse is not None:
     metrics["rollout/prefix_reuse_fraction"] = (reuse, last)
-  rate = getattr(cluster.rollout, "decode_rate", lambda: None)()
+  rate = engine.decode_rate()
   if rate is not None:
     metrics["rollout/decode_tokens_per_s"] = (rate[0], last)
     metrics["rollout/decode_gb_per_s"] = (rate[1] / 1e9, last)
