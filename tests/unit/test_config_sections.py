@@ -135,6 +135,23 @@ def test_each_keys_rules_on_its_field_fit_the_keys():
   assert set(sections.path_keys("input")) <= set(sections.PATH_KEYS)
 
 
+def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, capsys):
+  """Each field of every section carries its key's meaning (sections.key(doc, ...)); the config
+  reference, --help and docs/configuration.md's table take it from there, not from base.yml."""
+  from maxtext.configs import cli
+
+  for section in sections._SECTION_TYPES.values():
+    for field in dataclasses.fields(section):
+      doc = field.metadata.get("doc")
+      assert isinstance(doc, str) and doc.strip(), f"{section.__name__}.{field.name}: no doc"
+  docs = sections.docs()
+  assert {key: meaning for key, _, meaning in pyconfig.reference()} == docs
+  assert f"| `rl.tools` | `[]` | {docs['rl.tools']} |" in cli.reference_markdown()  # the field `names`
+  monkeypatch.setattr(sections, "docs", lambda: {**docs, "rl.max_turns": "A meaning set on the field."})
+  cli.print_help("prog")
+  assert "  rl.max_turns = 4\n      A meaning set on the field.\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
   ("arg", "message"),
   [

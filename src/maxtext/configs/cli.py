@@ -27,17 +27,17 @@ def print_help(program: str) -> None:
     f"usage: python -m {program} [config.yml] [key=value ...]\n\n"
     "Keys (dotted keys reach nested sections; defaults from configs/base.yml):"
   )
-  for key, default, comment in pyconfig.reference():
-    print(f"  {key} = {default or '(see base.yml)'}\n      {comment}")
+  for key, default, meaning in pyconfig.reference():
+    print(f"  {key} = {default or '(see base.yml)'}\n      {meaning}")
   print(f"\nModels: {', '.join(pyconfig.known_models())}")
 
 
 def reference_markdown() -> str:
   """The config reference as docs/configuration.md's Markdown table (`python -m maxtext.configs.cli` prints it)."""
   rows = ["| key | default | meaning |", "| --- | --- | --- |"]
-  for key, default, comment in pyconfig.reference():
+  for key, default, meaning in pyconfig.reference():
     cell = f"`{default}`" if default else "(see base.yml)"
-    rows.append(f"| `{key}` | {cell.replace('|', '&#124;')} | {comment.replace('|', '&#124;')} |")
+    rows.append(f"| `{key}` | {cell.replace('|', '&#124;')} | {meaning.replace('|', '&#124;')} |")
   return "\n".join(rows) + "\n"
 
 

