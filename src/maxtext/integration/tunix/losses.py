@@ -14,8 +14,8 @@ Every policy loss here is `_policy_loss(surrogate)`: the forward pass, the KL pe
 aggregation, the sampler importance weights, the diagnostics and the sampler/trainer mismatch are
 shared, and the surrogate gives the per-token loss from the log-probs, their log ratio to the old
 ones and the advantages (`_Terms`). A new loss is one surrogate function added to POLICY_LOSSES under a name
-added to sections.PolicyLossFn (the choices of rl.policy_loss_fn, which the config checks at start; documented in
-base.yml) and its tests; a new estimator likewise goes to ADVANTAGE_ESTIMATORS and sections.AdvantageEstimator.
+added to sections.PolicyLossFn (the choices of rl.policy_loss_fn, which the config checks at start; its meaning is the
+doc of that field) and its tests; a new estimator likewise goes to ADVANTAGE_ESTIMATORS and sections.AdvantageEstimator.
 """
 
 from __future__ import annotations
