@@ -2,12 +2,14 @@
 base.yml) before they become sections: each key's own rules, which live on its section field
 (sections.key: choices by its Literal type, bounds), and the rules that relate keys. Each refusal is
 a ConfigError naming the key(s), the value(s) and what was expected. Which keys the run's mode
-reads (sections.inapplicable) pyconfig checks against the layers that set them.
+reads (sections.inapplicable) is checked against the layers that set them (check_modes), and a
+checkpoint's architecture against the model's (check_architecture).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -15,6 +17,8 @@ from typing import Any
 from maxtext.configs import sections
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 # The fields of a Llama 3 rope_scaling mapping (a linear one has factor alone).
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
@@ -176,3 +180,48 @@ def check(v: Mapping[str, Any]) -> None:
   _check_sampling(v)
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
+
+
+def check_modes(v: Mapping[str, Any], set_by: Mapping[str, str], layer: Mapping[str, int], changed: list[str]) -> None:
+  """Every changed key must take effect in the run's mode (its field's `applies` conditions, see
+  sections.key): one the mode ignores is an error naming the key and the mode. Except where the key
+  was set in an earlier layer (a recipe's YAML) than the setting that made the mode ignore it (e.g.
+  num_test_batches=0 on the command line against the recipe's eval_batch_size): the later choice
+  wins and the key is reported as unused (set_by: key -> the layer's name; layer: key -> the index of
+  the layer that set it). Likewise, with maxtext_compat=true, a key a file set
+  (MaxText's configs set keys of every mode)."""
+  mode = (
+    "agentic GRPO (rl.use_agentic_rollout=true)"
+    if v["rl.use_agentic_rollout"]
+    else "standard GRPO (rl.use_agentic_rollout=false)"
+  )
+  ignored = sections.inapplicable(v)  # key -> (reason, the key whose value makes it ignored)
+  for key in changed:
+    if key not in ignored:
+      continue
+    reason, decider = ignored[key]
+    from_file = set_by.get(key, "command line") != "command line"
+    if layer.get(key, -1) < layer.get(decider, -1) or (v["maxtext_compat"] and from_file):
+      log.warning(
+        "%s=%r (from %s) is not used: %s (%s=%r from %s)",
+        key,
+        v[key],
+        set_by[key],
+        reason,
+        decider,
+        v[decider],
+        set_by[decider],
+      )
+      continue
+    raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({reason}); remove it or change the mode")
+
+
+def check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:
+  """The run's architecture must be the checkpoint's config.json."""
+  diffs = [
+    f"{key}={values[key]!r} but config.json has {hf_arch[key]!r}" for key in hf_arch if values[key] != hf_arch[key]
+  ]
+  if diffs:
+    raise ConfigError(
+      f"model_name={values['model_name']} does not match load_parameters_path={hf_path}: " + "; ".join(diffs)
+    )

@@ -13,7 +13,7 @@ Each falls in one of three kinds:
 MaxText's values of our own keys that base.yml spells otherwise (remat_policy=custom,
 train_micro_batch_size=-1, eval_batch_size=-1, null for rl.epsilon_high or math_verify_num_procs,
 comma-separated reward_functions, its data template path, its logical_axis_rules) are translated
-by pyconfig.
+by maxtext_compat.py.
 """
 
 from __future__ import annotations

@@ -12,16 +12,14 @@ import difflib
 import itertools
 import logging
 import os
-import reprlib
 import tempfile
-from collections.abc import Callable
 from typing import Any
 
 import yaml
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
-from maxtext.configs import checks, maxtext_keys, sections
+from maxtext.configs import checks, maxtext_compat, maxtext_keys, sections
 from maxtext.configs.sections import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
@@ -139,15 +137,6 @@ def _unknown_key(key: str, known: list[str], source: str) -> str:
   return f"{key}: unknown key ({source}){hint}"
 
 
-def _is_maxtext_only(key: str) -> bool:
-  """A MaxText key that base.yml lacks and no alias names: FIXED, generation_configs or ENGINE_ONLY."""
-  return (
-    key in maxtext_keys.FIXED
-    or key.split(".")[0] == "generation_configs"
-    or maxtext_keys.engine_only_reason(key) is not None
-  )
-
-
 class _Merger:
   """Applies layers of flat overrides onto the flat defaults, checking types. Keys that are neither
   base.yml's nor MaxText's are gathered in `unknown`, MaxText's keys that base.yml lacks in `maxtext`
@@ -170,7 +159,7 @@ class _Merger:
         self.values[key] = _check_value(key, value, self.defaults[key], source)
         self.set_by[key] = source
         self.layer[key] = self._applied
-      elif _is_maxtext_only(key):
+      elif maxtext_compat.is_maxtext_only(key):
         self.maxtext[key] = (value, source)
       else:
         self.unknown.append((key, source))
@@ -189,191 +178,6 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
       value = raw
     out[key.strip()] = value
   return out
-
-
-def _apply_length_aliases(merger: _Merger) -> None:
-  """Maps MaxText's max_prefill_predict_length / max_target_length onto our length knobs."""
-  v, set_by = merger.values, merger.set_by
-  prefill, target = v["max_prefill_predict_length"], v["max_target_length"]
-  if prefill != -1:
-    if "max_prompt_length" in set_by and v["max_prompt_length"] != prefill:
-      raise ConfigError(
-        f"max_prefill_predict_length={prefill} conflicts with max_prompt_length="
-        f"{v['max_prompt_length']}; set one of them"
-      )
-    v["max_prompt_length"] = prefill
-  if target != -1:
-    response = target - v["max_prompt_length"]
-    if response <= 0:
-      raise ConfigError(f"max_target_length={target} must exceed the prompt length {v['max_prompt_length']}")
-    if "max_response_length" in set_by and v["max_response_length"] != response:
-      raise ConfigError(
-        f"max_target_length={target} implies max_response_length={response}, which conflicts "
-        f"with max_response_length={v['max_response_length']}; set one of them"
-      )
-    v["max_response_length"] = response
-  v["max_prefill_predict_length"] = v["max_prompt_length"]
-  v["max_target_length"] = v["max_prompt_length"] + v["max_response_length"]
-
-
-def _generation_configs_problem(key: str, value: Any, source: str) -> str | None:
-  """Why MaxText's generation_configs (or one dotted key of it) is refused, or None: it must hold the
-  evaluation presets of sections.EVAL_SAMPLING, this program's eval_sampling_strategy choices being
-  fixed. A greedy preset is any with eval_top_k 1 or eval_temperature 0 (MaxText's own: 0.01, top_k 1)."""
-  presets = value if key == "generation_configs" else _unflatten({key.partition(".")[2]: value})
-  fields = {"eval_temperature": "temperature", "eval_top_p": "top_p", "eval_top_k": "top_k"}
-  here: dict[str, dict[str, Any]] = {name: params for name, params in sections.EVAL_SAMPLING.items()}
-  expected = f"expected presets among {', '.join(here)}, each of {', '.join(fields)}"
-  if not isinstance(presets, dict):
-    return f"generation_configs={presets!r} ({source}): {expected}"
-  for name, preset in presets.items():
-    ours = here.get(name)
-    if ours is None or not isinstance(preset, dict) or set(preset) - set(fields):
-      return f"generation_configs.{name}={preset!r} ({source}): {expected}"
-    if name == "greedy" and (preset.get("eval_top_k") == 1 or preset.get("eval_temperature") == 0):
-      continue
-    if any(preset[f] != ours[k] for f, k in fields.items() if f in preset):
-      wanted = {f: ours[k] for f, k in fields.items() if ours[k] is not None}
-      greedy = " (or eval_top_k: 1)" if name == "greedy" else ""
-      return (
-        f"generation_configs.{name}={preset!r} ({source}): eval_sampling_strategy={name} samples with "
-        f"{wanted}{greedy} here, and its presets are fixed; expected those values"
-      )
-  return None
-
-
-def _fixed_problem(key: str, value: Any, source: str) -> str | None:
-  """Why a FIXED key of MaxText's (or generation_configs) is refused, or None: it is at another
-  value than what this program does."""
-  if key.split(".")[0] == "generation_configs":
-    return _generation_configs_problem(key, value, source)
-  accepted, what = maxtext_keys.FIXED[key]
-  return None if value == accepted else f"{key}={value!r} ({source}): not supported, {what}; expected {accepted!r}"
-
-
-def _check_maxtext_keys(merger: _Merger) -> dict[str, Any]:
-  """Refuses, in one ConfigError, every key that is unknown, every MaxText key fixed here at another
-  value than this program's, and (without maxtext_compat=true) every MaxText key that only tunes
-  what this program does not run, grouped by reason. Returns the latter keys that maxtext_compat
-  accepts (dotted key -> value), logging them."""
-  compat = merger.values["maxtext_compat"]
-  problems = [_unknown_key(key, list(merger.defaults), source) for key, source in merger.unknown]
-  engine_only = {k: vs for k, vs in merger.maxtext.items() if maxtext_keys.engine_only_reason(k)}
-  for key, (value, source) in merger.maxtext.items():
-    problem = None if key in engine_only else _fixed_problem(key, value, source)
-    if problem:
-      problems.append(problem)
-  one_source = len({source for _, source in engine_only.values()}) == 1
-  groups: dict[str, list[str]] = {}
-  for key, (value, source) in engine_only.items():
-    shown = f"{key}={value!r}" if one_source else f"{key}={value!r} ({source})"
-    groups.setdefault(str(maxtext_keys.engine_only_reason(key)), []).append(shown)
-  listed = "; ".join(f"[{reason}] {', '.join(keys)}" for reason, keys in groups.items())
-  if one_source:
-    listed = f"{next(iter(engine_only.values()))[1]}: {listed}"
-  if groups and not compat:
-    problems.append(
-      f"MaxText keys that only tune what this program does not run, refused unless maxtext_compat=true "
-      f"(which accepts them unused): {listed}"
-    )
-  if compat and not groups:
-    problems.append(
-      "maxtext_compat=true: no key of this config needs it (it accepts MaxText keys that only tune what "
-      "this program does not run); remove it"
-    )
-  if problems:
-    raise ConfigError("; ".join(problems))
-  if groups:
-    log.warning("maxtext_compat=true accepts these MaxText keys, unused: %s", listed)
-  return {k: v for k, (v, _) in engine_only.items()}
-
-
-def _shipped_template(path: str) -> str:
-  """A data template of MaxText's (maxtext/examples/chat_templates/gsm8k_rl.json), where that path is
-  not here, as the file name of the one shipped here under its name (same system prompt; the turns
-  come from the tokenizer's chat template)."""
-  name = os.path.basename(path)
-  shipped = os.path.isfile(os.path.join(sections.TEMPLATE_DIR, name))
-  return name if "chat_templates/" in path and shipped and not os.path.exists(path) else path
-
-
-def _axis_rules(rules: list) -> list:
-  """logical_axis_rules as [logical axis, [mesh axes]] on this program's mesh. MaxText's rules may
-  name one mesh axis for a list, and its mesh axes that this mesh lacks (maxtext_keys.OTHER_MESH_AXES),
-  which leave a dimension unsharded as an axis of size 1 would; any other name is refused."""
-  out = []
-  for rule in rules:
-    if not (isinstance(rule, list) and len(rule) == 2 and isinstance(rule[0], str)):
-      raise ConfigError(f"logical_axis_rules: {rule!r}: expected [logical axis, [mesh axes]]")
-    name, axes = rule[0], [rule[1]] if isinstance(rule[1], str) else rule[1]
-    unknown = [a for a in axes if a not in sections.MESH_AXES + maxtext_keys.OTHER_MESH_AXES]
-    if unknown:
-      raise ConfigError(
-        f"logical_axis_rules: {rule!r} names mesh axes {unknown}; expected {', '.join(sections.MESH_AXES)}"
-      )
-    out.append([name, [a for a in axes if a in sections.MESH_AXES]])
-  return out
-
-
-def _apply_maxtext_values(merger: _Merger) -> dict[str, str]:
-  """Sets our keys that hold a value MaxText gives a meaning base.yml spells otherwise to ours:
-  remat_policy=custom, train_micro_batch_size=-1 (no accumulation), eval_batch_size=-1 (batch_size),
-  null rl.epsilon_high (grpo_epsilon) and math_verify_num_procs (min(batch_size, CPUs)),
-  comma-separated reward_functions, MaxText's data template path and logical_axis_rules. Returns
-  key -> a note of MaxText's value, for the listing of keys that differ from base.yml."""
-  v = merger.values
-  translations: dict[str, Callable[[Any], Any]] = {
-    "remat_policy": lambda x: maxtext_keys.REMAT_CUSTOM if x == "custom" else x,
-    "train_micro_batch_size": lambda x: 0 if x == -1 else x,
-    "eval_batch_size": lambda x: v["batch_size"] if x == -1 else x,
-    "rl.epsilon_high": lambda x: -1.0 if x is None else x,
-    "math_verify_num_procs": lambda x: min(v["batch_size"], os.cpu_count() or 1) if x is None else x,
-    "reward_functions": lambda x: [n.strip() for item in x for n in str(item).split(",") if n.strip()],
-    "data_template_path": _shipped_template,
-    "logical_axis_rules": _axis_rules,
-  }
-  notes = {}
-  for key, translate in translations.items():
-    if key in merger.set_by:
-      value = translate(v[key])
-      if value != v[key]:
-        notes[key] = f"MaxText's {reprlib.repr(v[key])}"
-        v[key] = value
-  return notes
-
-
-def _check_modes(merger: _Merger, changed: list[str]) -> None:
-  """Every changed key must take effect in the run's mode (its field's `applies` conditions, see
-  sections.key): one the mode ignores is an error naming the key and the mode. Except where the key
-  was set in an earlier layer (a recipe's YAML) than the setting that made the mode ignore it (e.g.
-  num_test_batches=0 on the command line against the recipe's eval_batch_size): the later choice
-  wins and the key is reported as unused. Likewise, with maxtext_compat=true, a key a file set
-  (MaxText's configs set keys of every mode)."""
-  v = merger.values
-  mode = (
-    "agentic GRPO (rl.use_agentic_rollout=true)"
-    if v["rl.use_agentic_rollout"]
-    else "standard GRPO (rl.use_agentic_rollout=false)"
-  )
-  ignored = sections.inapplicable(v)  # key -> (reason, the key whose value makes it ignored)
-  for key in changed:
-    if key not in ignored:
-      continue
-    reason, decider = ignored[key]
-    from_file = merger.set_by.get(key, "command line") != "command line"
-    if merger.layer.get(key, -1) < merger.layer.get(decider, -1) or (v["maxtext_compat"] and from_file):
-      log.warning(
-        "%s=%r (from %s) is not used: %s (%s=%r from %s)",
-        key,
-        v[key],
-        merger.set_by[key],
-        reason,
-        decider,
-        v[decider],
-        merger.set_by[decider],
-      )
-      continue
-    raise ConfigError(f"{key}={v[key]!r}: {mode} would ignore it ({reason}); remove it or change the mode")
 
 
 # Inputs that a program reads from a local copy when they are on a bucket (with_local_inputs); the
@@ -404,17 +208,6 @@ def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[s
   (config.yml written by another version) is not compared."""
   new = written_values(config)
   return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
-
-
-def _check_architecture(values: dict[str, Any], hf_arch: dict[str, Any], hf_path: str) -> None:
-  """The run's architecture must be the checkpoint's config.json."""
-  diffs = [
-    f"{key}={values[key]!r} but config.json has {hf_arch[key]!r}" for key in hf_arch if values[key] != hf_arch[key]
-  ]
-  if diffs:
-    raise ConfigError(
-      f"model_name={values['model_name']} does not match load_parameters_path={hf_path}: " + "; ".join(diffs)
-    )
 
 
 def reference() -> list[tuple[str, str, str]]:
@@ -487,16 +280,18 @@ def initialize(argv: list[str]) -> RunConfig:
     merger.apply(_flatten(_read_yaml(model_yaml)), model_yaml)
   merger.apply(cli, "command line")
   if hf_arch is not None:
-    _check_architecture(merger.values, hf_arch, hf_path)
+    checks.check_architecture(merger.values, hf_arch, hf_path)
 
-  maxtext_only = _check_maxtext_keys(merger)
-  notes = _apply_maxtext_values(merger)
+  unknown = [_unknown_key(key, list(merger.defaults), source) for key, source in merger.unknown]
+  maxtext_only = maxtext_compat.check_keys(merger.maxtext, merger.values["maxtext_compat"], unknown)
+  notes = maxtext_compat.translate(merger.values, merger.set_by)
   for key, value in merger.values.items():
     if value is None and defaults[key] is not None:
       raise ConfigError(f"{key}=None ({merger.set_by[key]}): expected {_type_name(defaults[key])}")
-  _apply_length_aliases(merger)
+  maxtext_compat.apply_length_aliases(merger.values, merger.set_by)
   checks.check(merger.values)
-  _check_modes(merger, [k for k in merger.set_by if merger.values[k] != defaults[k]])
+  changed = [k for k in merger.set_by if merger.values[k] != defaults[k]]
+  checks.check_modes(merger.values, merger.set_by, merger.layer, changed)
   sources = {k: merger.set_by.get(k, "derived") + (f", {notes[k]}" if k in notes else "") for k in merger.values}
   overridden = {k: (merger.values[k], sources[k]) for k in merger.values if merger.values[k] != defaults[k]}
   tasks.select(merger.values["dataset_name"]).check(
