@@ -497,26 +497,3 @@ def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives()
   assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
   assert [s.slots(3) for s in shares] == [[12, 13], [14, 15]]
   assert agentic.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
-
-
-def test_dynamic_sampling_replaces_a_group_without_signal_by_the_slots_next_reserve_prompt():
-  """A slot's group without signal is replaced by row `row` of reserve batch step * (rounds - 1) +
-  round (as standard GRPO draws) while rounds are left; the last round trains whatever it gets and
-  marks the step short; the metrics count every sampled group."""
-  reserve = lambda i: {"prompts": np.array([f"r{i}-{j}" for j in range(4)])}
-  ds = agentic.DynamicSampling(3, reserve, 4)
-  ds.started(4)
-  slot = 2 * 4 + 1  # step 2, row 1
-  first = ds.decide(slot, 0, zero_signal=True)
-  assert first["prompts"].tolist() == ["r4-1"] and first[agentic.SLOT].tolist() == [slot]
-  assert first[agentic.ROUND].tolist() == [1]
-  assert ds.decide(slot, 1, zero_signal=True)["prompts"].tolist() == ["r5-1"]
-  assert ds.decide(slot, 2, zero_signal=True) is None  # rounds spent: it trains
-  assert ds.decide(slot - 1, 0, zero_signal=False) is None
-  assert ds.unresolved == 2
-  metrics = {k: v for k, (v, _) in ds.metrics(2).items()}
-  assert metrics == {
-    "dynamic_sampling/rounds": 3.0,
-    "dynamic_sampling/sampled_zero_std_fraction": 0.75,
-    "dynamic_sampling/short": 1.0,
-  }

@@ -16,6 +16,7 @@ LAYERS = [
   ("config", ["configs"]),
   ("models and data", ["models", "input_pipeline"]),
   ("engines", ["inference"]),
+  ("RL core", ["rl"]),
   ("Tunix boundary", ["integration"]),
   ("trainers", ["trainers"]),
 ]
@@ -113,15 +114,37 @@ def test_the_checks_see_an_upward_import():
   assert "maxtext.inference.continuous_batching" in _imports(_modules())["maxtext.integration.tunix.rollout"]
 
 
+def _tunix_imports(module: str, path: pathlib.Path) -> list[str]:
+  """The module's imports of Tunix (at the top or inside a function)."""
+  found = []
+  for node in ast.walk(ast.parse(path.read_text())):
+    names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+      names = [node.module]
+    found += [f"{module} imports {n}" for n in names if n == "tunix" or n.startswith("tunix.")]
+  return found
+
+
 def test_only_integration_tunix_imports_tunix():
   """docs/architecture.md: only integration/tunix touches Tunix (imports at the top or inside a function)."""
-  outside = []
-  for module, path in _modules().items():
-    if module.startswith("maxtext.integration.tunix"):
-      continue
-    for node in ast.walk(ast.parse(path.read_text())):
-      names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-      if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-        names = [node.module]
-      outside += [f"{module} imports {n}" for n in names if n == "tunix" or n.startswith("tunix.")]
+  outside = [
+    line
+    for module, path in _modules().items()
+    if not module.startswith("maxtext.integration.tunix")
+    for line in _tunix_imports(module, path)
+  ]
   assert not outside, "\n".join(outside)
+
+
+def test_the_rl_core_is_free_of_tunix():
+  """maxtext.rl, the RL step's own rules, imports no Tunix, directly or through the modules it imports."""
+  modules, graph = _modules(), _imports(_modules())
+  core = [m for m in modules if m == "maxtext.rl" or m.startswith("maxtext.rl.")]
+  assert "maxtext.rl.dynamic_sampling" in core
+  reached, todo = set(core), list(core)
+  while todo:
+    for target in graph[todo.pop()] - reached:
+      reached.add(target)
+      todo.append(target)
+  found = [line for module in sorted(reached) for line in _tunix_imports(module, modules[module])]
+  assert not found, "\n".join(found)

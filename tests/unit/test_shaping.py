@@ -37,15 +37,6 @@ def test_truncated_rows_filled_the_budget_without_eos():
   assert shaping.truncated(ids, ids != pad, eos).tolist() == [True, False, False, False]
 
 
-def test_varied_groups_and_the_selection_of_groups_to_train():
-  rewards = [1, 1, 1, 0, 1, 0, 2, 0, 2, 0.5, 0.5, 0.5]  # groups of 3: equal, varied, varied, equal
-  varied = shaping.varied_groups(rewards, 3)
-  assert varied.tolist() == [False, True, True, False]
-  assert shaping.select_groups(varied, 2).tolist() == [1, 2]  # the varied ones, in sampling order
-  assert shaping.select_groups(varied, 3).tolist() == [0, 1, 2]  # one without signal fills the batch
-  assert shaping.select_groups([True, False, True, True], 2).tolist() == [0, 2]
-
-
 def test_sampler_is_weights_by_hand():
   trainer = np.log(np.array([[0.5, 0.2, 0.9]]))
   sampler = np.log(np.array([[0.25, 0.4, 0.9]]))

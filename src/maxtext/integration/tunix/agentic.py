@@ -29,6 +29,10 @@ What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic
   the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
   every step. Draws are named by (group, sample, turn) (step_keys.StepKeys.request), so the processes
   draw what one process would;
+- dynamic sampling (rl.dynamic_sampling, one process) per prompt slot: the rule, its reserve prompts
+  and metrics are maxtext.rl.dynamic_sampling.Slots, shared with the standard learner; here each
+  prompt is tagged with its slot and round, a group without signal is dropped and its replacement
+  queued, and the prompt stream outlasts the data while slots are undecided (_PromptStream);
 - a failed rollout fails the run: its error is raised in the training loop, and the producer's
   queues are closed whenever training ends (else its threads block process exit).
 
@@ -41,7 +45,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -66,10 +69,9 @@ from maxtext.integration.tunix.trajectories import (
   without_examples,
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
+from maxtext.rl import dynamic_sampling
 from maxtext.utils import distributed, errors
 from maxtext.utils import mesh as mesh_lib
-
-log = logging.getLogger(__name__)
 
 
 def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
@@ -137,12 +139,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
     steps (it may raise to stop training);
-    dynamic_sampling_rounds > 1: see DynamicSampling, with reserve(i), the i-th reserve batch."""
+    dynamic_sampling_rounds > 1: dynamic sampling per slot (maxtext.rl.dynamic_sampling.Slots), with
+    reserve(i), the i-th reserve batch."""
     super().__init__(*args, **kwargs)
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
     self._next_step = 0  # the step of the next batch the producer takes
     self._dynamic = (
-      DynamicSampling(dynamic_sampling_rounds, reserve, batch_size) if dynamic_sampling_rounds > 1 else None
+      dynamic_sampling.Slots(dynamic_sampling_rounds, reserve, batch_size) if dynamic_sampling_rounds > 1 else None
     )
     self._closing = False
     self._wire(before_step)
@@ -258,17 +261,18 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _trained(self, group: list, examples: list) -> list:
     """What of a scored group trains: all of it, or with dynamic sampling nothing where its rewards
     are all equal and its slot has rounds left (a reserve prompt takes its place). Logs
-    frac_reward_zero_std over the trained groups and dynamic_sampling/* (DynamicSampling)."""
+    frac_reward_zero_std over the trained groups and dynamic_sampling/* (the rule and its metrics:
+    maxtext.rl.dynamic_sampling.Slots)."""
     zero, _ = self._zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in examples]))
     slot = group[0].group_id
     step = slot // self._share.batch_size
     if self._dynamic is not None:
       rnd = _scalar(group[0].traj["original_input"][ROUND])
       replacement = self._dynamic.decide(slot, rnd, bool(zero))
-      self._log(self._dynamic.metrics(step), step)
+      self._log({k: (v, step_metrics.last) for k, v in self._dynamic.metrics(step).items()}, step)
       if replacement is not None:
         assert self._prompt_queue is not None
-        self._prompt_queue.put(replacement)
+        self._prompt_queue.put({**replacement, SLOT: np.asarray([slot]), ROUND: np.asarray([rnd + 1])})
         return []
     self._log_zero_signal_so_far(zero, step)
     return examples
@@ -385,55 +389,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       raise self._input_error
 
 
-class DynamicSampling:
-  """Dynamic sampling (DAPO) in agentic GRPO, per slot: a group whose rewards are all equal does not
-  train while its slot has rounds left; the reserve prompt of the slot's next round is sampled in its
-  place (round r of slot step * B + row is row `row` of reserve batch step * (rounds - 1) + r - 1, as
-  in standard GRPO, so a resumed run draws the same). A slot whose last round has no signal trains
-  that group (the step is `short`). Per step it logs dynamic_sampling/rounds (the most any slot
-  took), dynamic_sampling/sampled_zero_std_fraction (over every group sampled) and
-  dynamic_sampling/short (1 where a slot ran out). Thread-safe: groups finish on several threads."""
-
-  def __init__(self, rounds: int, reserve: Callable[[int], dict] | None, batch_size: int):
-    if reserve is None:
-      raise ValueError("dynamic sampling needs the reserve batches")
-    self._rounds, self._reserve, self._batch_size = rounds, reserve, batch_size
-    self._lock = threading.Lock()
-    self._steps: dict[int, collections.Counter] = {}
-    self.unresolved = 0  # slots started whose trained group is not decided yet
-
-  def started(self, slots: int) -> None:
-    with self._lock:
-      self.unresolved += slots
-
-  def decide(self, slot: int, rnd: int, zero_signal: bool) -> dict | None:
-    """The replacement prompt (a one-prompt batch) when the group does not train, else None."""
-    step, row = divmod(slot, self._batch_size)
-    replace = zero_signal and rnd + 1 < self._rounds
-    with self._lock:
-      totals = self._steps.setdefault(step, collections.Counter())
-      totals.update({"sampled": 1, "sampled_zero": int(zero_signal)})
-      if not replace:
-        totals["rounds"] = max(totals["rounds"], rnd + 1)
-        totals["short"] = max(totals["short"], int(zero_signal))
-        self.unresolved -= 1
-    if not replace:
-      if zero_signal:
-        log.warning("dynamic sampling: slot %d of step %d has no signal after %d rounds; it trains", row, step, rnd + 1)
-      return None
-    batch = self._reserve(step * (self._rounds - 1) + rnd)
-    return {**{k: v[row : row + 1] for k, v in batch.items()}, SLOT: np.asarray([slot]), ROUND: np.asarray([rnd + 1])}
-
-  def metrics(self, step: int) -> dict:
-    with self._lock:
-      t = self._steps[step]
-      return {
-        "dynamic_sampling/rounds": (float(max(t["rounds"], 1)), step_metrics.last),
-        "dynamic_sampling/sampled_zero_std_fraction": (t["sampled_zero"] / t["sampled"], step_metrics.last),
-        "dynamic_sampling/short": (float(t["short"]), step_metrics.last),
-      }
-
-
 class _PromptStream(agentic_grpo_learner.GRPOLearner._AsyncQueueIterator):
   """The producer's prompts. With dynamic sampling the end of the data does not end it while slots
   are undecided: their replacements come after it."""
@@ -484,7 +439,7 @@ def build_learner(
   """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling)."""
   return AgenticGRPOLearner(
     batch_size=train.batch_size,
-    dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
+    dynamic_sampling_rounds=dynamic_sampling.max_rounds(rl),
     reserve=reserve,
     before_step=before_step,
     rl_cluster=cluster,

@@ -1,6 +1,7 @@
-"""Tunix's standard GRPO learner (rl.use_agentic_rollout=false) with a step hook, per-step metrics and
-the sample shaping of shaping.py (dynamic sampling, overlong punishment, truncated-completion masking,
-sampler importance correction). With the batched engine each step's example carries the sampler's
+"""Tunix's standard GRPO learner (rl.use_agentic_rollout=false) with a step hook, per-step metrics,
+dynamic sampling (the rule of maxtext.rl.dynamic_sampling, in rounds of whole batches) and the sample
+shaping of shaping.py (overlong punishment, truncated-completion masking, sampler importance
+correction). With the batched engine each step's example carries the sampler's
 log-probs (losses.SampledExample), from which the loss logs the sampler/trainer mismatch every step.
 
 The private Tunix members used here are listed, with why, in private_api.py.
@@ -9,7 +10,6 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Callable
 
 import jax
@@ -23,10 +23,10 @@ from maxtext.configs.sections import AlgorithmSection, SamplingSection, TrainSec
 from maxtext.integration.tunix import losses, shaping
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.wiring import LearnerWiring
+from maxtext.rl import dynamic_sampling
 from maxtext.utils import distributed
 from maxtext.utils.steps import Steps
 
-log = logging.getLogger(__name__)
 TRAIN = rl_cluster_lib.Mode.TRAIN
 
 
@@ -131,7 +131,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       sampler_logps = np.zeros((len(logps), width), np.float32)
       for row, lp in zip(sampler_logps, logps):
         row[: len(lp)] = np.asarray(lp)[:width]
-    varied = shaping.varied_groups(self._last_rewards, self.algo_config.num_generations)
+    varied = dynamic_sampling.varied_groups(self._last_rewards, self.algo_config.num_generations)
     return _Round(example, self._last_rewards, varied, sampler_logps)
 
   def _shaped_example(self, training_input) -> common.TrainExample:
@@ -139,11 +139,10 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     importance correction, as self._shape says."""
     shape = self._shape
     generations = self.algo_config.num_generations
-    rounds = [self._sample_round(training_input)]
-    wanted = len(rounds[0].rewards) // generations
+    first = self._sample_round(training_input)
+    example, sampler_logps = first.example, first.sampler_logps
     if shape.dynamic_sampling_rounds > 1:
-      rounds += self._more_rounds(rounds[0], wanted)
-    example, sampler_logps = self._selected(rounds, wanted)
+      example, sampler_logps = self._dynamically_sampled(first, len(first.rewards) // generations)
     if sampler_logps is not None and shape.sampler_is:
       trainer_logps = example.old_per_token_logps
       if trainer_logps is None:
@@ -166,50 +165,24 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       self._log({"completions/masked_truncated_fraction": (float(cut.mean()), np.mean)})
     return example
 
-  def _more_rounds(self, first: _Round, wanted: int) -> list[_Round]:
-    """Dynamic sampling: further rounds of reserve prompts until `wanted` groups have varied rewards
-    or the rounds run out (then reported)."""
-    shape = self._shape
-    assert self._reserve is not None
+  def _dynamically_sampled(self, first: _Round, wanted: int) -> tuple[common.TrainExample, np.ndarray | None]:
+    """Dynamic sampling (maxtext.rl.dynamic_sampling.StepRounds): further rounds of reserve prompts
+    after `first` while the rule asks for them, then the example of the `wanted` groups that train
+    (all of a single round), with their sampler log-probs."""
     generations = self.algo_config.num_generations
-    rounds: list[_Round] = []
-    varied = [first.varied]
     step = self.rl_cluster.global_steps
-    while sum(int(v.sum()) for v in varied) < wanted and len(varied) < shape.dynamic_sampling_rounds:
-      batch = self._reserve(step * (shape.dynamic_sampling_rounds - 1) + len(varied) - 1)
-      if len(batch["prompts"]) != wanted:
-        raise ValueError(f"dynamic sampling: a reserve batch of {len(batch['prompts'])} prompts for {wanted} groups")
+    plan = dynamic_sampling.StepRounds(self._shape.dynamic_sampling_rounds, self._reserve, step, wanted)
+    rounds = [first]
+    plan.add(first.varied)
+    while (batch := plan.next_batch()) is not None:
       batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
       batch["trajectory_ids"] = self._compute_trajectory_ids(batch, step)
       rounds.append(self._sample_round(batch))
-      varied.append(rounds[-1].varied)
-    sampled = np.concatenate(varied)
-    short = int(sampled.sum()) < wanted
-    if short:
-      log.warning(
-        "dynamic sampling: %d of %d groups with varied rewards after rl.dynamic_sampling_max_rounds=%d rounds at "
-        "step %d; groups without signal fill the batch",
-        int(sampled.sum()),
-        wanted,
-        shape.dynamic_sampling_rounds,
-        step,
-      )
-    self._log(
-      {
-        "dynamic_sampling/rounds": (len(varied), np.mean),
-        "dynamic_sampling/sampled_zero_std_fraction": (float(1.0 - sampled.mean()), np.mean),
-        "dynamic_sampling/short": (float(short), np.mean),
-      }
-    )
-    return rounds
-
-  def _selected(self, rounds: list[_Round], wanted: int) -> tuple[common.TrainExample, np.ndarray | None]:
-    """The example of the groups dynamic sampling keeps (all of a single round), with their sampler
-    log-probs."""
+      plan.add(rounds[-1].varied)
+    self._log({k: (v, np.mean) for k, v in plan.tally.metrics().items()})
     if len(rounds) == 1:
-      return rounds[0].example, rounds[0].sampler_logps
-    generations = self.algo_config.num_generations
-    groups = shaping.select_groups(np.concatenate([r.varied for r in rounds]), wanted)
+      return first.example, first.sampler_logps
+    groups = plan.selected()
     rows = (groups[:, None] * generations + np.arange(generations)).reshape(-1)
     merged = jax.tree.map(lambda *xs: jnp.concatenate(xs)[rows], *[r.example for r in rounds])
     logps = [r.sampler_logps for r in rounds if r.sampler_logps is not None]

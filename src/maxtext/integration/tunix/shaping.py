@@ -1,8 +1,7 @@
 """What the standard learner does to a step's samples between sampling and training, each a setting:
 
-- dynamic sampling (DAPO, rl.dynamic_sampling): a group whose rewards are all equal has no learning
-  signal, so more groups are sampled, up to rl.dynamic_sampling_max_rounds rounds of batch_size prompts,
-  until the step holds batch_size groups whose rewards differ (`select_groups`);
+- dynamic sampling (DAPO, rl.dynamic_sampling): its rule is maxtext.rl.dynamic_sampling, shared with
+  the agentic learner; here only its number of rounds (`dynamic_sampling_rounds`);
 - soft overlong punishment (DAPO, rl.overlong_buffer_length > 0): a reward penalty growing linearly over
   the last rl.overlong_buffer_length tokens of the response budget (`overlong_penalty`);
 - masking truncated completions (rl.mask_truncated_completions): a completion that used the whole budget
@@ -21,6 +20,7 @@ import dataclasses
 import numpy as np
 
 from maxtext.configs.sections import AlgorithmSection, SamplingSection
+from maxtext.rl import dynamic_sampling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Shaping:
   @classmethod
   def from_config(cls, rl: AlgorithmSection, sampling: SamplingSection) -> Shaping:
     return cls(
-      dynamic_sampling_rounds=rl.dynamic_sampling_max_rounds if rl.dynamic_sampling else 1,
+      dynamic_sampling_rounds=dynamic_sampling.max_rounds(rl),
       overlong_buffer_length=rl.overlong_buffer_length,
       overlong_penalty=rl.overlong_penalty,
       max_response_length=sampling.max_response_length,
@@ -63,21 +63,6 @@ def truncated(completion_ids, completion_mask, eos_id: int) -> np.ndarray:
   a sampled pad token leaves it masked, so it does not fill the budget)."""
   ids, mask = np.asarray(completion_ids), np.asarray(completion_mask)
   return (mask.sum(axis=-1) == mask.shape[-1]) & (ids[:, -1] != eos_id)
-
-
-def varied_groups(rewards, num_generations: int) -> np.ndarray:
-  """Per group of num_generations consecutive rows: whether its rewards are not all equal."""
-  grouped = np.asarray(rewards, dtype=np.float64).reshape(-1, num_generations)
-  return grouped.max(axis=1) > grouped.min(axis=1)
-
-
-def select_groups(varied: np.ndarray, wanted: int) -> np.ndarray:
-  """Indices of the `wanted` groups to train from the groups sampled so far (in sampling order):
-  those with varied rewards first, then, when there are too few, groups without signal to fill the
-  batch."""
-  varied = np.asarray(varied, dtype=bool)
-  order = np.concatenate([np.flatnonzero(varied), np.flatnonzero(~varied)])
-  return np.sort(order[:wanted])
 
 
 def sampler_is_weights(trainer_logps, sampler_logps, threshold: float) -> np.ndarray:
