@@ -153,6 +153,8 @@ class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
   to bind `seed`).
   """
 
+  keys: StepKeys
+
   def __init__(
     self, rollout_actor: Decoder, tokenizer, mesh: Mesh, rollout_config: base_rollout.RolloutConfig, seed: int
   ):
