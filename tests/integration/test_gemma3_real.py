@@ -84,48 +84,40 @@ def test_a_short_grpo_run_on_gemma3_trains_evaluates_and_saves(tmp_path):
   assert any((tmp_path / "short" / "checkpoints").iterdir())
 
 
-def _sums_run(folder, sign: float) -> dict:
-  """rl_gemma3_sums.yml shortened to 6 steps, its reward negated for sign -1 (a reward file): the
-  greedy held-out accuracy before and after (eval.json) and the sampled reward per step."""
-  args = ["train_rl", "rl_gemma3_sums.yml", "num_batches=6", f"base_output_directory={folder}", "run_name=run"]
-  if sign < 0:
-    (folder / "reward.py").write_text(
-      "from maxtext.tasks import word_problems\n"
-      "def negated(prompts, completions, tmvp_config, answer, **kwargs):\n"
-      "  return [-r for r in word_problems.last_number_correct(prompts, completions, tmvp_config, answer, **kwargs)]\n"
-    )
-    args += [f"reward_functions_path={folder / 'reward.py'}", "reward_functions=[negated]"]
+def _sums_run(folder, overrides: list[str]) -> dict:
+  """rl_gemma3_sums.yml with `overrides`: eval.json's results and the sampled reward per step."""
+  args = ["train_rl", "rl_gemma3_sums.yml", f"base_output_directory={folder}", "run_name=run", *overrides]
   assert train_rl.main(args) == 0
-  evals = json.loads((folder / "run" / "eval.json").read_text())
   rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
-  return {
-    "before": evals["before"]["accuracy"],
-    "after": evals["after"]["accuracy"],
-    "sampled": [abs(r["rewards/mean"]) for r in rows],
-  }
+  return {**json.loads((folder / "run" / "eval.json").read_text()), "rewards": [r["rewards/mean"] for r in rows]}
+
+
+def _negated_reward(folder) -> list[str]:
+  """The overrides that replace the sums reward by its negation (a reward file written to folder)."""
+  (folder / "reward.py").write_text(
+    "from maxtext.tasks import word_problems\n"
+    "def negated(prompts, completions, tmvp_config, answer, **kwargs):\n"
+    "  return [-r for r in word_problems.last_number_correct(prompts, completions, tmvp_config, answer, **kwargs)]\n"
+  )
+  return [f"reward_functions_path={folder / 'reward.py'}", "reward_functions=[negated]"]
 
 
 # About 8 minutes per run on 2 cores.
 @pytest.mark.slow
 def test_gemma3_follows_the_reward_sign(tmp_path):
-  """The same GRPO run on Gemma 3 270M with the sums reward and with it negated: greedy held-out accuracy
-  rises with the reward and falls against it."""
+  """The same GRPO run on Gemma 3 270M (the recipe shortened to 6 steps) with the sums reward and with
+  it negated: greedy held-out accuracy rises with the reward and falls against it."""
   runs = {}
   for sign in (1.0, -1.0):
     folder = tmp_path / f"sign{sign:+.0f}"
     folder.mkdir()
-    runs[sign] = _in_fresh_process(_sums_run, folder, sign)  # the first run's memory goes with its process
+    overrides = ["num_batches=6", *([] if sign > 0 else _negated_reward(folder))]
+    run = _in_fresh_process(_sums_run, folder, overrides)  # the first run's memory goes with its process
+    runs[sign] = {"before": run["before"]["accuracy"], "after": run["after"]["accuracy"], "rewards": run["rewards"]}
   print(f"rewarded: {runs[1.0]}; negated: {runs[-1.0]}")
   assert runs[1.0]["after"] >= runs[1.0]["before"] + 0.1
   assert runs[-1.0]["after"] <= runs[-1.0]["before"]
   assert runs[1.0]["after"] >= runs[-1.0]["after"] + 0.15
-
-
-def _recipe_run(folder) -> dict:
-  """The shipped recipe rl_gemma3_sums.yml as it is: eval.json's results and the sampled rewards."""
-  assert train_rl.main(["train_rl", "rl_gemma3_sums.yml", f"base_output_directory={folder}", "run_name=run"]) == 0
-  rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
-  return {**json.loads((folder / "run" / "eval.json").read_text()), "rewards": [r["rewards/mean"] for r in rows]}
 
 
 # About 10 minutes on 2 cores.
@@ -133,7 +125,7 @@ def _recipe_run(folder) -> dict:
 def test_the_gemma3_recipe_improves_held_out_accuracy(tmp_path):
   """rl_gemma3_sums.yml on the real Gemma 3 270M: held-out greedy accuracy on at least 200 questions
   rises, with a paired bootstrap 95% interval above 0, and the sampled reward rises."""
-  results = _in_fresh_process(_recipe_run, tmp_path)
+  results = _in_fresh_process(_sums_run, tmp_path, [])
   gain = results["gain"]
   print(f"accuracy {results['before']['accuracy']:.3f} -> {results['after']['accuracy']:.3f}, gain {gain}")
   assert results["before"]["num_examples"] >= 200

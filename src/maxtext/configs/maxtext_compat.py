@@ -173,9 +173,9 @@ def translate(v: dict[str, Any], set_by: Mapping[str, str]) -> dict[str, str]:
     "logical_axis_rules": _axis_rules,
   }
   notes = {}
-  for key, translate in translations.items():
+  for key, ours in translations.items():
     if key in set_by:
-      value = translate(v[key])
+      value = ours(v[key])
       if value != v[key]:
         notes[key] = f"MaxText's {reprlib.repr(v[key])}"
         v[key] = value
