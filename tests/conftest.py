@@ -28,7 +28,7 @@ def template_for(cfg, tokenizer) -> PromptTemplate:
 
 def parser_for(cfg, tokenizer):
   """The run's chat parser, as train_rl builds it."""
-  from maxtext.integration.tunix import chat_parser
+  from maxtext.input_pipeline import chat_parser
 
   return chat_parser.for_config(cfg.agentic, template_for(cfg, tokenizer))
 

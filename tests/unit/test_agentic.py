@@ -14,7 +14,7 @@ from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
-from maxtext.integration.tunix.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then

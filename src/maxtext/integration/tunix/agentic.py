@@ -61,7 +61,7 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
 from maxtext.integration.tunix import losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
-from maxtext.integration.tunix.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
   agent_kwargs,

@@ -410,23 +410,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "trajectories.py",
     "the user turn is the templated `prompts` field (ToolAgent takes the raw question)",
   ),
-  # Chat parser (chat_parser.py)
-  PrivateDependency(
-    "tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser",
-    "_init_tokens",
-    "override",
-    ("self",),
-    "chat_parser.py",
-    "the parser's constructor calls it; rendering goes through the tokenizer's template instead",
-  ),
-  PrivateDependency(
-    "tunix.rl.agentic.parser.chat_template_parser.parser.BaseChatTemplateParser",
-    "_init_generation_prompt",
-    "override",
-    ("self",),
-    "chat_parser.py",
-    "the generation prompt from the tokenizer's own template",
-  ),
   # Checkpoints (actor_checkpoints.py)
   PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",

@@ -27,7 +27,7 @@ from tunix.rl.agentic.tools import base_tool
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
 from maxtext.configs.sections import ToolsSection
-from maxtext.integration.tunix.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
 
 
 class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):

@@ -27,10 +27,10 @@ import jax
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
 from maxtext.configs.sections import RunConfig
-from maxtext.input_pipeline import datasets, rewards, templates
+from maxtext.input_pipeline import chat_parser, datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import chat_parser, metrics, rollout_setup, tools, trajectories
+from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.models.load import load_model

@@ -1,4 +1,6 @@
-"""The chat parser Tunix's agentic learner uses, driven by our config and the tokenizer's template.
+"""The chat parser the agentic learner renders conversations with, driven by our config and the
+tokenizer's template. It answers what Tunix's agentic learner and trajectory engine ask of a parser
+(`parse` and `assistant_token`) without being one of Tunix's parser classes.
 
 Tunix renders a conversation message by message and concatenates the token pieces, so rendering
 must be prefix-preserving: render(conversation[:k]) must be a prefix of render(conversation[:k+1])
@@ -12,8 +14,6 @@ Message content is coerced to text (Tunix passes dataset fields as numpy scalars
 empty system message gets the configured system prompt (rl.system_prompt, else the data template's).
 The parser also holds the data template's example turns, which every conversation opens with after
 the system turn.
-
-The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import logging
 
 import jinja2
 import numpy as np
-from tunix.rl.agentic.parser.chat_template_parser import parser as tunix_parser
 
 from maxtext.configs.sections import AgenticSection
 from maxtext.input_pipeline.templates import PromptTemplate
@@ -55,14 +54,14 @@ def as_text(content) -> str:
   return str(content)
 
 
-class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
+class ConfigChatParser:
   """Renders role-aware messages with the tokenizer's chat template (or the ChatML variant)."""
 
   def __init__(self, tokenizer, system_prompt: str, example_turns=()):
     self.system_prompt = system_prompt
     self.example_turns = tuple(example_turns)
     self.template = tokenizer.chat_template
-    self._tokenizer_for_render = tokenizer
+    self.tokenizer = tokenizer
     problem = self._prefix_problem()
     if problem:
       log.warning(
@@ -74,15 +73,9 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
       if self._prefix_problem():
         raise ValueError("no prefix-preserving chat template for this tokenizer")
     self.prefix_preserving_variant = self.template == PREFIX_PRESERVING_CHATML
-    super().__init__(tokenizer, enable_thinking=False)
-
-  # BaseChatTemplateParser hooks; rendering goes through `render`, not the token table.
-  def _init_tokens(self) -> tunix_parser.TokenConfig:
-    return tunix_parser.TokenConfig()
-
-  def _init_generation_prompt(self) -> str:
     anchor = _PROBE[:2]
-    return self.render(anchor, add_generation_prompt=True)[len(self.render(anchor)) :]
+    # What the template adds to a conversation to open the model's turn.
+    self.generation_prompt = self.render(anchor, add_generation_prompt=True)[len(self.render(anchor)) :]
 
   @property
   def assistant_token(self) -> str:
@@ -94,7 +87,7 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
     msgs = [{"role": m["role"], "content": as_text(m["content"])} for m in messages]
     if msgs and msgs[0]["role"] == "system" and not msgs[0]["content"]:
       msgs[0]["content"] = self.system_prompt
-    tok = self._tokenizer_for_render
+    tok = self.tokenizer
     if self.template == tok.chat_template:
       return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=add_generation_prompt)
     env = jinja2.Environment()
@@ -104,7 +97,7 @@ class ConfigChatParser(tunix_parser.BaseChatTemplateParser):
   def turn_end_suffix(self) -> str:
     """What the template writes after a model turn's end (EOS) token before the next message
     ("\n" in ChatML); a sampled turn stops at the EOS token."""
-    eos = self._tokenizer_for_render.eos_token or ""
+    eos = self.tokenizer.eos_token or ""
     turn = self.render(_PROBE[:3])
     end = turn.find(eos, turn.rindex(_PROBE[2]["content"])) if eos else -1
     return turn[end + len(eos) :] if end >= 0 else ""
