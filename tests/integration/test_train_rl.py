@@ -559,7 +559,7 @@ def test_agentic_at_max_concurrency_256(tmp_path):
 
 @pytest.mark.slow  # test_scripted_policy runs the python tool in the fast suite
 def test_agentic_with_tools_runs_and_logs_tool_metrics(tmp_path):
-  """rl.tools with the shipped tool-use template: ToolAgent conversations of up to rl.max_turns."""
+  """rl.tools with the shipped tool-use template: tool-calling conversations of up to rl.max_turns."""
   template = os.path.join(os.path.dirname(pyconfig.__file__), "templates", "tool_use_rl.json")
   args = [
     *TINY,

@@ -13,8 +13,8 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
-from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -233,7 +233,7 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
     ).collect(mode="Trajectory")
   )
   assert "Solve:" not in sent.pop()
-  agent = trajectories.UserTurnToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
+  agent = trajectories.ConversationAgent(system_prompt=parser.system_prompt, tool_map=tool_map)
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
   engine = trajectories.TrajectoryEngine(
     agent,
@@ -286,7 +286,7 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
     )
 
   tool_map = {"calculator": tools.CalculatorTool}
-  agent = trajectories.UserTurnToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  agent = trajectories.ConversationAgent(system_prompt="SYS", tool_map=tool_map)
   env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
   engine = trajectories.TrajectoryEngine(
     agent,
@@ -400,8 +400,10 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   calls, model_call = _scripted(replies, smollm2_tokenizer)
 
   tool_map = {"calculator": tools.CalculatorTool}
-  cls = tool_agent.ToolAgent if agent_class == "tunix" else trajectories.UserTurnToolAgent
-  agent = cls(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  if agent_class == "tunix":
+    agent = tool_agent.ToolAgent(system_prompt="SYS", tool_map=tool_map, tool_parser_name="qwen")
+  else:
+    agent = trajectories.ConversationAgent(system_prompt="SYS", tool_map=tool_map)
   env = tool_environment.ToolEnvironment(
     {"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=4
   )

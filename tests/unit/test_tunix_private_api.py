@@ -3,6 +3,7 @@ rely on, and our code touches no private Tunix member, and replaces no public on
 that the list does not name."""
 
 import ast
+import dataclasses
 import importlib
 import inspect
 import pathlib
@@ -73,7 +74,11 @@ def _private_names_used(tree: ast.AST, tunix_classes: dict[str, type]) -> dict[s
         for base in bases:
           if _assigns(_tunix_sources(base), target.attr) or callable(getattr(base, target.attr, None)):
             found.setdefault(target.attr, set()).add(base.__name__)
+  # Fields of the Tunix dataclasses the module imports (agent_types.Step, Trajectory) are theirs to fill.
+  fields = {f.name for c in tunix_classes.values() if dataclasses.is_dataclass(c) for f in dataclasses.fields(c)}
   for target in _assigned_attributes(tree):  # public members replaced on other objects (instances)
+    if target.attr in fields:
+      continue
     if not (isinstance(target.value, ast.Name) and target.value.id == "self") and not private(target.attr):
       for cls in tunix_classes.values():
         if callable(getattr(cls, target.attr, None)) or _assigns(_tunix_sources(cls), target.attr):

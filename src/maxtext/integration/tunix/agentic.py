@@ -3,16 +3,16 @@
 The agentic learner runs up to rl.max_concurrency single-prompt rollouts at once, overlaps them with
 training and accepts samples at most rl.off_policy_steps policy versions old. Its prompts are the
 user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
-With rl.tools the agent is Tunix's ToolAgent (tool calls parsed from <tool_call>{json}</tool_call>)
-in a ToolEnvironment of at most rl.max_turns model turns.
+The agent is our trajectories.ConversationAgent; with rl.tools it parses tool calls from
+<tool_call>{json}</tool_call> and runs in a ToolEnvironment of at most rl.max_turns model turns.
 What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
   with) is refreshed before each batch is scored;
-- with tools, the user turn is the example's templated user content (ToolAgent reads only a
-  `question` field, the raw question, and drops the data template's user turn): trajectories.UserTurnToolAgent;
+- the user turn is the example's templated user content, with tools too (Tunix's ToolAgent reads
+  only a `question` field, the raw question, and drops the data template's user turn);
 - a chat parser is always given; numpy message content is coerced
   to text by the parser;
 - with the batched engine the old policy's log-probs are the sampler's (use_rollout_logps: the
@@ -59,9 +59,9 @@ from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
-from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
   agent_kwargs,

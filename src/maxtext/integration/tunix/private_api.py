@@ -376,40 +376,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "trajectories.py",
     "the turn-end tokens added to a step count against the response budget",
   ),
-  PrivateDependency(
-    "tunix.rl.agentic.agents.base_agent.ConversationAgentBase",
-    "_init_messages",
-    "override",
-    ("self", "system_prompt"),
-    "trajectories.py",
-    "example turns after the system turn; a blank line between the system prompt and the tools' "
-    "descriptions (ToolAgent glued them to its last word)",
-  ),
-  PrivateDependency(
-    "tunix.rl.agentic.agents.base_agent.ConversationAgentBase",
-    "_messages",
-    "write",
-    None,
-    "trajectories.py",
-    "the conversation the hooks above extend",
-  ),
-  PrivateDependency(
-    "tunix.rl.agentic.agents.tool_agent.ToolAgent",
-    "tool_parser",
-    "write",
-    None,
-    "trajectories.py",
-    "a malformed tool call is answered with an error text (ToolCallParser); Tunix's parser printed it "
-    "and skipped it, so the reply ended the conversation as its answer",
-  ),
-  PrivateDependency(
-    "tunix.rl.agentic.agents.tool_agent.ToolAgent",
-    "_observation_to_messages",
-    "override",
-    ("self", "observation", "reward", "done", "info"),
-    "trajectories.py",
-    "the user turn is the templated `prompts` field (ToolAgent takes the raw question)",
-  ),
   # Checkpoints (actor_checkpoints.py)
   PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",

@@ -70,7 +70,7 @@ class IdleClock:
     return step, min(self._waited / max(end - start, 1e-9), 1.0)
 
 
-_TOOL_FAILURE = "Tool returned result: Error:"  # how ToolAgent writes a failed tool's output
+_TOOL_FAILURE = "Tool returned result: Error:"  # how the agent writes a failed tool's output
 
 
 def conversation_counts(conversations: list[list[dict]]) -> collections.Counter:

@@ -2,10 +2,10 @@
 
 - TrajectoryEngine: Tunix's trajectory collection with full-length responses kept and later turns
   sampled from the conversation's exact token stream;
-- the agents: Tunix's ModelAgent (no tools) and ToolAgent (rl.tools) opening every conversation with
-  the data template's example turns; with tools the user turn is the templated `prompts` field,
-  malformed tool-call arguments reach the tool as an error instead of stopping training, and a
-  malformed tool call is answered with an error text (ToolCallParser);
+- ConversationAgent: the conversation (system turn, the data template's example turns, the templated
+  `prompts` field as the user turn, replies, with rl.tools the tools' answers), where malformed
+  tool-call arguments reach the tool as an error instead of stopping training and a malformed tool
+  call is answered with an error text (ToolCallParser);
 - what rewards and metrics see: the conversation without example turns, every assistant turn joined;
 - the first prompt (system prompt with the tools' descriptions, example turns, user turn), which
   max_prompt_length must bound.
@@ -15,15 +15,17 @@ The private Tunix members used here are listed, with why, in private_api.py.
 
 from __future__ import annotations
 
+import copy
 import json
+import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-from tunix.rl.agentic.agents import model_agent, tool_agent
+from tunix.rl.agentic.agents import agent_types
 from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.parser.tool_parser import qwen_parser
-from tunix.rl.agentic.tools import base_tool
+from tunix.rl.agentic.tools import base_tool, tool_manager
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 
 from maxtext.configs.sections import ToolsSection
@@ -121,28 +123,6 @@ def without_examples(conversation: list[dict]) -> list[dict]:
   return [m for m in conversation if not m.get(EXAMPLE)]
 
 
-if TYPE_CHECKING:  # to mypy, the mixin's super() is the Tunix agent it is mixed into
-  from tunix.rl.agentic.agents.base_agent import ConversationAgentBase as _AgentBase
-else:
-  _AgentBase = object
-
-
-class _ExampleTurns(_AgentBase):
-  """The data template's EXAMPLES after the system turn of every conversation, marked EXAMPLE."""
-
-  def __init__(self, *args, example_turns=(), **kwargs):
-    self.example_turns = tuple(example_turns)
-    super().__init__(*args, **kwargs)
-
-  def _init_messages(self, system_prompt: str) -> None:
-    super()._init_messages(system_prompt)
-    self._messages.extend({**turn, EXAMPLE: "yes"} for turn in self.example_turns)
-
-
-class ExampleTurnsModelAgent(_ExampleTurns, model_agent.ModelAgent):
-  """Tunix's ModelAgent (one reply to the task's `prompts`) with the example turns."""
-
-
 MALFORMED_CALL = "<malformed tool call>"  # the call ToolCallParser makes of a malformed one
 
 
@@ -193,50 +173,89 @@ def _tool_call(text: str) -> base_tool.ToolCall:
   return base_tool.ToolCall(name=call["name"], arguments=call["arguments"])
 
 
-class UserTurnToolAgent(_ExampleTurns, tool_agent.ToolAgent):
-  """Tunix's ToolAgent whose user turn is the task's `prompts` (the user content the data template
-  renders), as for Tunix's ModelAgent; ToolAgent itself takes the raw `question` field. The tools'
-  descriptions follow the system prompt after a blank line (ToolAgent glued them to its last word).
-  The empty observation that ends an episode adds nothing (ToolAgent logged a warning per conversation).
-  The example turns follow the system turn. Tool calls are parsed by ToolCallParser, so its
-  environment needs MALFORMED_CALL among its tools (agent_kwargs adds it)."""
+class ConversationAgent:
+  """One conversation, as Tunix's trajectory engine drives an agent (`reset`, `update_from_env`,
+  `update_from_model`, `chat_completions`, `trajectory`, `get_current_step`); Tunix's agent classes
+  are not used.
 
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
-    self.tool_parser = ToolCallParser()
+  The conversation: the system turn (the system prompt; with tools, their descriptions after a blank
+  line), the data template's example turns (marked EXAMPLE), the user turn (the task's `prompts`,
+  the user content the data template renders), then the model's replies and, with tools, the tools'
+  answers ("Tool returned result: ..." tool turns). Without tools a reply is the episode's action.
+  With tools a reply's calls are parsed by ToolCallParser (so the environment needs MALFORMED_CALL
+  among its tools; agent_kwargs adds it) and made what Tunix's ToolEnvironment can take: a reply
+  without calls, or with a `finish` call, ends the episode with the whole reply as its response
+  ({"response": the reply}); any other call's arguments are a JSON object's text, and model-written
+  arguments that are not an object (a string, a list, broken JSON) reach the tool as
+  one `invalid_arguments` argument, which it answers with an error text instead of stopping training.
+  The empty observation that ends an episode adds nothing."""
 
-  def _init_messages(self, system_prompt: str) -> None:
-    if system_prompt and self.tools_prompt:
-      system_prompt = system_prompt.rstrip() + "\n\n"
-    super()._init_messages(system_prompt)
+  def __init__(self, system_prompt: str, example_turns=(), tool_map=None):
+    self.system_prompt = system_prompt
+    self.example_turns = tuple(example_turns)
+    self._calls = ToolCallParser() if tool_map else None
+    tools_prompt = self._calls.get_tool_prompt(tool_manager.ToolManager(tool_map).get_tools()) if self._calls else ""
+    self._system = (
+      system_prompt.rstrip() + "\n\n" + tools_prompt
+      if system_prompt and tools_prompt
+      else (system_prompt or "") + tools_prompt
+    )
+    self.reset()
 
-  def update_from_model(self, response: str, **kwargs):
-    """ToolAgent's parse of the reply, with every call's arguments made what ToolEnvironment can
-    take: a JSON object's text (a `finish` call: a dict with the response). Model-written arguments
-    that are a string, a list or broken JSON would make Tunix's environment raise and stop training;
-    here they reach the tool as one `invalid_arguments` argument, which it answers with an error text."""
-    action = super().update_from_model(response, **kwargs)
-    for call in action.action:
-      function = call["function"]
-      if function["name"] == "finish":
-        args = function["arguments"]
-        if not isinstance(args, dict) or not isinstance(args.get("response"), str):
-          function["arguments"] = {"response": response}
-      else:
-        function["arguments"] = _json_object_text(function["arguments"])
-    return action
+  def reset(self) -> None:
+    self.trajectory = agent_types.Trajectory()
+    self.chat_completions: list[dict[str, Any]] = [{"role": "system", "content": self._system}]
+    self.chat_completions.extend({**turn, EXAMPLE: "yes"} for turn in self.example_turns)
 
-  def _observation_to_messages(self, observation, reward, done, info):
-    if isinstance(observation, dict) and not observation:  # the episode's end: nothing to add (Tunix warned)
-      return
-    if isinstance(observation, dict) and "prompts" in observation and "tool_outputs" not in observation:
-      self._messages.append({"role": "user", "content": observation["prompts"]})
-      return
-    super()._observation_to_messages(observation, reward, done, info)
+  def get_current_step(self) -> agent_types.Step | None:
+    return self.trajectory.steps[-1] if self.trajectory.steps else None
+
+  def update_from_env(self, observation, reward: float, done: bool, info=None, **kwargs) -> None:
+    if self.trajectory.task is None:
+      self.trajectory.task = {"prompts": [observation]} if isinstance(observation, str) else copy.deepcopy(observation)
+    step = self.get_current_step()
+    if step is not None:
+      step.observation, step.reward, step.done, step.info = observation, reward, done, info or {}
+    if isinstance(observation, str):
+      self.chat_completions.append({"role": "user", "content": observation})
+    elif isinstance(observation, dict) and "tool_outputs" in observation:
+      for call_id, output in observation["tool_outputs"].items():
+        self.chat_completions.append(
+          {"role": "tool", "tool_call_id": call_id, "content": "Tool returned result: " + (output or "")}
+        )
+    elif isinstance(observation, dict) and ("prompts" in observation or "question" in observation):
+      user = observation["prompts"] if "prompts" in observation else observation["question"]
+      self.chat_completions.append({"role": "user", "content": user or ""})
+
+  def update_from_model(self, response: str, **kwargs) -> agent_types.Action:
+    action = response if self._calls is None else [_call_dict(c, response) for c in self._parse_calls(response)]
+    self.chat_completions.append({"role": "assistant", "content": response})
+    self.trajectory.steps.append(
+      agent_types.Step(
+        chat_completions=copy.deepcopy(self.chat_completions),
+        action=agent_types.Action(action=action),
+        model_response=response,
+      )
+    )
+    return agent_types.Action(action=action)
+
+  def _parse_calls(self, response: str) -> list[base_tool.ToolCall]:
+    assert self._calls is not None
+    return self._calls.parse(response) or [base_tool.ToolCall(name="finish", arguments={"response": response})]
+
+
+def _call_dict(call: base_tool.ToolCall, response: str) -> dict:
+  """A parsed call as ToolEnvironment takes it (see ConversationAgent)."""
+  args = call.arguments
+  if call.name == "finish":
+    args = {"response": response}
+  else:
+    args = _json_object_text(json.dumps(args) if isinstance(args, dict) else args)
+  return {"id": str(uuid.uuid4()), "type": "function", "function": {"name": call.name, "arguments": args}}
 
 
 def _json_object_text(arguments) -> str:
-  """Tool-call arguments (ToolAgent has turned a dict into its JSON text) as the text of a JSON
+  """Tool-call arguments (a dict already turned into its JSON text) as the text of a JSON
   object; anything else wrapped as invalid_arguments."""
   if isinstance(arguments, str):
     try:
@@ -248,14 +267,13 @@ def _json_object_text(arguments) -> str:
 
 
 def agent_kwargs(tools: ToolsSection, tool_map, example_turns) -> dict:
-  """The learner's agent and environment arguments: UserTurnToolAgent in a ToolEnvironment with
-  tools (and MalformedCall as MALFORMED_CALL), else ExampleTurnsModelAgent in Tunix's default
-  environment."""
+  """The learner's agent and environment arguments: ConversationAgent, in a ToolEnvironment with
+  tools (and MalformedCall as MALFORMED_CALL), else in Tunix's default environment."""
   if not tool_map:
-    return dict(agent_class=ExampleTurnsModelAgent, agent_kwargs={"example_turns": example_turns})
+    return dict(agent_class=ConversationAgent, agent_kwargs={"example_turns": example_turns})
   return dict(
-    agent_class=UserTurnToolAgent,
-    agent_kwargs={"tool_map": tool_map, "tool_parser_name": "qwen", "example_turns": example_turns},
+    agent_class=ConversationAgent,
+    agent_kwargs={"tool_map": tool_map, "example_turns": example_turns},
     env_class=tool_environment.ToolEnvironment,
     env_kwargs={"tool_map": {**tool_map, MALFORMED_CALL: MalformedCall}, "max_steps": tools.max_turns},
   )

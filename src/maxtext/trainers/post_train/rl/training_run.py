@@ -30,9 +30,9 @@ from maxtext.configs.sections import RunConfig
 from maxtext.input_pipeline import chat_parser, datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
-from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
+from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories
 from maxtext.models.load import load_model
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
