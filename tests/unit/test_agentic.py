@@ -349,16 +349,15 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   env = tool_environment.ToolEnvironment(
     {"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3
   )
-  asyncio.run(
-    trajectories.TrajectoryEngine(
-      agent,
-      env,
-      model_call=model_call,
-      max_response_length=512,
-      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-      chat_parser=parser,
-    ).collect(mode="Trajectory")
+  engine = trajectories.TrajectoryEngine(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=512,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
+    chat_parser=parser,
   )
+  asyncio.run(engine.collect(mode="Trajectory"))
   first = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("Q: What is 12*7?")
   assert sent[0] == first
   assert (
@@ -369,7 +368,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   )
   # The trainer trains behind the tokens the sampler saw (Tunix's own per-message tokenization
   # would drop the example assistant turns' openings).
-  prompt = np.asarray(agent.trajectory.prompt_tokens)
+  prompt = np.asarray(engine.prompt_tokens)
   assert smollm2_tokenizer.decode(prompt[2:]) == first
   conversation = trajectories.without_examples(agent.chat_completions)
   assert [m["role"] for m in conversation] == ["system", "user", "assistant", "tool", "assistant"]

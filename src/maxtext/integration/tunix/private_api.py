@@ -26,7 +26,6 @@ class PrivateDependency:
 
 _GRPO = "tunix.rl.grpo.grpo_learner.GRPOLearner"
 _AGENTIC = "tunix.rl.agentic.agentic_grpo_learner.GRPOLearner"
-_ENGINE = "tunix.rl.agentic.trajectory.trajectory_collect_engine.TrajectoryCollectEngine"
 _CLUSTER = "tunix.rl.rl_cluster.RLCluster"
 _TRAINER = "tunix.sft.peft_trainer.PeftTrainer"
 
@@ -84,26 +83,9 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "write",
     None,
     "agentic.py",
-    "conversations are collected by our TrajectoryEngine (full-length completions kept, later "
-    "turns sampled from the exact token stream); the orchestrator has no engine parameter",
-  ),
-  PrivateDependency(
-    _ENGINE,
-    "model_call",
-    "replace",
-    None,
-    "trajectories.py",
-    "each call is wrapped to mark that the model just answered, so the budget check right after "
-    "the call is skipped and a full-length completion is recorded (Tunix ends the episode first)",
-  ),
-  PrivateDependency(
-    _ENGINE,
-    "model_call_kwargs",
-    "write",
-    None,
-    "trajectories.py",
-    "a later turn is sampled from the conversation's exact token stream (prompt_ids) instead of "
-    "the chat re-rendered as text and re-tokenized",
+    "conversations are collected by our TrajectoryEngine, not Tunix's TrajectoryCollectEngine "
+    "(full-length completions kept, later turns sampled from the exact token stream); the "
+    "learner builds the orchestrator without an engine parameter",
   ),
   # Both learners (wiring.py)
   PrivateDependency(
@@ -347,34 +329,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "agentic.py",
     "group ids numbered as in one process (Tunix counts each producer's own prompts), which name the "
     "step a group belongs to and its sampling keys",
-  ),
-  # Trajectories (trajectories.py)
-  PrivateDependency(
-    _ENGINE,
-    "_one_step",
-    "override",
-    ("self",),
-    "trajectories.py",
-    "passes the conversation's token stream to the model call and adds the turn-end tokens the "
-    "template writes after an EOS (Tunix left them out of the trained stream)",
-  ),
-  PrivateDependency(
-    _ENGINE,
-    "_check_and_set_context_limit_reached",
-    "override",
-    ("self",),
-    "trajectories.py",
-    "Tunix ends the episode right after a model call that used the whole budget, before the agent "
-    "records the response, so full-length completions were trained as empty; the check right "
-    "after the model call (marked by wrapping the engine's model_call) is skipped",
-  ),
-  PrivateDependency(
-    _ENGINE,
-    "_response_token_count",
-    "write",
-    None,
-    "trajectories.py",
-    "the turn-end tokens added to a step count against the response budget",
   ),
   # Checkpoints (actor_checkpoints.py)
   PrivateDependency(

@@ -1,7 +1,7 @@
 """How agentic conversations are collected and what is trained and rewarded of them.
 
-- TrajectoryEngine: Tunix's trajectory collection with full-length responses kept and later turns
-  sampled from the conversation's exact token stream;
+- TrajectoryEngine: one episode of an agent in its environment, for Tunix's rollout orchestrator, with
+  full-length responses kept and later turns sampled from the conversation's exact token stream;
 - ConversationAgent: the conversation (system turn, the data template's example turns, the templated
   `prompts` field as the user turn, replies, with rl.tools the tools' answers), where malformed
   tool-call arguments reach the tool as an error instead of stopping training and a malformed tool
@@ -10,95 +10,234 @@
 - the first prompt (system prompt with the tools' descriptions, example turns, user turn), which
   max_prompt_length must bound.
 
-The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from tunix.rl.agentic import utils as agentic_utils
 from tunix.rl.agentic.agents import agent_types
 from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.parser.tool_parser import qwen_parser
 from tunix.rl.agentic.tools import base_tool, tool_manager
-from tunix.rl.agentic.trajectory import trajectory_collect_engine
+from tunix.rl.rollout import base_rollout
 
 from maxtext.configs.sections import ToolsSection
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 
+_Status = agent_types.TrajectoryStatus
 
-class TrajectoryEngine(trajectory_collect_engine.TrajectoryCollectEngine):
-  """Tunix's trajectory collection with two guarantees.
 
-  Full-length responses kept: a completion that uses the whole response budget (a short completion
-  plus its EOS can reach it too) is recorded and trained: the budget check right after the model call
-  is skipped; the next step's check ends the episode with the response recorded (docs/decisions.md,
-  "Trajectory engine").
+class TrajectoryEngine:
+  """Runs one agent-environment episode for Tunix's rollout orchestrator (`engine_cls`, built with
+  the learner's engine arguments; `collect("Token")` is what the agentic learner trains on,
+  `collect("Trajectory")` the agent's Trajectory). Tunix's TrajectoryCollectEngine is not used.
 
-  Token in, token out: the trainer trains on the first prompt's tokens followed by each turn's
-  sampled tokens and the environment's tokens, but Tunix samples every later turn from the
-  conversation re-rendered as text and re-tokenized, which differs wherever sampled tokens
-  re-tokenize differently. Here every later turn is sampled from that exact token stream
-  (`prompt_ids`, passed to the learner's model call). The environment's tokens start with what the
-  template writes after a turn's EOS token ("\n" in ChatML; Tunix left it out), so the stream is
-  the template's rendering of the conversation.
-  """
+  An episode: the environment's reset observation opens the agent's conversation; then each turn the
+  model answers (`model_call(messages, env, max_generation_steps=..., prompt_ids=...)`, in an executor
+  thread), the agent turns the answer into an action, the environment steps on it (in an executor
+  thread, bounded by what is left of `timeout` seconds) and the agent records what it returned. It
+  ends when the environment says done (SUCCEEDED), after the environment's `max_steps` turns
+  (MAX_STEPS_REACHED), when the response budget is spent (MAX_CONTEXT_LIMIT_REACHED), or past
+  `timeout` (ENV_TIMEOUT in a step, else TIMEOUT).
 
-  model_call_kwargs: dict[str, Any]  # set by TrajectoryCollectEngine.__init__
+  Response budget: `max_response_length` tokens of sampled and environment tokens together; each model
+  call may sample what is left. A completion that spends the whole budget is recorded and trained:
+  the budget ends the episode only before the next model call (docs/decisions.md, "Trajectory engine").
 
-  def __init__(self, *args, **kwargs):
-    super().__init__(*args, **kwargs)
-    self._model_just_answered = False
-    model_call = self.model_call
+  Token in, token out: the trainer trains on the first prompt's tokens followed by each turn's sampled
+  tokens and the environment's tokens, and every later turn is sampled from exactly that token stream
+  (`prompt_ids`), not from the conversation re-rendered as text and re-tokenized, which differs
+  wherever sampled tokens re-tokenize differently. The environment's tokens start with what the
+  template writes after a turn's EOS token (the parser's `turn_end_suffix`, "\n" in ChatML), so the
+  stream is the template's rendering of the conversation.
 
-    def call_and_mark(*call_args, **call_kwargs):
-      out = model_call(*call_args, **call_kwargs)
-      self._model_just_answered = True
-      return out
+  With `overlong_filter`, an episode that ends with a status in `filter_statuses` trains on no token
+  (its masks are zeros)."""
 
-    self.model_call = call_and_mark
+  def __init__(
+    self,
+    agent,
+    env,
+    *,
+    model_call: Callable[..., base_rollout.RolloutOutput],
+    tokenizer,
+    chat_parser: ConfigChatParser,
+    max_response_length: int,
+    timeout: float = 1800.0,
+    overlong_filter: bool = False,
+    filter_statuses=None,
+    **_tunix_only,  # the orchestrator's other engine arguments (perf_v2: Tunix's tracer) have no use here
+  ):
+    self.agent, self.env = agent, env
+    self._model_call = model_call
+    self._tokenizer, self._parser = tokenizer, chat_parser
+    self._budget, self._timeout = max_response_length, timeout
+    self._filter = (
+      set(
+        filter_statuses
+        or (_Status.MAX_STEPS_REACHED, _Status.MAX_CONTEXT_LIMIT_REACHED, _Status.TIMEOUT, _Status.ENV_TIMEOUT)
+      )
+      if overlong_filter
+      else set()
+    )
+    self._max_steps = getattr(env, "max_steps", 1)
+    self._spent = 0  # response tokens so far: sampled and the environment's
+    # The first prompt's tokens: as the sampler returned them (left-padded), else as the parser renders it.
+    self.prompt_tokens = np.zeros(0, np.int32)
+    self._start = 0.0
+    self.env_time = dict.fromkeys(("reset_latency", "reset_cpu_time", "step_latency", "step_cpu_time"), 0.0)
 
-  async def _one_step(self) -> bool:
-    if self.agent.trajectory.steps:
-      self.model_call_kwargs = {**self.model_call_kwargs, "prompt_ids": self.token_stream()}
-    done = await super()._one_step()
-    self._prepend_turn_end()
-    return done
+  async def collect(self, mode: str = "Token"):
+    if mode not in ("Token", "Trajectory"):
+      raise ValueError(f"TrajectoryEngine.collect: mode {mode!r}; expected Token or Trajectory")
+    trajectory = None
+    try:
+      trajectory = await self._episode()
+    finally:
+      await asyncio.get_running_loop().run_in_executor(None, self.env.close)
+    g = 0.0
+    for step in reversed(trajectory.steps):
+      g = step.reward + g
+      step.mc_return = g
+    trajectory.reward = float(sum(s.reward for s in trajectory.steps))
+    if mode == "Trajectory":
+      trajectory.env_time = self.env_time
+      return trajectory
+    return self._token_record(trajectory)
 
-  def _prepend_turn_end(self) -> None:
+  async def _episode(self) -> agent_types.Trajectory:
+    obs, _ = await self._timed("reset", self.env.reset)
+    self.agent.reset()
+    self.agent.update_from_env(observation=obs, reward=0.0, done=False, info={})
+    trajectory = self.agent.trajectory
+    first = self._parser.parse(self.agent.chat_completions, add_generation_prompt=True, is_first_msg=True)
+    self.prompt_tokens = np.asarray(self._tokenizer.encode(first, add_special_tokens=False), np.int32)
+    self._start = time.perf_counter()
+    trajectory.status = _Status.RUNNING
+    while trajectory.status == _Status.RUNNING:
+      if len(trajectory.steps) >= self._max_steps:
+        trajectory.status = _Status.MAX_STEPS_REACHED
+      elif self._spent >= self._budget:
+        trajectory.status = _Status.MAX_CONTEXT_LIMIT_REACHED
+      elif await self._turn(trajectory):
+        trajectory.status = _Status.SUCCEEDED if trajectory.status == _Status.RUNNING else trajectory.status
+    return trajectory
+
+  async def _turn(self, trajectory) -> bool:
+    """One model turn and the environment's answer; whether the episode is done."""
+    loop = asyncio.get_running_loop()
+    kwargs = {"prompt_ids": self.token_stream()} if trajectory.steps else {}
+    messages = self.agent.chat_completions
+    out = await loop.run_in_executor(
+      None,
+      lambda: self._model_call(messages, self.env, max_generation_steps=self._budget - self._spent, **kwargs),
+    )
+    if not trajectory.steps and out.left_padded_prompt_tokens is not None:
+      self.prompt_tokens = np.asarray(out.left_padded_prompt_tokens[0])
+    sampled = np.asarray(out.tokens[0])
+    self._spent += len(sampled)
+    action = self.agent.update_from_model(out.text[0]).action
     step = self.agent.get_current_step()
-    suffix = getattr(self.chat_parser, "turn_end_suffix", "")
-    if step is None or getattr(step, "env_tokens", None) is None or not suffix:
+    step.assistant_tokens, step.assistant_masks = sampled, np.ones_like(sampled)
+    if out.logprobs is not None:
+      step.logprobs = out.logprobs[0]
+    left = self._timeout - (time.perf_counter() - self._start)
+    try:
+      obs, reward, done, info = await self._timed("step", self.env.step, action, timeout=left)
+    except TimeoutError:
+      trajectory.status = _Status.ENV_TIMEOUT
+      step.done = True
+      return True
+    self.agent.update_from_env(obs, reward, done, info)
+    timed_out = time.perf_counter() - self._start > self._timeout
+    if not done and not timed_out:
+      self._add_env_tokens(step)
+    if timed_out:
+      trajectory.status = _Status.TIMEOUT
+      step.done = True
+      return True
+    return bool(done)
+
+  def _add_env_tokens(self, step) -> None:
+    """The tokens of the messages the environment added after the model's turn (the turn-end suffix
+    first, then each message as the template renders it, ending with the generation prompt)."""
+    added: list[dict] = []
+    for message in reversed(self.agent.chat_completions):
+      if message["role"] == "assistant":
+        break
+      added.insert(0, message)
+    if not added:
       return
-    tokens = self.tokenizer.encode(suffix, add_special_tokens=False)
-    step.env_tokens = np.concatenate([np.asarray(tokens, step.env_tokens.dtype), step.env_tokens])
-    step.env_masks = np.concatenate([np.zeros(len(tokens), step.env_masks.dtype), step.env_masks])
-    self._response_token_count += len(tokens)
+    tokens, _ = agentic_utils.tokenize_and_generate_masks(
+      added, tokenizer=self._tokenizer, parser=self._parser, contains_first_msg=False, contains_generation_msg=True
+    )
+    suffix = self._parser.turn_end_suffix
+    tokens = (self._tokenizer.encode(suffix, add_special_tokens=False) if suffix else []) + list(tokens)
+    step.env_tokens = np.asarray(tokens, np.int32)
+    step.env_masks = np.zeros(len(tokens), np.int32)
+    self._spent += len(tokens)
+
+  async def _timed(self, what: str, fn, *args, timeout: float | None = None):
+    """fn(*args) in an executor thread, its wall and CPU time added to env_time[what_*]."""
+
+    def clocked():
+      cpu = time.thread_time()
+      return fn(*args), time.thread_time() - cpu
+
+    wall = time.perf_counter()
+    future = asyncio.get_running_loop().run_in_executor(None, clocked)
+    result, cpu = await (future if timeout is None else asyncio.wait_for(future, timeout))
+    self.env_time[f"{what}_latency"] += time.perf_counter() - wall
+    self.env_time[f"{what}_cpu_time"] += cpu
+    return result
 
   def token_stream(self) -> np.ndarray:
     """The conversation's tokens so far: the prompt the sampler saw (left padding stripped), then
     each turn's sampled tokens and the environment's tokens."""
-    trajectory = self.agent.trajectory
-    prompt = np.asarray(trajectory.prompt_tokens, np.int32)
-    pieces = [prompt[np.argmax(prompt != self.tokenizer.pad_id()) :]]
-    for step in trajectory.steps:
-      pieces += [
-        np.asarray(t, np.int32)
-        for t in (getattr(step, "assistant_tokens", None), getattr(step, "env_tokens", None))
-        if t is not None
-      ]
+    prompt = np.asarray(self.prompt_tokens, np.int32)
+    pieces = [prompt[np.argmax(prompt != self._tokenizer.pad_id()) :]]
+    for step in self.agent.trajectory.steps:
+      pieces += [np.asarray(t, np.int32) for t in (step.assistant_tokens, step.env_tokens) if t is not None]
     return np.concatenate(pieces)
 
-  def _check_and_set_context_limit_reached(self) -> bool:
-    if self._model_just_answered:  # the check right after the model call, before the response is recorded
-      self._model_just_answered = False
-      return False
-    return super()._check_and_set_context_limit_reached()
+  def _token_record(self, trajectory) -> dict[str, Any]:
+    """What the agentic learner trains on: the completion's tokens after the prompt (sampled: mask 1,
+    the environment's: mask 0), the sampler's log-probs (0 for the environment's tokens), the
+    conversation and its reward, status, policy version and group."""
+    tokens, masks, logprobs = [], [], []
+    for step in trajectory.steps:
+      if step.assistant_tokens is not None and len(step.assistant_tokens):
+        tokens.append(step.assistant_tokens)
+        masks.append(step.assistant_masks)
+        logprobs.append(np.zeros(len(step.assistant_tokens)) if step.logprobs is None else step.logprobs)
+      if step.env_tokens is not None and len(step.env_tokens):
+        tokens.append(step.env_tokens)
+        masks.append(step.env_masks)
+        logprobs.append(np.zeros(len(step.env_tokens)))
+    mask = np.concatenate(masks) if masks else np.array([], np.int32)
+    return {
+      "conversation_text": self.agent.chat_completions,
+      "prompt_tokens": self.prompt_tokens,
+      "conversation_tokens": np.concatenate(tokens) if tokens else np.array([], np.int32),
+      "conversation_masks": np.zeros_like(mask) if trajectory.status in self._filter else mask,
+      "status": trajectory.status.name,
+      "trajectory_reward": trajectory.reward,
+      "env_time": self.env_time,
+      "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0},  # no final reward function
+      "old_logprobs": np.concatenate(logprobs) if logprobs else None,
+      "policy_version": self.env.task.get("policy_version"),
+      "original_input": trajectory.task,
+      "group_id": self.env.extra_kwargs.get("group_id"),
+    }
 
 
 def joined_assistant_turns(conversation: list[dict]) -> list[dict]:
