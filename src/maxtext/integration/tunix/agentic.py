@@ -177,8 +177,9 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
     Tunix's _model_call goes through RLCluster.generate, which takes no seed and drops the versions
     from the output; what else it does is not needed here: the chat template (the parser renders),
-    micro-batching (one prompt), the rollout mesh (our engines enter their own; no logical axis
-    rules are set), CPU offloading (not enabled) and perf tracing (not configured)."""
+    micro-batching (one prompt), the rollout mesh context (the vanilla engine enters its mesh, the
+    batched engine's batcher thread places its own work; no logical axis rules are set), CPU
+    offloading (not enabled) and perf tracing (not configured)."""
     try:
       if env is not None:
         env.task["policy_version"] = self.policy_version
