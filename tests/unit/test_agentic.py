@@ -4,6 +4,9 @@ full-length completions kept in trajectories."""
 import asyncio
 import json
 import logging
+import threading
+import types
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -13,8 +16,9 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
+from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
-from maxtext.integration.tunix import agentic, algorithm, losses, rollout_setup, step_metrics, trajectories
+from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -498,3 +502,79 @@ def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives()
   assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
   assert [s.slots(3) for s in shares] == [[12, 13], [14, 15]]
   assert agentic.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
+
+
+class _RecordingEngine(rollout.WithoutExtras):
+  """A rollout engine that records the key each prompt is sampled with (its rollout config's seed)
+  and tags a prompt's tokens with the versions the prompt names: prompt (group, sample, turn) was
+  sampled by versions [10 * group + sample - turn, 10 * group + sample]. Every call also draws an
+  unnamed key, as other callers' calls do, which must not move the named ones."""
+
+  def __init__(self):
+    self.keys = StepKeys(3)
+    self.seeds: dict[tuple, np.ndarray] = {}
+    self.budgets: set[int] = set()
+    self._lock = threading.Lock()
+
+  def generate(self, prompts, rollout_config, **kwargs):
+    (prompt,) = prompts
+    group, sample, turn = (int(x) for x in (prompt.split(",") if isinstance(prompt, str) else prompt))
+    self.keys.next()
+    with self._lock:
+      self.seeds[(group, sample, turn)] = np.asarray(rollout_config.seed)
+      self.budgets.add(rollout_config.max_tokens_to_generate)
+    base = 10 * group + sample
+    return rollout.VersionedOutput(
+      text=["x"],
+      logits=None,
+      tokens=[np.asarray([5, 6], np.int32)],
+      left_padded_prompt_tokens=np.zeros((1, 4), np.int32),
+      logprobs=[np.asarray([-0.5, -0.5], np.float32)],
+      versions=[np.asarray([base - turn, base], np.int32)],
+    )
+
+
+def _bare_learner(engine) -> agentic.AgenticGRPOLearner:
+  """An agentic learner with only what _model_call reads: the cluster's engine and training rollout
+  config, the chat parser (renders the first turn as "group,sample,0"), the config and the version."""
+  learner = object.__new__(agentic.AgenticGRPOLearner)
+  config = base_rollout.RolloutConfig(temperature=0.7, max_tokens_to_generate=8)
+  learner.rl_cluster = types.SimpleNamespace(rollout=engine, get_rollout_config=lambda mode: config)
+  learner.chat_parser = types.SimpleNamespace(parse=lambda messages, **_: messages[0]["content"])
+  learner.algo_config = types.SimpleNamespace(use_rollout_logps=True)
+  learner.policy_version = 0
+  return learner
+
+
+def _two_turns(learner, group: int, sample: int) -> types.SimpleNamespace:
+  """Two model turns of conversation (group, sample): the first from its chat, the second from its
+  token stream, as TrajectoryEngine calls them."""
+  env = types.SimpleNamespace(task={}, extra_kwargs={"group_id": group, "pair_index": sample})
+  out = learner._model_call([{"role": "user", "content": f"{group},{sample},0"}], env, max_generation_steps=5)
+  assert isinstance(out, rollout.VersionedOutput)  # the engine's own output, versions included
+  learner._model_call(None, env, max_generation_steps=5, prompt_ids=np.asarray([group, sample, 1]))
+  return env
+
+
+def test_agentic_turn_keys_and_versions_travel_in_arguments_and_return_values():
+  """Each model turn is sampled with the key its (group, round, sample, turn) names, passed in its
+  rollout config, whatever order the conversations' threads arrive in; each conversation's policy
+  version is its own oldest token's, read from the engine's output (not from another thread's call)."""
+  conversations = [(g, s) for g in (4, 9) for s in range(3)]
+  one_by_one = _RecordingEngine()
+  learner = _bare_learner(one_by_one)
+  envs = {c: _two_turns(learner, *c) for c in conversations}
+  concurrent = _RecordingEngine()
+  learner = _bare_learner(concurrent)
+  with ThreadPoolExecutor(max_workers=len(conversations)) as pool:
+    in_threads = dict(
+      zip(reversed(conversations), pool.map(lambda c: _two_turns(learner, *c), reversed(conversations)))
+    )
+  expected = {(g, s, t): np.asarray(StepKeys(3).for_request(g, 0, s, t)) for g, s in conversations for t in range(2)}
+  for seeds in (one_by_one.seeds, concurrent.seeds):
+    assert seeds.keys() == expected.keys()
+    for name, key in expected.items():
+      np.testing.assert_array_equal(seeds[name], key)
+  assert one_by_one.budgets == concurrent.budgets == {5}
+  for g, s in conversations:
+    assert envs[(g, s)].task["policy_version"] == in_threads[(g, s)].task["policy_version"] == 10 * g + s - 1

@@ -115,7 +115,7 @@ def test_batched_engine_samples_fresh_reproducible_tokens_with_logprobs(setup, b
   a, b = batched.generate(PROMPTS, seeded), batched.generate(PROMPTS, seeded)
   assert _tokens(a) == _tokens(b) and _tokens(a)[0] != _tokens(a)[1]  # one key per prompt of a call
   assert all(np.all(lp < 0) for lp in a.logprobs)
-  assert [v.tolist() for v in batched.last_versions()] == [[0] * len(t) for t in a.tokens]
+  assert [v.tolist() for v in a.versions] == [[0] * len(t) for t in a.tokens]
 
 
 def test_batched_engine_keeps_eos_and_refuses_what_does_not_fit(setup, batched, qwen3_tokenizer):
@@ -218,17 +218,18 @@ def test_old_policy_log_probs_are_at_the_sampling_temperature(setup, batched, wh
 
 @pytest.mark.parametrize("which", ["vanilla", "batched"])
 def test_a_named_request_draws_the_same_whatever_came_before(setup, batched, which):
-  """Within keys.request(ids) a call's draws depend on the ids only: the calls before it (other
-  threads', in an agentic run) change nothing, and other ids draw differently."""
+  """With the key keys.for_request(ids) as its seed a call's draws depend on the ids only: the calls
+  before it (other threads', in an agentic run) change nothing, and other ids draw differently."""
   engine = setup[0] if which == "vanilla" else batched
   config = setup[2]
-  with engine.keys.request(7, 1, 0):
-    first = _tokens(engine.generate(PROMPTS[:1], config))
+
+  def named(*ids):
+    return dataclasses.replace(config, seed=engine.keys.for_request(*ids))
+
+  first = _tokens(engine.generate(PROMPTS[:1], named(7, 1, 0)))
   engine.generate(PROMPTS, config)  # an unnamed call moves the step's call counter
-  with engine.keys.request(7, 1, 0):
-    again = _tokens(engine.generate(PROMPTS[:1], config))
-  with engine.keys.request(7, 2, 0):
-    other = _tokens(engine.generate(PROMPTS[:1], config))
+  again = _tokens(engine.generate(PROMPTS[:1], named(7, 1, 0)))
+  other = _tokens(engine.generate(PROMPTS[:1], named(7, 2, 0)))
   assert first == again and first != other
 
 

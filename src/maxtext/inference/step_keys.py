@@ -3,7 +3,6 @@ a resume and independent of the order in which concurrent calls arrive."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 
@@ -11,11 +10,15 @@ import jax
 
 
 class StepKeys:
-  """Sampling keys: fold_in(fold_in(seed, training step), call within that step), so a resumed run
-  draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's global
-  step). Within `request(ids)` a thread draws fold_in(seed, *ids) instead: the agentic learner names
-  each model turn by (group, sample, turn), so its draws do not depend on the order in which its
-  threads' calls arrive (nor on the process that makes them)."""
+  """Sampling keys of an engine's calls that bring no key of their own (rollout config seed None):
+  `next()` draws fold_in(fold_in(seed, training step), call within that step), so a resumed run
+  draws what an uninterrupted one would. `step_source` returns the training step (RLCluster's
+  global step).
+
+  A caller that names its draws computes their key itself with `for_request(*ids)`, a pure function
+  of the seed and the ids, and passes it in the call's rollout config: the agentic learner names each
+  model turn by (group, dynamic sampling round, sample, turn), so its draws depend neither on the
+  order in which its threads' calls arrive nor on the process that makes them."""
 
   def __init__(self, seed: int):
     self._seed = seed
@@ -23,23 +26,16 @@ class StepKeys:
     self._step = 0
     self._calls = 0
     self._lock = threading.Lock()
-    self._request = threading.local()
 
-  @contextlib.contextmanager
-  def request(self, *ids: int):
-    self._request.ids = ids
-    try:
-      yield
-    finally:
-      self._request.ids = None
+  def for_request(self, *ids: int) -> jax.Array:
+    """fold_in(seed, *ids): the key of the call named by ids, whatever calls came before it."""
+    key = jax.random.PRNGKey(self._seed)
+    for i in ids:
+      key = jax.random.fold_in(key, i)
+    return key
 
   def next(self) -> jax.Array:
-    ids = getattr(self._request, "ids", None)
-    if ids is not None:
-      key = jax.random.PRNGKey(self._seed)
-      for i in ids:
-        key = jax.random.fold_in(key, i)
-      return key
+    """The key of the next unnamed call of the current training step."""
     with self._lock:
       step = self.step_source()
       if step != self._step:

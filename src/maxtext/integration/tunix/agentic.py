@@ -27,8 +27,8 @@ What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic
   own devices, and the groups are scored on the training thread: each process's groups are gathered
   to every process, which scores them all in process order (reference and trainer log-probs run on
   the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
-  every step. Draws are named by (group, sample, turn) (step_keys.StepKeys.request), so the processes
-  draw what one process would;
+  every step. Draws are named by (group, round, sample, turn) (step_keys.StepKeys.for_request), so
+  the processes draw what one process would;
 - dynamic sampling (rl.dynamic_sampling, one process) per prompt slot: the rule, its reserve prompts
   and metrics are maxtext.rl.dynamic_sampling.Slots, shared with the standard learner; here each
   prompt is tagged with its slot and round, a group without signal is dropped and its replacement
@@ -42,7 +42,6 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import functools
 import queue
@@ -142,6 +141,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     dynamic_sampling_rounds > 1: dynamic sampling per slot (maxtext.rl.dynamic_sampling.Slots), with
     reserve(i), the i-th reserve batch."""
     super().__init__(*args, **kwargs)
+    if self.chat_parser is None:
+      raise ValueError("the agentic learner renders conversations with its chat parser; none was given")
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
     self._next_step = 0  # the step of the next batch the producer takes
     self._dynamic = (
@@ -169,18 +170,24 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         q.put(None)
 
   def _model_call(self, chat_lists, env=None, max_generation_steps=None, prompt_ids=None):
-    """One model turn of a conversation; a later turn continues the conversation's token stream
-    `prompt_ids` (TrajectoryEngine) instead of re-rendering `chat_lists`."""
+    """One model turn of a conversation: the first renders `chat_lists` with the chat parser, a later
+    one continues the conversation's token stream `prompt_ids` (TrajectoryEngine). The engine is
+    called with the turn's own key (_turn_key) in its rollout config, and the tokens' weights versions
+    come back in its output (rollout.versions_of): nothing passes through per-thread state.
+
+    Tunix's _model_call goes through RLCluster.generate, which takes no seed and drops the versions
+    from the output; what else it does is not needed here: the chat template (the parser renders),
+    micro-batching (one prompt), the rollout mesh context (the vanilla engine enters its mesh, the
+    batched engine's batcher thread places its own work; no logical axis rules are set), CPU
+    offloading (not enabled) and perf tracing (not configured)."""
     try:
-      with self._draws(env):
-        if prompt_ids is None:
-          out = super()._model_call(chat_lists, env, max_generation_steps)
-        else:
-          if env is not None:
-            env.task["policy_version"] = self.policy_version
-          out = self.rl_cluster.generate(
-            prompts=[prompt_ids], mode=rl_cluster_lib.Mode.TRAIN, max_generation_steps=max_generation_steps
-          )
+      if env is not None:
+        env.task["policy_version"] = self.policy_version
+      if prompt_ids is None:
+        prompt = self.chat_parser.parse(messages=chat_lists, add_generation_prompt=True, is_first_msg=True)
+      else:
+        prompt = prompt_ids
+      out = self._engine.generate([prompt], self._turn_config(env, max_generation_steps))
       if self.algo_config.use_rollout_logps and out.logprobs is None:
         raise ValueError(
           f"the old policy's log-probs are the sampler's here, but the rollout engine "
@@ -192,7 +199,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         self._rollout_error = e
       self._close_queues()
       raise
-    versions = self._engine.last_versions()
+    versions = rollout.versions_of(out)
     if env is not None and versions and len(versions[0]):
       # The sample's version is that of its oldest token over all turns (Tunix tags the latest call).
       env.task["policy_version"] = env.task[_OLDEST_VERSION] = min(
@@ -204,15 +211,28 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _engine(self) -> rollout.Engine:
     return self.rl_cluster.rollout
 
-  def _draws(self, env):
-    """The sampling keys of a conversation's next turn: its (group, dynamic sampling round, sample, turn)."""
+  def _turn_config(self, env, max_generation_steps: int | None):
+    """The training rollout config for a conversation's next turn: its generation budget, and as its
+    seed the turn's key when it draws (not greedy) and the config names none."""
+    config = self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN)
+    if max_generation_steps is not None:
+      config = dataclasses.replace(config, max_tokens_to_generate=max_generation_steps)
+    key = self._turn_key(env)
+    if key is not None and config.seed is None and config.temperature:
+      config = dataclasses.replace(config, seed=key)
+    return config
+
+  def _turn_key(self, env) -> jax.Array | None:
+    """The sampling key of a conversation's next turn, named by its (group, dynamic sampling round,
+    sample, turn) (StepKeys.for_request): the same whichever threads' calls come first; None for an
+    engine without keys or a call outside a conversation."""
     keys = self._engine.keys
     if env is None or keys is None:
-      return contextlib.nullcontext()
+      return None
     turn = env.task.get(_TURNS, 0)
     env.task[_TURNS] = turn + 1
     rnd = _scalar(env.task.get(ROUND, 0))
-    return keys.request(env.extra_kwargs["group_id"], rnd, env.extra_kwargs["pair_index"], turn)
+    return keys.for_request(env.extra_kwargs["group_id"], rnd, env.extra_kwargs["pair_index"], turn)
 
   def _AsyncQueueIterator(self, q, loop):  # noqa: N802 (Tunix's name for the producer's prompt stream)
     return _PromptStream(q, loop, self)

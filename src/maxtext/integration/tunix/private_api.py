@@ -257,8 +257,10 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     ("self", "chat_lists", "env", "max_generation_steps"),
     "agentic.py",
     "token in, token out (later turns continue the sampled token stream, Tunix "
-    "re-renders and re-tokenizes the text), the oldest token's policy version, and failure "
-    "recording so a failed rollout stops training instead of hanging it",
+    "re-renders and re-tokenizes the text); the rollout engine is called directly with the turn's "
+    "named key and returns the tokens' versions (RLCluster.generate takes no seed and drops them), "
+    "for the oldest token's policy version; and failure recording so a failed rollout stops "
+    "training instead of hanging it",
   ),
   PrivateDependency(
     _AGENTIC,

@@ -19,9 +19,14 @@ Both guarantee:
 
 BatchedRolloutEngine serves Tunix's agentic learner, which calls the engine once per conversation
 turn with a single prompt from up to rl.max_concurrency threads: the calls are merged into one decode
-batch. It returns per-token log-probs, records the weights version of every token, and reuses KV
-prefixes the batcher holds (a conversation's earlier turns, a shared system prompt, a GRPO group's
-prompt).
+batch. It returns per-token log-probs and the weights version of every token (VersionedOutput), and
+reuses KV prefixes the batcher holds (a conversation's earlier turns, a shared system prompt, a GRPO
+group's prompt).
+
+What a call gets and gives travels in its arguments and return value, never in per-thread state: its
+key is its rollout config's seed (else StepKeys.next()), and its tokens' versions are a field of its
+output. (Tunix's RLCluster.generate takes no seed and rebuilds the output from the fields it knows,
+so the agentic learner, which names each turn's key and reads the versions, calls the engine itself.)
 
 Why each guarantee (the google-tunix 0.1.7 defects they fix): docs/decisions.md, "Rollout engine".
 The private Tunix members used here are listed, with why, in private_api.py.
@@ -31,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import threading
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import jax
@@ -99,20 +103,32 @@ def _logps(graphdef, state, prompt_tokens, completion_tokens, pad_id, eos_id, te
   return jax.lax.stop_gradient(logps)
 
 
+@dataclasses.dataclass
+class VersionedOutput(base_rollout.RolloutOutput):
+  """Tunix's RolloutOutput plus, per prompt, the weights version (the training step whose weights)
+  that sampled each completion token. BatchedRolloutEngine.generate returns it; RLCluster.generate
+  rebuilds a plain RolloutOutput and drops the versions."""
+
+  versions: list[np.ndarray] | None = None
+
+
+def versions_of(out: base_rollout.RolloutOutput) -> list[np.ndarray] | None:
+  """The per-token weights versions of a generate call's output; None where the engine does not
+  record them (the vanilla engine)."""
+  return out.versions if isinstance(out, VersionedOutput) else None
+
+
 @runtime_checkable
 class Engine(Protocol):
   """What our learners and metrics read of a rollout engine beside Tunix's BaseRollout; None where
   the engine does not have it (the vanilla engine: no per-token versions, no prefix reuse, no decode
-  meter)."""
+  meter). Per-token versions come back in generate's output (versions_of)."""
 
-  keys: StepKeys | None  # the draws of the engine's calls without a seed (guarantee 1)
+  keys: StepKeys | None  # the draws of the engine's calls without a seed (guarantee 1); for_request names one
 
   @property
   def version(self) -> int | None:
     """Weights version (the training step whose weights) of the next sampled token."""
-
-  def last_versions(self) -> list[np.ndarray] | None:
-    """Per prompt, the weights version of each token of this thread's last generate call."""
 
   def prefix_reuse(self) -> float | None:
     """The share of prompt tokens so far read from a reused KV prefix instead of prefilled."""
@@ -126,9 +142,6 @@ class WithoutExtras:
 
   keys: StepKeys | None = None
   version = None
-
-  def last_versions(self) -> list[np.ndarray] | None:
-    return None
 
   def prefix_reuse(self) -> float | None:
     return None
@@ -241,7 +254,6 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       matmul_dtype=matmul_dtype,
       steps_per_dispatch=steps_per_dispatch,
     )
-    self._last_versions = threading.local()
 
   @property
   def version(self) -> int:
@@ -255,12 +267,6 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
   def decode_rate(self) -> tuple[float, float] | None:
     return self.batcher.decode_rate()
 
-  def last_versions(self) -> list[np.ndarray] | None:
-    """(Not a field of the returned RolloutOutput: Tunix's RLCluster.generate, which the learner calls,
-    rebuilds the output from the fields it knows. Per thread, since the agentic learner's
-    conversations call generate from many threads at once.)"""
-    return getattr(self._last_versions, "value", None)
-
   def _tokenize(self, prompt: Prompt) -> np.ndarray:
     if not isinstance(prompt, str):
       return np.asarray(prompt, np.int32)
@@ -268,7 +274,12 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
     return np.asarray(self._tokenizer.dedup_bos_ids(bos + ids), np.int32)
 
-  def generate(self, prompts: list[Prompt] | str, rollout_config: base_rollout.RolloutConfig, **kwargs):
+  def generate(
+    self, prompts: list[Prompt] | str, rollout_config: base_rollout.RolloutConfig, **kwargs
+  ) -> VersionedOutput:
+    """One completion per prompt, drawn with rollout_config.seed (a key, or an int made one; prompt i
+    draws with fold_in(key, i)), else with keys.next() unless greedy; with each token's weights
+    version in the output's `versions`."""
     if isinstance(prompts, str):  # the agentic learner passes its one rendered conversation as a str
       prompts = [prompts]
     ids = [self._tokenize(p) for p in prompts]
@@ -291,17 +302,17 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       ids, params, [None if key is None else jax.random.fold_in(key, i) for i in range(len(ids))]
     )
     done = [f.result() for f in futures]
-    self._last_versions.value = [c.versions for c in done]
     width = max(rollout_config.max_prompt_length, longest)
     padded = np.full((len(ids), width), self.pad_id(), np.int32)
     for row, p in zip(padded, ids):
       row[width - len(p) :] = p
-    return base_rollout.RolloutOutput(
+    return VersionedOutput(
       text=[self._tokenizer.decode((c.tokens[:-1] if c.stopped else c.tokens).tolist()) for c in done],
       logits=None,
       tokens=[c.tokens for c in done],
       left_padded_prompt_tokens=padded,
       logprobs=[c.logprobs for c in done] if rollout_config.return_logprobs else None,
+      versions=[c.versions for c in done],
     )
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
