@@ -15,7 +15,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
-from tunix.rl import common
+from tunix.rl import common, function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
@@ -71,15 +71,6 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     if shape.sampler_logps:
       self._log_loss_mismatch()
     self._reserve = reserve
-    self._last_rollout = None
-    self._last_rewards: np.ndarray | None = None
-    generate = self.rl_cluster.generate
-
-    def recording_generate(*args, **kwargs):
-      self._last_rollout = generate(*args, **kwargs)
-      return self._last_rollout
-
-    self.rl_cluster.generate = recording_generate
     # A resumed run fast-forwards the data by training steps, not the trainer's micro-step count
     # (docs/decisions.md, "Resume position of the standard learner").
     self._steps = steps
@@ -94,45 +85,103 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     self.rl_cluster._anchor_policy_state = None
 
   def _generate_and_compute_advantage(self, training_input, mode=TRAIN):
+    """The step's example (_shaped_example). Training only: the learner is given no evaluation data
+    (train_rl evaluates with evaluate_rl)."""
+    assert mode == TRAIN, f"the standard learner samples only for training, not {mode}"
     self._idle.wait_starts()
     try:
-      if mode == TRAIN:
-        example = self._shaped_example(training_input)
-      else:
-        example = super()._generate_and_compute_advantage(training_input, mode)
+      example = self._shaped_example(training_input)
     finally:
       self._idle.wait_ends()
     self._check_batch(example.prompt_ids)
-    if mode == TRAIN:
-      zero, groups = self._zero_signal(example.advantages)
-      self._log_zero_signal(zero / groups)
+    zero, groups = self._zero_signal(example.advantages)
+    self._log_zero_signal(zero / groups)
     return example
 
-  def _compute_rewards(self, prompts, completions, mode, step=None, **kwargs):
-    rewards = super()._compute_rewards(prompts, completions, mode, step, **kwargs)
+  def _sample_round(self, training_input) -> _Round:
+    """One round of the step's sampling: the sampler's completions of the batch's prompts (each
+    already repeated num_generations times), their rewards (the reward functions' sum, plus the
+    overlong penalty), the algorithm's advantages, the reference's log-probs (when grpo_beta != 0)
+    and the old policy's (when num_iterations > 1), as Tunix's TrainExample; logs the rewards
+    (each function's and their sum) and the completion lengths."""
+    cluster, generations = self.rl_cluster, self.algo_config.num_generations
+    prompts = list(training_input["prompts"])
+    fields = {k: v for k, v in training_input.items() if k != "prompts"}
+    rollout_rows, logps_rows = self._micro_batches(len(prompts))
+    out = cluster.generate(prompts=prompts, mode=TRAIN, micro_batch_size=rollout_rows)
+    pad, eos = cluster.rollout.pad_id(), cluster.rollout.eos_id()
+    width = cluster.get_rollout_config(TRAIN).max_tokens_to_generate
+    completions = np.full((len(out.tokens), width), pad, np.int32)
+    for row, tokens in zip(completions, out.tokens):
+      row[: len(tokens)] = tokens
+    prompt_ids, completion_ids = jnp.asarray(out.left_padded_prompt_tokens), jnp.asarray(completions)
+    ref_logps = old_logps = None
+    if self.algo_config.beta != 0.0:
+      ref_logps = cluster.get_ref_per_token_logps(
+        prompt_tokens=prompt_ids, completion_tokens=completion_ids, pad_id=pad, eos_id=eos, micro_batch_size=logps_rows
+      )
+    if self.algo_config.num_iterations > 1:
+      old_logps = cluster.get_old_per_token_logps(
+        prompt_tokens=prompt_ids, completion_tokens=completion_ids, micro_batch_size=logps_rows
+      )
+    rewards = self._rewards(prompts, out, fields)
+    advantages = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)(
+      rewards=rewards, num_generations=generations
+    )
+    lengths = (completions != pad).sum(axis=-1)
+    self._log(
+      {
+        **{
+          f"rewards/score/{k}": (float(f(rewards)), f) for k, f in (("mean", np.mean), ("max", np.max), ("min", np.min))
+        },
+        **{
+          f"completions/{k}_length": (float(f(lengths)), f)
+          for k, f in (("mean", np.mean), ("max", np.max), ("min", np.min))
+        },
+      }
+    )
+    example = common.TrainExample(
+      prompt_ids=prompt_ids,
+      prompt_mask=prompt_ids != pad,
+      completion_ids=completion_ids,
+      completion_mask=jnp.asarray(completions != pad),
+      ref_per_token_logps=ref_logps,
+      advantages=jax.device_put(advantages),
+      old_per_token_logps=old_logps,
+    )
+    sampler_logps = None
+    if out.logprobs is not None:
+      sampler_logps = np.zeros((len(out.logprobs), width), np.float32)
+      for row, lp in zip(sampler_logps, out.logprobs):
+        row[: len(lp)] = np.asarray(lp)[:width]
+    return _Round(example, rewards, dynamic_sampling.varied_groups(rewards, generations), sampler_logps)
+
+  def _micro_batches(self, rows: int) -> tuple[int, int]:
+    """(sampling, log-prob scoring) micro-batch sizes in rows for a batch of `rows` rows: the
+    training config's rollout_micro_batch_size and compute_logps_micro_batch_size (in prompts), else
+    its train_micro_batch_size, else its mini_batch_size, else the whole batch, times num_generations."""
+    config, generations = self.rl_cluster.cluster_config.training_config, self.algo_config.num_generations
+    fallback = config.train_micro_batch_size or config.mini_batch_size or rows // generations
+    return (
+      (config.rollout_micro_batch_size or fallback) * generations,
+      (config.compute_logps_micro_batch_size or fallback) * generations,
+    )
+
+  def _rewards(self, prompts: list, out, fields: dict) -> np.ndarray:
+    """The sum of the reward functions' rewards of the completions (each function's logged by
+    Tunix's reward manager), plus the overlong penalty (shaping.overlong_penalty) when set."""
+    info = self.reward_manager(prompts=prompts, completions=out.text, mode=str(TRAIN), **fields)
+    self.rl_cluster.buffer_metrics(info["log_metrics"], mode=TRAIN)
+    rewards = np.asarray(info["rewards"])
     shape = self._shape
-    if mode == TRAIN and shape.overlong_buffer_length:
-      lengths = [len(t) for t in self._last_rollout.tokens]
+    if shape.overlong_buffer_length:
+      lengths = [len(t) for t in out.tokens]
       penalty = shaping.overlong_penalty(
         lengths, shape.max_response_length, shape.overlong_buffer_length, shape.overlong_penalty
       )
-      rewards = np.asarray(rewards) + penalty
+      rewards = rewards + penalty
       self._log({"rewards/overlong_penalty": (float(penalty.mean()), np.mean)})
-    self._last_rewards = np.asarray(rewards)
     return rewards
-
-  def _sample_round(self, training_input) -> _Round:
-    example = super()._generate_and_compute_advantage(training_input, TRAIN)
-    assert self._last_rewards is not None and self._last_rollout is not None
-    logps = self._last_rollout.logprobs
-    width = example.completion_ids.shape[1]
-    sampler_logps = None
-    if logps is not None:
-      sampler_logps = np.zeros((len(logps), width), np.float32)
-      for row, lp in zip(sampler_logps, logps):
-        row[: len(lp)] = np.asarray(lp)[:width]
-    varied = dynamic_sampling.varied_groups(self._last_rewards, self.algo_config.num_generations)
-    return _Round(example, self._last_rewards, varied, sampler_logps)
 
   def _shaped_example(self, training_input) -> common.TrainExample:
     """The step's example after dynamic sampling, truncated-completion masking and the sampler
@@ -147,9 +196,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
       trainer_logps = example.old_per_token_logps
       if trainer_logps is None:
         trainer_logps = self.rl_cluster.get_old_per_token_logps(
-          example.prompt_ids,
-          example.completion_ids,
-          micro_batch_size=self._compute_logps_micro_batch_size * self.algo_config.num_generations,
+          example.prompt_ids, example.completion_ids, micro_batch_size=self._micro_batches(len(example.prompt_ids))[1]
         )
       trainer_logps = distributed.host_array(trainer_logps)
       weights = shaping.sampler_is_weights(trainer_logps, sampler_logps, shape.sampler_is_threshold)
@@ -176,7 +223,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     plan.add(first.varied)
     while (batch := plan.next_batch()) is not None:
       batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
-      batch["trajectory_ids"] = self._compute_trajectory_ids(batch, step)
+      batch["trajectory_ids"] = trajectory_ids(step, len(batch["prompts"]) // generations, generations)
       rounds.append(self._sample_round(batch))
       plan.add(rounds[-1].varied)
     self._log({k: (v, np.mean) for k, v in plan.tally.metrics().items()})
@@ -194,6 +241,13 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     out = super()._run_global_step(*args, **kwargs)
     self._log_idle(self._idle.close(), rollouts=True)
     return out
+
+
+def trajectory_ids(step: int, prompts: int, generations: int) -> list[str]:
+  """The reward functions' `trajectory_ids` of a batch of `prompts` prompts sampled at `step`, each
+  repeated `generations` times: "{row}_{sample}" with rows numbered from step * prompts, as Tunix
+  names the step's first batch."""
+  return [f"{step * prompts + row}_{sample}" for row in range(prompts) for sample in range(generations)]
 
 
 def build_learner(

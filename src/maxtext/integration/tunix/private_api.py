@@ -41,15 +41,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "agentic learner's old-policy log-probs (a full copy of the weights less at the peak)",
   ),
   PrivateDependency(
-    _CLUSTER,
-    "generate",
-    "replace",
-    ("self", "prompts", "apply_chat_template", "mode", "micro_batch_size", "trace_tags", "max_generation_steps"),
-    "learner.py",
-    "the standard learner keeps the last rollout's tokens and log-probs for the overlong "
-    "punishment and the sampler importance correction; Tunix's learner drops them",
-  ),
-  PrivateDependency(
     _TRAINER,
     "checkpoint_manager",
     "write",
@@ -108,34 +99,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "(frac_reward_zero_std) and shapes the samples (dynamic sampling calls it once per round, "
     "truncated-completion masking, sampler importance weights): Tunix has no per-batch hook, and its "
     "dynamic_sampling flag does nothing",
-  ),
-  PrivateDependency(
-    _GRPO,
-    "_compute_rewards",
-    "override",
-    ("self", "prompts", "completions", "mode", "step", "kwargs"),
-    "learner.py",
-    "adds the soft overlong punishment (it needs the completions' token counts, which reward "
-    "functions do not get) and keeps the rewards for dynamic sampling's group filter",
-  ),
-  PrivateDependency(
-    _GRPO,
-    "_compute_logps_micro_batch_size",
-    "read",
-    None,
-    "learner.py",
-    "the trainer's log-probs for the sampler importance correction and the mismatch check are "
-    "computed in the micro-batches Tunix uses for the old policy's (all at once, the logits of a "
-    "whole batch would raise the peak memory)",
-  ),
-  PrivateDependency(
-    _GRPO,
-    "_compute_trajectory_ids",
-    "call",
-    ("self", "example", "steps"),
-    "learner.py",
-    "the trajectory_ids a further round of dynamic sampling passes to the reward functions, as "
-    "Tunix's data loop does for its own batches",
   ),
   PrivateDependency(
     _GRPO,
