@@ -521,7 +521,7 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache[name]
       is_global = cfg.is_global(i)
       mask = attention_mask if is_global else local_mask
-      if cfg.remat:
+      if cfg.remat and cache is None:  # with a KV cache nothing is differentiated
         call = functools.partial(lambda g, lyr, *a: lyr(*a, None, g), is_global)
         x, updated = nnx.remat(call)(layer, x, positions, layer_cache, mask)
       else:
@@ -531,8 +531,8 @@ class Decoder(nnx.Module):
     return self.final_norm(x[:, first:]), new_cache
 
   def _scan(self, x, positions, cache: Cache | None, attention_mask, local_mask=None) -> tuple[jax.Array, Cache | None]:
-    """The stacked layers run in turn on x by one jax.lax.scan (with remat, each layer's step under
-    jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
+    """The stacked layers run in turn on x by one jax.lax.scan (with remat and no cache, each layer's
+    step under jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
     With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input."""
     cfg = self.config
     assert isinstance(self.layers, DecoderLayer)
@@ -548,7 +548,7 @@ class Decoder(nnx.Module):
       x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, index, flag)
       return (x, None if updated is None else (updated["k"], updated["v"])), None
 
-    if cfg.remat:
+    if cfg.remat and cache is None:  # with a KV cache nothing is differentiated
       step = jax.checkpoint(step)
     kv = None if stacked is None else (stacked["k"], stacked["v"])
     flags = jnp.asarray([cfg.is_global(i) for i in range(cfg.num_layers)])
