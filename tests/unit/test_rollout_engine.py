@@ -78,7 +78,7 @@ def test_later_turn_prompt_longer_than_max_prompt_length_uses_the_cache_room(set
   pads it to 32 and overflows."""
   engine, vanilla, config = setup
   prompt = qwen3_tokenizer.decode(list(range(1000, 1020)))
-  assert len(engine._sampler.tokenize(prompt)) == 20
+  assert len(engine.sampler.tokenize(prompt)) == 20
   turn2 = dataclasses.replace(config, max_tokens_to_generate=4)
   with pytest.raises(ValueError, match="cache size 24"):
     vanilla.generate([prompt], turn2)  # the defect

@@ -332,7 +332,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     if temperature is None:
       temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
     mesh = cluster.r2m[rl_cluster_lib.Role.ACTOR]
-    state = rl_utils.put_params_on_memory_kind(cluster._anchor_policy_state, jax.devices()[0].default_memory().kind)
+    state = rl_utils.put_params_on_memory_kind(self._anchor, jax.devices()[0].default_memory().kind)
     model = nnx.merge(nnx.graphdef(cluster.actor_trainer.model), state)
     with mesh:
       prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
@@ -341,9 +341,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
     # On a shared mesh the samples came from the live weights: they are the anchor.
     if self._trainer_recomputes() and not self.should_sync_weights:
-      self.rl_cluster._anchor_policy_state = rl_utils.put_params_on_memory_kind(
-        nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host"
-      )
+      self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
     conversations = [without_examples(item.traj.get("conversation_text") or []) for item in trajectories]
     if mode == rl_cluster_lib.Mode.TRAIN:
       self._log_conversations(conversations, expected_step)

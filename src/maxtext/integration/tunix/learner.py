@@ -79,10 +79,10 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
 
     def sync_without_snapshot():
       sync()
-      self.rl_cluster._anchor_policy_state = None
+      self._anchor = None
 
     self.rl_cluster.sync_weights = sync_without_snapshot
-    self.rl_cluster._anchor_policy_state = None
+    self._anchor = None
 
   def _generate_and_compute_advantage(self, training_input, mode=TRAIN):
     """The step's example (_shaped_example). Training only: the learner is given no evaluation data

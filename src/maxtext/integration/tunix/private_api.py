@@ -80,6 +80,18 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   # Both learners (wiring.py)
   PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "_anchor_policy_state",
+    "write",
+    None,
+    "wiring.py",
+    "the weights the old policy's log-probs are computed with (the host copy Tunix keeps from every "
+    "weight sync). The standard learner never reads it (it calls no get_actor_per_token_logps) and "
+    "drops it; with one mesh for trainer and sampler the agentic learner sets it to the weights the "
+    "samples came from, which a sync never does, and our get_actor_per_token_logps reads it as "
+    "Tunix's does",
+  ),
+  PrivateDependency(
     "tunix.rl.trainer.Trainer",
     "rl_metrics_to_log",
     "read",
@@ -95,10 +107,11 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "override",
     ("self", "training_input", "mode"),
     "learner.py",
-    "times sampling and scoring (trainer/idle_fraction), counts the groups with equal rewards "
-    "(frac_reward_zero_std) and shapes the samples (dynamic sampling calls it once per round, "
-    "truncated-completion masking, sampler importance weights): Tunix has no per-batch hook, and its "
-    "dynamic_sampling flag does nothing",
+    "the step's example is ours (_shaped_example: sampling rounds through RLCluster's public "
+    "calls, rewards with the overlong penalty, dynamic sampling, truncated-completion masking, "
+    "sampler importance weights), timed (trainer/idle_fraction) and counted (frac_reward_zero_std): "
+    "Tunix keeps no rollout for shaping, has no per-batch hook, and its dynamic_sampling flag does "
+    "nothing",
   ),
   PrivateDependency(
     _GRPO,
@@ -154,25 +167,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "cluster.py",
     "Tunix's eager sharding constraint copies the whole optimizer state before the "
     "first step even where it is laid out already (a transient copy of the whole state)",
-  ),
-  PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
-    "_anchor_policy_state",
-    "write",
-    None,
-    "learner.py",
-    "the standard learner never reads the host copy of the weights Tunix keeps from every "
-    "weight sync (only get_actor_per_token_logps does, which it does not call): dropped",
-  ),
-  PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
-    "_anchor_policy_state",
-    "write",
-    None,
-    "agentic.py",
-    "with one mesh for trainer and sampler, the old policy's log-probs recomputed for the "
-    "sampler check must use the weights the samples came from; our get_actor_per_token_logps "
-    "reads it as Tunix's does",
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
@@ -305,15 +299,5 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "the Orbax manager with uncompressed array handlers (Tunix builds its "
     "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
     "its trainer state); the class's save, restore and close use it",
-  ),
-  # Rollout (rollout.py)
-  PrivateDependency(
-    "tunix.rl.rollout.vanilla_rollout.VanillaRollout",
-    "_sampler",
-    "write",
-    None,
-    "rollout.py",
-    "VanillaRollout's constructor only builds its sampler; ours takes token prompts, so the "
-    "constructor is not called and the sampler is set here",
   ),
 )

@@ -43,7 +43,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 from tunix.generate import sampler, tokenizer_adapter
-from tunix.rl.rollout import base_rollout, vanilla_rollout
+from tunix.rl.rollout import base_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.inference.step_keys import StepKeys
@@ -159,8 +159,9 @@ class _TokenPromptSampler(sampler.Sampler):
     return np.asarray(input_string, np.int32)
 
 
-class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
-  """Tunix's vanilla rollout (KV-cache sampler) with fresh seeds and completions that keep EOS.
+class RolloutEngine(WithoutExtras, base_rollout.BaseRollout):
+  """Tunix's KV-cache sampler (what Tunix's VanillaRollout runs) with fresh seeds, token prompts and
+  completions that keep EOS.
 
   Passed to Tunix as `ClusterConfig.rollout_engine` (a BaseRollout subclass, via functools.partial
   to bind `seed`).
@@ -173,8 +174,7 @@ class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
   ):
     model = _place_on_mesh(rollout_actor, mesh)
     self.temperature = rollout_config.temperature
-    # VanillaRollout's constructor only builds its sampler; ours also takes token prompts.
-    self._sampler = _TokenPromptSampler(
+    self.sampler = _TokenPromptSampler(
       model,
       tokenizer,
       sampler.CacheConfig(
@@ -187,9 +187,24 @@ class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
     self.mesh = mesh
     self.keys = StepKeys(seed)
 
+  def model(self) -> nnx.Module:
+    return self.sampler.transformer
+
+  def pad_id(self) -> int:
+    return self.sampler.tokenizer.pad_id()
+
+  def eos_id(self) -> int:
+    return self.sampler.tokenizer.eos_id()
+
   def update_params(self, params, filter_types=None) -> None:
+    """The sampler's weights become `params` (those of filter_types, else all), placed and typed as
+    the sampler's own."""
+    model = self.model()
     with jax.transfer_guard("allow"):
-      super().update_params(_placed_like(self.model(), params, filter_types), filter_types)
+      placed = _placed_like(model, params, filter_types)
+      current = nnx.state(model, filter_types) if filter_types is not None else nnx.state(model)
+      nnx.update(model, jax.tree.map(lambda new, old: new.astype(old.dtype), placed, current))
+    self.sampler.transformer_state = nnx.variables(model, nnx.Param)
 
   def get_per_token_logps(self, prompt_tokens: jax.Array, completion_tokens: jax.Array) -> jax.Array:
     return per_token_logps(
@@ -202,7 +217,26 @@ class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
       if rollout_config.seed is None and rollout_config.temperature:  # greedy decoding draws nothing
         rollout_config = dataclasses.replace(rollout_config, seed=self.keys.next())
       rollout_config = self._fitted(prompts, rollout_config)
-      out = super().generate(prompts, rollout_config, **kwargs)
+      sampled = self.sampler(
+        input_strings=prompts,
+        max_generation_steps=rollout_config.max_tokens_to_generate,
+        max_prompt_length=rollout_config.max_prompt_length,
+        echo=False,
+        temperature=rollout_config.temperature,
+        top_p=rollout_config.top_p,
+        top_k=rollout_config.top_k,
+        seed=rollout_config.seed,
+        pad_output=False,
+        eos_tokens=rollout_config.eos_tokens,
+        return_logprobs=rollout_config.return_logprobs,
+      )
+    out = base_rollout.RolloutOutput(
+      text=sampled.text,
+      logits=sampled.logits,
+      tokens=sampled.tokens,
+      left_padded_prompt_tokens=sampled.padded_prompt_tokens,
+      logprobs=sampled.logprobs,
+    )
     eos = rollout_config.eos_tokens[0] if rollout_config.eos_tokens else self.eos_id()
     budget = rollout_config.max_tokens_to_generate
     out.tokens = [np.append(t, np.asarray(eos, t.dtype)) if len(t) < budget else t for t in out.tokens]
@@ -210,14 +244,14 @@ class RolloutEngine(WithoutExtras, vanilla_rollout.VanillaRollout):
       pads = np.flatnonzero(t == self.pad_id())
       if len(pads):  # the sampler went on after a pad token; the completion ends there
         out.tokens[i] = t[: pads[0] + 1]
-        out.text[i] = self._sampler.tokenizer.decode(t[: pads[0]].tolist())
+        out.text[i] = self.sampler.tokenizer.decode(t[: pads[0]].tolist())
     if out.logprobs is not None:
       raise NotImplementedError("RolloutEngine does not return sampler log-probs")
     return out
 
   def _fitted(self, prompts: list[Prompt], config: base_rollout.RolloutConfig) -> base_rollout.RolloutConfig:
     """config with max_prompt_length raised to what the KV cache leaves when a prompt is longer."""
-    longest = max(len(self._sampler.tokenize(p)) for p in prompts)
+    longest = max(len(self.sampler.tokenize(p)) for p in prompts)
     if longest <= config.max_prompt_length:
       return config
     _check_fits(longest, config.max_tokens_to_generate, config.kv_cache_size)

@@ -33,6 +33,16 @@ class LearnerWiring:
     self._idle = step_metrics.IdleClock()
     prefix_sharing.install(self.rl_cluster.actor_trainer, self._group)
 
+  @property
+  def _anchor(self):
+    """The weights the old policy's log-probs are computed with: the host copy RLCluster keeps from
+    each weight sync (None: none kept)."""
+    return self.rl_cluster._anchor_policy_state
+
+  @_anchor.setter
+  def _anchor(self, state) -> None:
+    self.rl_cluster._anchor_policy_state = state
+
   def _log_loss_mismatch(self) -> None:
     """Has the trainer log the sampler/trainer mismatch the policy loss reports in its aux
     (losses.MISMATCH_METRICS), beside the aux keys Tunix's learner logs."""
