@@ -44,6 +44,49 @@ from maxtext.utils.steps import Steps
 log = logging.getLogger(__name__)
 
 
+def _check_processes(cfg: RunConfig) -> None:
+  """Agentic GRPO across processes: every process takes an equal share of each batch and samples
+  no replacement prompts (dynamic sampling)."""
+  processes = jax.process_count()
+  if not cfg.agentic.use_agentic_rollout or processes == 1:
+    return
+  if cfg.algorithm.dynamic_sampling:
+    raise ConfigError(
+      f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
+      "replacement prompts would have to be sampled in step on every process); use standard GRPO"
+    )
+  for key in ("batch_size", "train_micro_batch_size"):
+    if getattr(cfg.train, key) % processes:
+      raise ConfigError(
+        f"{key}={getattr(cfg.train, key)}: agentic GRPO across {processes} processes gives every process "
+        f"an equal share of each batch; expected a multiple of {processes}"
+      )
+
+
+def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
+  """(training batches, reserve batches for dynamic sampling or None) of the training examples; in
+  agentic GRPO their prompts are the user turn only."""
+  seed = cfg.data.data_shuffle_seed
+  train_ds: Any = datasets.train_batches(training, cfg.train, seed)
+  reserve_ds: Any = datasets.reserve_batches(training, cfg.train, seed) if cfg.algorithm.dynamic_sampling else None
+  if cfg.agentic.use_agentic_rollout:
+    train_ds = agentic_lib.user_turn_batches(train_ds)
+    reserve_ds = reserve_ds and agentic_lib.user_turn_batches(reserve_ds)
+  return train_ds, reserve_ds
+
+
+def _check_layout(cfg: RunConfig, stacked: bool | None) -> None:
+  """A resumed run keeps the decoder layout its checkpoints were written in (stacked: whether they
+  hold the layers stacked; None: nothing to resume)."""
+  if stacked is not None and stacked != cfg.model.scan_layers:
+    raise ConfigError(
+      f"scan_layers={str(cfg.model.scan_layers).lower()}: the run's checkpoints hold the decoder layers "
+      f"{'stacked' if stacked else 'one per layer'} (written with scan_layers={str(stacked).lower()}); resume "
+      f"with scan_layers={str(stacked).lower()}, or start a new run from them (load_parameters_path and "
+      "lora_input_adapters_path load either layout)"
+    )
+
+
 class TrainingRun:
   def __init__(self, cfg: RunConfig):
     agentic = cfg.agentic.use_agentic_rollout
@@ -57,19 +100,7 @@ class TrainingRun:
     folder.check_space(footprint.checkpoint_bytes(cfg))
     self._expected_peak = footprint.log_estimate(cfg)
     heap.release_after_compiling()
-    processes = jax.process_count()
-    if agentic and processes > 1:
-      if cfg.algorithm.dynamic_sampling:
-        raise ConfigError(
-          f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
-          "replacement prompts would have to be sampled in step on every process); use standard GRPO"
-        )
-      for key in ("batch_size", "train_micro_batch_size"):
-        if getattr(cfg.train, key) % processes:
-          raise ConfigError(
-            f"{key}={getattr(cfg.train, key)}: agentic GRPO across {processes} processes gives every process "
-            f"an equal share of each batch; expected a multiple of {processes}"
-          )
+    _check_processes(cfg)
     trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg.mesh, agentic)
     log.info(
       "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
@@ -77,18 +108,11 @@ class TrainingRun:
     self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
     template = templates.PromptTemplate(cfg.task, tokenizer, task.template)
     examples = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
-    render = None
+    render, agentic_parts = None, None
     if agentic:
-      tool_map = tools.tool_map(cfg.tools)
-      parser = chat_parser.for_config(cfg.agentic, template)
-      render = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)
-    training = examples.training(render)
-    seed = cfg.data.data_shuffle_seed
-    self.train_ds: Any = datasets.train_batches(training, cfg.train, seed)
-    reserve_ds: Any = datasets.reserve_batches(training, cfg.train, seed) if cfg.algorithm.dynamic_sampling else None
-    if agentic:
-      self.train_ds = agentic_lib.user_turn_batches(self.train_ds)
-      reserve_ds = reserve_ds and agentic_lib.user_turn_batches(reserve_ds)
+      agentic_parts = (chat_parser.for_config(cfg.agentic, template), tools.tool_map(cfg.tools))
+      render = trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
+    self.train_ds, reserve_ds = _batches(cfg, examples.training(render))
     evaluations = cfg.eval
     self.eval_examples = (
       examples.evaluation(evaluations.num_test_batches * evaluations.eval_batch_size)
@@ -100,14 +124,7 @@ class TrainingRun:
     folder.write_config(cfg)  # once the inputs it names have loaded
 
     resumed = folder.resume()
-    stacked = folder.layers_stacked(resumed) if resumed else None
-    if stacked is not None and stacked != cfg.model.scan_layers:
-      raise ConfigError(
-        f"scan_layers={str(cfg.model.scan_layers).lower()}: the run's checkpoints hold the decoder layers "
-        f"{'stacked' if stacked else 'one per layer'} (written with scan_layers={str(stacked).lower()}); resume "
-        f"with scan_layers={str(stacked).lower()}, or start a new run from them (load_parameters_path and "
-        "lora_input_adapters_path load either layout)"
-      )
+    _check_layout(cfg, folder.layers_stacked(resumed) if resumed else None)
     self.results = folder.previous_results(resumed)
     run = cfg.run
     wandb = None
@@ -134,27 +151,33 @@ class TrainingRun:
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
-        if agentic:
-          self.learner = agentic_lib.build_learner(
-            cfg.train,
-            cfg.algorithm,
-            cfg.sampling,
-            cfg.agentic,
-            cfg.tools,
-            self.cluster,
-            reward_fns,
-            parser,
-            tool_map,
-            before_step=self._between_steps,
-            reserve=reserve,
-          )
-        else:
-          self.learner = learner_lib.build_learner(
-            cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_fns, self._before_step, reserve
-          )
+        self.learner = self._build_learner(reward_fns, reserve, agentic_parts)
     except BaseException:
       self.close()
       raise
+
+  def _build_learner(self, reward_fns, reserve, agentic_parts):
+    """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
+    agentic GRPO, else None)."""
+    cfg = self.cfg
+    if agentic_parts is None:
+      return learner_lib.build_learner(
+        cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_fns, self._before_step, reserve
+      )
+    parser, tool_map = agentic_parts
+    return agentic_lib.build_learner(
+      cfg.train,
+      cfg.algorithm,
+      cfg.sampling,
+      cfg.agentic,
+      cfg.tools,
+      self.cluster,
+      reward_fns,
+      parser,
+      tool_map,
+      before_step=self._between_steps,
+      reserve=reserve,
+    )
 
   def evaluate(self, desc: str) -> dict | None:
     """The evaluation's result; None with num_test_batches=0 (no evaluation)."""
