@@ -172,44 +172,44 @@ def _gemma3_architecture(hf: dict[str, Any], where) -> dict[str, Any]:
   }
 
 
-def to_hf_config(cfg: ModelSection, tokenizer=None):
+def to_hf_config(model: ModelSection, tokenizer=None):
   """A transformers config object for the run config's architecture (weights dtype included)."""
   import transformers  # heavy; only the exporter needs it
 
-  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": cfg.rope_max_timescale}
-  if cfg.rope_scaling:
-    kind = "linear" if set(cfg.rope_scaling) == {"factor"} else "llama3"
-    rope = {"rope_type": kind, "rope_theta": cfg.rope_max_timescale, **cfg.rope_scaling}
+  rope: dict[str, Any] = {"rope_type": "default", "rope_theta": model.rope_max_timescale}
+  if model.rope_scaling:
+    kind = "linear" if set(model.rope_scaling) == {"factor"} else "llama3"
+    rope = {"rope_type": kind, "rope_theta": model.rope_max_timescale, **model.rope_scaling}
   kwargs: dict[str, Any] = dict(
-    vocab_size=cfg.vocab_size,
-    hidden_size=cfg.emb_dim,
-    num_hidden_layers=cfg.num_decoder_layers,
-    num_attention_heads=cfg.num_query_heads,
-    num_key_value_heads=cfg.num_kv_heads,
-    head_dim=cfg.head_dim,
-    intermediate_size=cfg.mlp_dim,
-    rms_norm_eps=cfg.normalization_layer_epsilon,
-    tie_word_embeddings=cfg.logits_via_embedding,
-    max_position_embeddings=cfg.max_position_embeddings,
+    vocab_size=model.vocab_size,
+    hidden_size=model.emb_dim,
+    num_hidden_layers=model.num_decoder_layers,
+    num_attention_heads=model.num_query_heads,
+    num_key_value_heads=model.num_kv_heads,
+    head_dim=model.head_dim,
+    intermediate_size=model.mlp_dim,
+    rms_norm_eps=model.normalization_layer_epsilon,
+    tie_word_embeddings=model.logits_via_embedding,
+    max_position_embeddings=model.max_position_embeddings,
     rope_parameters=rope,
-    dtype=cfg.weight_dtype,
+    dtype=model.weight_dtype,
   )
   if tokenizer is not None:
     kwargs.update(
       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
     )
-  if cfg.decoder_family == "gemma3":
-    n, pattern = cfg.num_decoder_layers, cfg.sliding_window_pattern
+  if model.decoder_family == "gemma3":
+    n, pattern = model.num_decoder_layers, model.sliding_window_pattern
     kwargs.update(
       rope_parameters={
         "full_attention": rope,
-        "sliding_attention": {"rope_type": "default", "rope_theta": cfg.rope_local_max_timescale},
+        "sliding_attention": {"rope_type": "default", "rope_theta": model.rope_local_max_timescale},
       },
       layer_types=["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)],
-      sliding_window=cfg.sliding_window_size,
-      query_pre_attn_scalar=cfg.query_pre_attn_scalar,
+      sliding_window=model.sliding_window_size,
+      query_pre_attn_scalar=model.query_pre_attn_scalar,
       hidden_activation="gelu_pytorch_tanh",
     )
     return transformers.Gemma3TextConfig(architectures=["Gemma3ForCausalLM"], **kwargs)
-  cls = transformers.Qwen3Config if cfg.decoder_family == "qwen3" else transformers.LlamaConfig
+  cls = transformers.Qwen3Config if model.decoder_family == "qwen3" else transformers.LlamaConfig
   return cls(architectures=[cls.__name__.replace("Config", "ForCausalLM")], **kwargs)

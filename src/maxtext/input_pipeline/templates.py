@@ -15,10 +15,10 @@ from maxtext.configs.sections import TEMPLATE_DIR, TaskSection
 from maxtext.utils import errors
 
 
-def template_path(cfg: TaskSection, default: str) -> str:
+def template_path(task: TaskSection, default: str) -> str:
   """data_template_path as given, a shipped template's bare file name (configs/templates/), or the
   shipped `default` (the task's) when empty."""
-  path = cfg.data_template_path or default
+  path = task.data_template_path or default
   shipped = os.path.join(TEMPLATE_DIR, path)
   return shipped if not os.path.exists(path) and os.path.basename(path) == path and os.path.isfile(shipped) else path
 
@@ -44,18 +44,18 @@ def _example_turns(data: dict, path: str) -> list[dict[str, str]]:
   return [dict(t) for t in turns]
 
 
-def answer_prefix(cfg: TaskSection) -> str:
+def answer_prefix(task: TaskSection) -> str:
   """What the prompt ends with and the model's completion therefore lacks: the reasoning start
   token when reasoning_start_token_in_prompt is set."""
-  return cfg.reasoning_start_token if cfg.reasoning_start_token_in_prompt else ""
+  return task.reasoning_start_token if task.reasoning_start_token_in_prompt else ""
 
 
 class PromptTemplate:
   """SYSTEM_PROMPT (formatted with the config's tag tokens), EXAMPLES and TEMPLATE (formatted with
   {question})."""
 
-  def __init__(self, cfg: TaskSection, tokenizer, default: str):
-    path = template_path(cfg, default)
+  def __init__(self, task: TaskSection, tokenizer, default: str):
+    path = template_path(task, default)
     try:
       with open(path, encoding="utf-8") as f:
         data = json.load(f)
@@ -67,7 +67,7 @@ class PromptTemplate:
     if missing:
       raise errors.InputError(f"data_template_path={path}: missing field(s) {missing}; expected {list(_FIELDS)}")
     tags = {
-      k: getattr(cfg, k)
+      k: getattr(task, k)
       for k in ("reasoning_start_token", "reasoning_end_token", "solution_start_token", "solution_end_token")
     }
     self.config = data
@@ -75,7 +75,7 @@ class PromptTemplate:
     self.template = data["TEMPLATE"]
     self.examples = _example_turns(data, path)
     self.tokenizer = tokenizer
-    self.answer_prefix = answer_prefix(cfg)
+    self.answer_prefix = answer_prefix(task)
 
   def user_content(self, question: str) -> str:
     return self.template.format(question=question)

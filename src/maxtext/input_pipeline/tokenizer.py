@@ -178,27 +178,27 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   return tok
 
 
-def tokenizer_path(cfg: ModelSection) -> str:
+def tokenizer_path(model: ModelSection) -> str:
   """tokenizer_path, else the HF checkpoint's own tokenizer, else the model's default."""
-  if cfg.tokenizer_path:
-    return cfg.tokenizer_path
-  weights = cfg.load_parameters_path
+  if model.tokenizer_path:
+    return model.tokenizer_path
+  weights = model.load_parameters_path
   if hf_config.is_hf_checkpoint(weights) and any(
     os.path.isfile(os.path.join(weights, f)) for f in ("tokenizer.json", "tokenizer.model")
   ):
     return weights
-  if cfg.model_name in assets.DEFAULT_TOKENIZERS:
-    return assets.DEFAULT_TOKENIZERS[cfg.model_name]()
-  raise ConfigError(f"tokenizer_path: required for model_name={cfg.model_name} (no default tokenizer)")
+  if model.model_name in assets.DEFAULT_TOKENIZERS:
+    return assets.DEFAULT_TOKENIZERS[model.model_name]()
+  raise ConfigError(f"tokenizer_path: required for model_name={model.model_name} (no default tokenizer)")
 
 
-def tokenizer_for(cfg: ModelSection) -> transformers.PreTrainedTokenizerBase:
+def tokenizer_for(model: ModelSection) -> transformers.PreTrainedTokenizerBase:
   """The run's tokenizer, checked against the model's vocabulary, with chat_template's template."""
-  path = tokenizer_path(cfg)
+  path = tokenizer_path(model)
   tok = load_tokenizer(path)
-  if len(tok) > cfg.vocab_size:
-    raise ConfigError(f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={cfg.vocab_size}")
-  if cfg.chat_template == "plain":
+  if len(tok) > model.vocab_size:
+    raise ConfigError(f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={model.vocab_size}")
+  if model.chat_template == "plain":
     _use_plain_template(tok, path)
   return tok
 

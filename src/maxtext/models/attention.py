@@ -27,15 +27,15 @@ def backend() -> tuple[str, bool]:
   return f"gpu ({version})", version.lower().startswith("cuda")
 
 
-def select(cfg: ModelSection) -> Selected:
+def select(model: ModelSection) -> Selected:
   """The attention `cfg.attention` names on this backend: autoselected is cudnn_flash on an NVIDIA GPU
   with dtype bfloat16 and dot_product elsewhere; cudnn_flash elsewhere than on an NVIDIA GPU is a
   ConfigError naming the key, the value, the backend and the choices (pyconfig refuses it with a dtype
   other than bfloat16)."""
-  if cfg.attention == "dot_product" or (cfg.attention == "autoselected" and cfg.dtype != "bfloat16"):
+  if model.attention == "dot_product" or (model.attention == "autoselected" and model.dtype != "bfloat16"):
     return "dot_product"
   name, nvidia = backend()
-  if cfg.attention == "autoselected":
+  if model.attention == "autoselected":
     return "cudnn_flash" if nvidia else "dot_product"
   if not nvidia:
     choices = ", ".join(sections.choices()["attention"])

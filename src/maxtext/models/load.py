@@ -24,46 +24,46 @@ from maxtext.utils.errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _check_gguf_architecture(path: str, cfg: ModelSection) -> None:
+def _check_gguf_architecture(path: str, model: ModelSection) -> None:
   """The file's architecture is one we read, and its hyperparameters are the config's (those the
   file states and the config has: gemma3's sliding window, say, only where the config defines one)."""
   reader = gguf_reader.open_gguf(path)
   arch = gguf_reader.architecture(reader)
   diffs = []
   for key, theirs in gguf_reader.hyperparameters(reader).items():
-    ours = getattr(cfg, key, None)
+    ours = getattr(model, key, None)
     if ours is None:
       continue
     same = math.isclose(ours, theirs, rel_tol=1e-5) if isinstance(theirs, float) else ours == theirs
     if not same:
       diffs.append(f"{key}={ours} but the file has {arch}.{gguf_reader.ARCHITECTURE_KEYS[key]}={theirs}")
   if diffs:
-    raise ConfigError(f"{path}: does not match model_name={cfg.model_name}: " + "; ".join(diffs))
+    raise ConfigError(f"{path}: does not match model_name={model.model_name}: " + "; ".join(diffs))
 
 
-def parameters_path(cfg: ModelSection) -> str:
+def parameters_path(model: ModelSection) -> str:
   """The weights of the run; empty for a seeded random init."""
-  if cfg.random_weights:
-    if cfg.load_parameters_path:
+  if model.random_weights:
+    if model.load_parameters_path:
       raise ConfigError(
-        f"random_weights=true and load_parameters_path={cfg.load_parameters_path}: "
+        f"random_weights=true and load_parameters_path={model.load_parameters_path}: "
         "expected one of them (random weights load nothing)"
       )
     return ""
-  if cfg.load_parameters_path:
-    return cfg.load_parameters_path
-  if cfg.model_name in assets.DEFAULT_WEIGHTS:
-    return assets.DEFAULT_WEIGHTS[cfg.model_name]()
-  if cfg.model_name in assets.RANDOM_INIT_MODELS:
+  if model.load_parameters_path:
+    return model.load_parameters_path
+  if model.model_name in assets.DEFAULT_WEIGHTS:
+    return assets.DEFAULT_WEIGHTS[model.model_name]()
+  if model.model_name in assets.RANDOM_INIT_MODELS:
     return ""
-  raise ConfigError(f"load_parameters_path: required for model_name={cfg.model_name} (no embedded default weights)")
+  raise ConfigError(f"load_parameters_path: required for model_name={model.model_name} (no embedded default weights)")
 
 
-def read_arrays(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
+def read_arrays(path: str, model: ModelSection) -> dict[str, np.ndarray]:
   """Our dotted parameter names -> arrays (as stored) from a GGUF file, HF directory or Orbax checkpoint."""
-  mcfg = ModelConfig.from_config(cfg)
+  mcfg = ModelConfig.from_config(model)
   if path.endswith(".gguf"):
-    _check_gguf_architecture(path, cfg)
+    _check_gguf_architecture(path, model)
     return hf_layout.hf_to_maxtext(gguf_reader.read_hf_state_dict(path), mcfg)
   if hf_config.is_hf_checkpoint(path):
     return hf_layout.hf_to_maxtext(hf_checkpoint.read_state_dict(path), mcfg)
@@ -83,7 +83,7 @@ def read_arrays(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
   )
 
 
-def _check_adapters_config(path: str, cfg: ModelSection) -> None:
+def _check_adapters_config(path: str, model: ModelSection) -> None:
   """Adapters inside a run folder must be read with the LoRA settings of that run's config.yml."""
   folder = epath.Path(storage.join(path))
   for _ in range(5):
@@ -91,9 +91,9 @@ def _check_adapters_config(path: str, cfg: ModelSection) -> None:
     if saved.is_file():
       trained = yaml.safe_load(saved.read_text()) or {}
       diffs = [
-        f"{key}={getattr(cfg, key)!r} but the adapters were trained with {key}={trained[key]!r}"
+        f"{key}={getattr(model, key)!r} but the adapters were trained with {key}={trained[key]!r}"
         for key in ("lora_rank", "lora_alpha", "lora_module_path")
-        if key in trained and trained[key] != getattr(cfg, key)
+        if key in trained and trained[key] != getattr(model, key)
       ]
       if diffs:
         raise ConfigError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
@@ -103,14 +103,14 @@ def _check_adapters_config(path: str, cfg: ModelSection) -> None:
     folder = folder.parent
 
 
-def read_adapters(path: str, cfg: ModelSection) -> dict[str, np.ndarray]:
+def read_adapters(path: str, model: ModelSection) -> dict[str, np.ndarray]:
   """Dotted adapter names -> arrays from an Orbax checkpoint (a LoRA run's checkpoints/ or one step)."""
   if not orbax_checkpoint.is_orbax_checkpoint(path):
     raise errors.MissingInputError(
       f"lora_input_adapters_path={path}: no Orbax checkpoint there (expected a run's "
       "checkpoints/ folder or one <step> folder of it)"
     )
-  _check_adapters_config(path, cfg)
+  _check_adapters_config(path, model)
   adapters = {k: v for k, v in orbax_checkpoint.restore_arrays(path).items() if builder.is_adapter(k)}
   if not adapters:
     raise errors.InputError(

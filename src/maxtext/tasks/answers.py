@@ -27,9 +27,9 @@ log = logging.getLogger(__name__)
 _BOXED = "\\boxed{"
 
 
-def tags(cfg: TaskSection) -> tuple[str, str, str, str]:
+def tags(task: TaskSection) -> tuple[str, str, str, str]:
   """reasoning start and end, solution start and end."""
-  return cfg.reasoning_start_token, cfg.reasoning_end_token, cfg.solution_start_token, cfg.solution_end_token
+  return task.reasoning_start_token, task.reasoning_end_token, task.solution_start_token, task.solution_end_token
 
 
 def last_boxed(text: str) -> str | None:
@@ -45,11 +45,11 @@ def last_boxed(text: str) -> str | None:
   return None
 
 
-def extract_answer(completion: str, cfg: TaskSection) -> str | None:
+def extract_answer(completion: str, task: TaskSection) -> str | None:
   """The completion's answer per answer_format (see the module docstring); None when there is none."""
-  if cfg.answer_format == "last_number":
+  if task.answer_format == "last_number":
     return numbers.last_number_text(completion)
-  _, _, start, end = tags(cfg)
+  _, _, start, end = tags(task)
   found = re.findall(re.escape(start) + r"(.*?)" + re.escape(end), completion, flags=re.DOTALL)
   if not found:
     return None
@@ -113,7 +113,7 @@ class MathVerifier:
 _VERIFIER = MathVerifier()
 
 
-def answers_match(guesses: list[str | None], truths: list, cfg: TaskSection) -> list[bool | None]:
+def answers_match(guesses: list[str | None], truths: list, task: TaskSection) -> list[bool | None]:
   """Whether each extracted answer equals its truth: the same number, or math_verify-equivalent;
   None when math_verify ran out of time."""
   matches: list[bool | None] = []
@@ -125,7 +125,7 @@ def answers_match(guesses: list[str | None], truths: list, cfg: TaskSection) -> 
     if guess is not None and guess.strip() and not matches[-1]:
       unsure.append(i)
       unsure_pairs.append((guess, str(truth)))
-  verdicts = _VERIFIER.equivalent(unsure_pairs, cfg.math_verify_timeout, cfg.math_verify_num_procs)
+  verdicts = _VERIFIER.equivalent(unsure_pairs, task.math_verify_timeout, task.math_verify_num_procs)
   for i, ok in zip(unsure, verdicts):
     matches[i] = ok
   return matches

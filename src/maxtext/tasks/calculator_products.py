@@ -26,11 +26,11 @@ def exact_product(prompts, completions, tmvp_config, answer, **kwargs) -> list[f
   return [tmvp_config.reward_exact_answer * float(_final_number(c) == str(a)) for c, a in zip(completions, answer)]
 
 
-def _rewards(cfg: TaskSection) -> tuple[RewardFn, ...]:
+def _rewards(task: TaskSection) -> tuple[RewardFn, ...]:
   return (exact_product,)
 
 
-def _score(completions: list[str], truths: list[str], cfg: TaskSection) -> list[Verdict]:
+def _score(completions: list[str], truths: list[str], task: TaskSection) -> list[Verdict]:
   out = []
   for c, truth in zip(completions, truths):
     guess = _final_number(c)

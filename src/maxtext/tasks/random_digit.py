@@ -33,11 +33,11 @@ def digit_first(prompts, completions, tmvp_config, **kwargs) -> list[float]:
   return [float(starts_with_digit(c)) for c in completions]
 
 
-def _rewards(cfg: TaskSection) -> tuple[RewardFn, ...]:
+def _rewards(task: TaskSection) -> tuple[RewardFn, ...]:
   return (digit_first,)
 
 
-def _score(completions: list[str], truths: list[str], cfg: TaskSection) -> list[Verdict]:
+def _score(completions: list[str], truths: list[str], task: TaskSection) -> list[Verdict]:
   """Correct (and formatted) when the reply starts with a digit; the answer is that digit."""
   out = []
   for c in completions:

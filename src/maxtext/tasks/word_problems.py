@@ -92,23 +92,23 @@ def last_number_correct(prompts, completions, tmvp_config, answer, **kwargs) -> 
   return [tmvp_config.reward_exact_answer if ok else 0.0 for ok in correct]
 
 
-def rewards(cfg: TaskSection) -> tuple[RewardFn, ...]:
+def rewards(task: TaskSection) -> tuple[RewardFn, ...]:
   """The reward functions of answer_format."""
-  if cfg.answer_format == "last_number":
+  if task.answer_format == "last_number":
     return (last_number_correct,)
   return (match_format_exactly, match_format_approximately, check_answer, check_numbers)
 
 
-def score(completions: list[str], truths: list[str], cfg: TaskSection) -> list[Verdict]:
+def score(completions: list[str], truths: list[str], task: TaskSection) -> list[Verdict]:
   """The extracted answer, correct, within 10%, formatted (the exact tag format, or with
   answer_format=last_number a number present)."""
-  guesses = [answers.extract_answer(c, cfg) for c in completions]
-  correct = answers.answers_match(guesses, truths, cfg)
+  guesses = [answers.extract_answer(c, task) for c in completions]
+  correct = answers.answers_match(guesses, truths, task)
   formatted: list[bool] | list[float]
-  if cfg.answer_format == "last_number":
+  if task.answer_format == "last_number":
     formatted = [guess is not None for guess in guesses]
   else:
-    formatted = match_format_exactly(None, completions, cfg)
+    formatted = match_format_exactly(None, completions, task)
   out = []
   for guess, ok, fmt, truth in zip(guesses, correct, formatted, truths):
     value = numbers.parse_number(guess) if guess else None

@@ -16,10 +16,10 @@ from maxtext.utils.errors import ConfigError
 DATA_AXES = ("data", "fsdp")
 
 
-def mesh_shape(cfg: MeshSection, num_devices: int) -> tuple[int, int, int]:
+def mesh_shape(mesh: MeshSection, num_devices: int) -> tuple[int, int, int]:
   """(data, fsdp, tensor) sizes for num_devices; one -1 entry fills the remaining devices."""
   keys = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
-  sizes = [getattr(cfg, k) for k in keys]
+  sizes = [getattr(mesh, k) for k in keys]
   fills = [i for i, s in enumerate(sizes) if s == -1]
   if len(fills) > 1:
     raise ConfigError(f"{', '.join(keys[i] for i in fills)}: at most one parallelism may be -1")
@@ -39,8 +39,8 @@ def mesh_shape(cfg: MeshSection, num_devices: int) -> tuple[int, int, int]:
   return tuple(sizes)
 
 
-def _mesh(cfg: MeshSection, devices: list) -> Mesh:
-  return Mesh(np.array(devices).reshape(mesh_shape(cfg, len(devices))), MESH_AXES)
+def _mesh(mesh: MeshSection, devices: list) -> Mesh:
+  return Mesh(np.array(devices).reshape(mesh_shape(mesh, len(devices))), MESH_AXES)
 
 
 def create_meshes(cfg: MeshSection, agentic: bool) -> tuple[Mesh, Mesh]:
@@ -69,10 +69,10 @@ def create_meshes(cfg: MeshSection, agentic: bool) -> tuple[Mesh, Mesh]:
   return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train : n_train + n_sample])
 
 
-def _process_mesh(cfg: MeshSection) -> Mesh:
+def _process_mesh(mesh: MeshSection) -> Mesh:
   local = jax.local_devices()
   try:
-    return _mesh(cfg, local)
+    return _mesh(mesh, local)
   except ConfigError as e:
     raise ConfigError(
       f"{e} (agentic GRPO across {jax.process_count()} processes samples on each process's "

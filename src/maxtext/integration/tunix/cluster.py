@@ -29,25 +29,25 @@ from maxtext.utils.steps import Steps
 Role = rl_cluster_lib.Role
 
 
-def optimizer(cfg: TrainSection, steps: Steps) -> optax.GradientTransformation:
+def optimizer(train: TrainSection, steps: Steps) -> optax.GradientTransformation:
   """AdamW on a warmup-cosine schedule over the run's updates, after global-norm clipping. Weight
   decay applies to matrices and embeddings only, as HF's Trainer does (norm scales and biases, the
   one-dimensional parameters, are not decayed), unless adam_weight_decay_all. An update whose
   gradient is zero (no sample of the step carries a learning signal) does not move the weights
   (unless_without_signal)."""
   updates = steps.updates
-  warmup = int(cfg.warmup_steps_fraction * updates)
+  warmup = int(train.warmup_steps_fraction * updates)
   schedule = optax.warmup_cosine_decay_schedule(
     init_value=0.0,
-    peak_value=cfg.learning_rate,
+    peak_value=train.learning_rate,
     warmup_steps=warmup,
     decay_steps=max(updates, warmup + 1),
     end_value=0.0,
   )
-  mask = None if cfg.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
-  adamw = optax.adamw(schedule, b1=cfg.adam_b1, b2=cfg.adam_b2, weight_decay=cfg.adam_weight_decay, mask=mask)
-  if cfg.gradient_clipping_threshold > 0:
-    adamw = optax.chain(optax.clip_by_global_norm(cfg.gradient_clipping_threshold), adamw)
+  mask = None if train.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
+  adamw = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, weight_decay=train.adam_weight_decay, mask=mask)
+  if train.gradient_clipping_threshold > 0:
+    adamw = optax.chain(optax.clip_by_global_norm(train.gradient_clipping_threshold), adamw)
   return unless_without_signal(adamw)
 
 
@@ -72,15 +72,15 @@ def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
   return managers.AnySavePolicy([managers.FixedIntervalPolicy(interval), managers.PreemptionCheckpointingPolicy()])
 
 
-def reference_model(cfg: AlgorithmSection, actor: Decoder, max_prompt_length: int) -> nnx.Module | None:
+def reference_model(algorithm: AlgorithmSection, actor: Decoder, max_prompt_length: int) -> nnx.Module | None:
   """The KL reference (none at rl.grpo_beta=0): with LoRA the frozen base, the actor's own base
   weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
   group's prompt once (SharedPrefix over the first max_prompt_length tokens, which the group's samples
   share: both learners pad prompts to at least that length)."""
-  if cfg.grpo_beta == 0.0:
+  if algorithm.grpo_beta == 0.0:
     return None
   base = builder.base_of(actor) if actor.config.lora_rank else nnx.clone(actor)
-  return SharedPrefix(base, max_prompt_length, cfg.num_generations)
+  return SharedPrefix(base, max_prompt_length, algorithm.num_generations)
 
 
 class ReleaseFreedMemory(hooks.TrainingHooks):

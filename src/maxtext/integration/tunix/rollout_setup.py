@@ -21,41 +21,43 @@ if TYPE_CHECKING:
 __all__ = ["Mode", "load_sampler", "rollout_configs", "rollout_engine"]
 
 
-def rollout_engine(cfg: SamplingSection):
+def rollout_engine(sampling: SamplingSection):
   """ClusterConfig.rollout_engine for cfg.rollout_engine: our engine bound to its settings."""
-  if cfg.rollout_engine == "batched":
+  if sampling.rollout_engine == "batched":
     return functools.partial(
       BatchedRolloutEngine,
-      seed=cfg.decode_seed,
-      max_batch_size=cfg.rollout_max_batch_size,
-      matmul_dtype=None if cfg.rollout_dtype == "model" else cfg.rollout_dtype,
-      steps_per_dispatch=cfg.decode_steps_per_dispatch,
+      seed=sampling.decode_seed,
+      max_batch_size=sampling.rollout_max_batch_size,
+      matmul_dtype=None if sampling.rollout_dtype == "model" else sampling.rollout_dtype,
+      steps_per_dispatch=sampling.decode_steps_per_dispatch,
     )
-  return functools.partial(RolloutEngine, seed=cfg.decode_seed)
+  return functools.partial(RolloutEngine, seed=sampling.decode_seed)
 
 
-def rollout_configs(cfg: SamplingSection, eval_sampling_strategy: EvalStrategy, agentic: bool, eos_id: int) -> dict:
+def rollout_configs(
+  sampling: SamplingSection, eval_sampling_strategy: EvalStrategy, agentic: bool, eos_id: int
+) -> dict:
   """Sampling for training rollouts (greedy when decode_sampling_temperature is 0; with the sampler's
   log-probs on the batched engine) and for evaluation (with log-probs in `agentic` runs)."""
   shared = dict(
-    max_tokens_to_generate=cfg.max_response_length,
-    max_prompt_length=cfg.max_prompt_length,
-    kv_cache_size=cfg.kv_cache_size,
+    max_tokens_to_generate=sampling.max_response_length,
+    max_prompt_length=sampling.max_prompt_length,
+    kv_cache_size=sampling.kv_cache_size,
     eos_tokens=[eos_id],
   )
   greedy = base_rollout.RolloutConfig(**EVAL_SAMPLING["greedy"], **shared)
   train = (
     greedy
-    if cfg.decode_sampling_temperature == 0
+    if sampling.decode_sampling_temperature == 0
     else base_rollout.RolloutConfig(
-      temperature=cfg.decode_sampling_temperature,
-      top_p=cfg.decode_sampling_top_p,
-      top_k=cfg.decode_sampling_top_k or None,
+      temperature=sampling.decode_sampling_temperature,
+      top_p=sampling.decode_sampling_top_p,
+      top_k=sampling.decode_sampling_top_k or None,
       **shared,
     )
   )
   evaluation = base_rollout.RolloutConfig(**EVAL_SAMPLING[eval_sampling_strategy], **shared)
-  if cfg.rollout_engine == "batched":  # the agentic learner trains on them; both learners check them
+  if sampling.rollout_engine == "batched":  # the agentic learner trains on them; both learners check them
     train = dataclasses.replace(train, return_logprobs=True)
     if agentic:
       evaluation = dataclasses.replace(evaluation, return_logprobs=True)

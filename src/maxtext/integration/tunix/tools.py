@@ -192,21 +192,21 @@ BUILTIN_TOOLS = {
 
 
 def _worker_classes(
-  cfg: ToolsSection, mine: dict[str, type[base_tool.BaseTool]]
+  tools: ToolsSection, mine: dict[str, type[base_tool.BaseTool]]
 ) -> dict[str, type[base_tool.BaseTool]]:
   """The tools of rl.tools that run in a tool worker, by name: those of rl.tools_path (`mine`, which
   replace a built-in of their name) and the built-ins that do not time themselves."""
   return {
-    name: mine[name] if name in mine else BUILTIN_TOOLS[name].make(cfg)
-    for name in cfg.names
+    name: mine[name] if name in mine else BUILTIN_TOOLS[name].make(tools)
+    for name in tools.names
     if name in mine or not BUILTIN_TOOLS[name].times_itself
   }
 
 
-def worker_tools(cfg: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
+def worker_tools(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """What a tool worker runs (its ToolWorkers `load`): the tools of rl.tools that run in a worker, with
   rl.tools_path loaded in the worker itself. rl.tools names only known tools (tool_map checked)."""
-  return _worker_classes(cfg, user_tools(cfg.tools_path) if cfg.tools_path else {})
+  return _worker_classes(tools, user_tools(tools.tools_path) if tools.tools_path else {})
 
 
 def _in_worker(cls: type[base_tool.BaseTool], workers: tool_worker.ToolWorkers) -> type[base_tool.BaseTool]:
@@ -219,23 +219,23 @@ def _in_worker(cls: type[base_tool.BaseTool], workers: tool_worker.ToolWorkers) 
   return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
 
 
-def tool_map(cfg: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
+def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
   config error. The tools that do not time themselves share one ToolWorkers pool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
-  mine = user_tools(cfg.tools_path) if cfg.tools_path else {}
-  if cfg.tools_path and not set(mine) & set(cfg.names):
+  mine = user_tools(tools.tools_path) if tools.tools_path else {}
+  if tools.tools_path and not set(mine) & set(tools.names):
     raise ConfigError(
-      f"rl.tools_path={cfg.tools_path}: agentic GRPO would ignore it, since rl.tools="
-      f"{list(cfg.names)} names none of its tools ({', '.join(sorted(mine))})"
+      f"rl.tools_path={tools.tools_path}: agentic GRPO would ignore it, since rl.tools="
+      f"{list(tools.names)} names none of its tools ({', '.join(sorted(mine))})"
     )
   available = set(BUILTIN_TOOLS) | set(mine)
-  unknown = [t for t in cfg.names if t not in available]
+  unknown = [t for t in tools.names if t not in available]
   if unknown:
     raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
-  in_worker = _worker_classes(cfg, mine)
-  found = {name: BUILTIN_TOOLS[name].make(cfg) for name in cfg.names if name not in in_worker}
+  in_worker = _worker_classes(tools, mine)
+  found = {name: BUILTIN_TOOLS[name].make(tools) for name in tools.names if name not in in_worker}
   if in_worker:
-    workers = tool_worker.ToolWorkers(functools.partial(worker_tools, cfg), cfg.tool_timeout_s)
+    workers = tool_worker.ToolWorkers(functools.partial(worker_tools, tools), tools.tool_timeout_s)
     found.update({name: _in_worker(cls, workers) for name, cls in in_worker.items()})
-  return {name: found[name] for name in cfg.names}
+  return {name: found[name] for name in tools.names}

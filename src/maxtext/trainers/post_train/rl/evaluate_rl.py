@@ -50,31 +50,31 @@ def aggregate(passes: list[dict], mode: EvalMode) -> dict:
 
 
 def evaluate(
-  generate: Callable[[list[str]], list[str]], examples: list[dict], score: Score, cfg: EvalSection, desc: str
+  generate: Callable[[list[str]], list[str]], examples: list[dict], score: Score, evaluation: EvalSection, desc: str
 ) -> dict:
   """Completions for examples (num_eval_passes each), scored and combined per eval_mode."""
   per_example: list[list[dict]] = [[] for _ in examples]
-  batches = range(0, len(examples), cfg.eval_batch_size)
-  with tqdm.tqdm(total=len(batches) * cfg.num_eval_passes, desc=desc, unit="batch") as bar:
-    for _ in range(cfg.num_eval_passes):
+  batches = range(0, len(examples), evaluation.eval_batch_size)
+  with tqdm.tqdm(total=len(batches) * evaluation.num_eval_passes, desc=desc, unit="batch") as bar:
+    for _ in range(evaluation.num_eval_passes):
       for start in batches:
-        batch = examples[start : start + cfg.eval_batch_size]
+        batch = examples[start : start + evaluation.eval_batch_size]
         completions = generate([ex["prompts"] for ex in batch])
         for i, (completion, verdict) in enumerate(zip(completions, score(completions, [ex["answer"] for ex in batch]))):
           per_example[start + i].append({"completion": completion, **verdict})
         bar.update()
-  verdicts = [aggregate(p, cfg.eval_mode) for p in per_example]
+  verdicts = [aggregate(p, evaluation.eval_mode) for p in per_example]
   n = len(examples)
   summary = {
     "accuracy": sum(v["correct"] for v in verdicts) / n,
     "partial_accuracy": sum(v["partially_correct"] for v in verdicts) / n,
     "format_accuracy": sum(v["formatted"] for v in verdicts) / n,
     "num_examples": n,
-    "num_eval_passes": cfg.num_eval_passes,
-    "eval_mode": cfg.eval_mode,
-    "eval_sampling_strategy": cfg.eval_sampling_strategy,
+    "num_eval_passes": evaluation.num_eval_passes,
+    "eval_mode": evaluation.eval_mode,
+    "eval_sampling_strategy": evaluation.eval_sampling_strategy,
   }
-  if cfg.eval_make_lst:
+  if evaluation.eval_make_lst:
     summary["examples"] = [
       {"question": ex["question"], "answer": ex["answer"], **v, "passes": p}
       for ex, v, p in zip(examples, verdicts, per_example)

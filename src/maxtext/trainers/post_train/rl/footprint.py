@@ -49,27 +49,29 @@ _PROJECTIONS = {
 }
 
 
-def parameter_count(cfg: ModelSection) -> int:
+def parameter_count(model: ModelSection) -> int:
   """Weights of the decoder (without LoRA adapters)."""
-  e, layers = cfg.emb_dim, cfg.num_decoder_layers
-  per_layer = sum(i * o for i, o in (f(cfg) for f in _PROJECTIONS.values()))
-  head = 0 if cfg.logits_via_embedding else e * cfg.vocab_size
-  return cfg.vocab_size * e + layers * per_layer + _norm_scale_count(cfg) + head
+  e, layers = model.emb_dim, model.num_decoder_layers
+  per_layer = sum(i * o for i, o in (f(model) for f in _PROJECTIONS.values()))
+  head = 0 if model.logits_via_embedding else e * model.vocab_size
+  return model.vocab_size * e + layers * per_layer + _norm_scale_count(model) + head
 
 
-def _norm_scale_count(cfg: ModelSection) -> int:
+def _norm_scale_count(model: ModelSection) -> int:
   """The decoder's norm scales (its only vectors): two RMSNorms per layer (four for gemma3, and q/k
   norms with use_qk_norm) and the final one."""
-  per_layer = (4 if cfg.decoder_family == "gemma3" else 2) * cfg.emb_dim + (2 * cfg.head_dim if cfg.use_qk_norm else 0)
-  return cfg.num_decoder_layers * per_layer + cfg.emb_dim
+  per_layer = (4 if model.decoder_family == "gemma3" else 2) * model.emb_dim + (
+    2 * model.head_dim if model.use_qk_norm else 0
+  )
+  return model.num_decoder_layers * per_layer + model.emb_dim
 
 
-def adapter_count(cfg: ModelSection) -> int:
+def adapter_count(model: ModelSection) -> int:
   """LoRA adapter parameters (A and B of every weight lora_module_path names); 0 without LoRA."""
-  mcfg = ModelConfig.from_config(cfg)
+  mcfg = ModelConfig.from_config(model)
   return sum(
-    cfg.lora_rank * sum(f(cfg))
-    for layer in range(cfg.num_decoder_layers)
+    model.lora_rank * sum(f(model))
+    for layer in range(model.num_decoder_layers)
     for name, f in _PROJECTIONS.items()
     if mcfg.adapts(f"layers.{layer}.{name}")
   )
@@ -86,22 +88,22 @@ def _sampler_rows(cfg: RunConfig) -> int:
   return min(demand, sampling.rollout_max_batch_size) if sampling.rollout_engine == "batched" else demand
 
 
-def _activation_values_per_token(cfg: ModelSection, length: int) -> int:
+def _activation_values_per_token(model: ModelSection, length: int) -> int:
   """Values the backward pass keeps per token and layer without remat: norm inputs and outputs,
   q/k/v, attention scores and probabilities over the sequence, attention output, the MLP's gate, up
   and product (its activation is recomputed: models/decoder.py's _swiglu), and the residual stream."""
-  hq_d, hkv_d = cfg.num_query_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-  values = 6 * cfg.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * cfg.num_query_heads * length + 3 * cfg.mlp_dim
-  if cfg.decoder_family == "gemma3":  # the post-norms' inputs and outputs, and GeGLU's autodiff intermediates
-    values += 4 * cfg.emb_dim + 2 * cfg.mlp_dim
+  hq_d, hkv_d = model.num_query_heads * model.head_dim, model.num_kv_heads * model.head_dim
+  values = 6 * model.emb_dim + 2 * hq_d + 2 * hkv_d + 2 * model.num_query_heads * length + 3 * model.mlp_dim
+  if model.decoder_family == "gemma3":  # the post-norms' inputs and outputs, and GeGLU's autodiff intermediates
+    values += 4 * model.emb_dim + 2 * model.mlp_dim
   return values
 
 
-def _bfloat16_copy_bytes(cfg: ModelSection, count: int) -> int:
+def _bfloat16_copy_bytes(model: ModelSection, count: int) -> int:
   """decoder.MatmulCopy's bytes for a model of `count` values: its matrices in bfloat16 (a tied
   embedding twice: as itself and as the output layer), its norm scales as they are (float32)."""
-  vectors = _norm_scale_count(cfg)
-  head = cfg.vocab_size * cfg.emb_dim if cfg.logits_via_embedding else 0
+  vectors = _norm_scale_count(model)
+  head = model.vocab_size * model.emb_dim if model.logits_via_embedding else 0
   return 2 * (count + head - vectors) + 4 * vectors
 
 
