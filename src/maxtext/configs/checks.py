@@ -120,7 +120,7 @@ def _check_model(v: Mapping[str, Any]) -> None:
   if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
     raise ConfigError(
       "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
-      'add ["layers", []] (on no mesh axis)'
+      'add ["layers", []] (on no mesh axis), or set scan_layers=false'
     )
   if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
     raise ConfigError(
