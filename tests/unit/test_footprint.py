@@ -31,7 +31,12 @@ def _nbytes(tree) -> int:
     ("model_name=llama-tiny",),
     ("model_name=qwen3-tiny", "lora_rank=4"),
     # some layers' adapters: unrolled layers only (the others scanned, the default)
-    ("model_name=llama-tiny", "scan_layers=false", "lora_rank=3", r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)"),
+    (
+      "model_name=llama-tiny",
+      "scan_layers=false",
+      "lora_rank=3",
+      r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)",
+    ),
   ],
 )
 def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):

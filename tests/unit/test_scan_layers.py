@@ -194,7 +194,9 @@ def test_a_lora_path_selecting_some_layers_only_is_refused_with_scan_layers():
   _, unrolled = _model("lora_rank=4", f"lora_module_path={some}", "scan_layers=false")
   assert list(builder.adapters(unrolled)) == ["layers.0.attn.q_proj_lora_a", "layers.0.attn.q_proj_lora_b"]
   assert make_config(*TINY).model.scan_layers
-  with pytest.raises(errors.ConfigError, match=r"lora_module_path=.*selects q_proj of 1 of the 2 layers.*scan_layers") as e:
+  with pytest.raises(
+    errors.ConfigError, match=r"lora_module_path=.*selects q_proj of 1 of the 2 layers.*scan_layers"
+  ) as e:
     _model("lora_rank=4", f"lora_module_path={some}")
   assert "\n" not in str(e.value) and "set scan_layers=false to adapt some layers only" in str(e.value)
 
