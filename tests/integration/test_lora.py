@@ -96,7 +96,10 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   assert isinstance(cluster.actor_trainer.loss_fn, prefix_sharing.SharedPrefixLoss)
 
   # Checkpoints hold the adapters (the trained ones), not the base.
+  # (stacked, layers.attn.q_proj_lora_a [layers, ...], as the default scan_layers=true holds them)
   saved = orbax_checkpoint.restore_arrays(str(run / "checkpoints"))
+  assert ("layers.attn.q_proj_lora_a" in saved) == cfg.model.scan_layers
+  saved = builder.per_layer(saved)
   assert set(saved) == set(adapters_after)
   assert all(np.array_equal(saved[n], adapters_after[n]) for n in saved)
   capsys.readouterr()

@@ -42,7 +42,7 @@ def _reward_file(tmp_path, body):
 def _changed(args, run_dir):
   cfg = make_config(*args)
   initial = builder.to_arrays(load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0]))
-  trained = orbax_checkpoint.restore_arrays(str(run_dir / "checkpoints"))
+  trained = builder.per_layer(orbax_checkpoint.restore_arrays(str(run_dir / "checkpoints")))  # either layout
   return sum(not np.array_equal(initial[n], trained[n]) for n in initial) / len(initial)
 
 

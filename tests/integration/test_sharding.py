@@ -181,7 +181,8 @@ _SHARD_OPTIMIZER = textwrap.dedent("""
     with jax.set_mesh(mesh):
       trainer = peft_trainer.PeftTrainer(model, optax.adam(1e-3), peft_trainer.TrainingConfig(eval_every_n_steps=10))
     mu = trainer.optimizer.opt_state[0].mu
-    moved, kept = mu["layers"][0]["attn"]["q_proj"], mu["layers"][0]["attn"]["k_proj"]
+    layer = mu["layers"] if cfg.model.scan_layers else mu["layers"][0]  # stacked layers (the default) or layer 0
+    moved, kept = layer["attn"]["q_proj"], layer["attn"]["k_proj"]
     # (assigning the value would lay it out by the variable's spec again; the raw setter does not)
     moved.set_raw_value(jax.device_put(moved[...], jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
     buffer = lambda v: v[...].addressable_shards[0].data.unsafe_buffer_pointer()

@@ -170,6 +170,18 @@ def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
   assert "scan_layers: True -> False" in capsys.readouterr().err
   assert train_rl.main([*rerun, "resume_with_changes=true"]) == 2  # the checkpoints' layout cannot change
   assert "scan_layers=false: the run's checkpoints hold the decoder layers stacked" in capsys.readouterr().err
+  # A run written unrolled (scan_layers=false, the default before) resumed with the default, in one line.
+  old = ["train_rl", "rl.yml", *args[:-2], "run_name=scan_false"]
+  assert make_config(*old[2:]).model.scan_layers
+  assert train_rl.main(old) == 2
+  assert "scan_layers: False -> True" in capsys.readouterr().err
+  assert train_rl.main([*old, "resume_with_changes=true"]) == 2
+  refusal = [line for line in capsys.readouterr().err.splitlines() if "the run's checkpoints hold" in line]
+  assert len(refusal) == 1 and refusal[0].endswith(
+    "scan_layers=true: the run's checkpoints hold the decoder layers one per layer (written with "
+    "scan_layers=false); resume with scan_layers=false, or start a new run from them (load_parameters_path "
+    "and lora_input_adapters_path load either layout)"
+  ), refusal
 
 
 def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys):
@@ -489,7 +501,7 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   for r in rows:
     assert r["rollout/decode_tokens_per_s"] > 0
     assert weights / 4 <= 1e9 * r["rollout/decode_gb_per_s"] / r["rollout/decode_tokens_per_s"] <= 2 * weights
-  trained = orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints"))
+  trained = builder.per_layer(orbax_checkpoint.restore_arrays(str(tmp_path / "agentic" / "checkpoints")))
   assert sum(not np.array_equal(initial[n], trained[n]) for n in initial) > len(initial) // 2
 
 

@@ -265,7 +265,12 @@ def test_a_failing_step_fails_every_waiting_request_instead_of_hanging(model):
     batcher.submit(PROMPTS[0], SamplingParams(4, temperature=0.0))
 
 
-def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_reads(model):
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_reads(model, scan):
+  if scan == "false":  # the module's model is scanned (the default); unrolled layers' cache has more arrays
+    cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024", "scan_layers=false")
+    model = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
+  assert model.config.scan_layers == (scan == "true")
   batcher = ContinuousBatcher(model, cache_size=32, max_batch_size=2)
   assert batcher.decode_rate() is None
   batcher.submit(PROMPTS[0], SamplingParams(1, temperature=0.0)).result(timeout=120)
@@ -275,7 +280,7 @@ def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_read
   cfg = model.config
   weights = 4 * sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))  # float32
   kv = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4  # keys and values of one row
-  end_index = 4 * cfg.num_layers  # int32 per row and layer
+  end_index = 4 * (1 if cfg.scan_layers else cfg.num_layers)  # int32 per row and layer (stacked: per row)
   assert tokens_per_s > 0
   assert bytes_per_s / tokens_per_s == pytest.approx(weights + kv + end_index, rel=1e-9)
   batcher.close()
@@ -301,7 +306,8 @@ def test_a_bfloat16_copy_decodes_as_its_own_forward_near_the_float32_model(model
   single.submit(PROMPTS[0], SamplingParams(6, temperature=0.0)).result(timeout=120)
   tokens_per_s, bytes_per_s = single.decode_rate()
   cfg = model.config
-  kv_and_end_index = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4 + 4 * cfg.num_layers
+  end_index = 4 * (1 if cfg.scan_layers else cfg.num_layers)  # int32 per row and layer (stacked: per row)
+  kv_and_end_index = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4 + end_index
   assert bytes_per_s / tokens_per_s == pytest.approx(copy.nbytes + kv_and_end_index, rel=1e-9)
   single.close()
 

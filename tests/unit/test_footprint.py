@@ -30,13 +30,20 @@ def _nbytes(tree) -> int:
     ("model_name=qwen3-tiny",),
     ("model_name=llama-tiny",),
     ("model_name=qwen3-tiny", "lora_rank=4"),
-    ("model_name=llama-tiny", "lora_rank=3", r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)"),
+    # some layers' adapters: unrolled layers only (the others scanned, the default)
+    (
+      "model_name=llama-tiny",
+      "scan_layers=false",
+      "lora_rank=3",
+      r"lora_module_path=layers\.1\.(attn\.o_proj|mlp\.up_proj)",
+    ),
   ],
 )
 def test_parameters_adapters_and_optimizer_state_match_the_real_ones(args):
   cfg = make_config(*args)
   mesh = create_meshes(cfg.mesh, agentic=False)[0]
-  base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
+  base_cfg = make_config(*(a for a in args if a.startswith(("model_name=", "scan_layers="))))
+  base = builder.init_random(ModelConfig.from_config(base_cfg.model), mesh, 0)
   model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
   weights = nnx.state(model, nnx.Not(nnx.LoRAParam))
   adapters = nnx.state(model, nnx.LoRAParam)

@@ -171,7 +171,7 @@ def _randomize_norms(model):
 
 
 def test_scanned_decoder_equals_unrolled_in_logits_cache_decode_and_gradients():
-  _, unrolled = _tiny()
+  _, unrolled = _tiny("scan_layers=false")
   _randomize_norms(unrolled)
   cfg = make_config("model_name=gemma3-tiny", "scan_layers=true")
   mesh = create_meshes(cfg.mesh, agentic=False)[0]
@@ -197,7 +197,7 @@ def test_scanned_decoder_equals_unrolled_in_logits_cache_decode_and_gradients():
 
 def test_lora_adapters_on_the_same_projections_with_scan_layers():
   lora = ("lora_rank=4", "lora_alpha=8")
-  _, unrolled = _tiny(*lora)
+  _, unrolled = _tiny(*lora, "scan_layers=false")
   _, scanned = _tiny(*lora, "scan_layers=true")
   adapters = builder.adapters(unrolled)
   weights = [f"attn.{c}_proj" for c in "qkvo"] + [f"mlp.{w}_proj" for w in ("gate", "up", "down")]

@@ -43,7 +43,9 @@ def test_prefill_plus_decode_equals_full_forward(model):
     mask = jnp.broadcast_to(jnp.arange(cache_size) <= i, (b, 1, cache_size))
     logits, cache = m(tokens[:, i : i + 1], positions[:, i : i + 1], cache, mask)
     steps.append(logits)
-  assert int(cache["layer_0"]["end_index"][0]) == t
+  # unrolled: {layer_i: ...}, scanned (the default): one stacked {layers: ...}; every row at t in each
+  assert list(cache) == (["layers"] if m.config.scan_layers else [f"layer_{i}" for i in range(m.config.num_layers)])
+  assert all(np.asarray(layer["end_index"]).tolist() == [t] * b for layer in cache.values())
   np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
   # A prefill asking for the last position's logits only (Tunix's sampler does) gets that row.
   last, _ = m(
@@ -74,12 +76,17 @@ def test_left_padding_does_not_change_logits():
   np.testing.assert_allclose(out[:, 2:], ref, atol=1e-5)
 
 
-def test_parameters_carry_logical_axes_resolved_to_the_mesh():
-  _, mesh, m = _model("model_name=qwen3-tiny")
+@pytest.mark.parametrize("scan", ["false", "true"])
+def test_parameters_carry_logical_axes_resolved_to_the_mesh(scan):
+  _, mesh, m = _model("model_name=qwen3-tiny", f"scan_layers={scan}")
   specs = nnx.get_partition_spec(nnx.state(m))
-  # embed [vocab, embed] -> (tensor, fsdp) by base.yml's logical_axis_rules
+  # embed [vocab, embed] -> (tensor, fsdp) by base.yml's logical_axis_rules; stacked layers' leading
+  # 'layers' axis on no mesh axis
   assert tuple(specs["embed"].get_value()) == ("tensor", "fsdp")
-  assert tuple(specs["layers"][0]["mlp"]["down_proj"].get_value()) == ("tensor", "fsdp")
+  if scan == "true":
+    assert tuple(specs["layers"]["mlp"]["down_proj"].get_value()) == (None, "tensor", "fsdp")
+  else:
+    assert tuple(specs["layers"][0]["mlp"]["down_proj"].get_value()) == ("tensor", "fsdp")
   assert m.embed[...].sharding.mesh == mesh
 
 
@@ -355,14 +362,15 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     assert precisions and set(precisions) == {want}, (name, precisions)
 
 
-@pytest.mark.parametrize("model", ["qwen3-tiny", "gemma3-tiny"])  # gemma3: sliding window and query_pre_attn_scalar
-def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch, model):
+# gemma3: sliding window and query_pre_attn_scalar; one case per layout (scanned: the default)
+@pytest.mark.parametrize(("model", "scan"), [("qwen3-tiny", "false"), ("gemma3-tiny", "true")])
+def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch, model, scan):
   """attention=cudnn_flash's call (decoder._dot_product_attention: the KV cache's layouts turned to
   jax.nn.dot_product_attention's, grouped-query heads, the mask over every head, the scale), run
   through XLA on CPU instead of cuDNN: the decoder's logits and gradients equal the einsum path's
   (attention=dot_product), without a cache on left-padded causal rows and over a KV cache that
   already holds a prompt. Decode steps (one query position) take the einsum path."""
-  _, _, m = _model(f"model_name={model}", "vocab_size=512")
+  _, _, m = _model(f"model_name={model}", "vocab_size=512", f"scan_layers={scan}")
   assert m.config.attention == "dot_product" and m.config.num_query_heads > m.config.num_kv_heads
   helper, implementations = decoder._dot_product_attention, []
 
@@ -400,7 +408,8 @@ def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch,
   for run in (whole, cached):
     implementations.clear()
     want, got = nnx.jit(run)(m), nnx.jit(run)(flash)
-    assert implementations == ["cudnn"] * m.config.num_layers * (1 if run is whole else 2), implementations
+    traced = 1 if m.config.scan_layers else m.config.num_layers  # the scanned layer is traced once
+    assert implementations == ["cudnn"] * traced * (1 if run is whole else 2), implementations
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     loss = lambda model, run=run: jnp.sum(run(model) * weights[:, : t + (run is cached)])
     grads = [nnx.jit(nnx.grad(loss))(model) for model in (m, flash)]

@@ -255,9 +255,10 @@ def test_unreadable_yaml_names_the_file(tmp_path):
 @pytest.mark.parametrize("arg", ["lora_alpha=32", "lora_module_path=layers\\.0\\..*", "lora_input_adapters_path=x"])
 def test_lora_keys_are_refused_without_adapters(arg):
   key = arg.split("=")[0]
+  unrolled = "scan_layers=false"  # layer 0's adapters only: unrolled layers (scan_layers=true refuses them)
   assert (
-    getattr(make_config(arg, "lora_rank=8").model, key)
-    == pyconfig.initialize(["x", "rl.yml", arg, "lora_rank=8"]).flat()[key]
+    getattr(make_config(arg, "lora_rank=8", unrolled).model, key)
+    == pyconfig.initialize(["x", "rl.yml", arg, "lora_rank=8", unrolled]).flat()[key]
   )
   with pytest.raises(pyconfig.ConfigError, match=f"{key}=.*lora_rank=0 trains the full weights"):
     make_config(arg)

@@ -3,6 +3,8 @@ the unrolled decoder computes from the same weights, and users see per-layer nam
 random init, checkpoint conversion (HF and Orbax, written in either layout), LoRA adapters and the
 continuous batcher's cache."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +16,8 @@ from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.integration.tunix.rollout import RolloutEngine
 from maxtext.models import builder, load
-from maxtext.models.decoder import MatmulCopy, cache_length, cache_rows
+from maxtext.models.decoder import Decoder, MatmulCopy, ModelConfig, cache_length, cache_rows
+from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import errors
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
@@ -30,7 +33,7 @@ def _model(*overrides):
 @pytest.fixture(scope="module")
 def models():
   """(unrolled, scanned) qwen3-tiny decoders from the same seed."""
-  return _model()[1], _model("scan_layers=true")[1]
+  return _model("scan_layers=false")[1], _model("scan_layers=true")[1]
 
 
 def _inputs(b=2, t=12):
@@ -161,7 +164,7 @@ def test_hf_export_of_a_scanned_decoder_round_trips(tmp_path, models, qwen3_toke
 
 def test_lora_adapters_are_stacked_per_weight_and_named_per_layer():
   lora = ("lora_rank=4", "lora_alpha=8")
-  _, unrolled = _model(*lora)
+  _, unrolled = _model(*lora, "scan_layers=false")
   _, scanned = _model(*lora, "scan_layers=true")
   adapters = builder.adapters(scanned)
   assert "layers.1.attn.q_proj_lora_a" in adapters and scanned.layers.attn.q_proj_lora_a[...].shape[0] == 2
@@ -187,17 +190,28 @@ def test_lora_adapters_are_stacked_per_weight_and_named_per_layer():
   )
 
 
-def test_a_lora_path_selecting_some_layers_only_is_refused_with_scan_layers():
+def test_a_lora_path_selecting_some_layers_only_is_refused_with_scan_layers(capsys):
+  """Some layers' adapters need unrolled layers; the default (scan_layers=true) refuses them at config
+  time, before any data or weights load, in one line naming both keys and the way out (and the
+  decoder itself, built from a ModelConfig directly)."""
   some = r"layers\.0\.attn\.q_proj"
-  _, unrolled = _model("lora_rank=4", f"lora_module_path={some}")
+  refusal = r"lora_module_path=.*selects q_proj of 1 of the 2 layers; with scan_layers=true.*set scan_layers=false"
+  cfg, unrolled = _model("lora_rank=4", f"lora_module_path={some}", "scan_layers=false")
   assert list(builder.adapters(unrolled)) == ["layers.0.attn.q_proj_lora_a", "layers.0.attn.q_proj_lora_b"]
-  with pytest.raises(errors.ConfigError, match=r"lora_module_path=.*selects q_proj of 1 of the 2 layers.*scan_layers"):
-    _model("lora_rank=4", f"lora_module_path={some}", "scan_layers=true")
+  assert make_config(*TINY).model.scan_layers
+  with pytest.raises(errors.ConfigError, match=refusal) as e:
+    make_config(*TINY, "lora_rank=4", f"lora_module_path={some}")
+  capsys.readouterr()
+  assert train_rl.main(["train_rl", "rl.yml", *TINY, "lora_rank=4", f"lora_module_path={some}"]) == 2
+  assert capsys.readouterr().err.splitlines() == [f"config error: {e.value}"]
+  scanned = dataclasses.replace(ModelConfig.from_config(cfg.model), scan_layers=True)
+  with pytest.raises(errors.ConfigError, match=refusal):
+    nnx.eval_shape(lambda: Decoder(scanned, rngs=nnx.Rngs(0)))
 
 
 def test_logical_axis_rules_without_the_layers_axis_are_refused_with_scan_layers():
   rules = 'logical_axis_rules=[["vocab",["tensor"]],["embed",["fsdp"]],["mlp",["tensor"]],["q_heads",["tensor"]],'
   rules += '["kv_heads",["tensor"]],["heads",["tensor"]],["kv",[]],["norm",[]]]'
-  make_config(*TINY, rules)  # unrolled layers need no rule for it
+  make_config(*TINY, rules, "scan_layers=false")  # unrolled layers need no rule for it
   with pytest.raises(errors.ConfigError, match=r"logical_axis_rules: no rule for 'layers'.*scan_layers=true"):
-    make_config(*TINY, rules, "scan_layers=true")
+    make_config(*TINY, rules)  # the default scans

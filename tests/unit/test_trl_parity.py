@@ -159,7 +159,8 @@ def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndar
   (loss, aux), grads = nnx.value_and_grad(lambda m: loss_fn(m, example, config, pad_id=PAD, eos_id=EOS), has_aux=True)(
     model
   )
-  flat = {builder.param_name(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(grads)}
+  # per-layer names (layers.0.attn_norm.scale), whether the decoder's layers are stacked or not
+  flat = builder.per_layer({builder.param_name(p): np.asarray(v[...]) for p, v in nnx.to_flat_state(grads)})
   graphdef, state = nnx.split(model)
   logps = common.compute_per_token_logps(
     graphdef, state, example.prompt_ids, example.completion_ids, PAD, EOS, temperature=TEMPERATURE
@@ -168,9 +169,11 @@ def _our_side(path, batch, overrides: list[str], beta: float, trl_logps: np.ndar
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
-@pytest.mark.parametrize("beta", [0.0, 0.04])
-def test_trl_parity_of_log_probs_loss_and_gradient(tmp_path, variant, beta):
+# each variant with the layers unrolled and scanned (the default), without and with the KL term
+@pytest.mark.parametrize(("beta", "scan"), [(0.0, "false"), (0.04, "true")])
+def test_trl_parity_of_log_probs_loss_and_gradient(tmp_path, variant, beta, scan):
   overrides, trl_args = VARIANTS[variant]
+  overrides = [*overrides, f"scan_layers={scan}"]
   write_hf_model(tmp_path, "qwen3-gqa-tied-headdim")
   batch = _batch()
   trl_logps, trl_loss, trl_grads = _trl_side(tmp_path, batch, trl_args, beta, variant)

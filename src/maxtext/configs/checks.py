@@ -120,7 +120,7 @@ def _check_model(v: Mapping[str, Any]) -> None:
   if v["scan_layers"] and "layers" not in {rule[0] for rule in v["logical_axis_rules"]}:
     raise ConfigError(
       "logical_axis_rules: no rule for 'layers', the axis scan_layers=true stacks the decoder layers on; "
-      'add ["layers", []] (on no mesh axis)'
+      'add ["layers", []] (on no mesh axis), or set scan_layers=false'
     )
   if v["attention"] == "cudnn_flash" and v["dtype"] != "bfloat16":
     raise ConfigError(
@@ -145,6 +145,20 @@ def _check_model(v: Mapping[str, Any]) -> None:
     re.compile(v["lora_module_path"])
   except re.error as e:
     raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
+  if v["scan_layers"] and v["lora_rank"] > 0:  # before any data or weights load (the decoder checks it too)
+    layers = range(v["num_decoder_layers"])
+    for weight in _LORA_WEIGHTS:
+      adapted = sum(re.fullmatch(v["lora_module_path"], f"layers.{i}.{weight}") is not None for i in layers)
+      if 0 < adapted < len(layers):
+        raise ConfigError(
+          f"lora_module_path={v['lora_module_path']!r} selects {weight.split('.')[1]} of {adapted} of the "
+          f"{len(layers)} layers; with scan_layers=true the layers share one stacked adapter per weight, so a "
+          "weight is adapted in every layer or in none (set scan_layers=false to adapt some layers only)"
+        )
+
+
+# The weights LoRA can adapt in each decoder layer (decoder.LORA_INPUT_AXES's, by module).
+_LORA_WEIGHTS = tuple(f"attn.{w}_proj" for w in "qkvo") + tuple(f"mlp.{w}_proj" for w in ("gate", "up", "down"))
 
 
 def _check_sampling(v: Mapping[str, Any]) -> None:
