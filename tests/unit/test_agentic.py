@@ -129,6 +129,18 @@ def test_qwen3_thinking_template_falls_back_to_prefix_preserving_chatml(qwen3_to
   assert text.endswith("<|im_start|>assistant\n<answer>84</answer><|im_end|>")
 
 
+def _engine(agent, env, model_call, parser, tokenizer, budget, engine_cls=trajectories.TrajectoryEngine):
+  """A trajectory engine for one agent-environment pair with `budget` response tokens."""
+  return engine_cls(
+    agent,
+    env,
+    model_call=model_call,
+    max_response_length=budget,
+    tokenizer=tokenizer_adapter.TokenizerAdapter(tokenizer),
+    chat_parser=parser,
+  )
+
+
 def _scripted(replies: list[str], tokenizer):
   """(calls, model_call): a model that answers each turn with the next of `replies` (EOS-terminated
   tokens), recording them in calls."""
@@ -156,13 +168,8 @@ def _collect(engine_cls, smollm2_tokenizer, budget, response_len):
 
   agent = model_agent.ModelAgent(system_prompt="SYS")
   env = task_environment.TaskEnvironment({"prompts": "What is 6*7?", "answer": "42"})
-  engine = engine_cls(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=budget,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"),
+  engine = _engine(
+    agent, env, model_call, ConfigChatParser(smollm2_tokenizer, "SYS"), smollm2_tokenizer, budget, engine_cls
   )
   asyncio.run(engine.collect(mode="Trajectory"))
   return [m["content"] for m in agent.chat_completions if m["role"] == "assistant"]
@@ -226,27 +233,11 @@ def test_first_prompt_renderer_is_what_the_tool_agent_sends_first(smollm2_tokeni
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
   # Tunix's ToolAgent takes the raw question as the user turn, not the templated user content.
   agent = tool_agent.ToolAgent(system_prompt=parser.system_prompt, tool_map=tool_map, tool_parser_name="qwen")
-  asyncio.run(
-    trajectories.TrajectoryEngine(
-      agent,
-      env,
-      model_call=model_call,
-      max_response_length=16,
-      tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-      chat_parser=parser,
-    ).collect(mode="Trajectory")
-  )
+  asyncio.run(_engine(agent, env, model_call, parser, smollm2_tokenizer, 16).collect(mode="Trajectory"))
   assert "Solve:" not in sent.pop()
   agent = trajectories.ConversationAgent(system_prompt=parser.system_prompt, tool_map=tool_map)
   env = tool_environment.ToolEnvironment(task, tool_map=tool_map, max_steps=2)
-  engine = trajectories.TrajectoryEngine(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=16,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=parser,
-  )
+  engine = _engine(agent, env, model_call, parser, smollm2_tokenizer, 16)
   asyncio.run(engine.collect(mode="Trajectory"))
   expected = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("Solve: What is 6*7?")
   assert sent == [expected]
@@ -292,14 +283,7 @@ def test_later_turns_continue_the_trained_token_stream(smollm2_tokenizer):
   tool_map = {"calculator": tools.CalculatorTool}
   agent = trajectories.ConversationAgent(system_prompt="SYS", tool_map=tool_map)
   env = tool_environment.ToolEnvironment({"prompts": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3)
-  engine = trajectories.TrajectoryEngine(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=512,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=parser,
-  )
+  engine = _engine(agent, env, model_call, parser, smollm2_tokenizer, 512)
   asyncio.run(engine.collect(mode="Trajectory"))
   assert [ids is None for ids, _ in seen] == [True, False]
   stream, turn2 = engine.token_stream(), seen[1][0]
@@ -353,14 +337,7 @@ def test_example_turns_open_every_conversation_but_rewards_and_metrics_see_the_m
   env = tool_environment.ToolEnvironment(
     {"prompts": "Q: What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=3
   )
-  engine = trajectories.TrajectoryEngine(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=512,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=parser,
-  )
+  engine = _engine(agent, env, model_call, parser, smollm2_tokenizer, 512)
   asyncio.run(engine.collect(mode="Trajectory"))
   first = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("Q: What is 12*7?")
   assert sent[0] == first
@@ -410,14 +387,7 @@ def test_malformed_tool_call_arguments_come_back_as_errors_instead_of_stopping_t
   env = tool_environment.ToolEnvironment(
     {"prompts": "What is 12*7?", "question": "What is 12*7?", "answer": "84"}, tool_map=tool_map, max_steps=4
   )
-  engine = trajectories.TrajectoryEngine(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=512,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=parser,
-  )
+  engine = _engine(agent, env, model_call, parser, smollm2_tokenizer, 512)
   if agent_class == "tunix":
     with pytest.raises(json.JSONDecodeError):
       asyncio.run(engine.collect(mode="Trajectory"))
@@ -475,14 +445,7 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
   kwargs = trajectories.agent_kwargs(cfg.tools, {"calculator": tools.CalculatorTool}, ())
   agent = kwargs["agent_class"](system_prompt="SYS", **kwargs["agent_kwargs"])
   env = kwargs["env_class"]({"prompts": "What is 12*7?", "answer": "84"}, **kwargs["env_kwargs"])
-  engine = trajectories.TrajectoryEngine(
-    agent,
-    env,
-    model_call=model_call,
-    max_response_length=512,
-    tokenizer=tokenizer_adapter.TokenizerAdapter(smollm2_tokenizer),
-    chat_parser=ConfigChatParser(smollm2_tokenizer, "SYS"),
-  )
+  engine = _engine(agent, env, model_call, ConfigChatParser(smollm2_tokenizer, "SYS"), smollm2_tokenizer, 512)
   asyncio.run(engine.collect(mode="Trajectory"))
   assert calls == replies
   outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]

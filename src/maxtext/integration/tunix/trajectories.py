@@ -99,7 +99,6 @@ class TrajectoryEngine:
   async def collect(self, mode: str = "Token"):
     if mode not in ("Token", "Trajectory"):
       raise ValueError(f"TrajectoryEngine.collect: mode {mode!r}; expected Token or Trajectory")
-    trajectory = None
     try:
       trajectory = await self._episode()
     finally:
