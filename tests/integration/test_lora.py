@@ -19,13 +19,13 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
-from maxtext.configs import pyconfig
 from maxtext.inference import decode
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import prefix_sharing
 from maxtext.models import builder, load
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import train_rl
+from maxtext.utils import errors
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import hf_greedy_tokens, make_config
 
@@ -105,7 +105,7 @@ def test_lora_trains_only_the_adapters_and_checkpoints_resumes_and_merges_them(t
   capsys.readouterr()
   assert decode.main(["decode", "rl.yml", "model_name=qwen3-tiny", f"load_parameters_path={run / 'checkpoints'}"]) == 2
   assert "lora_input_adapters_path" in capsys.readouterr().err
-  with pytest.raises(pyconfig.ConfigError, match="lora_alpha=4.0 but the adapters were trained with lora_alpha=8"):
+  with pytest.raises(errors.InputError, match="lora_alpha=4.0 but the adapters were trained with lora_alpha=8"):
     load.read_adapters(str(run / "checkpoints"), make_config(*args, "lora_alpha=4").model)
 
   # The export merges the adapters: transformers' greedy decode of it equals ours of base + adapters.
@@ -172,7 +172,8 @@ _SPLIT = textwrap.dedent("""
     from maxtext.integration.tunix import cluster as cluster_lib, rollout, rollout_setup
     from maxtext.models import load
     from maxtext.trainers.post_train.rl import train_rl
-    from maxtext.utils.mesh import create_meshes
+    from maxtext.utils import errors
+from maxtext.utils.mesh import create_meshes
     from tests.conftest import hf_greedy_tokens, make_config
     clusters = []
     build = cluster_lib.build_cluster

@@ -10,15 +10,17 @@ import typing
 
 import pytest
 
-from maxtext.configs import pyconfig, sections
+from maxtext.configs import pyconfig, run_config, sections
 from tests.conftest import make_config
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "maxtext"
 # The modules that may hold the whole RunConfig: the entrypoints, the config package, the run folder's
 # config.yml writer and the memory estimate (every section shapes some part of it).
 WHOLE_CONFIG = {
+  "configs/checks.py",
   "configs/cli.py",
   "configs/pyconfig.py",
+  "configs/run_config.py",
   "configs/sections.py",
   "inference/decode.py",
   "checkpoint_conversion/to_huggingface.py",
@@ -35,7 +37,7 @@ _TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
 def test_every_key_is_one_sections_field_of_its_defaults_type():
   defaults = pyconfig.initialize(["x", "base.yml"])
   owners: dict[str, str] = {}
-  for name, section in sections._SECTION_TYPES.items():
+  for name, section in sections.SECTION_TYPES.items():
     hints = typing.get_type_hints(section)
     for field, key in sections.yaml_keys(section).items():
       assert key not in owners, f"{key} is in both {owners[key]} and {name}"
@@ -57,7 +59,7 @@ def test_sections_are_frozen_and_round_trip_to_the_flat_keys():
   with pytest.raises(dataclasses.FrozenInstanceError):
     cfg.train.batch_size = 3  # type: ignore[misc]
   assert isinstance(cfg.model.logical_axis_rules, tuple)
-  assert sections.RunConfig.from_values(cfg.flat()) == dataclasses.replace(cfg, overridden={}, urls={})
+  assert run_config.RunConfig.from_values(cfg.flat()) == dataclasses.replace(cfg, overridden={}, urls={})
   view = cfg.maxtext_view()  # what MaxText-format user code reads as tmvp_config
   assert view.rl.tools == ["calculator"] and view.emb_dim == cfg.model.emb_dim
   with pytest.raises(AttributeError, match="frozen"):
@@ -67,7 +69,7 @@ def test_sections_are_frozen_and_round_trip_to_the_flat_keys():
 def test_a_key_no_section_claims_is_refused():
   values = make_config().flat()
   with pytest.raises(AssertionError, match=r"in no section of RunConfig: \['orphan'\]"):
-    sections.RunConfig.from_values({**values, "orphan": 1})
+    run_config.RunConfig.from_values({**values, "orphan": 1})
 
 
 def _config_params(tree: ast.AST):
@@ -121,7 +123,7 @@ def test_each_keys_rules_on_its_field_fit_the_keys():
   condition is decided by a key of base.yml, bounds sit on numbers, paths on strings; the defaults
   are within every key's choices and bounds."""
   flat = pyconfig.initialize(["x", "base.yml"]).flat()
-  for section in sections._SECTION_TYPES.values():
+  for section in sections.SECTION_TYPES.values():
     hints = typing.get_type_hints(section)
     for field in dataclasses.fields(section):
       key = sections.yaml_keys(section)[field.name]
@@ -140,7 +142,7 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
   reference, --help and docs/configuration.md's table take it from there, not from base.yml."""
   from maxtext.configs import cli
 
-  for section in sections._SECTION_TYPES.values():
+  for section in sections.SECTION_TYPES.values():
     for field in dataclasses.fields(section):
       doc = field.metadata.get("doc")
       assert isinstance(doc, str) and doc.strip(), f"{section.__name__}.{field.name}: no doc"

@@ -196,20 +196,20 @@ def test_attention_takes_maxtexts_choices_and_is_dot_product_on_cpu():
 
 def test_cudnn_flash_is_refused_without_bfloat16_and_off_nvidia_gpus():
   """cuDNN's flash attention takes bfloat16 (the config refuses dtype=float32, naming dtype) on NVIDIA
-  GPUs (building the decoder's config on CPU refuses it, naming the backend and the choices)."""
-  from maxtext.models.decoder import ModelConfig
+  GPUs (checking the config against this CPU job refuses it, naming the backend and the choices)."""
+  from maxtext.utils import distributed
 
   with pytest.raises(
     pyconfig.ConfigError, match=r"^attention=cudnn_flash, dtype='float32': .* expected dtype=bfloat16"
   ):
     make_config("attention=cudnn_flash")
-  section = make_config("attention=cudnn_flash", "dtype=bfloat16").model
+  cfg = make_config("attention=cudnn_flash", "dtype=bfloat16")
   with pytest.raises(
     pyconfig.ConfigError,
     match=r"^attention=cudnn_flash: .* NVIDIA GPU, but JAX's backend is cpu; expected one of autoselected, "
     r"dot_product, cudnn_flash",
   ):
-    ModelConfig.from_config(section)
+    cfg.check(distributed.job())
 
 
 @pytest.mark.parametrize("platform_version, nvidia", [("cuda 12080", True), ("rocm 60342", False)])
@@ -223,6 +223,7 @@ def test_autoselected_attention_is_cudnn_flash_on_an_nvidia_gpu_in_bfloat16(monk
   import jax.extend
 
   from maxtext.models import attention
+  from maxtext.utils import distributed
 
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   monkeypatch.setattr(
@@ -235,7 +236,7 @@ def test_autoselected_attention_is_cudnn_flash_on_an_nvidia_gpu_in_bfloat16(monk
     assert select("dtype=bfloat16", "attention=cudnn_flash") == "cudnn_flash"
   else:
     with pytest.raises(pyconfig.ConfigError, match=re.escape(f"JAX's backend is gpu ({platform_version})")):
-      select("dtype=bfloat16", "attention=cudnn_flash")
+      make_config("dtype=bfloat16", "attention=cudnn_flash").check(distributed.job())
 
 
 @pytest.mark.parametrize("key", ["eval_interval", "rl.off_policy_steps"])

@@ -205,7 +205,7 @@ def test_a_lora_path_selecting_some_layers_only_is_refused_with_scan_layers(caps
   assert train_rl.main(["train_rl", "rl.yml", *TINY, "lora_rank=4", f"lora_module_path={some}"]) == 2
   assert capsys.readouterr().err.splitlines() == [f"config error: {e.value}"]
   scanned = dataclasses.replace(ModelConfig.from_config(cfg.model), scan_layers=True)
-  with pytest.raises(errors.ConfigError, match=refusal):
+  with pytest.raises(ValueError, match=refusal):
     nnx.eval_shape(lambda: Decoder(scanned, rngs=nnx.Rngs(0)))
 
 

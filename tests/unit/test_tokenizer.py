@@ -8,7 +8,7 @@ import sentencepiece as spm
 
 from maxtext import assets
 from maxtext.input_pipeline.tokenizer import _use_plain_template, load_tokenizer, tokenizer_for
-from maxtext.utils.errors import ConfigError
+from maxtext.utils import errors
 from tests.conftest import make_config
 
 _TEMPLATE = (
@@ -91,12 +91,11 @@ def test_directory_without_tokenizer_files(tmp_path):
     load_tokenizer(str(tmp_path))
 
 
-def test_tokenizer_larger_than_the_embedding_is_a_config_error():
-  from maxtext.configs.pyconfig import ConfigError
+def test_tokenizer_larger_than_the_embedding_is_an_input_error():
   from maxtext.input_pipeline.tokenizer import tokenizer_for
   from tests.conftest import make_config
 
-  with pytest.raises(ConfigError, match=r"tokenizer_path=.*: 151669 tokens exceed the model's vocab_size=1000"):
+  with pytest.raises(errors.InputError, match=r"tokenizer_path=.*: 151669 tokens exceed the model's vocab_size=1000"):
     tokenizer_for(make_config("model_name=qwen3-tiny", "vocab_size=1000").model)
 
 
@@ -135,5 +134,5 @@ def test_plain_chat_template_needs_a_blank_line_token(sp_dir):
   (sp_dir / "chat_template.jinja").write_text(_TEMPLATE)
   tok = load_tokenizer(str(sp_dir / "tokenizer.model"))
   assert len(tok.encode("\n\n", add_special_tokens=False)) == 3  # byte fallback, after a "▁" piece
-  with pytest.raises(ConfigError, match=r"chat_template=plain: .* 3 tokens"):
+  with pytest.raises(errors.InputError, match=r"chat_template=plain: .* 3 tokens"):
     _use_plain_template(tok, str(sp_dir))

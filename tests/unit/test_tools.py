@@ -11,6 +11,7 @@ import pytest
 
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import tools
+from maxtext.utils import errors
 from tests.conftest import make_config
 
 CFG = make_config(
@@ -109,13 +110,13 @@ def test_user_tools_from_tools_path(tmp_path):
   )
   assert sorted(found) == ["calculator", "echo"] and found["echo"].__name__ == "Echo"
   with pytest.raises(
-    pyconfig.ConfigError,
+    errors.InputError,
     match=r"rl.tools: unknown tool\(s\) \['nope'\]; available: "
     r"\['calculator', 'echo', 'python'\]",
   ):
     tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}").tools)
   (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
-  with pytest.raises(pyconfig.ConfigError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
+  with pytest.raises(errors.InputError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
     tools.tool_map(
       make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}").tools
     )

@@ -14,7 +14,8 @@ import sys
 import tempfile
 
 from maxtext.configs import cli
-from maxtext.configs.sections import ModelSection, RunConfig
+from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,7 @@ def convert(cfg: RunConfig) -> None:
 
   if not cfg.run.hf_output_path:
     raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
-  distributed.initialize()
+  cfg.check(distributed.initialize())  # the layout fits the job's devices
   trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
   export(load_model(cfg.model, trainer_mesh), cfg.model, tokenizer_for(cfg.model), cfg.run.hf_output_path)
 

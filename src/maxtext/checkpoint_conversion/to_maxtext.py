@@ -14,7 +14,7 @@ import logging
 import sys
 
 from maxtext.configs import cli, pyconfig
-from maxtext.configs.sections import RunConfig
+from maxtext.configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def convert(cfg: RunConfig) -> None:
   from maxtext.utils import distributed, storage
   from maxtext.utils import mesh as mesh_lib
 
-  distributed.initialize()
+  cfg.check(distributed.initialize())  # the layout fits the job's devices
   trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
   step_dir = orbax_checkpoint.save_params(cfg.run.base_output_directory, load_model(cfg.model, trainer_mesh))
   if distributed.is_main():

@@ -1,9 +1,11 @@
-"""The rules of a run config, checked at start on the merged values (dotted key -> value, every key of
-base.yml) before they become sections: each key's own rules, which live on its section field
-(sections.key: choices by its Literal type, bounds), and the rules that relate keys. Each refusal is
-a ConfigError naming the key(s), the value(s) and what was expected. Which keys the run's mode
-reads (sections.inapplicable) is checked against the layers that set them (check_modes), and a
-checkpoint's architecture against the model's (check_architecture).
+"""The rules of a run config, on its values (dotted key -> value, every key of base.yml), which
+RunConfig.check applies: each key's own rules, which live on its section field (sections.key: choices
+by its Literal type, bounds, paths), the rules that relate keys (check), and those of the layout on
+the job's processes and devices (check_job). Each refusal is a ConfigError naming the key(s), the
+value(s) and what was expected. While the config is read, which keys the run's mode reads
+(sections.inapplicable) is checked against the layers that set them (check_modes), and a checkpoint's
+architecture against the model's (check_architecture). What the files a key names hold is checked
+where they are read.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from maxtext.configs import sections
-from maxtext.utils import storage
+from maxtext.utils import distributed, storage
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -136,6 +138,7 @@ def _check_model(v: Mapping[str, Any]) -> None:
       "or a mapping with factor alone (linear)"
     )
   _check_gemma3_keys(v)
+  _check_weights(v)
   if v["lora_rank"] < 0 or v["lora_alpha"] <= 0:
     raise ConfigError(
       f"lora_rank={v['lora_rank']}, lora_alpha={v['lora_alpha']}: expected lora_rank >= 0 (0: full "
@@ -145,8 +148,21 @@ def _check_model(v: Mapping[str, Any]) -> None:
     re.compile(v["lora_module_path"])
   except re.error as e:
     raise ConfigError(f"lora_module_path={v['lora_module_path']!r}: not a regular expression ({e})") from None
-  if v["scan_layers"] and v["lora_rank"] > 0:  # before any data or weights load (the decoder checks it too)
-    layers = range(v["num_decoder_layers"])
+  if v["lora_rank"] > 0:
+    _check_lora_path(v)
+
+
+def _check_lora_path(v: Mapping[str, Any]) -> None:
+  """lora_module_path selects some weight that takes an adapter, and with scan_layers=true a weight in
+  every layer or in none (the decoder, built from its own config, refuses both too)."""
+  layers = range(v["num_decoder_layers"])
+  names = [f"layers.{i}.{w}" for i in layers for w in _LORA_WEIGHTS]
+  if not any(re.fullmatch(v["lora_module_path"], name) for name in names):
+    raise ConfigError(
+      f"lora_module_path={v['lora_module_path']!r} matches no weight that takes a LoRA "
+      f"adapter (dotted names such as {', '.join(names[:7])})"
+    )
+  if v["scan_layers"]:
     for weight in _LORA_WEIGHTS:
       adapted = sum(re.fullmatch(v["lora_module_path"], f"layers.{i}.{weight}") is not None for i in layers)
       if 0 < adapted < len(layers):
@@ -155,6 +171,15 @@ def _check_model(v: Mapping[str, Any]) -> None:
           f"{len(layers)} layers; with scan_layers=true the layers share one stacked adapter per weight, so a "
           "weight is adapted in every layer or in none (set scan_layers=false to adapt some layers only)"
         )
+
+
+def _check_weights(v: Mapping[str, Any]) -> None:
+  """Random weights load nothing."""
+  if v["random_weights"] and v["load_parameters_path"]:
+    raise ConfigError(
+      f"random_weights=true and load_parameters_path={v['load_parameters_path']}: expected one of them "
+      "(random weights load nothing)"
+    )
 
 
 # The weights LoRA can adapt in each decoder layer (decoder.LORA_INPUT_AXES's, by module).
@@ -175,6 +200,75 @@ def _check_sampling(v: Mapping[str, Any]) -> None:
     )
 
 
+def _check_mesh(v: Mapping[str, Any]) -> None:
+  fills = [k for k in sections.MeshSection.AXIS_KEYS if v[k] == -1]
+  if len(fills) > 1:
+    raise ConfigError(f"{', '.join(f'{k}=-1' for k in fills)}: at most one parallelism may be -1")
+
+
+def check_job(v: Mapping[str, Any], job: distributed.Job) -> None:
+  """The rules of the run's layout on the job's processes and devices: the mesh axes fit the devices
+  (each process's own too, where agentic GRPO samples on them), the device fractions leave a device to
+  trainer and sampler (in one process), agentic GRPO across processes gives each an equal share of
+  every batch, and cuDNN flash attention runs on an NVIDIA GPU."""
+  mesh = sections.MeshSection(**{f: v[k] for f, k in sections.yaml_keys(sections.MeshSection).items()})
+  agentic = v["rl.use_agentic_rollout"]
+  try:
+    if not mesh.split:
+      mesh.shape(job.devices)
+      if agentic and job.processes > 1:
+        try:
+          mesh.shape(job.local_devices)
+        except ValueError as e:
+          raise ValueError(
+            f"{e} (agentic GRPO across {job.processes} processes samples on each process's "
+            f"{job.local_devices} devices with the same parallelism keys: set the one to fill to -1)"
+          ) from None
+    else:
+      _check_split(v, mesh, job)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if agentic and job.processes > 1:
+    _check_agentic_processes(v, job.processes)
+  if v["attention"] == "cudnn_flash" and not job.nvidia:
+    raise ConfigError(
+      f"attention=cudnn_flash: cuDNN flash attention needs an NVIDIA GPU, but JAX's backend is {job.backend}; "
+      f"expected one of {', '.join(sections.choices()['attention'])} (autoselected or dot_product on this backend)"
+    )
+
+
+def _check_split(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed.Job) -> None:
+  tf, sf = v["trainer_devices_fraction"], v["sampler_devices_fraction"]
+  if job.processes > 1:
+    raise ConfigError(
+      f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: trainer and sampler on separate devices "
+      f"are not supported across {job.processes} processes (each program would run on some processes' "
+      "devices only, while every process runs every program); leave both at 1.0"
+    )
+  n_train, n_sample = mesh.device_counts(job.devices)
+  if n_train < 1 or n_sample < 1 or n_train + n_sample > job.devices:
+    raise ConfigError(
+      f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: need at least one device each "
+      f"and no more than the {job.devices} available (got {n_train} + {n_sample})"
+    )
+  mesh.shape(n_train)
+  mesh.shape(n_sample)
+
+
+def _check_agentic_processes(v: Mapping[str, Any], processes: int) -> None:
+  if v["rl.dynamic_sampling"]:
+    raise ConfigError(
+      f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
+      "replacement prompts would have to be sampled in step on every process); use standard GRPO"
+    )
+  for key in ("batch_size", "train_micro_batch_size"):
+    if v[key] % processes:
+      raise ConfigError(
+        f"{key}={v[key]}: agentic GRPO across {processes} processes gives every process "
+        f"an equal share of each batch; expected a multiple of {processes}"
+      )
+
+
 def check(v: Mapping[str, Any]) -> None:
   """Refuses, with a ConfigError, the first rule that the merged values `v` (dotted key -> value, every
   key of base.yml) break: the paths, each key's own choices and bounds (sections.field_problem), then
@@ -188,6 +282,7 @@ def check(v: Mapping[str, Any]) -> None:
   problem = sections.field_problem(v)
   if problem:
     raise ConfigError(problem)
+  _check_mesh(v)
   _check_model(v)
   _check_algorithm(v)
   _check_reward_functions(v)

@@ -20,7 +20,7 @@ import yaml
 from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.configs import checks, maxtext_compat, maxtext_keys, sections
-from maxtext.configs.sections import RunConfig
+from maxtext.configs.run_config import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
@@ -249,7 +249,9 @@ def with_local_inputs(cfg: RunConfig) -> RunConfig:
 
 
 def initialize(argv: list[str]) -> RunConfig:
-  """argv as on the command line (argv[0] ignored): [yaml] key=value ... -> frozen config."""
+  """argv as on the command line (argv[0] ignored): [yaml] key=value ... -> the frozen config, with every
+  rule of RunConfig.check kept but those of the job's devices (RunConfig.check(job), where the program
+  starts JAX), each key set taking effect in the run's mode, and the task reading its reward keys."""
   args = list(argv[1:])
   yaml_path = BASE_YAML
   if args and "=" not in args[0]:
@@ -289,15 +291,15 @@ def initialize(argv: list[str]) -> RunConfig:
     if value is None and defaults[key] is not None:
       raise ConfigError(f"{key}=None ({merger.set_by[key]}): expected {_type_name(defaults[key])}")
   maxtext_compat.apply_length_aliases(merger.values, merger.set_by)
-  checks.check(merger.values)
-  changed = [k for k in merger.set_by if merger.values[k] != defaults[k]]
-  checks.check_modes(merger.values, merger.set_by, merger.layer, changed)
   sources = {k: merger.set_by.get(k, "derived") + (f", {notes[k]}" if k in notes else "") for k in merger.values}
   overridden = {k: (merger.values[k], sources[k]) for k in merger.values if merger.values[k] != defaults[k]}
+  config = RunConfig.from_values(merger.values, overridden, maxtext_only=maxtext_only).check()
+  changed = [k for k in merger.set_by if merger.values[k] != defaults[k]]
+  checks.check_modes(merger.values, merger.set_by, merger.layer, changed)
   tasks.select(merger.values["dataset_name"]).check(
     list(overridden), user_rewards=bool(merger.values["reward_functions_path"])
   )
-  return RunConfig.from_values(merger.values, overridden, maxtext_only=maxtext_only)
+  return config
 
 
 def written_values(config: RunConfig) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The run config as typed, frozen sections: each component receives the section(s) it reads.
 
 base.yml stays flat (MaxText's keys) and the single source of defaults; every one of its keys is a
-field of exactly one section (`RunConfig.from_values` refuses a key no section claims). A field's
+field of exactly one section (`run_config.RunConfig.from_values` refuses a key no section claims). A field's
 key is its section's PREFIX plus the field name, or the key its metadata names. Lists become tuples
 and mappings read-only, so a section can be shared without being changed.
 
@@ -10,11 +10,7 @@ A key's meaning and own rules live on its field: its choices (a Literal type) an
 base.yml holds values only), its bounds, what a file or folder it names is to the run (`path`) and when
 the run reads it at all (`applies`: conditions on other keys). `field_problem(values)` checks the
 choices and bounds of every key at once, `inapplicable(values)` the conditions; configs/checks.py holds
-the rules that relate keys.
-
-User code written for MaxText (reward functions, dataset processors) keeps its `tmvp_config`: the
-flat attribute view `RunConfig.maxtext_view()`, which RunConfig itself answers too (cfg.reasoning_start_token,
-cfg.rl.num_generations), for MaxText code that holds what pyconfig.initialize returns.
+the rules that relate keys. `MaxTextView` is the flat attribute view MaxText's user code reads.
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import typing
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal
 
-from maxtext.configs import maxtext_keys
 from maxtext.utils import storage
 
 # The values an enumerated key takes: the one list of its choices, which pyconfig checks at start
@@ -126,6 +121,7 @@ POSITIVE_INT = Bound(lambda x: x > 0, "expected a positive integer")
 NON_NEGATIVE_INT = Bound(lambda x: x >= 0, "expected an integer >= 0")
 BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", finite=True)
 NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
+AXIS_SIZE = Bound(lambda x: x > 0 or x == -1, "expected a positive mesh axis size, or -1 to fill the devices")
 
 
 # What a key that names a file or folder is to the run: an input it reads (from a local copy when it is on
@@ -370,13 +366,13 @@ class MeshSection:
 
   PREFIX: ClassVar[str] = ""
   ici_data_parallelism: int = dataclasses.field(
-    metadata=key("Data-parallel mesh axis size; -1 fills the remaining devices.")
+    metadata=key("Data-parallel mesh axis size; -1 fills the remaining devices.", bounds=AXIS_SIZE)
   )
   ici_fsdp_parallelism: int = dataclasses.field(
-    metadata=key("Fully sharded data-parallel mesh axis size; -1 fills the remaining devices.")
+    metadata=key("Fully sharded data-parallel mesh axis size; -1 fills the remaining devices.", bounds=AXIS_SIZE)
   )
   ici_tensor_parallelism: int = dataclasses.field(
-    metadata=key("Tensor-parallel mesh axis size; -1 fills the remaining devices.")
+    metadata=key("Tensor-parallel mesh axis size; -1 fills the remaining devices.", bounds=AXIS_SIZE)
   )
   trainer_devices_fraction: float = dataclasses.field(
     metadata=key("Fraction of devices for the trainer (actor and reference).")
@@ -384,6 +380,32 @@ class MeshSection:
   sampler_devices_fraction: float = dataclasses.field(
     metadata=key("Fraction of devices for the sampler; 1.0 with 1.0 shares all devices.")
   )
+
+  AXIS_KEYS: ClassVar[tuple[str, ...]] = ("ici_data_parallelism", "ici_fsdp_parallelism", "ici_tensor_parallelism")
+
+  def shape(self, num_devices: int) -> tuple[int, int, int]:
+    """(data, fsdp, tensor) sizes on num_devices, one -1 filling what the others leave; a ValueError
+    naming the keys and the device count where they do not fit (RunConfig.check refuses such a config)."""
+    sizes = [getattr(self, k) for k in self.AXIS_KEYS]
+    named = dict(zip(self.AXIS_KEYS, sizes))
+    fills = [i for i, s in enumerate(sizes) if s == -1]
+    fixed = math.prod(s for s in sizes if s != -1)
+    if fills:
+      if num_devices % fixed:
+        raise ValueError(f"{named}: {num_devices} devices are not divisible by the fixed sizes ({fixed})")
+      sizes[fills[0]] = num_devices // fixed
+    if math.prod(sizes) != num_devices:
+      raise ValueError(f"{named}: product {math.prod(sizes)} does not match the {num_devices} devices available")
+    return sizes[0], sizes[1], sizes[2]
+
+  @property
+  def split(self) -> bool:
+    """Whether trainer and sampler run on separate devices (the fractions, unless both are 1.0)."""
+    return not (self.trainer_devices_fraction == 1.0 and self.sampler_devices_fraction == 1.0)
+
+  def device_counts(self, num_devices: int) -> tuple[int, int]:
+    """(trainer's, sampler's) devices of num_devices when split: the first ones the trainer's."""
+    return int(num_devices * self.trainer_devices_fraction), int(num_devices * self.sampler_devices_fraction)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -825,19 +847,19 @@ class ToolsSection:
   )
 
 
-def _frozen(value: Any) -> Any:
+def frozen(value: Any) -> Any:
   if isinstance(value, list):
-    return tuple(_frozen(v) for v in value)
+    return tuple(frozen(v) for v in value)
   if isinstance(value, dict):
-    return types.MappingProxyType({k: _frozen(v) for k, v in value.items()})
+    return types.MappingProxyType({k: frozen(v) for k, v in value.items()})
   return value
 
 
-def _thawed(value: Any) -> Any:
+def thawed(value: Any) -> Any:
   if isinstance(value, tuple):
-    return [_thawed(v) for v in value]
+    return [thawed(v) for v in value]
   if isinstance(value, Mapping):
-    return {k: _thawed(v) for k, v in value.items()}
+    return {k: thawed(v) for k, v in value.items()}
   return value
 
 
@@ -849,7 +871,7 @@ def yaml_keys(section: Any) -> dict[str, str]:
 def choices() -> dict[str, tuple[str, ...]]:
   """Dotted key -> its choices, for every key whose field is a Literal."""
   out = {}
-  for section in _SECTION_TYPES.values():
+  for section in SECTION_TYPES.values():
     hints = typing.get_type_hints(section)
     for field, key in yaml_keys(section).items():
       if typing.get_origin(hints[field]) is Literal:
@@ -860,7 +882,7 @@ def choices() -> dict[str, tuple[str, ...]]:
 def _fields() -> list[tuple[str, dataclasses.Field[Any]]]:
   """(dotted key, field) of every section's fields, in section order."""
   out: list[tuple[str, dataclasses.Field[Any]]] = []
-  for section in _SECTION_TYPES.values():
+  for section in SECTION_TYPES.values():
     keys = yaml_keys(section)
     out.extend((keys[f.name], f) for f in dataclasses.fields(section))
   return out
@@ -926,88 +948,8 @@ class MaxTextView:
     raise AttributeError(f"config is frozen; cannot set {name!r}")
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-  """The whole run config: only entrypoints and the configs package hold it; components get sections.
-
-  overridden: dotted key -> (value, where it was set) for every key that differs from base.yml;
-  urls: dotted key -> the bucket URL of an input replaced by a local copy (config.yml records the URL);
-  maxtext_only: dotted key -> value of the MaxText keys that maxtext_compat=true accepted unused
-  (config.yml records them).
-  """
-
-  run: RunSection
-  model: ModelSection
-  mesh: MeshSection
-  data: DataSection
-  task: TaskSection
-  train: TrainSection
-  sampling: SamplingSection
-  eval: EvalSection
-  algorithm: AlgorithmSection
-  agentic: AgenticSection
-  tools: ToolsSection
-  overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
-  urls: Mapping[str, str] = dataclasses.field(default_factory=dict)
-  maxtext_only: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-  @classmethod
-  def from_values(
-    cls,
-    values: Mapping[str, Any],
-    overridden: Mapping[str, tuple[Any, str]] | None = None,
-    urls=None,
-    maxtext_only: Mapping[str, Any] | None = None,
-  ) -> RunConfig:
-    """Sections from dotted key -> value (every base.yml key, each claimed by exactly one field)."""
-    built: dict[str, Any] = {}
-    claimed: set[str] = set()
-    for name, section in _SECTION_TYPES.items():
-      keys = yaml_keys(section)
-      built[name] = section(**{field: _frozen(values[key]) for field, key in keys.items()})
-      claimed.update(keys.values())
-    unclaimed = sorted(set(values) - claimed)
-    if unclaimed:
-      raise AssertionError(f"base.yml keys in no section of RunConfig: {unclaimed}")
-    return cls(**built, overridden=dict(overridden or {}), urls=dict(urls or {}), maxtext_only=dict(maxtext_only or {}))
-
-  def flat(self) -> dict[str, Any]:
-    """Dotted base.yml key -> value (lists and mappings as YAML writes them)."""
-    out = {}
-    for name, section in _SECTION_TYPES.items():
-      part = getattr(self, name)
-      out.update({key: _thawed(getattr(part, field)) for field, key in yaml_keys(section).items()})
-    return out
-
-  def replace_values(self, changes: Mapping[str, Any], urls: Mapping[str, str]) -> RunConfig:
-    """This config with some dotted keys set to other values and their URLs recorded."""
-    return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls}, self.maxtext_only)
-
-  def maxtext_view(self) -> MaxTextView:
-    """The flat view MaxText-format user code receives as tmvp_config: every key, under MaxText's
-    names of renamed ones too, and the MaxText keys maxtext_compat accepted."""
-    tree: dict[str, Any] = {}
-    flat = self.flat()
-    renamed = {theirs: flat[ours] for theirs, ours in maxtext_keys.RENAMED.items()}
-    for dotted, value in {**flat, **renamed, **self.maxtext_only}.items():
-      node = tree
-      *parents, leaf = dotted.split(".")
-      for p in parents:
-        node = node.setdefault(p, {})
-      node[leaf] = value
-    tree.update({k: v for k, v in tree["rl"].items() if k not in tree})  # the rl keys' flat spelling too
-    return MaxTextView(tree)
-
-  if not typing.TYPE_CHECKING:  # our own code reads the typed sections, and mypy holds it to them
-
-    def __getattr__(self, name: str) -> Any:
-      """MaxText's flat attribute names, read-only: cfg.reasoning_start_token, cfg.rl.num_generations."""
-      if name.startswith("_"):
-        raise AttributeError(name)
-      return getattr(self.maxtext_view(), name)
-
-
-_SECTION_TYPES: dict[str, type] = {
+# The sections of a run config (run_config.RunConfig's fields), by the name the config holds each under.
+SECTION_TYPES: dict[str, type] = {
   "run": RunSection,
   "model": ModelSection,
   "mesh": MeshSection,

@@ -11,14 +11,16 @@ from __future__ import annotations
 import sys
 
 from maxtext.configs import cli
-from maxtext.configs.sections import RunConfig
-from maxtext.utils.errors import ConfigError
+from maxtext.configs.run_config import RunConfig
+from maxtext.utils.errors import InputError
 
 
 def decode(cfg: RunConfig) -> list[dict]:
   """Completions (text and token ids, EOS included when generated) of the prompt key."""
   from maxtext.integration.tunix import rollout_setup
+  from maxtext.utils import distributed
 
+  cfg.check(distributed.initialize())  # the layout fits the job's devices
   sampling = cfg.sampling
   generate, tokenizer = rollout_setup.load_sampler(
     cfg.model, cfg.mesh, sampling, cfg.eval.eval_sampling_strategy, rollout_setup.Mode.TRAIN
@@ -32,7 +34,7 @@ def decode(cfg: RunConfig) -> list[dict]:
   for p, text in zip(sampling.prompt, texts):
     n = len(tokenizer(text, add_special_tokens=False).input_ids)
     if n > sampling.max_prompt_length:
-      raise ConfigError(f"prompt {p[:40]!r}...: {n} tokens exceed max_prompt_length={sampling.max_prompt_length}")
+      raise InputError(f"prompt {p[:40]!r}...: {n} tokens exceed max_prompt_length={sampling.max_prompt_length}")
   out = generate(texts)
   return [
     {"prompt": p, "completion": completion, "token_ids": [int(t) for t in tokens]}

@@ -8,7 +8,7 @@ from maxtext.configs.sections import MaxTextView, TaskSection
 from maxtext.input_pipeline import templates
 from maxtext.tasks.task import RewardFn, Task
 from maxtext.utils import user_code
-from maxtext.utils.errors import ConfigError, InputError
+from maxtext.utils.errors import InputError
 
 
 class RewardFunctionError(InputError):
@@ -106,7 +106,7 @@ def reward_functions(task: Task, cfg: TaskSection, tmvp_config: MaxTextView) -> 
   module = user_code.load_file(path, "reward_functions_path")
   missing = [n for n in cfg.reward_functions if not callable(getattr(module, n, None))]
   if missing:
-    raise ConfigError(f"reward_functions: {missing} not defined in reward_functions_path={path}")
+    raise InputError(f"reward_functions: {missing} not defined in reward_functions_path={path}")
   return [
     bind_config(getattr(module, n), tmvp_config, prefix, f"reward_functions_path={path}") for n in cfg.reward_functions
   ]

@@ -16,7 +16,6 @@ from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_config
 from maxtext.configs.sections import ModelSection
 from maxtext.utils import errors
-from maxtext.utils.errors import ConfigError
 
 # llama.cpp token types (tokenizer.ggml.token_type)
 _GGUF_NORMAL, _GGUF_CONTROL, _GGUF_USER_DEFINED = 1, 3, 4
@@ -189,7 +188,7 @@ def tokenizer_path(model: ModelSection) -> str:
     return weights
   if model.model_name in assets.DEFAULT_TOKENIZERS:
     return assets.DEFAULT_TOKENIZERS[model.model_name]()
-  raise ConfigError(f"tokenizer_path: required for model_name={model.model_name} (no default tokenizer)")
+  raise errors.InputError(f"tokenizer_path: required for model_name={model.model_name} (no default tokenizer)")
 
 
 def tokenizer_for(model: ModelSection) -> transformers.PreTrainedTokenizerBase:
@@ -197,7 +196,9 @@ def tokenizer_for(model: ModelSection) -> transformers.PreTrainedTokenizerBase:
   path = tokenizer_path(model)
   tok = load_tokenizer(path)
   if len(tok) > model.vocab_size:
-    raise ConfigError(f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={model.vocab_size}")
+    raise errors.InputError(
+      f"tokenizer_path={path}: {len(tok)} tokens exceed the model's vocab_size={model.vocab_size}"
+    )
   if model.chat_template == "plain":
     _use_plain_template(tok, path)
   return tok
@@ -208,11 +209,11 @@ def _use_plain_template(tok: transformers.PreTrainedTokenizerBase, path: str) ->
   the "\n\n" token becomes the EOS, so sampling stops after an answer."""
   ids = tok.encode("\n\n", add_special_tokens=False)
   if len(ids) != 1:
-    raise ConfigError(
+    raise errors.InputError(
       f"chat_template=plain: the tokenizer ({path}) writes a blank line as {len(ids)} tokens; plain prompts "
       "need it to be one token, their turns' end (expected chat_template=model for this tokenizer)"
     )
   tok.chat_template = _shipped_chat_template("plain.jinja")
   tok.eos_token = tok.convert_ids_to_tokens(ids[0])
   if tok.pad_token_id == tok.eos_token_id:
-    raise ConfigError(f"chat_template=plain: the tokenizer's ({path}) pad token is its blank line")
+    raise errors.InputError(f"chat_template=plain: the tokenizer's ({path}) pad token is its blank line")

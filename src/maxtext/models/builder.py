@@ -149,7 +149,7 @@ def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
   weights = _expected_names([path for path, _ in nnx.to_flat_state(nnx.state(base, nnx.Param))], mcfg.num_layers)
   if not any(mcfg.adapts(w) for w in weights):
     adaptable = [w for w in weights if w.rsplit(".", 1)[-1] in LORA_INPUT_AXES]
-    raise errors.ConfigError(
+    raise ValueError(
       f"lora_module_path={mcfg.lora_module_path!r} matches no weight that takes a LoRA "
       f"adapter (dotted names such as {', '.join(adaptable[:7])})"
     )

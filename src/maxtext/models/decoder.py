@@ -38,7 +38,6 @@ from flax import nnx
 
 from maxtext.configs.sections import MatmulPrecision, ModelSection
 from maxtext.models import attention as attention_lib
-from maxtext.utils.errors import ConfigError
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -191,7 +190,7 @@ class _Projections(nnx.Module):
     if not adapted:
       return
     if len(adapted) < len(paths):
-      raise ConfigError(
+      raise ValueError(
         f"lora_module_path={cfg.lora_module_path!r} selects {name} of {len(adapted)} of the {len(paths)} "
         "layers; with scan_layers=true the layers share one stacked adapter per weight, so a weight is "
         "adapted in every layer or in none (set scan_layers=false to adapt some layers only)"

@@ -19,7 +19,6 @@ from maxtext.configs.sections import ModelSection
 from maxtext.models import builder, hf_layout
 from maxtext.models.decoder import Decoder, ModelConfig
 from maxtext.utils import errors, heap, storage
-from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +37,12 @@ def _check_gguf_architecture(path: str, model: ModelSection) -> None:
     if not same:
       diffs.append(f"{key}={ours} but the file has {arch}.{gguf_reader.ARCHITECTURE_KEYS[key]}={theirs}")
   if diffs:
-    raise ConfigError(f"{path}: does not match model_name={model.model_name}: " + "; ".join(diffs))
+    raise errors.InputError(f"{path}: does not match model_name={model.model_name}: " + "; ".join(diffs))
 
 
 def parameters_path(model: ModelSection) -> str:
   """The weights of the run; empty for a seeded random init."""
   if model.random_weights:
-    if model.load_parameters_path:
-      raise ConfigError(
-        f"random_weights=true and load_parameters_path={model.load_parameters_path}: "
-        "expected one of them (random weights load nothing)"
-      )
     return ""
   if model.load_parameters_path:
     return model.load_parameters_path
@@ -56,7 +50,9 @@ def parameters_path(model: ModelSection) -> str:
     return assets.DEFAULT_WEIGHTS[model.model_name]()
   if model.model_name in assets.RANDOM_INIT_MODELS:
     return ""
-  raise ConfigError(f"load_parameters_path: required for model_name={model.model_name} (no embedded default weights)")
+  raise errors.InputError(
+    f"load_parameters_path: required for model_name={model.model_name} (no embedded default weights)"
+  )
 
 
 def read_arrays(path: str, model: ModelSection) -> dict[str, np.ndarray]:
@@ -70,14 +66,14 @@ def read_arrays(path: str, model: ModelSection) -> dict[str, np.ndarray]:
   if orbax_checkpoint.is_orbax_checkpoint(path):
     arrays = orbax_checkpoint.restore_arrays(path)
     if arrays and all(builder.is_adapter(name) for name in arrays):
-      raise ConfigError(
+      raise errors.InputError(
         f"load_parameters_path={path}: holds LoRA adapters only; set lora_input_adapters_path={path} "
         "(with the run's lora_rank) and load_parameters_path to the base weights they were trained on"
       )
     return arrays
   if not os.path.exists(path):
     raise errors.MissingInputError(f"load_parameters_path={path}: no such file or directory")
-  raise ConfigError(
+  raise errors.InputError(
     f"load_parameters_path={path}: expected a .gguf file, an HF checkpoint directory (config.json + "
     "*.safetensors) or an Orbax checkpoint (<step>/model_params)"
   )
@@ -96,7 +92,7 @@ def _check_adapters_config(path: str, model: ModelSection) -> None:
         if key in trained and trained[key] != getattr(model, key)
       ]
       if diffs:
-        raise ConfigError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
+        raise errors.InputError(f"lora_input_adapters_path={path} (run config {saved}): " + "; ".join(diffs))
       return
     if folder == folder.parent or str(folder.parent) == "gs://":  # the root, or a bucket
       return

@@ -9,11 +9,13 @@ Each is a no-op in a single process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
 
 import jax
+import jax.extend
 import numpy as np
 
 log = logging.getLogger(__name__)
@@ -24,8 +26,29 @@ _COORDINATOR_VARIABLES = ("JAX_COORDINATOR_ADDRESS", "COORDINATOR_ADDRESS", "MEG
 HEARTBEAT_TIMEOUT_S = 30
 
 
-def initialize() -> None:
-  """Starts multi-host JAX when a coordinator address is in the environment.
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """The processes and devices a run has: every process's devices and this process's, and JAX's
+  backend as messages name it (a GPU with its platform version, which tells NVIDIA's apart)."""
+
+  processes: int
+  devices: int
+  local_devices: int
+  backend: str
+  nvidia: bool = False
+
+
+def job() -> Job:
+  """The job this process is part of (after `initialize`)."""
+  name, nvidia = jax.default_backend(), False
+  if name == "gpu":
+    version = jax.extend.backend.get_backend().platform_version
+    name, nvidia = f"gpu ({version})", version.lower().startswith("cuda")
+  return Job(jax.process_count(), jax.device_count(), jax.local_device_count(), name, nvidia)
+
+
+def initialize() -> Job:
+  """Starts multi-host JAX when a coordinator address is in the environment; returns the job.
 
   JAX_COORDINATOR_ADDRESS (host:port) with JAX_NUM_PROCESSES and JAX_PROCESS_ID start it
   explicitly, as do the variables XPK sets on GKE GPU node pools (JAX_COORDINATOR_ADDRESS and
@@ -35,11 +58,12 @@ def initialize() -> None:
   HEARTBEAT_TIMEOUT_S plus the coordination service's polling, with the service's error.
   """
   if not any(os.environ.get(v) for v in _COORDINATOR_VARIABLES) or jax.distributed.is_initialized():
-    return
+    return job()
   if not os.environ.get("JAX_CPU_COLLECTIVES_IMPLEMENTATION"):
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
   jax.distributed.initialize(**_explicit(os.environ), heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT_S)
   log.info("Process %d of %d, %d local devices", jax.process_index(), jax.process_count(), jax.local_device_count())
+  return job()
 
 
 def _explicit(env) -> dict:

@@ -6,7 +6,8 @@ line and exit 2. Any other exception is ours (or a library's) and keeps its trac
 
 
 class InputError(ValueError):
-  """A config value, input file or its data is not what the program expects."""
+  """An input the config names (a file, folder, user code or its data) is not what the program
+  expects; ConfigError where the config's values alone break a rule."""
 
 
 class MissingInputError(InputError, FileNotFoundError):
@@ -14,4 +15,6 @@ class MissingInputError(InputError, FileNotFoundError):
 
 
 class ConfigError(InputError):
-  """A config key, value or file is not what the program expects."""
+  """The config's values break a rule, known without reading any input: raised where the config is
+  read and checked (the configs package, against the job's devices too) and where a program or a
+  rerun adds a rule of its own (an entrypoint's required key, a resumed run's settings)."""

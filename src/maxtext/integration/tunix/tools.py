@@ -36,7 +36,7 @@ from tunix.rl.agentic.tools import base_tool
 from maxtext.configs.sections import ToolsSection
 from maxtext.integration.tunix import tool_worker
 from maxtext.utils import sandbox, user_code
-from maxtext.utils.errors import ConfigError
+from maxtext.utils.errors import InputError
 
 log = logging.getLogger(__name__)
 
@@ -127,12 +127,12 @@ class CalculatorTool(_OneArgumentTool):
 
 def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:
   """A python tool class with the run's sandbox and limits (Tunix instantiates tool classes itself).
-  ConfigError where rl.tool_sandbox=bwrap cannot start here."""
+  InputError where rl.tool_sandbox=bwrap cannot start here."""
   if rl.tool_sandbox == "bwrap":
     try:
       sandbox.check()
     except sandbox.SandboxUnavailable as e:
-      raise ConfigError(
+      raise InputError(
         f"rl.tools=[python] runs model-written code in a bubblewrap sandbox, which cannot start "
         f"here: {e}. rl.tool_sandbox=none runs it unsandboxed (no isolation from the trainer, its "
         f"files or the network)"
@@ -169,7 +169,7 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   if not isinstance(found, dict) or not all(
     isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()
   ):
-    raise ConfigError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")
+    raise InputError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")
   return found
 
 
@@ -225,14 +225,14 @@ def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   are killed when the classes are garbage-collected or the trainer exits."""
   mine = user_tools(tools.tools_path) if tools.tools_path else {}
   if tools.tools_path and not set(mine) & set(tools.names):
-    raise ConfigError(
+    raise InputError(
       f"rl.tools_path={tools.tools_path}: agentic GRPO would ignore it, since rl.tools="
       f"{list(tools.names)} names none of its tools ({', '.join(sorted(mine))})"
     )
   available = set(BUILTIN_TOOLS) | set(mine)
   unknown = [t for t in tools.names if t not in available]
   if unknown:
-    raise ConfigError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
+    raise InputError(f"rl.tools: unknown tool(s) {unknown}; available: {sorted(available)}")
   in_worker = _worker_classes(tools, mine)
   found = {name: BUILTIN_TOOLS[name].make(tools) for name in tools.names if name not in in_worker}
   if in_worker:

@@ -18,7 +18,8 @@ import tqdm
 
 from maxtext import tasks
 from maxtext.configs import cli
-from maxtext.configs.sections import EvalMode, EvalSection, RunConfig, TaskSection
+from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import EvalMode, EvalSection, TaskSection
 from maxtext.input_pipeline import templates
 from maxtext.tasks.task import Task
 from maxtext.utils import numbers
@@ -115,7 +116,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
 
   if cfg.eval.num_test_batches == 0:
     raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
-  distributed.initialize()
+  cfg.check(distributed.initialize())  # the layout fits the job's devices
   with run_folder.locked(cfg.run):  # a writable folder no other run writes, checked before evaluating
     return _evaluate_into(cfg, run_folder.RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)))
 

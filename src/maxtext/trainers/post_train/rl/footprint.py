@@ -28,7 +28,8 @@ import logging
 import os
 import resource
 
-from maxtext.configs.sections import ModelSection, RunConfig
+from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import ModelSection
 from maxtext.models import token_logps
 from maxtext.models.decoder import ModelConfig
 

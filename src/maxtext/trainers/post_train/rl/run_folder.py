@@ -33,7 +33,8 @@ from typing import Any
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
-from maxtext.configs.sections import RunConfig, RunSection
+from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import RunSection
 from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage
 from maxtext.utils.steps import Steps
 
@@ -216,10 +217,17 @@ class RunFolder:
     )
     return step
 
-  def layers_stacked(self, step: int) -> bool | None:
-    """Whether the checkpoint of training step `step` holds the decoder layers stacked
-    (orbax_checkpoint.stacked_layers)."""
-    return orbax_checkpoint.stacked_layers(storage.join(self._actor, str(self._steps.updates_in(step))))
+  def check_layout(self, step: int, scan_layers: bool) -> None:
+    """A run resumed at training step `step` keeps the decoder layout its checkpoint was written in
+    (orbax_checkpoint.stacked_layers): another scan_layers is a ConfigError naming the key."""
+    stacked = orbax_checkpoint.stacked_layers(storage.join(self._actor, str(self._steps.updates_in(step))))
+    if stacked is not None and stacked != scan_layers:
+      raise errors.ConfigError(
+        f"scan_layers={str(scan_layers).lower()}: the run's checkpoints hold the decoder layers "
+        f"{'stacked' if stacked else 'one per layer'} (written with scan_layers={str(stacked).lower()}); resume "
+        f"with scan_layers={str(stacked).lower()}, or start a new run from them (load_parameters_path and "
+        "lora_input_adapters_path load either layout)"
+      )
 
   def previous_results(self, resumed: int) -> dict:
     """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from maxtext.configs import cli
-from maxtext.configs.sections import RunConfig
+from maxtext.configs.run_config import RunConfig
 
 
 def run(cfg: RunConfig) -> dict:
@@ -24,7 +24,7 @@ def run(cfg: RunConfig) -> dict:
   from maxtext.trainers.post_train.rl.training_run import TrainingRun
   from maxtext.utils import distributed
 
-  distributed.initialize()  # the job's processes agree on the lock
+  cfg.check(distributed.initialize())  # the layout fits the job's devices; its processes agree on the lock
   with run_folder.locked(cfg.run):  # one run writes the folder; exit 2 naming the run that holds it
     job = TrainingRun(cfg)  # run folder, meshes, data, model, cluster, learner; resumes a rerun
     try:

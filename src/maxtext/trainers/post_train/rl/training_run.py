@@ -26,7 +26,7 @@ import jax
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
-from maxtext.configs.sections import RunConfig
+from maxtext.configs.run_config import RunConfig
 from maxtext.input_pipeline import chat_parser, datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
@@ -38,29 +38,10 @@ from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_g
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
 from maxtext.utils import mesh as mesh_lib
-from maxtext.utils.errors import ConfigError, InputError
+from maxtext.utils.errors import InputError
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
-
-
-def _check_processes(cfg: RunConfig) -> None:
-  """Agentic GRPO across processes: every process takes an equal share of each batch and samples
-  no replacement prompts (dynamic sampling)."""
-  processes = jax.process_count()
-  if not cfg.agentic.use_agentic_rollout or processes == 1:
-    return
-  if cfg.algorithm.dynamic_sampling:
-    raise ConfigError(
-      f"rl.dynamic_sampling=true: not supported in agentic GRPO across {processes} processes (a step's "
-      "replacement prompts would have to be sampled in step on every process); use standard GRPO"
-    )
-  for key in ("batch_size", "train_micro_batch_size"):
-    if getattr(cfg.train, key) % processes:
-      raise ConfigError(
-        f"{key}={getattr(cfg.train, key)}: agentic GRPO across {processes} processes gives every process "
-        f"an equal share of each batch; expected a multiple of {processes}"
-      )
 
 
 def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
@@ -73,18 +54,6 @@ def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
     train_ds = agentic_lib.user_turn_batches(train_ds)
     reserve_ds = reserve_ds and agentic_lib.user_turn_batches(reserve_ds)
   return train_ds, reserve_ds
-
-
-def _check_layout(cfg: RunConfig, stacked: bool | None) -> None:
-  """A resumed run keeps the decoder layout its checkpoints were written in (stacked: whether they
-  hold the layers stacked; None: nothing to resume)."""
-  if stacked is not None and stacked != cfg.model.scan_layers:
-    raise ConfigError(
-      f"scan_layers={str(cfg.model.scan_layers).lower()}: the run's checkpoints hold the decoder layers "
-      f"{'stacked' if stacked else 'one per layer'} (written with scan_layers={str(stacked).lower()}); resume "
-      f"with scan_layers={str(stacked).lower()}, or start a new run from them (load_parameters_path and "
-      "lora_input_adapters_path load either layout)"
-    )
 
 
 class TrainingRun:
@@ -100,7 +69,6 @@ class TrainingRun:
     folder.check_space(footprint.checkpoint_bytes(cfg))
     self._expected_peak = footprint.log_estimate(cfg)
     heap.release_after_compiling()
-    _check_processes(cfg)
     trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg.mesh, agentic)
     log.info(
       "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
@@ -124,7 +92,8 @@ class TrainingRun:
     folder.write_config(cfg)  # once the inputs it names have loaded
 
     resumed = folder.resume()
-    _check_layout(cfg, folder.layers_stacked(resumed) if resumed else None)
+    if resumed:
+      folder.check_layout(resumed, cfg.model.scan_layers)
     self.results = folder.previous_results(resumed)
     run = cfg.run
     wandb = None
