@@ -19,6 +19,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "maxtext"
 WHOLE_CONFIG = {
   "configs/checks.py",
   "configs/cli.py",
+  "configs/config_yml.py",
   "configs/pyconfig.py",
   "configs/run_config.py",
   "configs/sections.py",

@@ -9,7 +9,7 @@ import re
 import pytest
 import yaml
 
-from maxtext.configs import maxtext_keys, pyconfig
+from maxtext.configs import config_yml, maxtext_keys, pyconfig
 from maxtext.trainers.post_train.rl import train_rl
 from tests.conftest import make_config
 
@@ -47,7 +47,7 @@ MAXTEXT_RL = os.path.join(os.path.dirname(__file__), "..", "data", "maxtext_rl.y
 
 
 def _engine_only_keys_of(path: str) -> list[str]:
-  return [k for k in pyconfig._flatten(yaml.safe_load(open(path))) if maxtext_keys.engine_only_reason(k)]
+  return [k for k in config_yml.flatten(yaml.safe_load(open(path))) if maxtext_keys.engine_only_reason(k)]
 
 
 def test_maxtexts_rl_yml_is_refused_in_one_round_naming_every_engine_only_key_by_reason(capsys):
@@ -87,7 +87,7 @@ def test_maxtexts_rl_yml_loads_with_maxtext_compat_its_values_meaning_what_they_
 def test_config_yml_records_the_accepted_maxtext_keys_and_loads_again(tmp_path):
   cfg = pyconfig.initialize(["train_rl", MAXTEXT_RL, "maxtext_compat=true"])
   path = str(tmp_path / "config.yml")
-  pyconfig.write_yaml(cfg, path)
+  config_yml.write_yaml(cfg, path)
   written = yaml.safe_load(open(path))
   assert written["maxtext_compat"] is True and written["use_pathways"] is True
   assert written["rl"]["reshard_chunk_size"] is None and written["hbm_utilization_vllm"] == 0.72

@@ -6,7 +6,7 @@ import re
 import pytest
 import yaml
 
-from maxtext.configs import pyconfig, sections
+from maxtext.configs import config_yml, pyconfig, sections
 from tests.conftest import make_config
 
 
@@ -123,7 +123,7 @@ def test_config_is_frozen_and_round_trips(tmp_path):
   with pytest.raises(AttributeError):
     cfg.run.run_name = "x"
   path = tmp_path / "config.yml"
-  pyconfig.write_yaml(cfg, str(path))
+  config_yml.write_yaml(cfg, str(path))
   assert yaml.safe_load(path.read_text())["rl"]["num_generations"] == 3
   assert cfg.overridden["rl.num_generations"] == (3, "command line")
 

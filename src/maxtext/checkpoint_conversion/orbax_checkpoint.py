@@ -88,11 +88,20 @@ def set_aside(root: str, after: int, folder: str) -> list[int]:
   return moved
 
 
+def _process_local_checkpointer() -> ocp.Checkpointer:
+  """A checkpointer whose reads wait for no other process: Orbax's default one ends each restore at a
+  barrier of every process, a collective that a read by one process alone pairs with whatever
+  collective the others run next."""
+  local = ocp.options.MultiprocessingOptions(primary_host=jax.process_index(), active_processes={jax.process_index()})
+  return ocp.Checkpointer(ocp.PyTreeCheckpointHandler(multiprocessing_options=local), multiprocessing_options=local)
+
+
 def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
   """Why the arrays a step folder holds cannot be resumed from (an item or array that does not read
   back in full, or a NaN or infinity in a floating-point one), or None when every array reads back
-  finite. Reads on the host, a batch of arrays of at most batch_bytes (or one larger array) at a time."""
-  checkpointer = ocp.PyTreeCheckpointer()
+  finite. Reads on the host, a batch of arrays of at most batch_bytes (or one larger array) at a time,
+  in this process alone (another process may be doing something else meanwhile)."""
+  checkpointer = _process_local_checkpointer()
   for item in (_ITEM, "optimizer_state"):
     folder = _path(step_dir) / item
     if item != _ITEM and not folder.is_dir():

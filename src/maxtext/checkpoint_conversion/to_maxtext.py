@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from maxtext.configs import cli, pyconfig
+from maxtext.configs import cli, config_yml
 from maxtext.configs.run_config import RunConfig
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ def convert(cfg: RunConfig) -> None:
   trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
   step_dir = orbax_checkpoint.save_params(cfg.run.base_output_directory, load_model(cfg.model, trainer_mesh))
   if distributed.is_main():
-    pyconfig.write_yaml(cfg, storage.join(cfg.run.base_output_directory, "config.yml"))
+    config_yml.write_yaml(cfg, storage.join(cfg.run.base_output_directory, "config.yml"))
   log.info("Wrote %s", step_dir)
 
 

@@ -9,17 +9,15 @@ one-item list).
 from __future__ import annotations
 
 import difflib
-import itertools
 import logging
 import os
-import tempfile
 from typing import Any
 
 import yaml
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
-from maxtext.configs import checks, maxtext_compat, maxtext_keys, sections
+from maxtext.configs import checks, config_yml, maxtext_compat, maxtext_keys, sections
 from maxtext.configs.run_config import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
@@ -32,30 +30,6 @@ MODELS_DIR = os.path.join(CONFIG_DIR, "models")
 
 # Accepted spellings of keys, mapped to the canonical key.
 KEY_ALIASES = {"model": "model_name", **maxtext_keys.RENAMED}
-# Keys whose value is a whole mapping (not a section of keys).
-MAPPING_VALUED_KEYS = ("rope_scaling", *maxtext_keys.MAPPING_VALUED)
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for key, value in tree.items():
-    dotted = f"{prefix}{key}"
-    if isinstance(value, dict) and dotted not in MAPPING_VALUED_KEYS:
-      out.update(_flatten(value, dotted + "."))
-    else:
-      out[dotted] = value
-  return out
-
-
-def _unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-  tree: dict[str, Any] = {}
-  for dotted, value in flat.items():
-    node = tree
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
 
 
 def resolve_yaml_path(name: str) -> str:
@@ -69,19 +43,6 @@ def resolve_yaml_path(name: str) -> str:
   raise ConfigError(f"{name}: config file not found (a YAML path, or a file name under {CONFIG_DIR})")
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
-  try:
-    with open(path, encoding="utf-8") as f:
-      data = yaml.safe_load(f) or {}
-  except OSError as e:
-    raise ConfigError(f"{path}: cannot read config file ({e.strerror})") from e
-  except yaml.YAMLError as e:
-    raise ConfigError(f"{path}: not valid YAML ({e})") from e
-  if not isinstance(data, dict):
-    raise ConfigError(f"{path}: expected a mapping of keys to values, got {type(data).__name__}")
-  return data
-
-
 def _load_chain(path: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[str, Any]]]:
   """[(path, flat values)] from base.yml down to `path`. A YAML without base_config extends base.yml
   (as MaxText's configs extend MaxText's), and a base_config naming a base.yml that is not there
@@ -89,17 +50,17 @@ def _load_chain(path: str, seen: tuple[str, ...] = ()) -> list[tuple[str, dict[s
   path = os.path.abspath(path)
   if path in seen:
     raise ConfigError(f"{path}: base_config cycle through {' -> '.join(seen)}")
-  data = _read_yaml(path)
+  data = config_yml.read_yaml(path)
   parent = data.pop("base_config", None)
   if path == BASE_YAML:
-    return [(path, _flatten(data))]
+    return [(path, config_yml.flatten(data))]
   if parent is None:
     parent_path = BASE_YAML
   else:
     parent_path = parent if os.path.isabs(parent) else os.path.join(os.path.dirname(path), parent)
     if not os.path.isfile(parent_path):
       parent_path = BASE_YAML if os.path.basename(parent) == "base.yml" else resolve_yaml_path(parent)
-  return _load_chain(parent_path, seen + (path,)) + [(path, _flatten(data))]
+  return _load_chain(parent_path, seen + (path,)) + [(path, config_yml.flatten(data))]
 
 
 def _type_name(value: Any) -> str:
@@ -185,31 +146,6 @@ def parse_overrides(args: list[str]) -> dict[str, Any]:
 _COPIED_INPUTS = sections.path_keys("input")
 
 
-# Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the
-# evaluation, the device layout, recomputation and the decode chunk. Every other key shapes the training trajectory
-# (model and weights, data, template and rewards, algorithm, optimizer, batch shape and steps,
-# sampling, seeds): a rerun that sets one otherwise is refused unless resume_with_changes=true.
-RESUMABLE_KEYS = (
-  *sections.yaml_keys(sections.RunSection).values(),
-  *sections.yaml_keys(sections.EvalSection).values(),
-  *sections.yaml_keys(sections.MeshSection).values(),
-  "eval_dataset_name",
-  "eval_split",
-  "remat_policy",
-  "decode_steps_per_dispatch",
-  "math_verify_num_procs",
-  "prompt",
-)
-
-
-def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[str, Any, Any]]:
-  """(key, saved value, value in config) of each key outside RESUMABLE_KEYS that `config` sets
-  otherwise than a run's config.yml, `saved` (read_written's values); a key only one of them has
-  (config.yml written by another version) is not compared."""
-  new = written_values(config)
-  return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
-
-
 def reference() -> list[tuple[str, str, str]]:
   """(dotted key, default as written in base.yml, meaning) for every key of base.yml, in file order;
   the meaning is the `doc` on the key's section field (sections.docs)."""
@@ -279,7 +215,7 @@ def initialize(argv: list[str]) -> RunConfig:
     model_yaml = os.path.join(MODELS_DIR, f"{model_name}.yml")
     if not os.path.isfile(model_yaml):
       raise ConfigError(f"model_name={model_name!r}: unknown model; known models: {', '.join(known_models())}")
-    merger.apply(_flatten(_read_yaml(model_yaml)), model_yaml)
+    merger.apply(config_yml.flatten(config_yml.read_yaml(model_yaml)), model_yaml)
   merger.apply(cli, "command line")
   if hf_arch is not None:
     checks.check_architecture(merger.values, hf_arch, hf_path)
@@ -300,30 +236,3 @@ def initialize(argv: list[str]) -> RunConfig:
     list(overridden), user_rewards=bool(merger.values["reward_functions_path"])
   )
   return config
-
-
-def written_values(config: RunConfig) -> dict[str, Any]:
-  """Dotted key -> value as config.yml records them: inputs copied from a bucket by their URL."""
-  return {**config.flat(), **config.urls}
-
-
-def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ...] = ()) -> None:
-  """Writes config as YAML to a local path or a gs:// URL, after the comment lines `comments`: every
-  key, then the MaxText keys maxtext_compat accepted (so that the file loads as a config again)."""
-  if storage.is_url(path):
-    with tempfile.TemporaryDirectory() as folder:
-      write_yaml(config, os.path.join(folder, "config.yml"), comments)
-      storage.upload(os.path.join(folder, "config.yml"), path)
-    return
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(line + "\n" for line in comments)
-    yaml.safe_dump(_unflatten({**written_values(config), **config.maxtext_only}), f, sort_keys=False)
-
-
-def read_written(path: str) -> tuple[dict[str, Any], list[str]]:
-  """A config.yml that write_yaml wrote: its dotted keys and values, and its leading comment lines."""
-  values = _flatten(_read_yaml(path))
-  with open(path, encoding="utf-8") as f:
-    comments = list(itertools.takewhile(lambda line: line.startswith("#"), (line.rstrip("\n") for line in f)))
-  return values, comments

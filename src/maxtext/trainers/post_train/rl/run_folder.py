@@ -32,17 +32,40 @@ from collections.abc import Iterator
 from typing import Any
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
-from maxtext.configs import pyconfig
+from maxtext.configs import config_yml, sections
 from maxtext.configs.run_config import RunConfig
-from maxtext.configs.sections import RunSection
 from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
 
+# Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the
+# evaluation, the device layout, recomputation and the decode chunk. Every other key shapes the training trajectory
+# (model and weights, data, template and rewards, algorithm, optimizer, batch shape and steps,
+# sampling, seeds): a rerun that sets one otherwise is refused unless resume_with_changes=true.
+RESUMABLE_KEYS = (
+  *sections.yaml_keys(sections.RunSection).values(),
+  *sections.yaml_keys(sections.EvalSection).values(),
+  *sections.yaml_keys(sections.MeshSection).values(),
+  "eval_dataset_name",
+  "eval_split",
+  "remat_policy",
+  "decode_steps_per_dispatch",
+  "math_verify_num_procs",
+  "prompt",
+)
+
+
+def trajectory_changes(saved: dict[str, Any], config: RunConfig) -> list[tuple[str, Any, Any]]:
+  """(key, saved value, value in config) of each key outside RESUMABLE_KEYS that `config` sets
+  otherwise than a run's config.yml, `saved` (config_yml.read_written's values); a key only one of them has
+  (config.yml written by another version) is not compared."""
+  new = config_yml.written_values(config)
+  return [(k, saved[k], new[k]) for k in new if k in saved and k not in RESUMABLE_KEYS and saved[k] != new[k]]
+
 
 @contextlib.contextmanager
-def locked(run: RunSection) -> Iterator[None]:
+def locked(run: sections.RunSection) -> Iterator[None]:
   """Holds the lock of the run folder run.run_dir while the block runs: process 0 checks that it can
   write the folder and takes the lock, and every process raises the InputError naming the folder
   (and its holder when another run holds it). distributed.initialize() must have run."""
@@ -75,7 +98,7 @@ def _agreed(message: str | None) -> None:
 class RunFolder:
   """The run folder, run.run_dir; `steps` says how its checkpoints' updates map to training steps."""
 
-  def __init__(self, run: RunSection, steps: Steps):
+  def __init__(self, run: sections.RunSection, steps: Steps):
     """The folder of a run that holds it (`locked`, which refuses one that cannot be written)."""
     self.url = run.run_dir
     self.path = self.url
@@ -120,15 +143,15 @@ class RunFolder:
     self._in_bucket = now
 
   def check_config(self, cfg: RunConfig) -> None:
-    """Compares a rerun's config with the run's config.yml: a key that shapes training (pyconfig.
-    trajectory_changes) set otherwise is a ConfigError naming each such key with its saved and its
+    """Compares a rerun's config with the run's config.yml: a key that shapes training
+    (trajectory_changes) set otherwise is a ConfigError naming each such key with its saved and its
     new value, unless run.resume_with_changes, when the changes are logged and the next config.yml
     records them in a comment line (after those of earlier reruns). A folder without config.yml
     takes any config."""
     message = None
     if distributed.is_main() and os.path.isfile(self.config):
-      saved, self._history = pyconfig.read_written(self.config)
-      changes = pyconfig.trajectory_changes(saved, cfg)
+      saved, self._history = config_yml.read_written(self.config)
+      changes = trajectory_changes(saved, cfg)
       listed = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in changes)
       if changes and not cfg.run.resume_with_changes:
         message = (
@@ -161,7 +184,7 @@ class RunFolder:
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)
-    pyconfig.write_yaml(cfg, self.config, self._history)
+    config_yml.write_yaml(cfg, self.config, self._history)
     self.save()
 
   def saved_steps(self) -> list[int]:
