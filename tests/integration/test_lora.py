@@ -172,8 +172,7 @@ _SPLIT = textwrap.dedent("""
     from maxtext.integration.tunix import cluster as cluster_lib, rollout, rollout_setup
     from maxtext.models import load
     from maxtext.trainers.post_train.rl import train_rl
-    from maxtext.utils import errors
-from maxtext.utils.mesh import create_meshes
+    from maxtext.utils.mesh import create_meshes
     from tests.conftest import hf_greedy_tokens, make_config
     clusters = []
     build = cluster_lib.build_cluster
