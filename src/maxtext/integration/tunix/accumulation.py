@@ -46,21 +46,21 @@ def _accumulator(trainer):
   returns is that of the accumulated gradient, the one clipping sees, times the micro-batches per
   update on an update's last micro-batch and 0 on the others: Tunix logs the mean over an update's
   micro-batches, which is then that norm (Tunix's own step logs the mean of the micro-batches'
-  norms, which is larger wherever their gradients partly cancel)."""
+  norms, which is larger wherever their gradients partly cancel). The loss is called as the GRPO
+  learners set it (with_loss_fn(..., has_aux=True)): every policy loss here returns (loss, aux)
+  (losses.py)."""
   every = trainer.config.gradient_accumulation_steps
 
   def accumulate(model, optimizer, inputs):
     inputs = trainer.gen_model_input_fn(inputs)
-    has_aux = trainer._has_aux
     argnums = nnx.DiffState(0, nnx.LoRAParam) if sft_utils.is_lora_enabled(model) else 0
-    out, grads = nnx.value_and_grad(trainer.loss_fn, argnums=argnums, has_aux=has_aux)(model, **inputs)
+    (loss, aux), grads = nnx.value_and_grad(trainer.loss_fn, argnums=argnums, has_aux=True)(model, **inputs)
     grads = nnx.as_pure(nnx.state(grads, optimizer.wrt, graph=optimizer.graph))
     state = nnx.as_pure(optimizer.opt_state)
     count = state.mini_step + 1
     acc = jax.tree.map(lambda a, g: (a + (g - a) / count).astype(a.dtype), state.acc_grads, grads)
     nnx.update(optimizer.opt_state, nnx.state(state._replace(acc_grads=acc, mini_step=count), graph=optimizer.graph))
     optimizer.step[...] += 1
-    loss, aux = out if has_aux else (out, None)
     return loss, aux, jnp.where(count == every, every * optax.global_norm(acc), 0.0)
 
   return accumulate

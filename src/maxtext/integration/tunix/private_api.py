@@ -151,16 +151,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   PrivateDependency(
     "tunix.sft.peft_trainer.PeftTrainer",
-    "_has_aux",
-    "read",
-    None,
-    "accumulation.py",
-    "the in-place accumulating train step calls the loss as Tunix's own step does (with_loss_fn "
-    "sets it; there is no getter); Tunix's MultiSteps step writes a copy of the weights every "
-    "micro-batch",
-  ),
-  PrivateDependency(
-    "tunix.sft.peft_trainer.PeftTrainer",
     "_shard_optimizer",
     "replace",
     ("self", "mesh"),
