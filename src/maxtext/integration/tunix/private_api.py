@@ -91,15 +91,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "samples came from, which a sync never does, and our get_actor_per_token_logps reads it as "
     "Tunix's does",
   ),
-  PrivateDependency(
-    "tunix.rl.trainer.Trainer",
-    "rl_metrics_to_log",
-    "read",
-    None,
-    "wiring.py",
-    "both learners add the loss's sampler/trainer mismatch metrics to the aux keys Tunix's learner "
-    "logs: with_rl_metrics_to_log replaces the whole map and there is no getter",
-  ),
   # Standard GRPO (learner.py)
   PrivateDependency(
     _GRPO,
