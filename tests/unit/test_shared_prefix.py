@@ -94,8 +94,8 @@ def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
 def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
   """The KL reference wraps the model in SharedPrefix over max_prompt_length tokens; a batch whose
   prompts are padded wider (the rollout pads to at least max_prompt_length) scores the same, through
-  Tunix's whole logits and through the inference worker's scoring as build_cluster leaves it (the
-  output layer a vocabulary slice at a time)."""
+  Tunix's whole logits and through the cluster's reference scoring as build_cluster leaves it (the
+  output layer a vocabulary slice at a time, a micro-batch at a time)."""
   cfg, model = _model(
     "model_name=qwen3-tiny", f"rl.num_generations={GROUP}", "rl.grpo_beta=0.04", f"max_prompt_length={PROMPT - 6}"
   )
@@ -106,9 +106,13 @@ def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
     common.compute_per_token_logps(*nnx.split(m), example.prompt_ids, example.completion_ids, PAD, EOS, temperature=0.9)
     for m in (model, reference)
   ]
-  worker = inference_worker.InferenceWorker({"reference": reference})
-  cluster.score_reference_in_slices(types.SimpleNamespace(inference_worker=worker))
-  logps.append(worker.get_ref_per_token_logps(example.prompt_ids, example.completion_ids, PAD, EOS, 0.9))
+  scored = types.SimpleNamespace(
+    inference_worker=inference_worker.InferenceWorker({"reference": reference}),
+    get_rollout_config=lambda mode: types.SimpleNamespace(temperature=0.9),
+  )
+  cluster.score_reference(scored, create_meshes(cfg.mesh, agentic=False)[0])
+  for micro_batch_size in (None, GROUP):
+    logps.append(scored.get_ref_per_token_logps(example.prompt_ids, example.completion_ids, PAD, EOS, micro_batch_size))
   for got in logps[1:]:
     np.testing.assert_allclose(got, logps[0], rtol=1e-5, atol=1e-5)
 

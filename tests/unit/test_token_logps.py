@@ -3,7 +3,6 @@ token_logps.py) against PyTorch autograd through whole logits, and the memory th
 
 import math
 import re
-import types
 
 import jax
 import jax.numpy as jnp
@@ -93,15 +92,15 @@ def _logits_sized_float32(hlo: str, tokens: int, vocab: int) -> list[str]:
 
 def test_no_whole_float32_logits_in_the_loss_gradient_or_the_reference_scoring(monkeypatch):
   """Compiled, not run, for a model whose vocabulary spans 8 slices: the policy loss's gradient (through
-  SharedPrefix, as the trainer runs it) and the reference's log-probs (the inference worker's
-  get_ref_per_token_logps as build_cluster leaves it) hold no float32 array of the scored tokens x
+  SharedPrefix, as the trainer runs it) and the reference's log-probs (rollout.per_token_logps, which
+  the cluster's get_ref_per_token_logps runs as build_cluster leaves it) hold no float32 array of the scored tokens x
   vocabulary, while Tunix's own reference scoring, from whole logits, does (so the check sees them).
   The model's width is below the token count, so its [vocab, width] gradients are smaller."""
   from flax import nnx
   from tunix.rl.grpo import grpo_learner
   from tunix.rl.inference import inference_worker
 
-  from maxtext.integration.tunix import algorithm, cluster, losses, prefix_sharing
+  from maxtext.integration.tunix import algorithm, cluster, losses, prefix_sharing, rollout
   from maxtext.models import load
   from maxtext.utils.mesh import create_meshes
   from tests.conftest import make_config
@@ -142,9 +141,9 @@ def test_no_whole_float32_logits_in_the_loss_gradient_or_the_reference_scoring(m
 
   def reference_scoring(state, ours: bool):
     reference = cluster.reference_model(cfg.algorithm, nnx.merge(graphdef, state), prompt)
-    worker = inference_worker.InferenceWorker({"reference": reference})
     if ours:
-      cluster.score_reference_in_slices(types.SimpleNamespace(inference_worker=worker))
+      return rollout.per_token_logps(reference, prompt_ids, completion_ids, 0, 1, 0.9)
+    worker = inference_worker.InferenceWorker({"reference": reference})
     return worker.get_ref_per_token_logps(prompt_ids, completion_ids, 0, 1, 0.9)
 
   programs = {

@@ -170,7 +170,7 @@ def build_cluster(
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)
   trainer.with_training_hooks(ReleaseFreedMemory())
   accumulation.install(trainer, training.actor_optimizer)
-  score_reference_in_slices(cluster)
+  score_reference(cluster, trainer_mesh)
   feed_global_batches(cluster, trainer_mesh)
   if not isinstance(cluster.rollout, rollout.Engine):
     raise TypeError(f"rollout engine {type(cluster.rollout).__name__} lacks rollout.Engine's members")
@@ -179,34 +179,44 @@ def build_cluster(
   return cluster
 
 
-def score_reference_in_slices(cluster: rl_cluster_lib.RLCluster) -> None:
-  """The reference's log-probs come from scoring.py, as the policy loss's and the samplers' do: its
-  final hidden states through the output layer a vocabulary slice at a time. Tunix's inference worker
-  takes them from the model's whole float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
-  worker = cluster.inference_worker
+def score_reference(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
+  """RLCluster.get_ref_per_token_logps's contract (the reference's log-probs of the completions at the
+  training rollouts' temperature, micro_batch_size rows at a time), computed here. Every process holds
+  the whole batch (the sampler runs on every process's devices), while Tunix takes each process's
+  arrays for its share of the batch: the inputs become global arrays on the trainer's mesh first
+  (mesh_lib.global_batch). The final hidden states go through the output layer a vocabulary slice at a
+  time (scoring.py, as the policy loss's and the samplers' do); Tunix takes them from the model's whole
+  float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
 
-  def reference_logps(prompt_tokens, completion_tokens, pad_id, eos_id, temperature=1.0):
-    reference = worker.get_model("reference")
-    return rollout.per_token_logps(reference, prompt_tokens, completion_tokens, pad_id, eos_id, temperature)
+  def reference_logps(prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None):
+    reference = cluster.inference_worker.get_model("reference")
+    temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
+    rows = len(prompt_tokens)
+    size = micro_batch_size or rows
+    with mesh:
+      prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
+      return jnp.concatenate(
+        [
+          rollout.per_token_logps(
+            reference, prompts[i : i + size], completions[i : i + size], pad_id, eos_id, temperature
+          )
+          for i in range(0, rows, size)
+        ],
+        axis=0,
+      )
 
-  worker.get_ref_per_token_logps = reference_logps
+  cluster.get_ref_per_token_logps = reference_logps
 
 
 def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
-  """Every process holds the whole batch (the sampler runs on every process's devices), while Tunix
-  takes each process's arrays for its share of the batch: the reference's and the trainer's inputs
-  become global arrays first (mesh_lib.global_batch), which Tunix then leaves as they are."""
-  reference_logps, update_actor = cluster.get_ref_per_token_logps, cluster.update_actor
-
-  def global_reference_logps(prompt_tokens, completion_tokens, *args, **kwargs):
-    return reference_logps(
-      mesh_lib.global_batch(prompt_tokens, mesh), mesh_lib.global_batch(completion_tokens, mesh), *args, **kwargs
-    )
+  """The trainer's batches become global arrays first, as the reference's inputs do (score_reference),
+  which Tunix then leaves as they are."""
+  update_actor = cluster.update_actor
 
   def global_update_actor(train_ds, eval_ds, skip_jit=False):
     return update_actor(mesh_lib.global_batch(train_ds, mesh), eval_ds, skip_jit)
 
-  cluster.get_ref_per_token_logps, cluster.update_actor = global_reference_logps, global_update_actor
+  cluster.update_actor = global_update_actor
 
 
 def shard_optimizer(trainer, mesh) -> None:

@@ -166,18 +166,10 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "replace",
     ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
     "cluster.py",
-    "Tunix's shard_input takes each process's arrays as its share of the batch, "
-    "while every process holds the whole batch: the inputs become global arrays first, which "
-    "shard_input leaves as they are (tests/unit/test_tunix_private_api.py checks that)",
-  ),
-  PrivateDependency(
-    "tunix.rl.inference.inference_worker.InferenceWorker",
-    "get_ref_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "temperature"),
-    "cluster.py",
-    "Tunix scores the reference's log-probs from the model's whole float32 logits [B, T, vocab]; ours "
-    "take the output layer a vocabulary slice at a time, as the policy loss does (scoring.py)",
+    "computed here: Tunix's shard_input takes each process's arrays as its share of the batch, while "
+    "every process holds the whole batch (the inputs become global arrays first), and Tunix scores the "
+    "reference from the model's whole float32 logits [B, T, vocab] where ours take the output layer a "
+    "vocabulary slice at a time, as the policy loss does (scoring.py)",
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
