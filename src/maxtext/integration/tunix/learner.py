@@ -75,14 +75,7 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     # (docs/decisions.md, "Resume position of the standard learner").
     self._steps = steps
     self._last_iter_step: int = self._steps.done(self.rl_cluster.actor_trainer.iter_steps)
-    sync = self.rl_cluster.sync_weights
-
-    def sync_without_snapshot():
-      sync()
-      self._anchor = None
-
-    self.rl_cluster.sync_weights = sync_without_snapshot
-    self._anchor = None
+    self._anchor = None  # the host copy of the weights RLCluster keeps from each sync: never read here
 
   def _generate_and_compute_advantage(self, training_input, mode=TRAIN):
     """The step's example (_shaped_example). Training only: the learner is given no evaluation data
@@ -235,7 +228,14 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     logps = [r.sampler_logps for r in rounds if r.sampler_logps is not None]
     return merged, np.concatenate(logps)[rows] if len(logps) == len(rounds) else None
 
+  def train(self, *args, **kwargs):
+    try:
+      super().train(*args, **kwargs)
+    finally:
+      self._anchor = None  # the last weight sync's host copy
+
   def _run_global_step(self, *args, **kwargs):
+    self._anchor = None  # the previous step's weight sync made a host copy; this learner never reads it
     self._step_starts(self._steps.done(self.rl_cluster.actor_trainer.train_steps))
     self._idle.open(self.rl_cluster.global_steps)
     out = super()._run_global_step(*args, **kwargs)

@@ -32,15 +32,6 @@ _TRAINER = "tunix.sft.peft_trainer.PeftTrainer"
 DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Public members replaced on our instances
   PrivateDependency(
-    _CLUSTER,
-    "sync_weights",
-    "replace",
-    ("self",),
-    "learner.py",
-    "after each sync the standard learner drops the host copy of the weights Tunix keeps for the "
-    "agentic learner's old-policy log-probs (a full copy of the weights less at the peak)",
-  ),
-  PrivateDependency(
     _TRAINER,
     "checkpoint_manager",
     "write",
@@ -87,7 +78,8 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "wiring.py",
     "the weights the old policy's log-probs are computed with (the host copy Tunix keeps from every "
     "weight sync). The standard learner never reads it (it calls no get_actor_per_token_logps) and "
-    "drops it; with one mesh for trainer and sampler the agentic learner sets it to the weights the "
+    "drops it before each global step and when training ends (a full copy of the weights less at the "
+    "peak); with one mesh for trainer and sampler the agentic learner sets it to the weights the "
     "samples came from, which a sync never does, and our get_actor_per_token_logps reads it as "
     "Tunix's does",
   ),
