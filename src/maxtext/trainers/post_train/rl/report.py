@@ -228,76 +228,104 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
     "`python -m maxtext.trainers.post_train.rl.report`.",
     "",
   ]
-  settings = [(k, _setting(config, k)) for k in _SETTINGS]
-  if any(v not in (None, "") for _, v in settings):
-    out += ["## Settings", "", "| key | value |", "| --- | --- |"]
-    out += [f"| {k} | {_fmt(v)} |" for k, v in settings if v not in (None, "")]
-    out += ["", "Every resolved key is in config.yml.", ""]
   last_step = max((r["step"] for r in rows), default=0)
-  evaluation = evaluation_points(evals, last_step)
-  if config.get("num_test_batches") == 0:
-    out += ["## Evaluation", "", "None: the run was configured without evaluation (num_test_batches=0).", ""]
-  elif evaluation:
-    out += [
-      "## Evaluation",
-      "",
-      "| when | step | accuracy | partial accuracy | format accuracy | questions |",
-      "| --- | --- | --- | --- | --- | --- |",
-    ]
-    out += [
-      f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"
-      for when, step, e in evaluation
-    ]
-    out.append("")
-    gain = evals.get("gain")
-    if gain:
-      clear = "an improvement" if gain["ci95_low"] > 0 else "a loss" if gain["ci95_high"] < 0 else "no clear change"
-      out += [
-        f"Accuracy gain after training: **{gain['gain']:+.3f}** (95% interval [{gain['ci95_low']:+.3f}, "
-        f"{gain['ci95_high']:+.3f}], paired bootstrap over the same {gain['num_examples']} questions; "
-        f"{gain['improved']} improved, {gain['worsened']} worsened): {clear}.",
-        "",
-      ]
-  if rows:
-    keys = [
-      "rewards/mean",
-      *reward_functions(rows),
-      ZERO_SIGNAL,
-      "kl",
-      "loss",
-      _first_present(rows, _LENGTH),
-      "step_time_s",
-      "compile_s",
-      "staleness/mean",
-      "staleness/max",
-      "tools/call_frequency",
-      "tools/failure_frequency",
-      "turns/mean",
-    ]
-    out += [
-      f"## Training ({len(rows)} steps logged, last step {last_step})",
-      "",
-      "| metric | first | last | min | max |",
-      "| --- | --- | --- | --- | --- |",
-    ]
-    for key in keys:
-      _, values = _series(rows, key) if key else ([], [])
-      if values:
-        out.append(f"| {key} | {_fmt(values[0])} | {_fmt(values[-1])} | {_fmt(min(values))} | {_fmt(max(values))} |")
-    out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
-    _, no_signal = _series(rows, ZERO_SIGNAL)
-    if no_signal and sum(no_signal) / len(no_signal) > 0.5:
-      out += [
-        f"**Warning:** on average {100 * sum(no_signal) / len(no_signal):.0f}% of the groups per step had equal "
-        f"rewards ({ZERO_SIGNAL}), which gives them zero advantage: most samples carried no learning signal. "
-        "Make the task easier or harder for the model, or raise rl.num_generations.",
-        "",
-      ]
-  if plots:
-    out += ["## Plots", ""]
-    for title, file in plots:
-      out += [f"### {title}", "", f"![{title}](plots/{file})", ""]
+  out += _settings_section(config) + _evaluation_section(evals, config, last_step)
+  out += _training_section(rows, last_step) + _plots_section(plots)
   return "\n".join(out)
+
+
+def _settings_section(config: dict) -> list[str]:
+  settings = [(k, _setting(config, k)) for k in _SETTINGS]
+  if not any(v not in (None, "") for _, v in settings):
+    return []
+  return [
+    "## Settings",
+    "",
+    "| key | value |",
+    "| --- | --- |",
+    *(f"| {k} | {_fmt(v)} |" for k, v in settings if v not in (None, "")),
+    "",
+    "Every resolved key is in config.yml.",
+    "",
+  ]
+
+
+def _evaluation_section(evals: dict, config: dict, last_step: int) -> list[str]:
+  if config.get("num_test_batches") == 0:
+    return ["## Evaluation", "", "None: the run was configured without evaluation (num_test_batches=0).", ""]
+  evaluation = evaluation_points(evals, last_step)
+  if not evaluation:
+    return []
+  out = [
+    "## Evaluation",
+    "",
+    "| when | step | accuracy | partial accuracy | format accuracy | questions |",
+    "| --- | --- | --- | --- | --- | --- |",
+  ]
+  out += [
+    f"| {when} | {step} | " + " | ".join(_fmt(e.get(k)) for k in (*_EVAL_KEYS, "num_examples")) + " |"
+    for when, step, e in evaluation
+  ]
+  out.append("")
+  gain = evals.get("gain")
+  if gain:
+    clear = "an improvement" if gain["ci95_low"] > 0 else "a loss" if gain["ci95_high"] < 0 else "no clear change"
+    out += [
+      f"Accuracy gain after training: **{gain['gain']:+.3f}** (95% interval [{gain['ci95_low']:+.3f}, "
+      f"{gain['ci95_high']:+.3f}], paired bootstrap over the same {gain['num_examples']} questions; "
+      f"{gain['improved']} improved, {gain['worsened']} worsened): {clear}.",
+      "",
+    ]
+  return out
+
+
+def _training_section(rows: list[dict], last_step: int) -> list[str]:
+  if not rows:
+    return []
+  keys = [
+    "rewards/mean",
+    *reward_functions(rows),
+    ZERO_SIGNAL,
+    "kl",
+    "loss",
+    _first_present(rows, _LENGTH),
+    "step_time_s",
+    "compile_s",
+    "staleness/mean",
+    "staleness/max",
+    "tools/call_frequency",
+    "tools/failure_frequency",
+    "turns/mean",
+  ]
+  out = [
+    f"## Training ({len(rows)} steps logged, last step {last_step})",
+    "",
+    "| metric | first | last | min | max |",
+    "| --- | --- | --- | --- | --- |",
+  ]
+  for key in keys:
+    _, values = _series(rows, key) if key else ([], [])
+    if values:
+      out.append(f"| {key} | {_fmt(values[0])} | {_fmt(values[-1])} | {_fmt(min(values))} | {_fmt(max(values))} |")
+  out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
+  _, no_signal = _series(rows, ZERO_SIGNAL)
+  if no_signal and sum(no_signal) / len(no_signal) > 0.5:
+    out += [
+      f"**Warning:** on average {100 * sum(no_signal) / len(no_signal):.0f}% of the groups per step had equal "
+      f"rewards ({ZERO_SIGNAL}), which gives them zero advantage: most samples carried no learning signal. "
+      "Make the task easier or harder for the model, or raise rl.num_generations.",
+      "",
+    ]
+  return out
+
+
+def _plots_section(plots: list[tuple[str, str]]) -> list[str]:
+  if not plots:
+    return []
+  out = ["## Plots", ""]
+  for title, file in plots:
+    out += [f"### {title}", "", f"![{title}](plots/{file})", ""]
+  return out
 
 
 def write(run_dir: str) -> dict:
