@@ -19,6 +19,7 @@ from tunix.rl.rollout import base_rollout
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
+from maxtext.rl import prompt_feed
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -460,11 +461,11 @@ def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives()
   """Two processes take disjoint halves of every batch; their slots (step * batch_size + row) are the
   ones one process gives the same prompts."""
   batch = {"prompts": np.array(["a", "b", "c", "d"]), "answer": ["1", "2", "3", "4"]}
-  shares = [agentic.ProcessShare(i, 2, 4) for i in range(2)]
+  shares = [prompt_feed.ProcessShare(i, 2, 4) for i in range(2)]
   assert [s.rows(batch)["prompts"].tolist() for s in shares] == [["a", "b"], ["c", "d"]]
   assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
   assert [s.slots(3) for s in shares] == [[12, 13], [14, 15]]
-  assert agentic.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
+  assert prompt_feed.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
 
 
 class _RecordingEngine(rollout.WithoutExtras):
@@ -498,7 +499,7 @@ class _RecordingEngine(rollout.WithoutExtras):
 
 
 def _bare_learner(engine) -> agentic.AgenticGRPOLearner:
-  """An agentic learner with only what _model_call reads: the cluster's engine and training rollout
+  """An agentic learner with only what _model_turn reads: the cluster's engine and training rollout
   config, the chat parser (renders the first turn as "group,sample,0"), the config and the version."""
   learner = object.__new__(agentic.AgenticGRPOLearner)
   config = base_rollout.RolloutConfig(temperature=0.7, max_tokens_to_generate=8)
@@ -513,9 +514,9 @@ def _two_turns(learner, group: int, sample: int) -> types.SimpleNamespace:
   """Two model turns of conversation (group, sample): the first from its chat, the second from its
   token stream, as TrajectoryEngine calls them."""
   env = types.SimpleNamespace(task={}, extra_kwargs={"group_id": group, "pair_index": sample})
-  out = learner._model_call([{"role": "user", "content": f"{group},{sample},0"}], env, max_generation_steps=5)
+  out = learner._model_turn([{"role": "user", "content": f"{group},{sample},0"}], env, max_generation_steps=5)
   assert isinstance(out, rollout.VersionedOutput)  # the engine's own output, versions included
-  learner._model_call(None, env, max_generation_steps=5, prompt_ids=np.asarray([group, sample, 1]))
+  learner._model_turn(None, env, max_generation_steps=5, prompt_ids=np.asarray([group, sample, 1]))
   return env
 
 
