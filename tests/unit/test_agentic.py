@@ -19,7 +19,6 @@ from tunix.rl.rollout import base_rollout
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
-from maxtext.rl import prompt_feed
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -455,17 +454,6 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
   counts = step_metrics.conversation_counts([agent.chat_completions])
   assert (counts["calls"], counts["failed"]) == (2, 1)
   assert "Error parsing tool call" not in capsys.readouterr().out
-
-
-def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives():
-  """Two processes take disjoint halves of every batch; their slots (step * batch_size + row) are the
-  ones one process gives the same prompts."""
-  batch = {"prompts": np.array(["a", "b", "c", "d"]), "answer": ["1", "2", "3", "4"]}
-  shares = [prompt_feed.ProcessShare(i, 2, 4) for i in range(2)]
-  assert [s.rows(batch)["prompts"].tolist() for s in shares] == [["a", "b"], ["c", "d"]]
-  assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
-  assert [s.slots(3) for s in shares] == [[12, 13], [14, 15]]
-  assert prompt_feed.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
 
 
 class _RecordingEngine(rollout.WithoutExtras):
