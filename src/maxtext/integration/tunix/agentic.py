@@ -203,6 +203,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         elapsed = time.time() - started
         self._log({"perf/global_step_time": (elapsed, np.mean)}, self.rl_cluster.global_steps)
         self._next_global_step(data, batch_size)
+        self._log({})  # RLCluster logs a step's metrics when a call finds global_steps moved on: now
         done, started = 0, time.time()
 
   def _next_global_step(self, data, batch_size: int) -> None:
