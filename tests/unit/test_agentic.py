@@ -19,6 +19,7 @@ from tunix.rl.rollout import base_rollout
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
+from maxtext.rl import prompt_feed
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -530,3 +531,28 @@ def test_agentic_turn_keys_and_versions_travel_in_arguments_and_return_values():
   assert one_by_one.budgets == concurrent.budgets == {5}
   for g, s in conversations:
     assert envs[(g, s)].task["policy_version"] == in_threads[(g, s)].task["policy_version"] == 10 * g + s - 1
+
+
+@pytest.mark.parametrize(
+  "batches, global_steps, fed",
+  [
+    ([["a", "b"], ["c", "d"]], 0, 2),
+    ([["a", "b"], ["c"]], 0, 1),  # a short batch ends the feed, as the end of the data does
+    ([["a", "b"], ["c", "d"]], 5, 0),  # max_steps reached
+  ],
+)
+def test_the_feed_gets_full_batches_until_the_data_or_max_steps_end(batches, global_steps, fed):
+  learner = object.__new__(agentic.AgenticGRPOLearner)
+  config = types.SimpleNamespace(max_steps=5)
+  learner.rl_cluster = types.SimpleNamespace(
+    global_steps=global_steps, cluster_config=types.SimpleNamespace(training_config=config)
+  )
+  learner._feed = prompt_feed.PromptFeed(prompt_feed.ProcessShare(0, 1, 2), None, first_step=0)
+  data = iter([{"prompts": np.array(b)} for b in batches])
+  handed = [learner._feed_next(data, 2) for _ in range(len(batches) + 1)]
+  assert handed == [True] * fed + [False] * (len(batches) + 1 - fed)
+
+  async def drain():
+    return [p["prompts"].tolist() async for p in learner._feed.prompts(asyncio.get_running_loop())]
+
+  assert asyncio.run(drain()) == [[x] for b in batches[:fed] for x in b]
