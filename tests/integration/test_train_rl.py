@@ -346,8 +346,8 @@ def test_a_reward_function_that_fails_mid_run_exits_2_and_keeps_the_checkpoints(
 
 
 def test_a_reward_function_that_fails_in_agentic_grpo_is_one_line(tmp_path, capsys):
-  """Agentic GRPO scores groups on Tunix's producer thread, which logs the traceback of what it stops
-  on: the error is still the one line, exit 2."""
+  """Agentic GRPO scores groups on its producer (Tunix's event loop), and train() raises the reward
+  function's error: it is still the one line, exit 2."""
   rewards = tmp_path / "rewards.py"
   rewards.write_text(
     "def strings(prompts, completions, tmvp_config, **kwargs):\n  return ['good' for c in completions]\n"

@@ -19,6 +19,7 @@ from tunix.rl.rollout import base_rollout
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
+from maxtext.rl import prompt_feed
 from tests.conftest import make_config, parser_for
 
 # The conversation shape Tunix's agents build: system (from the agent), user (the task), then
@@ -456,17 +457,6 @@ def test_a_malformed_tool_call_comes_back_as_an_error_turn_and_counts_as_a_faile
   assert "Error parsing tool call" not in capsys.readouterr().out
 
 
-def test_process_shares_cover_each_batch_once_with_the_slots_one_process_gives():
-  """Two processes take disjoint halves of every batch; their slots (step * batch_size + row) are the
-  ones one process gives the same prompts."""
-  batch = {"prompts": np.array(["a", "b", "c", "d"]), "answer": ["1", "2", "3", "4"]}
-  shares = [agentic.ProcessShare(i, 2, 4) for i in range(2)]
-  assert [s.rows(batch)["prompts"].tolist() for s in shares] == [["a", "b"], ["c", "d"]]
-  assert [s.rows(batch)["answer"] for s in shares] == [["1", "2"], ["3", "4"]]
-  assert [s.slots(3) for s in shares] == [[12, 13], [14, 15]]
-  assert agentic.ProcessShare(0, 1, 4).slots(3) == [12, 13, 14, 15]
-
-
 class _RecordingEngine(rollout.WithoutExtras):
   """A rollout engine that records the key each prompt is sampled with (its rollout config's seed)
   and tags a prompt's tokens with the versions the prompt names: prompt (group, sample, turn) was
@@ -498,7 +488,7 @@ class _RecordingEngine(rollout.WithoutExtras):
 
 
 def _bare_learner(engine) -> agentic.AgenticGRPOLearner:
-  """An agentic learner with only what _model_call reads: the cluster's engine and training rollout
+  """An agentic learner with only what _model_turn reads: the cluster's engine and training rollout
   config, the chat parser (renders the first turn as "group,sample,0"), the config and the version."""
   learner = object.__new__(agentic.AgenticGRPOLearner)
   config = base_rollout.RolloutConfig(temperature=0.7, max_tokens_to_generate=8)
@@ -513,9 +503,9 @@ def _two_turns(learner, group: int, sample: int) -> types.SimpleNamespace:
   """Two model turns of conversation (group, sample): the first from its chat, the second from its
   token stream, as TrajectoryEngine calls them."""
   env = types.SimpleNamespace(task={}, extra_kwargs={"group_id": group, "pair_index": sample})
-  out = learner._model_call([{"role": "user", "content": f"{group},{sample},0"}], env, max_generation_steps=5)
+  out = learner._model_turn([{"role": "user", "content": f"{group},{sample},0"}], env, max_generation_steps=5)
   assert isinstance(out, rollout.VersionedOutput)  # the engine's own output, versions included
-  learner._model_call(None, env, max_generation_steps=5, prompt_ids=np.asarray([group, sample, 1]))
+  learner._model_turn(None, env, max_generation_steps=5, prompt_ids=np.asarray([group, sample, 1]))
   return env
 
 
@@ -541,3 +531,28 @@ def test_agentic_turn_keys_and_versions_travel_in_arguments_and_return_values():
   assert one_by_one.budgets == concurrent.budgets == {5}
   for g, s in conversations:
     assert envs[(g, s)].task["policy_version"] == in_threads[(g, s)].task["policy_version"] == 10 * g + s - 1
+
+
+@pytest.mark.parametrize(
+  "batches, global_steps, fed",
+  [
+    ([["a", "b"], ["c", "d"]], 0, 2),
+    ([["a", "b"], ["c"]], 0, 1),  # a short batch ends the feed, as the end of the data does
+    ([["a", "b"], ["c", "d"]], 5, 0),  # max_steps reached
+  ],
+)
+def test_the_feed_gets_full_batches_until_the_data_or_max_steps_end(batches, global_steps, fed):
+  learner = object.__new__(agentic.AgenticGRPOLearner)
+  config = types.SimpleNamespace(max_steps=5)
+  learner.rl_cluster = types.SimpleNamespace(
+    global_steps=global_steps, cluster_config=types.SimpleNamespace(training_config=config)
+  )
+  learner._feed = prompt_feed.PromptFeed(prompt_feed.ProcessShare(0, 1, 2), None, first_step=0)
+  data = iter([{"prompts": np.array(b)} for b in batches])
+  handed = [learner._feed_next(data, 2) for _ in range(len(batches) + 1)]
+  assert handed == [True] * fed + [False] * (len(batches) + 1 - fed)
+
+  async def drain():
+    return [p["prompts"].tolist() async for p in learner._feed.prompts(asyncio.get_running_loop())]
+
+  assert asyncio.run(drain()) == [[x] for b in batches[:fed] for x in b]

@@ -1,16 +1,22 @@
-"""Hands the cluster to Tunix's agentic GRPO learner (rl.use_agentic_rollout=true).
+"""Hands the cluster to Tunix's agentic GRPO learner (rl.use_agentic_rollout=true), whose training
+loop is ours.
 
 The agentic learner runs up to rl.max_concurrency single-prompt rollouts at once, overlaps them with
 training and accepts samples at most rl.off_policy_steps policy versions old. Its prompts are the
 user turn only (the agent adds the system turn and our ConfigChatParser renders the conversation).
 The agent is our trajectories.ConversationAgent; with rl.tools it parses tool calls from
 <tool_call>{json}</tool_call> and runs in a ToolEnvironment of at most rl.max_turns model turns.
-What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic learner"):
+
+From Tunix (google-tunix 0.1.7) the learner keeps its configuration, loss, reward manager and group
+scoring (rewards, advantages, reference and old-policy log-probs, their metrics), its event loop,
+and its RolloutOrchestrator, built here with our TrajectoryEngine. Its train() is ours (`train`,
+top to bottom: the prompt feed, the producer, the trainer's loop, the weight sync); what it adds to
+Tunix's (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
 - rewards judge all assistant turns of a conversation joined (Tunix passes only the first);
 - on a shared trainer/sampler mesh the anchor policy (the weights the old log-probs are computed
-  with) is refreshed before each batch is scored;
+  with) is refreshed before each group is scored;
 - the user turn is the example's templated user content, with tools too (Tunix's ToolAgent reads
   only a `question` field, the raw question, and drops the data template's user turn);
 - a chat parser is always given; numpy message content is coerced
@@ -22,39 +28,49 @@ What this adds to google-tunix 0.1.7's learner (why: docs/decisions.md, "Agentic
   loss reports the agreement every step from its own forward pass (losses.mismatch_from_old); the
   vanilla engine returns no log-probs, so there the
   trainer computes them (an engine that returns none where they are expected fails the run);
+- before_step runs between global steps, and the trainer logs its idle fraction and the staleness
+  of what it trains on;
 - across several processes (multi-controller JAX, where every process must launch the same global
-  programs in the same order), each process samples its share of every batch (ProcessShare) on its
-  own devices, and the groups are scored on the training thread: each process's groups are gathered
-  to every process, which scores them all in process order (reference and trainer log-probs run on
-  the trainer's global mesh) as one process scores its own; the sampler's weights are synced after
-  every step. Draws are named by (group, round, sample, turn) (step_keys.StepKeys.for_request), so
-  the processes draw what one process would;
+  programs in the same order), each process samples its share of every batch
+  (maxtext.rl.prompt_feed.ProcessShare) on its own devices, and the groups are scored on the
+  training thread: each process's groups are gathered to every process, which scores them all in
+  process order (reference and trainer log-probs run on the trainer's global mesh) as one process
+  scores its own; the sampler's weights are synced after every step. Draws are named by (group,
+  round, sample, turn) (step_keys.StepKeys.for_request), so the processes draw what one process
+  would;
 - dynamic sampling (rl.dynamic_sampling, one process) per prompt slot: the rule, its reserve prompts
   and metrics are maxtext.rl.dynamic_sampling.Slots, shared with the standard learner; here each
   prompt is tagged with its slot and round, a group without signal is dropped and its replacement
-  queued, and the prompt stream outlasts the data while slots are undecided (_PromptStream);
-- a failed rollout fails the run: its error is raised in the training loop, and the producer's
-  queues are closed whenever training ends (else its threads block process exit).
+  fed, and the prompts outlast the data while slots are undecided (maxtext.rl.prompt_feed);
+- a failed rollout fails the run: its error is raised from train(), and the prompt feed is closed
+  whenever training ends (else the producer's threads block process exit).
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
+import copy
 import dataclasses
-import functools
+import itertools
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import grain
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 from tunix.rl.agentic import agentic_grpo_learner
+from tunix.rl.agentic import utils as agentic_utils
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
@@ -69,8 +85,11 @@ from maxtext.integration.tunix.trajectories import (
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.rl import dynamic_sampling
-from maxtext.utils import distributed, errors
+from maxtext.rl.prompt_feed import ROUND, SLOT, ProcessShare, PromptFeed, scalar
+from maxtext.utils import distributed
 from maxtext.utils import mesh as mesh_lib
+
+log = logging.getLogger(__name__)
 
 
 def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
@@ -78,53 +97,22 @@ def user_turn_batches(batches: grain.MapDataset) -> grain.MapDataset:
   return batches.map(lambda b: {**b, "prompts": b["user_content"]})
 
 
-@dataclasses.dataclass(frozen=True)
-class ProcessShare:
-  """Process `index` of `count` samples rows [index * size, (index + 1) * size) of every batch of
-  batch_size prompts (size = batch_size / count). A prompt's slot, step * batch_size + row, names
-  its group (its step, its sampling keys) as one process would."""
-
-  index: int
-  count: int
-  batch_size: int
-
-  @property
-  def size(self) -> int:
-    return self.batch_size // self.count
-
-  def rows(self, batch: dict) -> dict:
-    start = self.index * self.size
-    return {k: v[start : start + self.size] for k, v in batch.items()}
-
-  def slots(self, step: int) -> list[int]:
-    start = step * self.batch_size + self.index * self.size
-    return list(range(start, start + self.size))
-
-
-# Fields the producer adds to each prompt: its slot (see ProcessShare) and its dynamic sampling round.
-SLOT, ROUND = "group_slot", "sampling_round"
-
-
-def _scalar(value) -> int:
-  return int(np.asarray(value).reshape(-1)[0])
-
-
 class RolloutError(RuntimeError):
   """A rollout (model call) of the agentic producer failed."""
 
 
 class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
-  """Tunix's agentic GRPO learner collecting trajectories with TrajectoryEngine and logging
-  the staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag
-  of the consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's
-  version is that of its oldest token), and trainer/idle_fraction, the share of each step the
-  trainer waited for samples. A failed rollout raises RolloutError from train(); a reward function's
-  InputError is raised from train() as it is."""
+  """Tunix's agentic GRPO learner (its configuration, loss, reward manager and group scoring) with
+  our training loop (`train`), collecting trajectories with TrajectoryEngine and logging the
+  staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag of the
+  consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's version is
+  that of its oldest token), and trainer/idle_fraction, the share of each step the trainer waited
+  for samples. A failed rollout raises RolloutError from train(); a reward function's InputError is
+  raised from train() as it is."""
 
-  _prompt_queue = None
-  _train_queue = None
+  _feed: PromptFeed  # these two are made by train()
+  _groups: queue.Queue  # finished groups for the trainer; None ends them
   _rollout_error: Exception | None = None
-  _input_error: errors.InputError | None = None
   _checked_step = -1
 
   def __init__(
@@ -144,11 +132,10 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     if self.chat_parser is None:
       raise ValueError("the agentic learner renders conversations with its chat parser; none was given")
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
-    self._next_step = 0  # the step of the next batch the producer takes
     self._dynamic = (
       dynamic_sampling.Slots(dynamic_sampling_rounds, reserve, batch_size) if dynamic_sampling_rounds > 1 else None
     )
-    self._closing = False
+    self._sync_lock = agentic_utils.RolloutSyncLock()  # weight syncs wait for the rollouts under way
     self._wire(before_step)
     if losses.mismatch_from_old(self.algo_config):
       self._log_loss_mismatch()
@@ -156,26 +143,212 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
 
-  def train(self, *args, **kwargs):
-    self._next_step = self.rl_cluster.global_steps
+  # The training loop (training thread)
+
+  def train(self, train_dataset, eval_dataset=None, skip_jit=False):
+    """Trains on train_dataset's batches of batch_size prompts, from the step rl_cluster.global_steps
+    (a resumed run skips that many batches), as Tunix's train does without its evaluation (ours runs
+    in before_step; eval_dataset is not used):
+    1. the feed is prefilled with rl.off_policy_steps + 1 batches, and the producer (`_produce`, on
+       Tunix's event loop) samples them, num_generations conversations per prompt;
+    2. the trainer takes train_micro_batch_size groups at a time (`_micro_batches`: before_step at
+       each global step, the idle, staleness and batch checks) and updates the actor on them;
+    3. after a global step's batch (batch_size groups; each group is queued num_iterations times),
+       the sampler gets the new weights under the rollout sync lock (policy_version += 1) where it
+       does not share them (else global_steps += 1), and the feed the next batch.
+    The loop ends with the groups (the data, max_steps or a failed rollout); the feed is closed
+    whenever it ends, so no producer thread waits on it past training."""
+    del eval_dataset
+    config = self.rl_cluster.cluster_config.training_config
+    data = iter(train_dataset)
+    first = next(itertools.islice(data, self.rl_cluster.global_steps, None), None)
+    if first is None:
+      self.rl_cluster.close()
+      return
+    batch_size = len(next(iter(first.values())))
+    # Tunix's reward scoring keeps the rewards of at most one step of this many prompts (for its own
+    # train loop's log line, not run here).
+    self._full_batch_size = batch_size
+    micro = config.train_micro_batch_size or config.mini_batch_size or batch_size
+    data = itertools.chain([first], data)
+    self._feed = PromptFeed(self._share, self._dynamic, first_step=self.rl_cluster.global_steps)
+    self._groups = queue.Queue()
     try:
-      super().train(*args, **kwargs)
+      for _ in range(self.algo_config.off_policy_steps + 1):
+        if not self._feed_next(data, batch_size):
+          break
+      producer = asyncio.run_coroutine_threadsafe(self._produce(), self.loop)
+      self._train_on(self._micro_batches(micro), data, batch_size, batch_size // micro, skip_jit)
     finally:
-      self._close_queues()
+      self._feed.close()
+    if self._rollout_error is not None:
+      raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
+    producer.result()  # the producer's own error (a reward function's InputError) is raised as it is
+    self.rl_cluster.close()
 
-  def _close_queues(self) -> None:
-    self._closing = True
-    for q in (self._prompt_queue, self._train_queue):
-      if q is not None:
-        q.put(None)
+  def _train_on(self, micro_batches, data, batch_size: int, per_step: int, skip_jit: bool) -> None:
+    """Updates the actor on each micro-batch, train_micro_batch_size groups, as one trainer step
+    (Tunix splits a micro-batch into steps of that size: here it is one); a global step ends after
+    per_step of them, and the loop at max_steps."""
+    max_steps = self.rl_cluster.cluster_config.training_config.max_steps
+    done, started = 0, time.time()
+    for examples in micro_batches:
+      if max_steps and self.rl_cluster.global_steps >= max_steps:
+        self._feed.end()
+        break
+      merged = jax.tree.map(lambda *xs: jnp.concatenate(xs, axis=0), *examples)
+      self.rl_cluster.update_actor([merged], None, skip_jit)
+      done += 1
+      if done == per_step:
+        elapsed = time.time() - started
+        self._log({"perf/global_step_time": (elapsed, np.mean)}, self.rl_cluster.global_steps)
+        self._next_global_step(data, batch_size)
+        self._log({})  # RLCluster logs a step's metrics when a call finds global_steps moved on: now
+        done, started = 0, time.time()
 
-  def _model_call(self, chat_lists, env=None, max_generation_steps=None, prompt_ids=None):
+  def _next_global_step(self, data, batch_size: int) -> None:
+    """The sampler gets the trained weights where it does not share them (RLCluster.sync_weights
+    counts the step), under the rollout sync lock; then the feed gets the next batch."""
+    if not self.should_sync_weights:
+      self.rl_cluster.global_steps += 1
+      self._feed_next(data, batch_size)
+      return
+    self._sync_lock.acquire_weight_sync()
+    try:
+      self.rl_cluster.sync_weights()
+      self.policy_version += 1
+      self._feed_next(data, batch_size)
+    finally:
+      self._sync_lock.release_weight_sync()
+
+  def _feed_next(self, data, batch_size: int) -> bool:
+    """Hands the next batch to the feed, or ends it (no batch left, max_steps reached, or a batch
+    short of batch_size); whether a batch was handed."""
+    batch = next(data, None)
+    max_steps = self.rl_cluster.cluster_config.training_config.max_steps
+    if batch is None or (max_steps and self.rl_cluster.global_steps >= max_steps):
+      self._feed.end()
+      return False
+    size = len(next(iter(batch.values())))
+    if size != batch_size:
+      log.warning("a batch of %d prompts, not %d: the rest of the data is skipped", size, batch_size)
+      self._feed.end()
+      return False
+    self._feed.put(batch)
+    return True
+
+  def _micro_batches(self, micro: int):
+    """The trainer's micro-batches, lists of the TrainExamples of `micro` groups: one process takes
+    the groups the producer scored; across processes each takes its share of them as sampled and
+    every process's are scored here (_scored). Per global step it runs before_step, and logs the
+    trainer's idle fraction (the wait for a step's micro-batches, scoring across processes included)
+    and the staleness of what it trains on; every micro-batch's group layout is checked. Ends when
+    the producer ends (or a failed rollout stops it)."""
+    groups = iter(self._groups.get, None)
+    idle = step_metrics.IdleClock()
+    while True:
+      idle.wait_starts()
+      taken = list(itertools.islice(groups, micro // self._share.count))
+      if not taken:
+        break
+      batch = self._scored(taken) if self._share.count > 1 else [ex for group in taken for ex in group]
+      new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
+      if new_step:  # the step's window opens with the wait for its first batch
+        self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
+        idle.open(self.rl_cluster.global_steps, at=idle.wait_start)
+      idle.wait_ends()
+      if new_step:
+        self._checked_step = self.rl_cluster.actor_trainer.train_steps
+        self._step_starts(self._checked_step)
+      self._check_batch(np.concatenate([ex.prompt_ids for ex in batch]))
+      versions = [np.asarray(ex.policy_version).reshape(-1) for ex in batch if ex.policy_version is not None]
+      if versions:
+        self._log(
+          step_metrics.staleness(self._current_version(), np.concatenate(versions)), self.rl_cluster.global_steps
+        )
+      yield batch
+    self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
+
+  def _current_version(self) -> int:
+    """The version lags are measured from: the engine's weights version when it tags tokens, else
+    Tunix's policy version."""
+    version = self._engine.version
+    return self.policy_version if version is None else version
+
+  # The producer (Tunix's event loop and its executor's threads)
+
+  async def _produce(self) -> None:
+    """Samples the feed's prompts, num_generations conversations each (rl.max_concurrency at once,
+    by Tunix's RolloutOrchestrator with our TrajectoryEngine), and queues each finished group for
+    the trainer num_iterations times: one process scores it first (_score, with dynamic sampling
+    nothing where it is dropped); across processes it goes as sampled, for the training thread.
+    The end of the groups is queued whatever ends it."""
+    generations = self.algo_config.num_generations
+    orchestrator = rollout_orchestrator.RolloutOrchestrator(
+      engine_cls=TrajectoryEngine,
+      engine_kwargs=dict(
+        model_call=self._model_turn,
+        tokenizer=self.tokenizer,
+        chat_parser=self.chat_parser,
+        timeout=self.algo_config.episode_timeout,
+        max_response_length=self.algo_config.max_response_length,
+        overlong_filter=self.algo_config.overlong_filter,
+        filter_statuses=self.algo_config.filter_statuses,
+      ),
+      max_concurrency=self.algo_config.max_concurrency,
+      rollout_sync_lock=self._sync_lock,
+    )
+    sampling = asyncio.create_task(
+      orchestrator.run_producers_from_stream(
+        pairs_stream=self._conversations(self._feed.prompts(self.loop)),
+        group_size=generations,
+        group_key_fn=lambda i, env, traj: env.extra_kwargs["group_id"],
+        collect_mode="Token",
+      )
+    )
+    await asyncio.sleep(0)  # the orchestrator starts its queue before its groups are read
+    try:
+      async with contextlib.aclosing(orchestrator.yield_batches(batch_size=generations)) as finished:
+        async for group in finished:
+          queued = group if self._share.count > 1 else self._trained(group, self._score(group))
+          if queued:
+            for _ in range(self.algo_config.num_iterations):
+              self._groups.put(queued)
+    finally:
+      self._groups.put(None)
+      sampling.cancel()
+      # Its end is retrieved (an error of it came through yield_batches), so asyncio logs nothing.
+      sampling.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+  async def _conversations(self, prompts):
+    """(agent, environment) pairs, num_generations per prompt, made in the executor (an environment
+    may take a while to start); a prompt's slot is its group id."""
+    loop = asyncio.get_running_loop()
+    async for prompt in prompts:
+      slot = scalar(prompt[SLOT])
+      pairs = await asyncio.gather(
+        *[
+          loop.run_in_executor(None, self._conversation, copy.deepcopy(prompt), slot, i)
+          for i in range(self.algo_config.num_generations)
+        ]
+      )
+      for pair in pairs:
+        yield pair
+
+  def _conversation(self, prompt: dict, group_id: int, pair_index: int):
+    """One (agent, environment) pair, as Tunix's learner makes it from its agent and env classes."""
+    agent = self.agent_class(**{"system_prompt": self.algo_config.system_prompt, **self.agent_kwargs})
+    env = self.env_class(prompt, **{"group_id": group_id, "pair_index": pair_index, **self.env_kwargs})
+    return agent, env
+
+  def _model_turn(self, chat_lists, env=None, max_generation_steps=None, prompt_ids=None):
     """One model turn of a conversation: the first renders `chat_lists` with the chat parser, a later
     one continues the conversation's token stream `prompt_ids` (TrajectoryEngine). The engine is
     called with the turn's own key (_turn_key) in its rollout config, and the tokens' weights versions
-    come back in its output (rollout.versions_of): nothing passes through per-thread state.
+    come back in its output (rollout.versions_of): nothing passes through per-thread state. A failure
+    is kept for train() to raise and stops the feed and the trainer's wait.
 
-    Tunix's _model_call goes through RLCluster.generate, which takes no seed and drops the versions
+    Tunix's learner goes through RLCluster.generate, which takes no seed and drops the versions
     from the output; what else it does is not needed here: the chat template (the parser renders),
     micro-batching (one prompt), the rollout mesh context (the vanilla engine enters its mesh, the
     batched engine's batcher thread places its own work; no logical axis rules are set), CPU
@@ -197,7 +370,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     except Exception as e:
       if self._rollout_error is None:
         self._rollout_error = e
-      self._close_queues()
+      self._feed.close()
+      self._groups.put(None)
       raise
     versions = rollout.versions_of(out)
     if env is not None and versions and len(versions[0]):
@@ -231,52 +405,30 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       return None
     turn = env.task.get(_TURNS, 0)
     env.task[_TURNS] = turn + 1
-    rnd = _scalar(env.task.get(ROUND, 0))
+    rnd = scalar(env.task.get(ROUND, 0))
     return keys.for_request(env.extra_kwargs["group_id"], rnd, env.extra_kwargs["pair_index"], turn)
 
-  def _AsyncQueueIterator(self, q, loop):  # noqa: N802 (Tunix's name for the producer's prompt stream)
-    return _PromptStream(q, loop, self)
+  # Scoring (the producer in one process, the training thread across processes)
 
-  def _create_micro_batch_iterator(self, full_batch_iterator, micro_batch_size):
-    """The producer's prompts: this process's share of each batch, each tagged with its slot and
-    round (a dynamic sampling replacement comes tagged)."""
-
-    def tagged(batches):
-      for batch in batches:
-        if SLOT not in batch:
-          batch = self._share.rows(batch)
-          slots = self._share.slots(self._next_step)
-          self._next_step += 1
-          batch = {**batch, SLOT: np.asarray(slots), ROUND: np.zeros(len(slots), np.int64)}
-          if self._dynamic is not None:
-            self._dynamic.started(len(slots))
-        yield batch
-
-    return super()._create_micro_batch_iterator(tagged(full_batch_iterator), micro_batch_size)
-
-  def _create_agent_env_pair(self, single_example, group_id, pair_index):
-    del group_id  # Tunix counts the prompts this producer started; the slot names the group
-    return super()._create_agent_env_pair(single_example, _scalar(single_example[SLOT]), pair_index)
-
-  def _batch_to_train_example(self, batch_results, mode):
-    """A group's TrainExamples; across processes the producer queues the group unscored (_scored)."""
-    if mode != rl_cluster_lib.Mode.TRAIN:
-      return super()._batch_to_train_example(batch_results, mode)
-    if self._share.count > 1:
-      return [batch_results]
-    try:
-      return self._trained(batch_results, super()._batch_to_train_example(batch_results, mode))
-    except errors.InputError as e:
-      # Tunix's producer logs the traceback of anything but a RuntimeError it stops on; the consumer
-      # raises the error itself once the producer has stopped (_data_consumer_batch_generator).
-      self._input_error = e
-      raise RuntimeError(str(e)) from e
+  def _score(self, group: list) -> list:
+    """A group's TrainExamples, by Tunix's GRPO scoring (rewards, advantages, the reference's and the
+    old policy's log-probs, its metrics, at the group's step), after what ours adds: the anchor on a
+    shared mesh, the tool and turn metrics, example turns left out and every assistant turn in the
+    rewarded completion (Tunix rewards the first)."""
+    step = self._share.step_of(group[0].group_id)
+    # On a shared mesh the samples came from the live weights: they are the anchor.
+    if self._trainer_recomputes() and not self.should_sync_weights:
+      self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
+    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in group]
+    self._log_conversations(conversations, step)
+    for item, conversation in zip(group, conversations):
+      item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
+    return super()._process_results(group, rl_cluster_lib.Mode.TRAIN, step)
 
   def _scored(self, groups: list) -> list:
     """Every process's groups of this micro-batch, in process order, scored one group at a time."""
-    score = super()._batch_to_train_example
     every = [group for part in distributed.gather_objects(groups) for group in part]
-    return [ex for group in every for ex in self._trained(group, score(group, rl_cluster_lib.Mode.TRAIN))]
+    return [ex for group in every for ex in self._trained(group, self._score(group))]
 
   def _trained(self, group: list, examples: list) -> list:
     """What of a scored group trains: all of it, or with dynamic sampling nothing where its rewards
@@ -285,32 +437,17 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     maxtext.rl.dynamic_sampling.Slots)."""
     zero, _ = self._zero_signal(np.concatenate([np.asarray(e.advantages).reshape(-1) for e in examples]))
     slot = group[0].group_id
-    step = slot // self._share.batch_size
+    step = self._share.step_of(slot)
     if self._dynamic is not None:
-      rnd = _scalar(group[0].traj["original_input"][ROUND])
+      rnd = scalar(group[0].traj["original_input"][ROUND])
       replacement = self._dynamic.decide(slot, rnd, bool(zero))
       self._log({k: (v, step_metrics.last) for k, v in self._dynamic.metrics(step).items()}, step)
       if replacement is not None:
-        assert self._prompt_queue is not None
-        self._prompt_queue.put({**replacement, SLOT: np.asarray([slot]), ROUND: np.asarray([rnd + 1])})
+        assert self._feed is not None
+        self._feed.replace(slot, rnd + 1, replacement)
         return []
     self._log_zero_signal_so_far(zero, step)
     return examples
-
-  def _current_version(self) -> int:
-    """The version lags are measured from: the engine's weights version when it tags tokens, else
-    Tunix's policy version."""
-    version = self._engine.version
-    return self.policy_version if version is None else version
-
-  def _put_prompts_to_queue(self, prompt_queue, batch):
-    self._prompt_queue = prompt_queue
-    super()._put_prompts_to_queue(prompt_queue, batch)
-
-  def _build_orchestrator(self) -> rollout_orchestrator.RolloutOrchestrator:
-    orchestrator = super()._build_orchestrator()
-    orchestrator.engine_cls = TrajectoryEngine
-    return orchestrator
 
   def _trainer_recomputes(self) -> bool:
     """Whether the trainer recomputes a group's log-probs: where they are the old policy's (vanilla
@@ -321,7 +458,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _trainer_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None, temperature=None):
     """RLCluster.get_actor_per_token_logps's contract (the log-probs of the completions under the
     weights of the last sync, at the sampling temperature unless given), or None unless
-    _trainer_recomputes (Tunix's _process_results, the only caller, asks for every group with no
+    _trainer_recomputes (Tunix's group scoring, the only caller, asks for every group with no
     switch). The final hidden states go through the output layer a vocabulary slice at a time
     (scoring.py), where Tunix takes the log-probs from the model's whole float32 logits [B, T, vocab];
     micro_batch_size is not needed for that and is ignored. Every process holds the whole batch: the
@@ -338,17 +475,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
       return rollout.per_token_logps(model, prompts, completions, pad_id, eos_id, temperature)
 
-  def _process_results(self, trajectories, mode=rl_cluster_lib.Mode.TRAIN, expected_step=None):
-    # On a shared mesh the samples came from the live weights: they are the anchor.
-    if self._trainer_recomputes() and not self.should_sync_weights:
-      self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
-    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in trajectories]
-    if mode == rl_cluster_lib.Mode.TRAIN:
-      self._log_conversations(conversations, expected_step)
-    for item, conversation in zip(trajectories, conversations):
-      item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
-    return super()._process_results(trajectories, mode, expected_step)
-
   def _log_zero_signal_so_far(self, zero: int, step: int) -> None:
     """frac_reward_zero_std over the step's trained groups so far (running totals, as _log_conversations)."""
     with self._conversation_lock:
@@ -358,83 +484,15 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._log_zero_signal(fraction, step_metrics.last, step)
 
   def _log_conversations(self, conversations: list[list[dict]], step: int) -> None:
-    """Logs the step's tool and turn metrics from running totals, and step_metrics.rollout_metrics: Tunix
-    logs a step's metrics in several parts when groups of different steps finish interleaved, and a
-    later part replaces an earlier one, so each part carries the totals so far (the last value of a
-    part is kept)."""
+    """Logs the step's tool and turn metrics from running totals, and step_metrics.rollout_metrics: a
+    step's metrics are logged in several parts when groups of different steps finish interleaved,
+    and a later part replaces an earlier one, so each part carries the totals so far (the last value
+    of a part is kept)."""
     with self._conversation_lock:
       totals = self._conversation_totals.setdefault(step, collections.Counter())
       totals.update(step_metrics.conversation_counts(conversations))
       counts = {k: (v, step_metrics.last) for k, v in step_metrics.conversation_metrics(totals).items()}
       self._log({**counts, **step_metrics.rollout_metrics(self.rl_cluster)}, step)
-
-  def _data_consumer_batch_generator(self, queue, batch_size):
-    self._train_queue = queue
-    if self._share.count > 1:
-      own = super()._data_consumer_batch_generator(queue, batch_size // self._share.count)
-      batches = (self._scored(groups) for groups in own)
-    else:
-      batches = super()._data_consumer_batch_generator(queue, batch_size)
-    idle = step_metrics.IdleClock()
-    while True:
-      idle.wait_starts()
-      batch = next(batches, None)
-      if batch is None:
-        break
-      new_step = self.rl_cluster.actor_trainer.train_steps != self._checked_step
-      if new_step:  # the step's window opens with the wait for its first batch
-        self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
-        idle.open(self.rl_cluster.global_steps, at=idle.wait_start)
-      idle.wait_ends()
-      if new_step:
-        self._checked_step = self.rl_cluster.actor_trainer.train_steps
-        self._step_starts(self._checked_step)
-      self._check_batch(np.concatenate([ex.prompt_ids for ex in batch]))
-      versions = [
-        np.asarray(ex.policy_version).reshape(-1) for ex in batch if getattr(ex, "policy_version", None) is not None
-      ]
-      if versions:
-        lags = self._current_version() - np.concatenate(versions)
-        self._log(
-          {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)},
-          self.rl_cluster.global_steps,
-        )
-      yield batch
-    self._log_idle(idle.close(at=idle.wait_start), at_its_step=True)
-    if self._rollout_error is not None:
-      raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
-    if self._input_error is not None:
-      raise self._input_error
-
-
-class _PromptStream(agentic_grpo_learner.GRPOLearner._AsyncQueueIterator):
-  """The producer's prompts. With dynamic sampling the end of the data does not end it while slots
-  are undecided: their replacements come after it."""
-
-  def __init__(self, q, loop, learner: AgenticGRPOLearner):
-    super().__init__(q, loop)
-    self._learner = learner
-
-  async def __anext__(self):
-    dynamic = self._learner._dynamic
-    if dynamic is None:
-      return await super().__anext__()
-    while True:
-      try:
-        item = await self.loop.run_in_executor(None, functools.partial(self.q.get, timeout=0.2))
-      except queue.Empty:
-        item = _NOTHING
-      if item is None:
-        self._ended = True
-      elif item is not _NOTHING:
-        return item
-      if self._ended and (self._learner._closing or dynamic.unresolved <= 0):
-        raise StopAsyncIteration
-
-  _ended = False
-
-
-_NOTHING = object()
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"

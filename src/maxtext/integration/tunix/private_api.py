@@ -59,16 +59,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "micro-batches' gradients are accumulated, without graph updates (a program returns the "
     "variables it changed, not copies of all)",
   ),
-  PrivateDependency(
-    "tunix.rl.agentic.pipeline.rollout_orchestrator.RolloutOrchestrator",
-    "engine_cls",
-    "write",
-    None,
-    "agentic.py",
-    "conversations are collected by our TrajectoryEngine, not Tunix's TrajectoryCollectEngine "
-    "(full-length completions kept, later turns sampled from the exact token stream); the "
-    "learner builds the orchestrator without an engine parameter",
-  ),
   # Both learners (wiring.py)
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
@@ -174,85 +164,23 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Agentic GRPO (agentic.py)
   PrivateDependency(
     _AGENTIC,
-    "_model_call",
-    "override",
-    ("self", "chat_lists", "env", "max_generation_steps"),
-    "agentic.py",
-    "token in, token out (later turns continue the sampled token stream, Tunix "
-    "re-renders and re-tokenizes the text); the rollout engine is called directly with the turn's "
-    "named key and returns the tokens' versions (RLCluster.generate takes no seed and drops them), "
-    "for the oldest token's policy version; and failure recording so a failed rollout stops "
-    "training instead of hanging it",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_put_prompts_to_queue",
-    "override",
-    ("self", "prompt_queue", "batch"),
-    "agentic.py",
-    "keeps the prompt queue to close it when a rollout fails (Tunix's producer would wait forever)",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_build_orchestrator",
-    "override",
-    ("self",),
-    "agentic.py",
-    "collects trajectories with our TrajectoryEngine; the orchestrator's engine class is not a learner argument",
-  ),
-  PrivateDependency(
-    _AGENTIC,
     "_process_results",
-    "override",
+    "call",
     ("self", "trajectories", "mode", "expected_step"),
     "agentic.py",
-    "tool and turn metrics, example turns left out and every assistant turn in the "
-    "rewarded completion (Tunix rewards the first turn only), the sampler-logp check period",
+    "our training loop scores each finished group with Tunix's GRPO scoring (rewards through the "
+    "reward manager, advantages, the reference's and old policy's log-probs, their metrics): Tunix "
+    "0.1.7 has it only as this method of its learner, which its own train loop calls",
   ),
   PrivateDependency(
-    _AGENTIC,
-    "_data_consumer_batch_generator",
-    "override",
-    ("self", "queue", "batch_size"),
+    "tunix.rl.agentic.agentic_rl_learner.AgenticRLLearner",
+    "_full_batch_size",
+    "write",
+    None,
     "agentic.py",
-    "before_step between global steps, staleness and idle metrics, the train queue to close on failure, "
-    "and across processes every process's groups gathered and scored on the training thread (Tunix "
-    "scores them on producer threads, whose order differs between processes)",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_AsyncQueueIterator",
-    "override",
-    ("q", "loop"),
-    "agentic.py",
-    "the producer's prompt stream; with dynamic sampling it must outlast the end of the data while "
-    "replacement prompts are still to come (Tunix ends it at the first None)",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_batch_to_train_example",
-    "override",
-    ("self", "batch_results", "mode"),
-    "agentic.py",
-    "across processes the producer queues its groups unscored, for the training thread to score "
-    "(Tunix's consumer-side scoring needs a log-prob micro-batch above 1 and scores a micro-batch at once)",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_create_micro_batch_iterator",
-    "override",
-    ("self", "full_batch_iterator", "micro_batch_size"),
-    "agentic.py",
-    "across processes each producer takes its process's share of every batch (Tunix has no data sharding here)",
-  ),
-  PrivateDependency(
-    _AGENTIC,
-    "_create_agent_env_pair",
-    "override",
-    ("self", "single_example", "group_id", "pair_index"),
-    "agentic.py",
-    "group ids numbered as in one process (Tunix counts each producer's own prompts), which name the "
-    "step a group belongs to and its sampling keys",
+    "Tunix's reward scoring keeps every training reward in a window its own train loop empties "
+    "after each step, capped at this many prompts' rewards; our loop does not run Tunix's, so "
+    "without the cap the window would grow for the whole run",
   ),
   # Checkpoints (actor_checkpoints.py)
   PrivateDependency(

@@ -17,7 +17,7 @@ Both guarantee:
    memory, and a trainer spanning several processes gives each process's sampler whole copies
    (mesh.placed).
 
-BatchedRolloutEngine serves Tunix's agentic learner, which calls the engine once per conversation
+BatchedRolloutEngine serves the agentic learner, which calls the engine once per conversation
 turn with a single prompt from up to rl.max_concurrency threads: the calls are merged into one decode
 batch. It returns per-token log-probs and the weights version of every token (VersionedOutput), and
 reuses KV prefixes the batcher holds (a conversation's earlier turns, a shared system prompt, a GRPO

@@ -1,6 +1,6 @@
 """Per-step training metrics both learners log through the cluster: trainer/idle_fraction, the share
-of groups without learning signal, the batched engine's rollout rates, and tool and turn counts of
-agentic conversations."""
+of groups without learning signal, the batched engine's rollout rates, and the staleness and the tool
+and turn counts of agentic conversations."""
 
 from __future__ import annotations
 
@@ -31,6 +31,13 @@ def rollout_metrics(cluster: rl_cluster_lib.RLCluster) -> dict:
     metrics["rollout/decode_tokens_per_s"] = (rate[0], last)
     metrics["rollout/decode_gb_per_s"] = (rate[1] / 1e9, last)
   return metrics
+
+
+def staleness(version: int, versions) -> dict:
+  """staleness/mean and staleness/max: the policy-version lag behind `version` of the samples tagged
+  with `versions`."""
+  lags = version - np.asarray(versions)
+  return {"staleness/mean": (float(lags.mean()), np.mean), "staleness/max": (float(lags.max()), np.max)}
 
 
 def zero_signal_groups(advantages, num_generations: int) -> tuple[int, int]:

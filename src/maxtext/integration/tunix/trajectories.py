@@ -75,7 +75,6 @@ class TrajectoryEngine:
     timeout: float = 1800.0,
     overlong_filter: bool = False,
     filter_statuses=None,
-    **_tunix_only,  # the orchestrator's other engine arguments (perf_v2: Tunix's tracer) have no use here
   ):
     self.agent, self.env = agent, env
     self._model_call = model_call
