@@ -51,7 +51,8 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
 
   RLCluster keeps a host copy of the actor's weights from every weight sync for the agentic
   learner's old-policy log-probs; this learner takes its old log-probs from the sampler and never
-  reads it, so the copy is dropped after each sync (a full copy of the weights less at the peak)."""
+  reads it, so the copy is dropped before each global step and when training ends (a full copy of
+  the weights less at the step's peak)."""
 
   def __init__(
     self,
