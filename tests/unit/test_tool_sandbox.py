@@ -17,7 +17,7 @@ import pytest
 
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import tools
-from maxtext.utils import sandbox
+from maxtext.utils import errors, sandbox
 from tests.conftest import make_config
 
 TOKEN = uuid.uuid4().hex
@@ -244,7 +244,7 @@ def test_python_tool_fails_closed_where_the_sandbox_cannot_start(monkeypatch, ca
   monkeypatch.setattr(sandbox, "_bwrap", lambda: "/nonexistent/bwrap")
   sandbox.check.cache_clear()
   try:
-    with pytest.raises(pyconfig.ConfigError, match="rl.tool_sandbox=none"):
+    with pytest.raises(errors.InputError, match="rl.tool_sandbox=none"):
       tools.tool_map(cfg.tools)
   finally:
     sandbox.check.cache_clear()
