@@ -1,11 +1,13 @@
 """train_rl end to end: qwen3-tiny through Tunix's GRPO learner, and the full default demo (slow)."""
 
+import gc
 import glob
 import json
 import os
 import re
 import signal
 
+import jax
 import numpy as np
 import pytest
 import yaml
@@ -457,6 +459,11 @@ def test_agentic_dynamic_sampling_trains_only_groups_with_signal(tmp_path):
     assert 0.0 <= row["sampler_trainer/logp_diff_mean"] < 1e-3 and row["sampler_trainer/logp_diff_max"] < 1e-2
 
 
+def _host_arrays() -> set[int]:
+  """The ids of the live arrays in host memory (pinned_host)."""
+  return {id(a) for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"}
+
+
 def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   """rl.use_agentic_rollout=true: Tunix's agentic learner with our engine, parser and rewards."""
   rewards = tmp_path / "rewards.py"
@@ -475,9 +482,14 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
     "run_name=agentic",
   ]
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+  gc.collect()
+  host_copies = _host_arrays()
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   # Tunix's agentic learner installs handlers that kill the process; the caller's are put back.
   assert {s: signal.getsignal(s) for s in handlers} == handlers
+  # No host copy of the weights (RLCluster's anchor policy state) outlives the run.
+  gc.collect()
+  assert _host_arrays() <= host_copies
   rows = _read_jsonl(tmp_path / "agentic" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
   for r in rows:

@@ -184,6 +184,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
     producer.result()  # the producer's own error (a reward function's InputError) is raised as it is
+    self._anchor = None  # the host copy of the weights groups were scored with: unused after training
     self.rl_cluster.close()
 
   def _train_on(self, micro_batches, data, batch_size: int, per_step: int, skip_jit: bool) -> None:
