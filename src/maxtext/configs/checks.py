@@ -206,28 +206,23 @@ def _check_mesh(v: Mapping[str, Any]) -> None:
     raise ConfigError(f"{', '.join(f'{k}=-1' for k in fills)}: at most one parallelism may be -1")
 
 
-def check_job(v: Mapping[str, Any], job: distributed.Job) -> None:
-  """The rules of the run's layout on the job's processes and devices: the mesh axes fit the devices
-  (each process's own too, where agentic GRPO samples on them), the device fractions leave a device to
-  trainer and sampler (in one process), agentic GRPO across processes gives each an equal share of
-  every batch, and cuDNN flash attention runs on an NVIDIA GPU."""
-  mesh = sections.MeshSection(**{f: v[k] for f, k in sections.yaml_keys(sections.MeshSection).items()})
+def check_job(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed.Job) -> None:
+  """The rules of the run's layout (`mesh`, the config's mesh section) on the job's processes and
+  devices: the mesh axes fit the devices (each process's own too, where agentic GRPO samples on them),
+  the device fractions leave a device to trainer and sampler (in one process), agentic GRPO across
+  processes gives each an equal share of every batch, and cuDNN flash attention runs on an NVIDIA GPU."""
   agentic = v["rl.use_agentic_rollout"]
-  try:
-    if not mesh.split:
-      mesh.shape(job.devices)
-      if agentic and job.processes > 1:
-        try:
-          mesh.shape(job.local_devices)
-        except ValueError as e:
-          raise ValueError(
-            f"{e} (agentic GRPO across {job.processes} processes samples on each process's "
-            f"{job.local_devices} devices with the same parallelism keys: set the one to fill to -1)"
-          ) from None
-    else:
-      _check_split(v, mesh, job)
-  except ValueError as e:
-    raise ConfigError(str(e)) from None
+  if mesh.split:
+    _check_split(v, mesh, job)
+  else:
+    _check_fits(mesh, job.devices)
+    if agentic and job.processes > 1:
+      _check_fits(
+        mesh,
+        job.local_devices,
+        f" (agentic GRPO across {job.processes} processes samples on each process's {job.local_devices} "
+        "devices with the same parallelism keys: set the one to fill to -1)",
+      )
   if agentic and job.processes > 1:
     _check_agentic_processes(v, job.processes)
   if v["attention"] == "cudnn_flash" and not job.nvidia:
@@ -235,6 +230,14 @@ def check_job(v: Mapping[str, Any], job: distributed.Job) -> None:
       f"attention=cudnn_flash: cuDNN flash attention needs an NVIDIA GPU, but JAX's backend is {job.backend}; "
       f"expected one of {', '.join(sections.choices()['attention'])} (autoselected or dot_product on this backend)"
     )
+
+
+def _check_fits(mesh: sections.MeshSection, devices: int, why: str = "") -> None:
+  """The mesh axes fit `devices` devices (MeshSection.shape's error, then `why`)."""
+  try:
+    mesh.shape(devices)
+  except ValueError as e:
+    raise ConfigError(f"{e}{why}") from None
 
 
 def _check_split(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed.Job) -> None:
@@ -251,8 +254,8 @@ def _check_split(v: Mapping[str, Any], mesh: sections.MeshSection, job: distribu
       f"trainer_devices_fraction={tf}, sampler_devices_fraction={sf}: need at least one device each "
       f"and no more than the {job.devices} available (got {n_train} + {n_sample})"
     )
-  mesh.shape(n_train)
-  mesh.shape(n_sample)
+  _check_fits(mesh, n_train)
+  _check_fits(mesh, n_sample)
 
 
 def _check_agentic_processes(v: Mapping[str, Any], processes: int) -> None:

@@ -96,7 +96,7 @@ class RunConfig:
     flat = self.flat()
     checks.check(flat)
     if job is not None:
-      checks.check_job(flat, job)
+      checks.check_job(flat, self.mesh, job)
     return self
 
   def maxtext_view(self) -> sections.MaxTextView:
