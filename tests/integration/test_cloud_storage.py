@@ -189,16 +189,13 @@ def test_checkpoints_and_adapters_on_the_bucket_load_in_place(gcs, tmp_path):
   args = [*TINY, "num_batches=1", "base_output_directory=gs://bkt/runs"]
   _train([*args, "run_name=full"], gcs)
   _train([*args, "run_name=lora", "lora_rank=4", "lora_alpha=8"], gcs)
-  full = _train(
-    [*args, "run_name=full_again", "load_parameters_path=gs://bkt/runs/full/checkpoints", "learning_rate=0"], gcs
-  )
+  full = _train([*args, "run_name=full_again", "load_parameters_path=gs://bkt/runs/full/checkpoints"], gcs)
   lora = _train(
     [
       *args,
       "run_name=lora_again",
       "lora_rank=4",
       "lora_alpha=8",
-      "learning_rate=0",
       "lora_input_adapters_path=gs://bkt/runs/lora/checkpoints",
     ],
     gcs,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from maxtext.configs import pyconfig
-from maxtext.integration.tunix import shaping
+from maxtext.rl import shaping
 from maxtext.utils.errors import ConfigError
 
 

@@ -12,8 +12,9 @@ from flax import nnx
 from tunix.rl import common, function_registry
 from tunix.rl.grpo import grpo_learner
 
-from maxtext.integration.tunix import algorithm, shaping
+from maxtext.integration.tunix import algorithm
 from maxtext.models import builder, hf_layout
+from maxtext.rl import shaping
 from tests.unit.test_hf_parity import load_ours, write_hf_model
 
 torch = pytest.importorskip("torch")

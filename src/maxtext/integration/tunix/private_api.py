@@ -80,8 +80,8 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "override",
     ("self", "training_input", "mode"),
     "learner.py",
-    "the step's example is ours (_shaped_example: sampling rounds through RLCluster's public "
-    "calls, rewards with the overlong penalty, dynamic sampling, truncated-completion masking, "
+    "the step's example is ours (maxtext.rl.standard_step, given RLCluster's public calls: sampling "
+    "rounds, rewards with the overlong penalty, dynamic sampling, truncated-completion masking, "
     "sampler importance weights), timed (trainer/idle_fraction) and counted (frac_reward_zero_std): "
     "Tunix keeps no rollout for shaping, has no per-batch hook, and its dynamic_sampling flag does "
     "nothing",
