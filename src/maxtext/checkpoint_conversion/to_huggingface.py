@@ -21,20 +21,20 @@ from maxtext.utils import errors
 log = logging.getLogger(__name__)
 
 
-def export(model, cfg: ModelSection, tokenizer, path: str) -> None:
+def export(decoder, model: ModelSection, tokenizer, path: str) -> None:
   """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory (local or
   gs://): every process gathers the weights, process 0 writes them."""
   from maxtext.checkpoint_conversion import hf_checkpoint
   from maxtext.models import builder, hf_layout
   from maxtext.utils import distributed, storage
 
-  state = hf_layout.maxtext_to_hf(builder.to_arrays(model), model.config)
+  state = hf_layout.maxtext_to_hf(builder.to_arrays(decoder), decoder.config)
   if distributed.is_main() and storage.is_url(path):
     with tempfile.TemporaryDirectory() as local:
-      hf_checkpoint.write(local, state, cfg, tokenizer)
+      hf_checkpoint.write(local, state, model, tokenizer)
       storage.upload(local, path)
   elif distributed.is_main():
-    hf_checkpoint.write(path, state, cfg, tokenizer)
+    hf_checkpoint.write(path, state, model, tokenizer)
   distributed.barrier("hf_export")
   log.info("Wrote HF checkpoint %s", path)
 

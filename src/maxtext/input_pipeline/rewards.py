@@ -97,16 +97,16 @@ def _one_line(e: Exception) -> str:
   return " ".join(str(e).split())
 
 
-def reward_functions(task: Task, cfg: TaskSection, tmvp_config: MaxTextView) -> list[RewardFn]:
+def reward_functions(spec: Task, task: TaskSection, tmvp_config: MaxTextView) -> list[RewardFn]:
   """The user's reward functions when reward_functions_path is set, else the task's."""
-  prefix = templates.answer_prefix(cfg)
-  if not cfg.reward_functions_path:
-    return [bind_config(fn, cfg, prefix) for fn in task.rewards(cfg)]
-  path = cfg.reward_functions_path
+  prefix = templates.answer_prefix(task)
+  if not task.reward_functions_path:
+    return [bind_config(fn, task, prefix) for fn in spec.rewards(task)]
+  path = task.reward_functions_path
   module = user_code.load_file(path, "reward_functions_path")
-  missing = [n for n in cfg.reward_functions if not callable(getattr(module, n, None))]
+  missing = [n for n in task.reward_functions if not callable(getattr(module, n, None))]
   if missing:
     raise InputError(f"reward_functions: {missing} not defined in reward_functions_path={path}")
   return [
-    bind_config(getattr(module, n), tmvp_config, prefix, f"reward_functions_path={path}") for n in cfg.reward_functions
+    bind_config(getattr(module, n), tmvp_config, prefix, f"reward_functions_path={path}") for n in task.reward_functions
   ]

@@ -116,21 +116,25 @@ def read_adapters(path: str, model: ModelSection) -> dict[str, np.ndarray]:
   return adapters
 
 
-def load_model(cfg: ModelSection, mesh: Mesh) -> Decoder:
+def load_model(model: ModelSection, mesh: Mesh) -> Decoder:
   """The run's decoder: its weights, with LoRA adapters (fresh, or lora_input_adapters_path's) when
   lora_rank > 0. Logs where the weights come from and the attention chosen (attention.select)."""
-  mcfg = ModelConfig.from_config(cfg)
+  mcfg = ModelConfig.from_config(model)
   base_cfg = dataclasses.replace(mcfg, lora_rank=0)
-  path = parameters_path(cfg)
+  path = parameters_path(model)
   if not path:
-    log.info("Initialising %s randomly (seed %d); attention %s", cfg.model_name, cfg.init_weights_seed, mcfg.attention)
-    model = builder.init_random(base_cfg, mesh, cfg.init_weights_seed)
+    log.info(
+      "Initialising %s randomly (seed %d); attention %s", model.model_name, model.init_weights_seed, mcfg.attention
+    )
+    decoder = builder.init_random(base_cfg, mesh, model.init_weights_seed)
   else:
     log.info("Loading weights from %s; attention %s", path, mcfg.attention)
-    model = builder.from_arrays(base_cfg, mesh, read_arrays(path, cfg), path)
+    decoder = builder.from_arrays(base_cfg, mesh, read_arrays(path, model), path)
   if mcfg.lora_rank:
-    model = builder.with_lora(model, mcfg, cfg.init_weights_seed)
-    if cfg.lora_input_adapters_path:
-      builder.set_adapters(model, read_adapters(cfg.lora_input_adapters_path, cfg), cfg.lora_input_adapters_path)
+    decoder = builder.with_lora(decoder, mcfg, model.init_weights_seed)
+    if model.lora_input_adapters_path:
+      builder.set_adapters(
+        decoder, read_adapters(model.lora_input_adapters_path, model), model.lora_input_adapters_path
+      )
   heap.release()  # the pages of the host arrays read and converted
-  return model
+  return decoder

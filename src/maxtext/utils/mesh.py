@@ -19,18 +19,18 @@ def _mesh(mesh: MeshSection, devices: list) -> Mesh:
   return Mesh(np.array(devices).reshape(mesh.shape(len(devices))), MESH_AXES)
 
 
-def create_meshes(cfg: MeshSection, agentic: bool) -> tuple[Mesh, Mesh]:
+def create_meshes(mesh: MeshSection, agentic: bool) -> tuple[Mesh, Mesh]:
   """(trainer mesh, sampler mesh) of a config checked against this job (checks.check_job); the same mesh
   unless the device fractions split the devices, or `agentic` GRPO runs across processes: there each
   process samples on its own devices (`process_local`), for its share of each batch."""
   devices = jax.devices()
-  if not cfg.split:
-    mesh = _mesh(cfg, devices)
+  if not mesh.split:
+    whole = _mesh(mesh, devices)
     if agentic and jax.process_count() > 1:
-      return mesh, _mesh(cfg, jax.local_devices())
-    return mesh, mesh
-  n_train, n_sample = cfg.device_counts(len(devices))
-  return _mesh(cfg, devices[:n_train]), _mesh(cfg, devices[n_train : n_train + n_sample])
+      return whole, _mesh(mesh, jax.local_devices())
+    return whole, whole
+  n_train, n_sample = mesh.device_counts(len(devices))
+  return _mesh(mesh, devices[:n_train]), _mesh(mesh, devices[n_train : n_train + n_sample])
 
 
 def process_local(mesh: Mesh) -> bool:

@@ -28,11 +28,11 @@ from maxtext.utils.errors import ConfigError
 Score = Callable[[list[str], list[str]], list[dict]]
 
 
-def scorer(task: Task, cfg: TaskSection) -> Score:
+def scorer(spec: Task, task: TaskSection) -> Score:
   """(completions, truths) -> the task's per-completion verdicts, on the completions as the model wrote
   them (after the prompt's answer prefix, reasoning_start_token_in_prompt)."""
-  prefix = templates.answer_prefix(cfg)
-  return lambda completions, truths: task.score([prefix + c for c in completions], truths, cfg)
+  prefix = templates.answer_prefix(task)
+  return lambda completions, truths: spec.score([prefix + c for c in completions], truths, task)
 
 
 def aggregate(passes: list[dict], mode: EvalMode) -> dict:
