@@ -1,6 +1,6 @@
-"""In-place gradient accumulation on Tunix's trainer (integration/tunix/accumulation.py): the weights
-and optimizer state optax.MultiSteps produces, with the weights written once per optimizer step
-instead of once per micro-batch."""
+"""In-place gradient accumulation on Tunix's trainer (integration/tunix/accumulation.py, installed
+by cluster.accumulate_in_place): the weights and optimizer state optax.MultiSteps produces, with the
+weights written once per optimizer step instead of once per micro-batch."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 from tunix.sft import hooks, metrics_logger, peft_trainer
 
-from maxtext.integration.tunix import accumulation
+from maxtext.integration.tunix import cluster
 from maxtext.models import load
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
@@ -80,7 +80,7 @@ def _train(overrides, in_place: bool, tmp_path):
   watch = _Watch(lambda m: jax.tree.leaves(nnx.state(m, trained))[0])
   trainer.with_training_hooks(watch)
   if in_place:
-    accumulation.install(trainer, tx)
+    cluster.accumulate_in_place(trainer, tx)
   rng = np.random.default_rng(0)
   batches = [{"tokens": jnp.asarray(rng.integers(2, 500, (2, 9)), jnp.int32)} for _ in range(MICRO * STEPS)]
   with jax.set_mesh(mesh):

@@ -1,4 +1,4 @@
-"""actor_checkpoints.CheckpointManager: Tunix's checkpoint manager writing uncompressed arrays, which
+"""cluster.CheckpointManager: Tunix's checkpoint manager writing uncompressed arrays, which
 saves without compression buffers and reads and writes checkpoints interchangeably with Tunix's."""
 
 import subprocess
@@ -9,7 +9,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.sft import checkpoint_manager
 
-from maxtext.integration.tunix import actor_checkpoints
+from maxtext.integration.tunix import cluster
 
 
 class _Model(nnx.Module):
@@ -37,22 +37,22 @@ def _round_trip(tmp_path, writer, reader):
 
 
 def test_tunix_restores_ours_and_ours_restores_tunix(tmp_path):
-  _round_trip(tmp_path / "ours", actor_checkpoints.CheckpointManager, checkpoint_manager.CheckpointManager)
-  _round_trip(tmp_path / "tunix", checkpoint_manager.CheckpointManager, actor_checkpoints.CheckpointManager)
+  _round_trip(tmp_path / "ours", cluster.CheckpointManager, checkpoint_manager.CheckpointManager)
+  _round_trip(tmp_path / "tunix", checkpoint_manager.CheckpointManager, cluster.CheckpointManager)
 
 
 _SAVE = """
 import sys, numpy as np, jax, orbax.checkpoint as ocp
 from flax import nnx
 from tunix.sft import checkpoint_manager
-from maxtext.integration.tunix import actor_checkpoints
+from maxtext.integration.tunix import cluster
 from maxtext.trainers.post_train.rl.footprint import peak_rss_bytes
 class Big(nnx.Module):
   def __init__(self):
     self.w = nnx.List([nnx.Param(jax.random.normal(jax.random.key(i), (1024, 1024))) for i in range(100)])
 model = Big()  # 100 float32 arrays of 4 MiB: 420 MB of incompressible values
 jax.block_until_ready(nnx.state(model))
-cls = actor_checkpoints.CheckpointManager if sys.argv[2] == "ours" else checkpoint_manager.CheckpointManager
+cls = cluster.CheckpointManager if sys.argv[2] == "ours" else checkpoint_manager.CheckpointManager
 manager = cls(sys.argv[1], ocp.CheckpointManagerOptions())
 before = int(next(l.split()[1] for l in open("/proc/self/status") if l.startswith("VmRSS:"))) * 1024
 open("/proc/self/clear_refs", "w").write("5")  # the peak (VmHWM) back to the current RSS

@@ -1,7 +1,7 @@
 """Orbax parameter checkpoints in the layout train_rl writes: `<root>/<step>/model_params`, in a
 local folder or on a bucket (gs://).
 
-train_rl's checkpoints (through Tunix; the manager is integration/tunix/actor_checkpoints.py) and
+train_rl's checkpoints (through Tunix; the manager is integration/tunix/cluster.py's CheckpointManager) and
 `to_maxtext` share this layout, so either loads through `load_parameters_path`.
 """
 

@@ -10,7 +10,7 @@ as a small program of its own, right after the step's last micro-batch (before T
 checkpoints or syncs the sampler). The optimizer state keeps MultiSteps' layout and values, so
 checkpoints, resumption and the trained weights are those of MultiSteps.
 
-The private Tunix members used here are listed, with why, in private_api.py.
+cluster.accumulate_in_place installs both on the trainer.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from flax import nnx
 from tunix.sft import utils as sft_utils
 
 
-def install(trainer, tx: optax.GradientTransformation) -> None:
-  """Makes the trainer accumulate in place; `tx` is the optimizer Tunix wrapped in optax.MultiSteps
-  (nothing to do where it did not: no micro-batching)."""
-  if not isinstance(trainer.optimizer.tx, optax.MultiSteps):
-    return
+def compiled_steps(trainer, tx: optax.GradientTransformation):
+  """PeftTrainer.jit_train_and_eval_step's contract (the compiled train and eval steps, as the trainer's
+  own method gives them) with the optimizer update after each optimizer step's last micro-batch; `tx`
+  is the optimizer Tunix wrapped in optax.MultiSteps. The train step compiled is the trainer's
+  create_train_step_fn's, which must be `accumulator`."""
   every = trainer.config.gradient_accumulation_steps
   update = nnx.jit(_updater(tx), donate_argnames=("optimizer",), graph_updates=False)
   tunix_jit = trainer.jit_train_and_eval_step
@@ -37,11 +37,10 @@ def install(trainer, tx: optax.GradientTransformation) -> None:
       train_step, eval_step = tunix_jit(skip_jit, False)
     return _ThenUpdate(train_step, trainer, update, every), eval_step
 
-  trainer.create_train_step_fn = lambda: _accumulator(trainer)
-  trainer.jit_train_and_eval_step = jit_train_and_eval_step
+  return jit_train_and_eval_step
 
 
-def _accumulator(trainer):
+def accumulator(trainer):
   """Tunix's train step (loss, gradient) with MultiSteps' accumulation and nothing else. The norm it
   returns is that of the accumulated gradient, the one clipping sees, times the micro-batches per
   update on an update's last micro-batch and 0 on the others: Tunix logs the mean over an update's

@@ -1,5 +1,7 @@
 """Builds Tunix's RLCluster: actor, reference, optimizer, meshes, rollout engine, checkpointing and
-metric sinks.
+metric sinks, and makes what we change in the cluster and its actor trainer: the checkpoint manager,
+the end-of-training save, the optimizer's layout, in-place gradient accumulation, the reference's
+scoring and global input batches.
 
 The private Tunix members used here are listed, with why, in private_api.py.
 """
@@ -7,6 +9,7 @@ The private Tunix members used here are listed, with why, in private_api.py.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -14,15 +17,16 @@ import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.sft import hooks, metrics_logger
+from tunix.sft import checkpoint_manager, hooks, metrics_logger
 from tunix.sft import utils as sft_utils
 
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs.sections import AlgorithmSection, RunSection, TrainSection
-from maxtext.integration.tunix import accumulation, actor_checkpoints, metrics, rollout
+from maxtext.integration.tunix import accumulation, metrics, rollout
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
-from maxtext.utils import heap
+from maxtext.utils import heap, storage
 from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.steps import Steps
 
@@ -149,7 +153,7 @@ def build_cluster(
 ) -> rl_cluster_lib.RLCluster:
   """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
   rollout_engine and rollout_configs: rollout_setup.rollout_engine's and rollout_setup.rollout_configs';
-  before_save: see actor_checkpoints.CheckpointManager (the actor's checkpoints)."""
+  before_save: see CheckpointManager (the actor's checkpoints)."""
   cluster_config = rl_cluster_lib.ClusterConfig(
     role_to_mesh={Role.ACTOR: trainer_mesh, Role.REFERENCE: trainer_mesh, Role.ROLLOUT: sampler_mesh},
     rollout_engine=rollout_engine,
@@ -162,14 +166,14 @@ def build_cluster(
   trainer = cluster.actor_trainer
   # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
   trainer.checkpoint_manager.close()
-  trainer.checkpoint_manager = actor_checkpoints.CheckpointManager(
+  trainer.checkpoint_manager = CheckpointManager(
     trainer.config.checkpoint_root_directory, trainer.config.checkpointing_options, before_save
   )
   # Tunix's end-of-training save omits the step a rerun restores the data position from; ours has it.
   trainer._save_last_checkpoint = functools.partial(save_checkpoint, cluster)
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)
   trainer.with_training_hooks(ReleaseFreedMemory())
-  accumulation.install(trainer, training.actor_optimizer)
+  accumulate_in_place(trainer, training.actor_optimizer)
   score_reference(cluster, trainer_mesh)
   feed_global_batches(cluster, trainer_mesh)
   if not isinstance(cluster.rollout, rollout.Engine):
@@ -177,6 +181,15 @@ def build_cluster(
   if cluster.rollout.keys is not None:
     cluster.rollout.keys.step_source = lambda: cluster.global_steps
   return cluster
+
+
+def accumulate_in_place(trainer, tx: optax.GradientTransformation) -> None:
+  """Makes the trainer accumulate micro-batch gradients in place (accumulation.py); `tx` is the
+  optimizer Tunix wrapped in optax.MultiSteps (nothing to do where it did not: no micro-batching)."""
+  if not isinstance(trainer.optimizer.tx, optax.MultiSteps):
+    return
+  trainer.jit_train_and_eval_step = accumulation.compiled_steps(trainer, tx)
+  trainer.create_train_step_fn = functools.partial(accumulation.accumulator, trainer)
 
 
 def score_reference(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
@@ -250,3 +263,38 @@ def save_checkpoint(cluster: rl_cluster_lib.RLCluster) -> int:
       custom_metadata={"global_step": cluster.global_steps, "role": Role.ACTOR.value},
     )
   return step
+
+
+class CheckpointManager(checkpoint_manager.CheckpointManager):
+  """The actor's checkpoint manager: Tunix's, with our Orbax manager in it. Same items and layout as
+  Tunix's (either restores the other's checkpoints); arrays are written without compression
+  (orbax_checkpoint.uncompressed_manager); every save request first goes to `before_save`, and a save
+  to a local folder without room for its arrays raises an ENOSPC OSError before anything is written
+  (orbax_checkpoint.check_room). Why: docs/decisions.md, "Uncompressed checkpoints" and "Checkpoint
+  room check"."""
+
+  def __init__(
+    self,
+    root_directory: str,
+    options: ocp.CheckpointManagerOptions,
+    before_save: Callable[[int, nnx.Module, nnx.Optimizer | None], None] | None = None,
+  ):
+    """before_save(step, model, optimizer): called on every save request, before anything is
+    written (also for steps the save policy skips); an exception it raises stops the save."""
+    super().__init__(None, options)  # a disabled manager; it gets the Orbax manager built here
+    self._before_save = before_save
+    self._root = root_directory
+    self._checkpoint_manager = orbax_checkpoint.uncompressed_manager(root_directory, options)
+
+  def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
+    """Tunix's save (same parameters), after before_save and the room check; every process of a job
+    calls it alike and gets process 0's answer."""
+    if self._before_save is not None:
+      self._before_save(step, model, optimizer)
+    if not storage.is_url(self._root) and (force or self._checkpoint_manager.should_save(step)):
+      state = nnx.state(model, nnx.LoRAParam) if save_only_lora_params else nnx.state(model)
+      arrays = jax.tree.leaves(state)
+      if optimizer is not None:
+        arrays += jax.tree.leaves(nnx.state(optimizer, nnx.optimizer.OptState))
+      orbax_checkpoint.check_room(self._root, step, arrays)
+    return super().save(step, model, optimizer, save_only_lora_params, force, custom_metadata)

@@ -45,7 +45,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "create_train_step_fn",
     "replace",
     ("self",),
-    "accumulation.py",
+    "cluster.py",
     "the train step accumulates micro-batch gradients in place; Tunix's MultiSteps step writes a "
     "copy of the weights every micro-batch",
   ),
@@ -54,7 +54,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "jit_train_and_eval_step",
     "replace",
     ("self", "skip_jit", "cache_nnx_graph"),
-    "accumulation.py",
+    "cluster.py",
     "wraps Tunix's compiled step so the optimizer update runs once per optimizer step, after the "
     "micro-batches' gradients are accumulated, without graph updates (a program returns the "
     "variables it changed, not copies of all)",
@@ -182,13 +182,13 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "after each step, capped at this many prompts' rewards; our loop does not run Tunix's, so "
     "without the cap the window would grow for the whole run",
   ),
-  # Checkpoints (actor_checkpoints.py)
+  # Checkpoints (cluster.py)
   PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",
     "_checkpoint_manager",
     "write",
     None,
-    "actor_checkpoints.py",
+    "cluster.py",
     "the Orbax manager with uncompressed array handlers (Tunix builds its "
     "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
     "its trainer state); the class's save, restore and close use it",
