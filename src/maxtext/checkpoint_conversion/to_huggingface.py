@@ -16,7 +16,6 @@ import tempfile
 from maxtext.configs import cli
 from maxtext.configs.run_config import RunConfig
 from maxtext.configs.sections import ModelSection
-from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,7 @@ def convert(cfg: RunConfig) -> None:
   from maxtext.utils import distributed
   from maxtext.utils import mesh as mesh_lib
 
-  if not cfg.run.hf_output_path:
-    raise errors.ConfigError("hf_output_path: required (the folder to write the HF checkpoint to)")
-  cfg.check(distributed.initialize())  # the layout fits the job's devices
+  cfg.check(distributed.initialize(), program="to_huggingface")  # the layout fits the job's devices
   trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
   export(load_model(cfg.model, trainer_mesh), cfg.model, tokenizer_for(cfg.model), cfg.run.hf_output_path)
 

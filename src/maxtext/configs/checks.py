@@ -26,11 +26,18 @@ log = logging.getLogger(__name__)
 _ROPE_SCALING_FIELDS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
+def check_storable(key: str, path: str) -> None:
+  """Refuses a URL of a scheme we cannot store to (storage.unsupported), naming the key."""
+  message = storage.unsupported(key, path)
+  if message:
+    raise ConfigError(message)
+
+
 def _check_paths(v: Mapping[str, Any]) -> None:
   """Every key naming a file or folder (sections.key(path=...)) is a local path or gs://; run_name one
   folder's name; the compilation cache local."""
   for key in sections.PATH_KEYS:
-    storage.check(key, v[key])
+    check_storable(key, v[key])
   name = v["run_name"]
   if name in ("", ".", "..") or "/" in name or "\\" in name:
     raise ConfigError(
@@ -204,6 +211,22 @@ def _check_mesh(v: Mapping[str, Any]) -> None:
   fills = [k for k in sections.MeshSection.AXIS_KEYS if v[k] == -1]
   if len(fills) > 1:
     raise ConfigError(f"{', '.join(f'{k}=-1' for k in fills)}: at most one parallelism may be -1")
+
+
+# What a program needs of the config beyond the rules every program keeps: program -> (key, what is
+# expected of its value, which must be set: not 0 or empty).
+PROGRAM_RULES: dict[str, tuple[str, str]] = {
+  "evaluate_rl": ("num_test_batches", "evaluate_rl has nothing to evaluate; expected a positive integer"),
+  "to_huggingface": ("hf_output_path", "required (the folder to write the HF checkpoint to)"),
+}
+
+
+def check_program(v: Mapping[str, Any], program: str) -> None:
+  """The rule PROGRAM_RULES gives `program`, if any."""
+  if program in PROGRAM_RULES:
+    key, expected = PROGRAM_RULES[program]
+    if not v[key]:
+      raise ConfigError(f"{key}={v[key]}: {expected}" if v[key] == 0 else f"{key}: {expected}")
 
 
 def check_job(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed.Job) -> None:

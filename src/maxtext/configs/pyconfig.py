@@ -202,7 +202,7 @@ def initialize(argv: list[str]) -> RunConfig:
 
   cli = {KEY_ALIASES.get(k, k): v for k, v in cli.items()}
   hf_path = str(cli.get("load_parameters_path", merger.values["load_parameters_path"]) or "")
-  storage.check("load_parameters_path", hf_path)
+  checks.check_storable("load_parameters_path", hf_path)
   if storage.is_url(hf_path) and not storage.exists("load_parameters_path", hf_path):
     raise ConfigError(f"load_parameters_path={hf_path}: no such object or folder in the bucket")
   hf_arch = hf_config.architecture(hf_path) if hf_config.is_hf_checkpoint(hf_path) else None
@@ -232,7 +232,9 @@ def initialize(argv: list[str]) -> RunConfig:
   config = RunConfig.from_values(merger.values, overridden, maxtext_only=maxtext_only).check()
   changed = [k for k in merger.set_by if merger.values[k] != defaults[k]]
   checks.check_modes(merger.values, merger.set_by, merger.layer, changed)
-  tasks.select(merger.values["dataset_name"]).check(
+  ignored = tasks.select(merger.values["dataset_name"]).ignored(
     list(overridden), user_rewards=bool(merger.values["reward_functions_path"])
   )
+  if ignored:
+    raise ConfigError(ignored)
   return config

@@ -88,13 +88,16 @@ class RunConfig:
     """This config with some dotted keys set to other values and their URLs recorded."""
     return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls}, self.maxtext_only)
 
-  def check(self, job: distributed.Job | None = None) -> RunConfig:
+  def check(self, job: distributed.Job | None = None, program: str | None = None) -> RunConfig:
     """This config, if it keeps every rule of the config; else a ConfigError naming the key(s), the
     value(s) and what was expected: each key's own rules (sections.key: choices, bounds, paths) and
     the rules that relate keys (checks.check); with `job` (the processes and devices the run has,
-    distributed.initialize's answer) also the rules of the layout on them (checks.check_job)."""
+    distributed.initialize's answer) also the rules of the layout on them (checks.check_job); with
+    `program` (an entrypoint's name) also what that program needs (checks.PROGRAM_RULES)."""
     flat = self.flat()
     checks.check(flat)
+    if program is not None:
+      checks.check_program(flat, program)
     if job is not None:
       checks.check_job(flat, self.mesh, job)
     return self

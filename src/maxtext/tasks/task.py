@@ -60,14 +60,15 @@ class Task:
   normalise: Callable[[dict], tuple[str, str]] = question_answer
   reads: tuple[str, ...] = REWARD_KEYS  # the REWARD_KEYS its rewards and scoring read
 
-  def check(self, changed: list[str], user_rewards: bool) -> None:
-    """Refuses a reward key set away from its default that this task never reads (unless the user's
-    reward functions, which may read any key, replace the task's)."""
+  def ignored(self, changed: list[str], user_rewards: bool) -> str | None:
+    """Why a reward key set away from its default has no effect: this task never reads it (None: every
+    one is read, or the user's reward functions, which may read any key, replace the task's)."""
     if user_rewards:
-      return
+      return None
     for key in changed:
       if key in REWARD_KEYS and key not in self.reads:
-        raise errors.ConfigError(
+        return (
           f"{key}: dataset_name={self.name} would ignore it (its rewards read "
           f"{', '.join(self.reads) or 'no config key'}); remove it"
         )
+    return None

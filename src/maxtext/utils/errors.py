@@ -16,5 +16,5 @@ class MissingInputError(InputError, FileNotFoundError):
 
 class ConfigError(InputError):
   """The config's values break a rule, known without reading any input: raised where the config is
-  read and checked (the configs package, against the job's devices too) and where a program or a
-  rerun adds a rule of its own (an entrypoint's required key, a resumed run's settings)."""
+  read and checked (the configs package, against the job's devices and what the program needs too)
+  and where a rerun meets its run folder (a resumed run's settings and checkpoint layout)."""

@@ -37,14 +37,15 @@ def is_url(path: str) -> bool:
   return scheme(path) is not None
 
 
-def check(key: str, path: str) -> None:
-  """Refuses a URL of a scheme other than gs://, naming the key."""
+def unsupported(key: str, path: str) -> str | None:
+  """Why `path`, the value of `key`, cannot be stored to: a URL of a scheme other than gs:// (None:
+  it can)."""
   found = scheme(path)
   if found and found not in SCHEMES:
-    raise errors.ConfigError(
-      f"{key}={path!r}: {found}:// is not supported; expected a local path or "
-      + " or ".join(f"{s}://bucket/path" for s in SCHEMES)
+    return f"{key}={path!r}: {found}:// is not supported; expected a local path or " + " or ".join(
+      f"{s}://bucket/path" for s in SCHEMES
     )
+  return None
 
 
 def use_emulator() -> None:

@@ -23,7 +23,6 @@ from maxtext.configs.sections import EvalMode, EvalSection, TaskSection
 from maxtext.input_pipeline import templates
 from maxtext.tasks.task import Task
 from maxtext.utils import numbers
-from maxtext.utils.errors import ConfigError
 
 Score = Callable[[list[str], list[str]], list[dict]]
 
@@ -114,9 +113,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
   from maxtext.utils import distributed
   from maxtext.utils.steps import Steps
 
-  if cfg.eval.num_test_batches == 0:
-    raise ConfigError("num_test_batches=0: evaluate_rl has nothing to evaluate; expected a positive integer")
-  cfg.check(distributed.initialize())  # the layout fits the job's devices
+  cfg.check(distributed.initialize(), program="evaluate_rl")  # the layout fits the job's devices
   with run_folder.locked(cfg.run):  # a writable folder no other run writes, checked before evaluating
     return _evaluate_into(cfg, run_folder.RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)))
 
