@@ -7,10 +7,11 @@ user turn only (the agent adds the system turn and our ConfigChatParser renders 
 The agent is our trajectories.ConversationAgent; with rl.tools it parses tool calls from
 <tool_call>{json}</tool_call> and runs in a ToolEnvironment of at most rl.max_turns model turns.
 
-From Tunix (google-tunix 0.1.7) the learner keeps its configuration, loss, reward manager and group
-scoring (rewards, advantages, reference and old-policy log-probs, their metrics), its event loop,
-and its RolloutOrchestrator, built here with our TrajectoryEngine. Its train() is ours (`train`,
-top to bottom: the prompt feed, the producer, the trainer's loop, the weight sync); what it adds to
+From Tunix (google-tunix 0.1.7) the learner keeps its configuration, loss, reward manager,
+advantage estimator, trajectory logger, its event loop, and its RolloutOrchestrator, built here
+with our TrajectoryEngine. Its train() is ours (`train`, top to bottom: the prompt feed, the
+producer, the trainer's loop, the weight sync), and so is its group scoring (`_score`: the examples
+and metrics Tunix's builds, the model-free part in maxtext.rl.group_scoring); what they add to
 Tunix's (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
@@ -103,8 +104,8 @@ class RolloutError(RuntimeError):
 
 
 class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
-  """Tunix's agentic GRPO learner (its configuration, loss, reward manager and group scoring) with
-  our training loop (`train`), collecting trajectories with TrajectoryEngine and logging the
+  """Tunix's agentic GRPO learner (its configuration, loss and reward manager) with our training
+  loop (`train`) and group scoring (`_score`), collecting trajectories with TrajectoryEngine and logging the
   staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag of the
   consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's version is
   that of its oldest token), and trainer/idle_fraction, the share of each step the trainer waited
@@ -419,14 +420,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     # On a shared mesh the samples came from the live weights: they are the anchor.
     if self._trainer_recomputes() and not self.should_sync_weights:
       self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
-    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in group]
-    self._log_conversations(conversations, step)
-    trajectories = [
-      {**item.traj, "conversation_text": joined_assistant_turns(c)} for item, c in zip(group, conversations)
-    ]
-    if self._trajectory_logger:
-      for traj in trajectories:
-        self._trajectory_logger.log_item_async(traj)
+    trajectories = self._logged_trajectories(group, step)
     samples = [_sample(traj) for traj in trajectories]
     shapes = self._shapes()
     padded = group_scoring.pad(samples, shapes, self.algo_config.use_rollout_logps)
@@ -449,6 +443,20 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       sampler_is_weights=scored.sampler_is_weights,
     )
     return [example]
+
+  def _logged_trajectories(self, group: list, step: int) -> list[dict]:
+    """The group's trajectory records with their conversations as rewarded (example turns left out,
+    every assistant turn's text in the first assistant message), after logging the tool and turn
+    metrics at `step` and the records to Tunix's trajectory log (where its learner keeps one)."""
+    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in group]
+    self._log_conversations(conversations, step)
+    trajectories = [
+      {**item.traj, "conversation_text": joined_assistant_turns(c)} for item, c in zip(group, conversations)
+    ]
+    if self._trajectory_logger:
+      for traj in trajectories:
+        self._trajectory_logger.log_item_async(traj)
+    return trajectories
 
   def _advantages(self, trajectories: list[dict], step: int):
     """The group's advantages (the configured estimator) from its rewards: the reward manager judges
