@@ -141,9 +141,9 @@ def score(
 ) -> ScoredGroup:
   """The group's ScoredGroup from its advantages [G] and the trainer's log-probs [G, R] of its
   completions (None: not recomputed). Its metrics: the completions' lengths (tokens the model
-  sampled, after degenerate masking), clip ratio and advantages, the sampler/trainer agreement
-  (sampler_trainer/*) and the importance weights (sampler_is/*) where both log-probs exist (the
-  weights with the correction on), both over the trained tokens, and the samples' timings
+  sampled, after degenerate masking), clip ratio and advantages; where both log-probs exist the
+  sampler/trainer agreement (sampler_trainer/*) and, with the correction on, the importance weights
+  (sampler_is/*), both over the trained tokens; and the samples' timings
   (trajectory/<kind>/<sub-key>/{mean,max,min})."""
   mask = jnp.asarray(padded.completion_mask)
   if options.mask_degenerate and jnp.all(jnp.isclose(advantages, 0.0)):

@@ -25,6 +25,7 @@ class PrivateDependency:
 
 
 _GRPO = "tunix.rl.grpo.grpo_learner.GRPOLearner"
+_AGENTIC = "tunix.rl.agentic.agentic_grpo_learner.GRPOLearner"
 _CLUSTER = "tunix.rl.rl_cluster.RLCluster"
 _TRAINER = "tunix.sft.peft_trainer.PeftTrainer"
 
@@ -151,15 +152,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   # Agentic GRPO (agentic.py)
   PrivateDependency(
-    "tunix.rl.agentic.agentic_grpo_learner.GRPOLearner",
+    _AGENTIC,
     "_trajectory_logger",
     "read",
     None,
     "agentic.py",
     "our group scoring logs every scored trajectory to the CSV Tunix's learner writes beside the "
     "metrics (trajectory_log_<time>.csv in the metrics log folder), as Tunix's scoring does; the "
-    "learner makes that logger in its __init__ (with the process's signal handlers) and keeps it only "
-    "as this attribute",
+    "learner makes that logger in its __init__ (a second one would install its signal handlers "
+    "again) and keeps it only as this attribute",
   ),
   # Checkpoints (actor_checkpoints.py)
   PrivateDependency(
