@@ -7,10 +7,11 @@ user turn only (the agent adds the system turn and our ConfigChatParser renders 
 The agent is our trajectories.ConversationAgent; with rl.tools it parses tool calls from
 <tool_call>{json}</tool_call> and runs in a ToolEnvironment of at most rl.max_turns model turns.
 
-From Tunix (google-tunix 0.1.7) the learner keeps its configuration, loss, reward manager and group
-scoring (rewards, advantages, reference and old-policy log-probs, their metrics), its event loop,
-and its RolloutOrchestrator, built here with our TrajectoryEngine. Its train() is ours (`train`,
-top to bottom: the prompt feed, the producer, the trainer's loop, the weight sync); what it adds to
+From Tunix (google-tunix 0.1.7) the learner keeps its configuration, loss, reward manager,
+advantage estimator, trajectory logger, its event loop, and its RolloutOrchestrator, built here
+with our TrajectoryEngine. Its train() is ours (`train`, top to bottom: the prompt feed, the
+producer, the trainer's loop, the weight sync), and so is its group scoring (`_score`: the examples
+and metrics Tunix's builds, the model-free part in maxtext.rl.group_scoring); what they add to
 Tunix's (why: docs/decisions.md, "Agentic learner"):
 - full-length completions are kept, and later turns are sampled from the conversation's exact token
   stream (trajectories.TrajectoryEngine);
@@ -67,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 from tunix.rl.agentic import agentic_grpo_learner
@@ -84,7 +86,7 @@ from maxtext.integration.tunix.trajectories import (
   without_examples,
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
-from maxtext.rl import dynamic_sampling
+from maxtext.rl import dynamic_sampling, group_scoring
 from maxtext.rl.prompt_feed import ROUND, SLOT, ProcessShare, PromptFeed, scalar
 from maxtext.utils import distributed
 from maxtext.utils import mesh as mesh_lib
@@ -102,8 +104,8 @@ class RolloutError(RuntimeError):
 
 
 class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
-  """Tunix's agentic GRPO learner (its configuration, loss, reward manager and group scoring) with
-  our training loop (`train`), collecting trajectories with TrajectoryEngine and logging the
+  """Tunix's agentic GRPO learner (its configuration, loss and reward manager) with our training
+  loop (`train`) and group scoring (`_score`), collecting trajectories with TrajectoryEngine and logging the
   staleness of what it trains on: staleness/mean and staleness/max, the policy-version lag of the
   consumed samples (bounded by rl.off_policy_steps; with the batched engine a sample's version is
   that of its oldest token), and trainer/idle_fraction, the share of each step the trainer waited
@@ -139,7 +141,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._wire(before_step)
     if losses.mismatch_from_old(self.algo_config):
       self._log_loss_mismatch()
-    self.rl_cluster.get_actor_per_token_logps = self._trainer_logps
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
 
@@ -166,9 +167,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       self.rl_cluster.close()
       return
     batch_size = len(next(iter(first.values())))
-    # Tunix's reward scoring keeps the rewards of at most one step of this many prompts (for its own
-    # train loop's log line, not run here).
-    self._full_batch_size = batch_size
     micro = config.train_micro_batch_size or config.mini_batch_size or batch_size
     data = itertools.chain([first], data)
     self._feed = PromptFeed(self._share, self._dynamic, first_step=self.rl_cluster.global_steps)
@@ -412,19 +410,85 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   # Scoring (the producer in one process, the training thread across processes)
 
   def _score(self, group: list) -> list:
-    """A group's TrainExamples, by Tunix's GRPO scoring (rewards, advantages, the reference's and the
-    old policy's log-probs, its metrics, at the group's step), after what ours adds: the anchor on a
-    shared mesh, the tool and turn metrics, example turns left out and every assistant turn in the
-    rewarded completion (Tunix rewards the first)."""
+    """A group's TrainExamples, as Tunix's GRPO scoring builds them (one example of the whole group,
+    its metrics at the group's step), after what ours adds: the anchor on a shared mesh, the tool
+    and turn metrics, example turns left out and every assistant turn in the rewarded completion
+    (Tunix rewards the first). The model-free work is maxtext.rl.group_scoring's; here the rewards
+    (the reward manager), advantages (Tunix's estimator), the trainer's log-probs (_trainer_logps,
+    where _trainer_recomputes) and the reference's (with rl.grpo_beta != 0)."""
     step = self._share.step_of(group[0].group_id)
     # On a shared mesh the samples came from the live weights: they are the anchor.
     if self._trainer_recomputes() and not self.should_sync_weights:
       self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
+    trajectories = self._logged_trajectories(group, step)
+    samples = [_sample(traj) for traj in trajectories]
+    shapes = self._shapes()
+    padded = group_scoring.pad(samples, shapes, self.algo_config.use_rollout_logps)
+    prompt_ids, completion_ids = jnp.asarray(padded.prompt_ids), jnp.asarray(padded.completion_ids)
+    trainer_logps = self._trainer_logps(prompt_ids, completion_ids) if self._trainer_recomputes() else None
+    ref_logps = self._reference_logps(prompt_ids, completion_ids) if self.algo_config.beta != 0.0 else None
+    self._log(padded.prompt_metrics(), step)
+    advantages = self._advantages(trajectories, step)
+    scored = group_scoring.score(samples, padded, advantages, trainer_logps, self._scoring_options())
+    self._log(scored.metrics, step)
+    example = agentic_grpo_learner.TrainExample(
+      prompt_ids=prompt_ids,
+      prompt_mask=prompt_ids != shapes.pad_id,
+      completion_ids=completion_ids,
+      completion_mask=scored.completion_mask,
+      ref_per_token_logps=ref_logps,
+      advantages=advantages,
+      old_per_token_logps=scored.old_logps,
+      policy_version=np.array([traj["policy_version"] for traj in trajectories], dtype=np.int32),
+      sampler_is_weights=scored.sampler_is_weights,
+    )
+    return [example]
+
+  def _logged_trajectories(self, group: list, step: int) -> list[dict]:
+    """The group's trajectory records with their conversations as rewarded (example turns left out,
+    every assistant turn's text in the first assistant message), after logging the tool and turn
+    metrics at `step` and the records to Tunix's trajectory log (where its learner keeps one)."""
     conversations = [without_examples(item.traj.get("conversation_text") or []) for item in group]
     self._log_conversations(conversations, step)
-    for item, conversation in zip(group, conversations):
-      item.traj = {**item.traj, "conversation_text": joined_assistant_turns(conversation)}
-    return super()._process_results(group, rl_cluster_lib.Mode.TRAIN, step)
+    trajectories = [
+      {**item.traj, "conversation_text": joined_assistant_turns(c)} for item, c in zip(group, conversations)
+    ]
+    if self._trajectory_logger:
+      for traj in trajectories:
+        self._trajectory_logger.log_item_async(traj)
+    return trajectories
+
+  def _advantages(self, trajectories: list[dict], step: int):
+    """The group's advantages (the configured estimator) from its rewards: the reward manager judges
+    each conversation's first assistant message, given the prompt's other fields and the
+    trajectories' own rewards as keyword arguments, as Tunix's scoring calls it; its log_metrics are
+    logged at `step`."""
+    completions = [_first_assistant_text(traj["conversation_text"]) for traj in trajectories]
+    inputs = rl_utils.merge_micro_batches([traj["original_input"] for traj in trajectories])
+    kwargs = {k: v for k, v in inputs.items() if k != "prompts"}
+    kwargs["trajectory_rewards"] = [traj.get("trajectory_reward") for traj in trajectories]
+    rewards = self.reward_manager(
+      prompts=inputs["prompts"], completions=completions, mode=str(rl_cluster_lib.Mode.TRAIN), **kwargs
+    )
+    self._log(rewards["log_metrics"], step)
+    estimator = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)
+    return estimator(rewards=rewards["rewards"], num_generations=self.algo_config.num_generations)
+
+  def _shapes(self) -> group_scoring.Shapes:
+    engine = self.rl_cluster.rollout
+    return group_scoring.Shapes(
+      max_prompt_length=self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN).max_prompt_length,
+      max_response_length=self.algo_config.max_response_length,
+      pad_id=engine.pad_id(),
+      eos_id=engine.eos_id(),
+    )
+
+  def _scoring_options(self) -> group_scoring.Options:
+    return group_scoring.Options(
+      sampler_is=self.algo_config.sampler_is == "token",
+      sampler_is_threshold=self.algo_config.sampler_is_threshold,
+      mask_degenerate=self.algo_config.degenerate_group_masking,
+    )
 
   def _scored(self, groups: list) -> list:
     """Every process's groups of this micro-batch, in process order, scored one group at a time."""
@@ -456,25 +520,33 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     mismatch from the sampler's log-probs (losses.mismatch_from_old)."""
     return not losses.mismatch_from_old(self.algo_config)
 
-  def _trainer_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None, temperature=None):
-    """RLCluster.get_actor_per_token_logps's contract (the log-probs of the completions under the
-    weights of the last sync, at the sampling temperature unless given), or None unless
-    _trainer_recomputes (Tunix's group scoring, the only caller, asks for every group with no
-    switch). The final hidden states go through the output layer a vocabulary slice at a time
-    (scoring.py), where Tunix takes the log-probs from the model's whole float32 logits [B, T, vocab];
-    micro_batch_size is not needed for that and is ignored. Every process holds the whole batch: the
-    inputs become global arrays on the trainer's mesh, as the reference's do (cluster.py)."""
-    if not self._trainer_recomputes():
-      return None
+  def _trainer_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
+    """The completions' log-probs under the anchor weights (those of the last sync, or on a shared
+    mesh those the samples came from) at the training rollouts' temperature, where Tunix calls
+    RLCluster.get_actor_per_token_logps. The final hidden states go through the output layer a
+    vocabulary slice at a time (scoring.py), where Tunix takes the log-probs from the model's whole
+    float32 logits [B, T, vocab]. Every process holds the whole batch: the inputs become global
+    arrays on the trainer's mesh, as the reference's do (cluster.py)."""
     cluster = self.rl_cluster
-    if temperature is None:
-      temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
+    temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
     mesh = cluster.r2m[rl_cluster_lib.Role.ACTOR]
     state = rl_utils.put_params_on_memory_kind(self._anchor, jax.devices()[0].default_memory().kind)
     model = nnx.merge(nnx.graphdef(cluster.actor_trainer.model), state)
+    shapes = self._shapes()
     with mesh:
-      prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
-      return rollout.per_token_logps(model, prompts, completions, pad_id, eos_id, temperature)
+      prompts, completions = mesh_lib.global_batch((prompt_ids, completion_ids), mesh)
+      return rollout.per_token_logps(model, prompts, completions, shapes.pad_id, shapes.eos_id, temperature)
+
+  def _reference_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
+    """The reference's log-probs of the completions, through the cluster (cluster.score_reference)."""
+    shapes = self._shapes()
+    return self.rl_cluster.get_ref_per_token_logps(
+      prompt_tokens=prompt_ids,
+      completion_tokens=completion_ids,
+      pad_id=shapes.pad_id,
+      eos_id=shapes.eos_id,
+      micro_batch_size=self.rl_cluster.cluster_config.training_config.compute_logps_micro_batch_size,
+    )
 
   def _log_zero_signal_so_far(self, zero: int, step: int) -> None:
     """frac_reward_zero_std over the step's trained groups so far (running totals, as _log_conversations)."""
@@ -498,6 +570,23 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
 _OLDEST_VERSION = "oldest_token_policy_version"
 _TURNS = "model_turns_started"
+_TIMINGS = ("env_time", "reward_time")
+
+
+def _first_assistant_text(conversation: list[dict]) -> str:
+  """The conversation's first assistant message ("" without one)."""
+  return next((m["content"] for m in conversation if m["role"] == "assistant"), "")
+
+
+def _sample(traj: dict) -> group_scoring.Sample:
+  """A conversation's record (trajectories.TrajectoryEngine) as group scoring's Sample."""
+  return group_scoring.Sample(
+    prompt_tokens=traj["prompt_tokens"],
+    completion_tokens=traj["conversation_tokens"],
+    completion_mask=traj["conversation_masks"],
+    sampler_logps=traj.get("old_logprobs"),
+    timings={kind: traj.get(kind, {}) for kind in _TIMINGS},
+  )
 
 
 def build_learner(

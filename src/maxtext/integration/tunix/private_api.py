@@ -70,8 +70,8 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "weight sync). The standard learner never reads it (it calls no get_actor_per_token_logps) and "
     "drops it before each global step and when training ends (a full copy of the weights less at the "
     "peak); with one mesh for trainer and sampler the agentic learner sets it to the weights the "
-    "samples came from, which a sync never does, and our get_actor_per_token_logps reads it as "
-    "Tunix's does",
+    "samples came from, which a sync never does, and its trainer log-probs read it as Tunix's "
+    "get_actor_per_token_logps does",
   ),
   # Standard GRPO (learner.py)
   PrivateDependency(
@@ -133,17 +133,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   ),
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
-    "get_actor_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size", "temperature"),
-    "agentic.py",
-    "skips the trainer's recomputation of the old policy's log-probs where the "
-    "sampler's are used (Tunix always recomputes them, doubling the forward passes), and where "
-    "they are recomputed takes them a vocabulary slice at a time (scoring.py) instead of from "
-    "the whole float32 logits [B, T, vocab]",
-  ),
-  PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
     "get_ref_per_token_logps",
     "replace",
     ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
@@ -164,23 +153,14 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Agentic GRPO (agentic.py)
   PrivateDependency(
     _AGENTIC,
-    "_process_results",
-    "call",
-    ("self", "trajectories", "mode", "expected_step"),
-    "agentic.py",
-    "our training loop scores each finished group with Tunix's GRPO scoring (rewards through the "
-    "reward manager, advantages, the reference's and old policy's log-probs, their metrics): Tunix "
-    "0.1.7 has it only as this method of its learner, which its own train loop calls",
-  ),
-  PrivateDependency(
-    "tunix.rl.agentic.agentic_rl_learner.AgenticRLLearner",
-    "_full_batch_size",
-    "write",
+    "_trajectory_logger",
+    "read",
     None,
     "agentic.py",
-    "Tunix's reward scoring keeps every training reward in a window its own train loop empties "
-    "after each step, capped at this many prompts' rewards; our loop does not run Tunix's, so "
-    "without the cap the window would grow for the whole run",
+    "our group scoring logs every scored trajectory to the CSV Tunix's learner writes beside the "
+    "metrics (trajectory_log_<time>.csv in the metrics log folder), as Tunix's scoring does; the "
+    "learner makes that logger in its __init__ (a second one would install its signal handlers "
+    "again) and keeps it only as this attribute",
   ),
   # Checkpoints (cluster.py)
   PrivateDependency(
