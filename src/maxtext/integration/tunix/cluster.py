@@ -183,6 +183,17 @@ def build_cluster(
   return cluster
 
 
+def anchor(cluster: rl_cluster_lib.RLCluster):
+  """The host copy of the actor's weights RLCluster keeps from each weight sync for the old policy's
+  log-probs (None: none kept)."""
+  return cluster._anchor_policy_state
+
+
+def set_anchor(cluster: rl_cluster_lib.RLCluster, state) -> None:
+  """Replaces the weights anchor() gives (None drops the copy)."""
+  cluster._anchor_policy_state = state
+
+
 def accumulate_in_place(trainer, tx: optax.GradientTransformation) -> None:
   """Makes the trainer accumulate micro-batch gradients in place (accumulation.py); `tx` is the
   optimizer Tunix wrapped in optax.MultiSteps (nothing to do where it did not: no micro-batching)."""

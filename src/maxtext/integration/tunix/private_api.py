@@ -30,7 +30,7 @@ _CLUSTER = "tunix.rl.rl_cluster.RLCluster"
 _TRAINER = "tunix.sft.peft_trainer.PeftTrainer"
 
 DEPENDENCIES: tuple[PrivateDependency, ...] = (
-  # Public members replaced on our instances
+  # The cluster and its actor trainer (cluster.py)
   PrivateDependency(
     _TRAINER,
     "checkpoint_manager",
@@ -59,19 +59,65 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "micro-batches' gradients are accumulated, without graph updates (a program returns the "
     "variables it changed, not copies of all)",
   ),
-  # Both learners (wiring.py)
   PrivateDependency(
     "tunix.rl.rl_cluster.RLCluster",
     "_anchor_policy_state",
     "write",
     None,
-    "wiring.py",
+    "cluster.py",
     "the weights the old policy's log-probs are computed with (the host copy Tunix keeps from every "
     "weight sync). The standard learner never reads it (it calls no get_actor_per_token_logps) and "
     "drops it before each global step and when training ends (a full copy of the weights less at the "
     "peak); with one mesh for trainer and sampler the agentic learner sets it to the weights the "
     "samples came from, which a sync never does, and its trainer log-probs read it as Tunix's "
     "get_actor_per_token_logps does",
+  ),
+  PrivateDependency(
+    "tunix.sft.peft_trainer.PeftTrainer",
+    "_save_last_checkpoint",
+    "replace",
+    ("self",),
+    "cluster.py",
+    "Tunix's end-of-training save omits the global step a rerun restores the data "
+    "position from, so a resumed run would repeat data",
+  ),
+  PrivateDependency(
+    "tunix.sft.peft_trainer.PeftTrainer",
+    "_shard_optimizer",
+    "replace",
+    ("self", "mesh"),
+    "cluster.py",
+    "Tunix's eager sharding constraint copies the whole optimizer state before the "
+    "first step even where it is laid out already (a transient copy of the whole state)",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "get_ref_per_token_logps",
+    "replace",
+    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
+    "cluster.py",
+    "computed here: Tunix's shard_input takes each process's arrays as its share of the batch, while "
+    "every process holds the whole batch (the inputs become global arrays first), and Tunix scores the "
+    "reference from the model's whole float32 logits [B, T, vocab] where ours take the output layer a "
+    "vocabulary slice at a time, as the policy loss does (scoring.py)",
+  ),
+  PrivateDependency(
+    "tunix.rl.rl_cluster.RLCluster",
+    "update_actor",
+    "replace",
+    ("self", "train_ds", "eval_ds", "skip_jit"),
+    "cluster.py",
+    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
+  ),
+  PrivateDependency(
+    "tunix.sft.checkpoint_manager.CheckpointManager",
+    "_checkpoint_manager",
+    "write",
+    None,
+    "cluster.py",
+    "the Orbax manager with uncompressed array handlers (Tunix builds its "
+    "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
+    "its trainer state); the class's save, restore and close use it",
   ),
   # Standard GRPO (learner.py)
   PrivateDependency(
@@ -113,43 +159,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "a resumed run fast-forwards the data by trainer micro-steps, which count every batch "
     "num_iterations times, so Tunix would skip batches never trained on; divided back",
   ),
-  PrivateDependency(
-    "tunix.sft.peft_trainer.PeftTrainer",
-    "_save_last_checkpoint",
-    "replace",
-    ("self",),
-    "cluster.py",
-    "Tunix's end-of-training save omits the global step a rerun restores the data "
-    "position from, so a resumed run would repeat data",
-  ),
-  PrivateDependency(
-    "tunix.sft.peft_trainer.PeftTrainer",
-    "_shard_optimizer",
-    "replace",
-    ("self", "mesh"),
-    "cluster.py",
-    "Tunix's eager sharding constraint copies the whole optimizer state before the "
-    "first step even where it is laid out already (a transient copy of the whole state)",
-  ),
-  PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
-    "get_ref_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
-    "cluster.py",
-    "computed here: Tunix's shard_input takes each process's arrays as its share of the batch, while "
-    "every process holds the whole batch (the inputs become global arrays first), and Tunix scores the "
-    "reference from the model's whole float32 logits [B, T, vocab] where ours take the output layer a "
-    "vocabulary slice at a time, as the policy loss does (scoring.py)",
-  ),
-  PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
-    "update_actor",
-    "replace",
-    ("self", "train_ds", "eval_ds", "skip_jit"),
-    "cluster.py",
-    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
-  ),
   # Agentic GRPO (agentic.py)
   PrivateDependency(
     _AGENTIC,
@@ -161,16 +170,5 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "metrics (trajectory_log_<time>.csv in the metrics log folder), as Tunix's scoring does; the "
     "learner makes that logger in its __init__ (a second one would install its signal handlers "
     "again) and keeps it only as this attribute",
-  ),
-  # Checkpoints (cluster.py)
-  PrivateDependency(
-    "tunix.sft.checkpoint_manager.CheckpointManager",
-    "_checkpoint_manager",
-    "write",
-    None,
-    "cluster.py",
-    "the Orbax manager with uncompressed array handlers (Tunix builds its "
-    "handlers with zstd compression, whose in-memory buffers were the demo's peak while saving "
-    "its trainer state); the class's save, restore and close use it",
   ),
 )

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
-from maxtext.integration.tunix import losses, metrics, prefix_sharing, step_metrics
+from maxtext.integration.tunix import cluster, losses, metrics, prefix_sharing, step_metrics
 
 TRAIN = rl_cluster_lib.Mode.TRAIN
 
@@ -37,11 +37,11 @@ class LearnerWiring:
   def _anchor(self):
     """The weights the old policy's log-probs are computed with: the host copy RLCluster keeps from
     each weight sync (None: none kept)."""
-    return self.rl_cluster._anchor_policy_state
+    return cluster.anchor(self.rl_cluster)
 
   @_anchor.setter
   def _anchor(self, state) -> None:
-    self.rl_cluster._anchor_policy_state = state
+    cluster.set_anchor(self.rl_cluster, state)
 
   def _log_loss_mismatch(self) -> None:
     """Has the trainer log the sampler/trainer mismatch the policy loss reports in its aux
