@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from maxtext.rl import shaping
+
 Metrics = dict[str, tuple[Any, Callable]]  # {name: (a number, its reduction over a step's groups)}
 
 
@@ -205,12 +207,11 @@ def agreement_metrics(sampler: jax.Array, trainer: jax.Array, mask: jax.Array) -
 def sampler_is_weights(
   sampler: jax.Array, trainer: jax.Array, mask: jax.Array, threshold: float
 ) -> tuple[jax.Array, Metrics]:
-  """Per-token truncated importance weights min(p_trainer / p_sampler, threshold) (the log-ratio
-  clipped to [-20, 20] first), 0 off the mask, and their metrics over the masked tokens:
-  sampler_is/weight_mean, weight_max and frac_clipped_at_threshold (the share of tokens whose ratio
-  exceeds the threshold). With no masked token the means divide by 1."""
+  """Per-token truncated importance weights (shaping.sampler_is_weights), 0 off the mask, and their
+  metrics over the masked tokens: sampler_is/weight_mean, weight_max and frac_clipped_at_threshold
+  (the share of tokens whose ratio exceeds the threshold). With no masked token the means divide by 1."""
   weight = mask.astype(jnp.float32)
-  ratio = jnp.exp(jnp.clip(trainer - sampler, min=-20.0, max=20.0))
+  ratio = shaping.importance_ratios(trainer, sampler)
   weights = jnp.minimum(ratio, threshold) * weight
   count = jnp.maximum(weight.sum(), 1.0)
   clipped = ((ratio > threshold) & (weight > 0)).astype(jnp.float32).sum() / count

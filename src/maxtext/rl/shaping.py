@@ -10,13 +10,16 @@
   over the sampler's probability of it, truncated at rl.sampler_is_threshold and held constant
   (`sampler_is_weights`).
 
-The functions here take and return numpy arrays; the learner (learner.py) applies them.
+The functions here take and return numpy arrays (the importance weights JAX arrays); the steps
+(standard_step.py, group_scoring.py) apply them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from maxtext.configs.sections import AlgorithmSection, SamplingSection
@@ -65,7 +68,14 @@ def truncated(completion_ids, completion_mask, eos_id: int) -> np.ndarray:
   return (mask.sum(axis=-1) == mask.shape[-1]) & (ids[:, -1] != eos_id)
 
 
-def sampler_is_weights(trainer_logps, sampler_logps, threshold: float) -> np.ndarray:
-  """min(p_trainer / p_sampler, threshold) per token (truncated importance sampling)."""
-  ratio = np.exp(np.asarray(trainer_logps, np.float64) - np.asarray(sampler_logps, np.float64))
-  return np.minimum(ratio, threshold).astype(np.float32)
+def importance_ratios(trainer_logps, sampler_logps) -> jax.Array:
+  """p_trainer / p_sampler per token, the log-ratio clipped to [-20, 20] first; float32, on the
+  inputs' devices (host arrays or global arrays alike)."""
+  log_ratio = jnp.asarray(trainer_logps, jnp.float32) - jnp.asarray(sampler_logps, jnp.float32)
+  return jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
+
+
+def sampler_is_weights(trainer_logps, sampler_logps, threshold: float) -> jax.Array:
+  """min(importance_ratios, threshold) per token (truncated importance sampling): both learners'
+  rule."""
+  return jnp.minimum(importance_ratios(trainer_logps, sampler_logps), threshold)
