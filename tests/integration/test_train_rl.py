@@ -17,6 +17,7 @@ from PIL import Image
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import pyconfig
 from maxtext.inference import decode
+from maxtext.integration.tunix import agentic
 from maxtext.models import builder, load
 from maxtext.models.builder import param_name
 from maxtext.trainers.post_train.rl import train_rl
@@ -464,7 +465,7 @@ def _host_arrays() -> set[int]:
   return {id(a) for a in jax.live_arrays() if a.sharding.memory_kind == "pinned_host"}
 
 
-def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
+def test_agentic_grpo_trains_on_full_length_completions(tmp_path, monkeypatch):
   """rl.use_agentic_rollout=true: Tunix's agentic learner with our engine, parser and rewards."""
   rewards = tmp_path / "rewards.py"
   rewards.write_text(
@@ -484,7 +485,19 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path):
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
   gc.collect()
   host_copies = _host_arrays()
+  kept: list[int] = []  # host arrays alive after each global step beside those before the run
+  next_step = agentic.AgenticGRPOLearner._next_global_step
+
+  def counted(self, *a):
+    next_step(self, *a)
+    gc.collect()
+    kept.append(len(_host_arrays() - host_copies))
+
+  monkeypatch.setattr(agentic.AgenticGRPOLearner, "_next_global_step", counted)
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  # The trainer recomputes no log-probs (the sampler's are the old policy's): RLCluster's host copy
+  # of the weights is never read, and none is kept while training.
+  assert kept and max(kept) == 0
   # Tunix's agentic learner installs handlers that kill the process; the caller's are put back.
   assert {s: signal.getsignal(s) for s in handlers} == handlers
   # No host copy of the weights (RLCluster's anchor policy state) outlives the run.

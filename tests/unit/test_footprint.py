@@ -64,14 +64,15 @@ def test_kl_reference_copy_only_for_full_fine_tuning_with_kl():
   assert copy("rl.grpo_beta=0.04", "lora_rank=8") == 0  # the frozen base is the reference
 
 
-def test_policy_snapshot_only_for_the_agentic_learner():
+def test_policy_snapshot_only_where_the_agentic_trainer_recomputes_log_probs():
   snapshot = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts[
     "policy snapshot (Tunix, host; agentic)"
   ]
+  weights = footprint.parameter_count(make_config("model_name=qwen3-tiny").model) * 4
   assert snapshot("rl.use_agentic_rollout=false") == 0
-  assert (
-    snapshot("rl.use_agentic_rollout=true") == footprint.parameter_count(make_config("model_name=qwen3-tiny").model) * 4
-  )
+  assert snapshot("rl.use_agentic_rollout=true", "rollout_engine=batched") == 0  # the sampler's log-probs
+  assert snapshot("rl.use_agentic_rollout=true", "rollout_engine=vanilla") == weights
+  assert snapshot("rl.use_agentic_rollout=true", "rollout_engine=batched", "rl.sampler_is=token") == weights
 
 
 @pytest.mark.parametrize("args", [("model_name=qwen3-tiny",), ("model_name=llama-tiny", "lora_rank=4")])

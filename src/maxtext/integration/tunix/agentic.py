@@ -158,8 +158,11 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
        the sampler gets the new weights under the rollout sync lock (policy_version += 1) where it
        does not share them (else global_steps += 1), and the feed the next batch.
     The loop ends with the groups (the data, max_steps or a failed rollout); the feed is closed
-    whenever it ends, so no producer thread waits on it past training."""
+    whenever it ends, so no producer thread waits on it past training. Where the trainer recomputes
+    no log-probs (_trainer_recomputes), the host copy of the weights RLCluster keeps (at start and
+    from each sync) is never read and is dropped at once."""
     del eval_dataset
+    self._drop_unread_anchor()
     config = self.rl_cluster.cluster_config.training_config
     data = iter(train_dataset)
     first = next(itertools.islice(data, self.rl_cluster.global_steps, None), None)
@@ -215,6 +218,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._sync_lock.acquire_weight_sync()
     try:
       self.rl_cluster.sync_weights()
+      self._drop_unread_anchor()
       self.policy_version += 1
       self._feed_next(data, batch_size)
     finally:
@@ -519,6 +523,10 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     engine) or sampler_is=token trains on them. Otherwise the loss reports the sampler/trainer
     mismatch from the sampler's log-probs (losses.mismatch_from_old)."""
     return not losses.mismatch_from_old(self.algo_config)
+
+  def _drop_unread_anchor(self) -> None:
+    if not self._trainer_recomputes():
+      self._anchor = None
 
   def _trainer_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
     """The completions' log-probs under the anchor weights (those of the last sync, or on a shared

@@ -68,9 +68,10 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "the weights the old policy's log-probs are computed with (the host copy Tunix keeps from every "
     "weight sync). The standard learner never reads it (it calls no get_actor_per_token_logps) and "
     "drops it before each global step and when training ends (a full copy of the weights less at the "
-    "peak); with one mesh for trainer and sampler the agentic learner sets it to the weights the "
-    "samples came from, which a sync never does, and its trainer log-probs read it as Tunix's "
-    "get_actor_per_token_logps does",
+    "peak); the agentic learner drops it likewise where its trainer recomputes no log-probs (the "
+    "batched engine's sampler log-probs are the old policy's), and elsewhere, with one mesh for "
+    "trainer and sampler, sets it to the weights the samples came from, which a sync never does; its "
+    "trainer log-probs read it as Tunix's get_actor_per_token_logps does",
   ),
   PrivateDependency(
     "tunix.sft.peft_trainer.PeftTrainer",

@@ -3,9 +3,10 @@ anything, logged at start so a user knows whether it fits; and the process's pea
 the end beside the estimate.
 
 Counted: the weights; the KL reference's copy (none at rl.grpo_beta=0, none with LoRA, whose
-reference is the frozen base); with rl.use_agentic_rollout, Tunix's per-step snapshot of the policy
-(RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the standard learner
-drops it); AdamW's two moments, the gradient and, with
+reference is the frozen base); where agentic GRPO's trainer recomputes the old policy's log-probs
+(the vanilla engine, or rl.sampler_is=token), Tunix's per-step snapshot of the policy
+(RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the learners drop it
+where they never read it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
 the LoRA adapters); the sampler's KV cache at its most rows, and its bfloat16 copy of the weights (rollout_dtype, with
 the output layer stored apart from a tied embedding; the standard learner samples and trains in turn,
@@ -48,6 +49,15 @@ _PROJECTIONS = {
   "mlp.up_proj": lambda c: (c.emb_dim, c.mlp_dim),
   "mlp.down_proj": lambda c: (c.mlp_dim, c.emb_dim),
 }
+
+
+def _reads_policy_snapshot(cfg: RunConfig) -> bool:
+  """Whether the learner keeps Tunix's host snapshot of the policy: agentic GRPO where its trainer
+  recomputes the old policy's log-probs (not the batched engine's sampler log-probs, or with
+  rl.sampler_is=token), as integration/tunix/agentic.py's _trainer_recomputes decides."""
+  return cfg.agentic.use_agentic_rollout and (
+    cfg.sampling.rollout_engine != "batched" or cfg.algorithm.sampler_is == "token"
+  )
 
 
 def parameter_count(model: ModelSection) -> int:
@@ -153,7 +163,7 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     * weight_bytes
     + lora * 4,
     "KL reference copy": n * weight_bytes if cfg.algorithm.grpo_beta != 0 and not lora else 0,
-    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if cfg.agentic.use_agentic_rollout else 0,
+    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if _reads_policy_snapshot(cfg) else 0,
     f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
     "gradient": trained * trained_bytes,
     "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
