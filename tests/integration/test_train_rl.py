@@ -456,7 +456,7 @@ def test_agentic_dynamic_sampling_trains_only_groups_with_signal(tmp_path):
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   rows = _read_jsonl(tmp_path / "agentic_dapo" / "metrics.jsonl")
   _assert_dynamic_sampling(rows)
-  for row in rows:  # Tunix logs these from the trainer's recomputed log-probs
+  for row in rows:  # group scoring logs these from the trainer's recomputed log-probs
     assert 0.0 <= row["sampler_trainer/logp_diff_mean"] < 1e-3 and row["sampler_trainer/logp_diff_max"] < 1e-2
 
 
@@ -485,19 +485,20 @@ def test_agentic_grpo_trains_on_full_length_completions(tmp_path, monkeypatch):
   handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
   gc.collect()
   host_copies = _host_arrays()
-  kept: list[int] = []  # host arrays alive after each global step beside those before the run
-  next_step = agentic.AgenticGRPOLearner._next_global_step
+  kept: list[int] = []  # host arrays alive, beside those before the run, as training starts and after each step
+  learner = agentic.AgenticGRPOLearner
+  train, next_step = learner.train, learner._next_global_step
 
-  def counted(self, *a):
-    next_step(self, *a)
+  def count() -> None:
     gc.collect()
     kept.append(len(_host_arrays() - host_copies))
 
-  monkeypatch.setattr(agentic.AgenticGRPOLearner, "_next_global_step", counted)
+  monkeypatch.setattr(learner, "train", lambda self, *a, **k: count() or train(self, *a, **k))
+  monkeypatch.setattr(learner, "_next_global_step", lambda self, *a: next_step(self, *a) or count())
   assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
   # The trainer recomputes no log-probs (the sampler's are the old policy's): RLCluster's host copy
   # of the weights is never read, and none is kept while training.
-  assert kept and max(kept) == 0
+  assert len(kept) == 4 and max(kept) == 0
   # Tunix's agentic learner installs handlers that kill the process; the caller's are put back.
   assert {s: signal.getsignal(s) for s in handlers} == handlers
   # No host copy of the weights (RLCluster's anchor policy state) outlives the run.

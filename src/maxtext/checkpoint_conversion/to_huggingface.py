@@ -44,7 +44,7 @@ def convert(cfg: RunConfig) -> None:
   from maxtext.utils import distributed
   from maxtext.utils import mesh as mesh_lib
 
-  cfg.check(distributed.initialize(), program="to_huggingface")  # the layout fits the job's devices
+  cfg.check(distributed.initialize(), program="to_huggingface")  # the layout fits the devices; the program's key is set
   trainer_mesh, _ = mesh_lib.create_meshes(cfg.mesh, agentic=False)
   export(load_model(cfg.model, trainer_mesh), cfg.model, tokenizer_for(cfg.model), cfg.run.hf_output_path)
 

@@ -222,11 +222,10 @@ PROGRAM_RULES: dict[str, tuple[str, str]] = {
 
 
 def check_program(v: Mapping[str, Any], program: str) -> None:
-  """The rule PROGRAM_RULES gives `program`, if any."""
-  if program in PROGRAM_RULES:
-    key, expected = PROGRAM_RULES[program]
-    if not v[key]:
-      raise ConfigError(f"{key}={v[key]}: {expected}" if v[key] == 0 else f"{key}: {expected}")
+  """The rule PROGRAM_RULES gives `program` (one of its programs)."""
+  key, expected = PROGRAM_RULES[program]
+  if not v[key]:
+    raise ConfigError(f"{key}={v[key]}: {expected}" if v[key] == 0 else f"{key}: {expected}")
 
 
 def check_job(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed.Job) -> None:

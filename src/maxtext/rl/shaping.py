@@ -69,8 +69,8 @@ def truncated(completion_ids, completion_mask, eos_id: int) -> np.ndarray:
 
 
 def importance_ratios(trainer_logps, sampler_logps) -> jax.Array:
-  """p_trainer / p_sampler per token, the log-ratio clipped to [-20, 20] first; float32, on the
-  inputs' devices (host arrays or global arrays alike)."""
+  """p_trainer / p_sampler per token, the log-ratio clipped to [-20, 20] first; float32 JAX arrays
+  (numpy inputs go to the default device, global arrays stay where they are)."""
   log_ratio = jnp.asarray(trainer_logps, jnp.float32) - jnp.asarray(sampler_logps, jnp.float32)
   return jnp.exp(jnp.clip(log_ratio, -20.0, 20.0))
 

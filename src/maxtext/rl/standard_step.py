@@ -54,7 +54,7 @@ class StepServices(Protocol):
     ...
 
   def old_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array, rows: int) -> jax.Array:
-    """The trainer's log-probs of the completions' tokens under the weights that sampled them."""
+    """The old policy's log-probs of the completions' tokens (the weights that sampled them)."""
     ...
 
   def rewards(self, prompts: list[str], completions: list[str], fields: dict) -> np.ndarray:

@@ -143,6 +143,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       self._log_loss_mismatch()
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
+    self._drop_unread_anchor()
 
   # The training loop (training thread)
 
@@ -154,15 +155,12 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
        Tunix's event loop) samples them, num_generations conversations per prompt;
     2. the trainer takes train_micro_batch_size groups at a time (`_micro_batches`: before_step at
        each global step, the idle, staleness and batch checks) and updates the actor on them;
-    3. after a global step's batch (batch_size groups; each group is queued num_iterations times),
-       the sampler gets the new weights under the rollout sync lock (policy_version += 1) where it
-       does not share them (else global_steps += 1), and the feed the next batch.
+    3. after a global step's batch (batch_size groups, each trained once), the sampler gets the new
+       weights under the rollout sync lock (policy_version += 1) where it does not share them (else
+       global_steps += 1), and the feed the next batch.
     The loop ends with the groups (the data, max_steps or a failed rollout); the feed is closed
-    whenever it ends, so no producer thread waits on it past training. Where the trainer recomputes
-    no log-probs (_trainer_recomputes), the host copy of the weights RLCluster keeps (at start and
-    from each sync) is never read and is dropped at once."""
+    whenever it ends, so no producer thread waits on it past training."""
     del eval_dataset
-    self._drop_unread_anchor()
     config = self.rl_cluster.cluster_config.training_config
     data = iter(train_dataset)
     first = next(itertools.islice(data, self.rl_cluster.global_steps, None), None)
@@ -283,7 +281,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   async def _produce(self) -> None:
     """Samples the feed's prompts, num_generations conversations each (rl.max_concurrency at once,
     by Tunix's RolloutOrchestrator with our TrajectoryEngine), and queues each finished group for
-    the trainer num_iterations times: one process scores it first (_score, with dynamic sampling
+    the trainer: one process scores it first (_score, with dynamic sampling
     nothing where it is dropped); across processes it goes as sampled, for the training thread.
     The end of the groups is queued whatever ends it."""
     generations = self.algo_config.num_generations
@@ -315,8 +313,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         async for group in finished:
           queued = group if self._share.count > 1 else self._trained(group, self._score(group))
           if queued:
-            for _ in range(self.algo_config.num_iterations):
-              self._groups.put(queued)
+            self._groups.put(queued)
     finally:
       self._groups.put(None)
       sampling.cancel()
@@ -525,6 +522,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     return not losses.mismatch_from_old(self.algo_config)
 
   def _drop_unread_anchor(self) -> None:
+    """Drops the host copy of the weights RLCluster keeps (when it is built and at each sync) where
+    the trainer recomputes no log-probs (_trainer_recomputes), so never reads it."""
     if not self._trainer_recomputes():
       self._anchor = None
 

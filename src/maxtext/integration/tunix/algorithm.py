@@ -45,7 +45,7 @@ def grpo_config(
   if agentic is None or not agentic.use_agentic_rollout:
     return GRPOConfig(**common)
   config = agentic_grpo_learner.GRPOConfig(
-    **common,
+    **{**common, "num_iterations": 1},  # agentic GRPO trains each batch once (rl.num_iterations: standard only)
     system_prompt=system_prompt,
     max_concurrency=agentic.max_concurrency,
     off_policy_steps=agentic.off_policy_steps,

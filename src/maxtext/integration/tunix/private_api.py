@@ -60,7 +60,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "variables it changed, not copies of all)",
   ),
   PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
+    _CLUSTER,
     "_anchor_policy_state",
     "write",
     None,
@@ -74,7 +74,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "trainer log-probs read it as Tunix's get_actor_per_token_logps does",
   ),
   PrivateDependency(
-    "tunix.sft.peft_trainer.PeftTrainer",
+    _TRAINER,
     "_save_last_checkpoint",
     "replace",
     ("self",),
@@ -83,7 +83,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "position from, so a resumed run would repeat data",
   ),
   PrivateDependency(
-    "tunix.sft.peft_trainer.PeftTrainer",
+    _TRAINER,
     "_shard_optimizer",
     "replace",
     ("self", "mesh"),
@@ -92,7 +92,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "first step even where it is laid out already (a transient copy of the whole state)",
   ),
   PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
+    _CLUSTER,
     "get_ref_per_token_logps",
     "replace",
     ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
@@ -103,7 +103,7 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "vocabulary slice at a time, as the policy loss does (scoring.py)",
   ),
   PrivateDependency(
-    "tunix.rl.rl_cluster.RLCluster",
+    _CLUSTER,
     "update_actor",
     "replace",
     ("self", "train_ds", "eval_ds", "skip_jit"),

@@ -113,7 +113,7 @@ def evaluate_checkpoint(cfg: RunConfig) -> list[dict]:
   from maxtext.utils import distributed
   from maxtext.utils.steps import Steps
 
-  cfg.check(distributed.initialize(), program="evaluate_rl")  # the layout fits the job's devices
+  cfg.check(distributed.initialize(), program="evaluate_rl")  # the layout fits the devices; the program's key is set
   with run_folder.locked(cfg.run):  # a writable folder no other run writes, checked before evaluating
     return _evaluate_into(cfg, run_folder.RunFolder(cfg.run, Steps.of(cfg.train, cfg.algorithm)))
 
