@@ -16,6 +16,7 @@ from tunix.rl.agentic.environments import task_environment
 from tunix.rl.agentic.trajectory import trajectory_collect_engine
 from tunix.rl.rollout import base_rollout
 
+from maxtext.configs import pyconfig
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import agentic, algorithm, losses, rollout, rollout_setup, step_metrics, trajectories
@@ -94,6 +95,19 @@ def test_the_trainer_recomputes_log_probs_only_where_trained_on(overrides, recom
   agent.algo_config = algorithm.grpo_config(cfg.algorithm, cfg.sampling, cfg.agentic, "S")
   assert agent._trainer_recomputes() == recomputed
   assert losses.mismatch_from_old(agent.algo_config) == (not recomputed)
+
+
+def test_a_recipes_num_iterations_is_not_used_by_agentic_grpo(tmp_path, caplog):
+  """rl.num_iterations from a recipe, agentic GRPO from the command line: the run says the recipe's
+  key is not used, and the agentic learner's config indeed trains each batch once."""
+  recipe = tmp_path / "mine.yml"
+  recipe.write_text("base_config: base.yml\nmodel_name: qwen3-tiny\nrl:\n  num_iterations: 3\n")
+  with caplog.at_level("WARNING"):
+    cfg = pyconfig.initialize(["x", str(recipe), "rl.use_agentic_rollout=true"])
+  assert "rl.num_iterations=3 (from " in caplog.text and "is not used" in caplog.text
+  assert cfg.algorithm.num_iterations == 3
+  assert algorithm.grpo_config(cfg.algorithm, cfg.sampling, cfg.agentic, "S").num_iterations == 1
+  assert algorithm.grpo_config(cfg.algorithm, cfg.sampling).num_iterations == 3  # standard GRPO's
 
 
 def _pieces(parser, messages):
