@@ -12,6 +12,7 @@ import yaml
 
 from maxtext.configs import maxtext_keys
 from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import unflatten
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
 
@@ -29,18 +30,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     else:
       out[dotted] = value
   return out
-
-
-def unflatten(flat: dict[str, Any]) -> dict[str, Any]:
-  """Dotted key -> value as a nested mapping, as YAML writes it."""
-  tree: dict[str, Any] = {}
-  for dotted, value in flat.items():
-    node = tree
-    *parents, leaf = dotted.split(".")
-    for p in parents:
-      node = node.setdefault(p, {})
-    node[leaf] = value
-  return tree
 
 
 def read_yaml(path: str) -> dict[str, Any]:

@@ -105,15 +105,9 @@ class RunConfig:
   def maxtext_view(self) -> sections.MaxTextView:
     """The flat view MaxText-format user code receives as tmvp_config: every key, under MaxText's
     names of renamed ones too, and the MaxText keys maxtext_compat accepted."""
-    tree: dict[str, Any] = {}
     flat = self.flat()
     renamed = {theirs: flat[ours] for theirs, ours in maxtext_keys.RENAMED.items()}
-    for dotted, value in {**flat, **renamed, **self.maxtext_only}.items():
-      node = tree
-      *parents, leaf = dotted.split(".")
-      for p in parents:
-        node = node.setdefault(p, {})
-      node[leaf] = value
+    tree = sections.unflatten({**flat, **renamed, **self.maxtext_only})
     tree.update({k: v for k, v in tree["rl"].items() if k not in tree})  # the rl keys' flat spelling too
     return sections.MaxTextView(tree)
 

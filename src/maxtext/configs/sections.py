@@ -855,6 +855,18 @@ def frozen(value: Any) -> Any:
   return value
 
 
+def unflatten(flat: Mapping[str, Any]) -> dict[str, Any]:
+  """Dotted key -> value as a nested mapping, as YAML writes it and MaxTextView reads it."""
+  tree: dict[str, Any] = {}
+  for dotted, value in flat.items():
+    node = tree
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return tree
+
+
 def thawed(value: Any) -> Any:
   if isinstance(value, tuple):
     return [thawed(v) for v in value]

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from maxtext.rl import dynamic_sampling, shaping
+from maxtext.rl import dynamic_sampling, group_scoring, shaping
 from maxtext.utils import distributed
 
 
@@ -169,9 +169,7 @@ class StandardStep:
     prompts = list(batch["prompts"])
     fields = {k: v for k, v in batch.items() if k != "prompts"}
     out = services.generate(prompts, settings.rows(settings.sample_prompts, len(prompts)))
-    completions = np.full((len(out.tokens), settings.width), settings.pad, np.int32)
-    for row, tokens in zip(completions, out.tokens):
-      row[: len(tokens)] = tokens
+    completions = np.stack([group_scoring.right_pad(t, settings.width, settings.pad) for t in out.tokens])
     prompt_ids, completion_ids = jnp.asarray(out.prompt_ids), jnp.asarray(completions)
     score_rows = settings.rows(settings.score_prompts, len(prompts))
     ref_logps = services.reference_logps(prompt_ids, completion_ids, score_rows) if settings.reference else None
@@ -187,9 +185,7 @@ class StandardStep:
     )
     sampler_logps = None
     if out.logprobs is not None:
-      sampler_logps = np.zeros((len(out.logprobs), settings.width), np.float32)
-      for logps_row, lp in zip(sampler_logps, out.logprobs):
-        logps_row[: len(lp)] = np.asarray(lp)[: settings.width]
+      sampler_logps = np.stack([group_scoring.right_pad(lp, settings.width, 0.0, np.float32) for lp in out.logprobs])
     step_batch = StepBatch(
       prompt_ids=prompt_ids,
       prompt_mask=prompt_ids != settings.pad,

@@ -77,7 +77,7 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
-from maxtext.integration.tunix import losses, rollout, step_metrics
+from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
@@ -89,7 +89,6 @@ from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.rl import dynamic_sampling, group_scoring
 from maxtext.rl.prompt_feed import ROUND, SLOT, ProcessShare, PromptFeed, scalar
 from maxtext.utils import distributed
-from maxtext.utils import mesh as mesh_lib
 
 log = logging.getLogger(__name__)
 
@@ -530,19 +529,22 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _trainer_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
     """The completions' log-probs under the anchor weights (those of the last sync, or on a shared
     mesh those the samples came from) at the training rollouts' temperature, where Tunix calls
-    RLCluster.get_actor_per_token_logps. The final hidden states go through the output layer a
-    vocabulary slice at a time (scoring.py), where Tunix takes the log-probs from the model's whole
-    float32 logits [B, T, vocab]. Every process holds the whole batch: the inputs become global
-    arrays on the trainer's mesh, as the reference's do (cluster.py)."""
-    cluster = self.rl_cluster
-    temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
-    mesh = cluster.r2m[rl_cluster_lib.Role.ACTOR]
+    RLCluster.get_actor_per_token_logps, on the trainer's mesh as the reference's
+    (cluster.global_token_logps); Tunix takes them from the model's whole float32 logits [B, T, vocab]."""
+    rl_cluster = self.rl_cluster
+    temperature = rl_cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
     state = rl_utils.put_params_on_memory_kind(self._anchor, jax.devices()[0].default_memory().kind)
-    model = nnx.merge(nnx.graphdef(cluster.actor_trainer.model), state)
+    model = nnx.merge(nnx.graphdef(rl_cluster.actor_trainer.model), state)
     shapes = self._shapes()
-    with mesh:
-      prompts, completions = mesh_lib.global_batch((prompt_ids, completion_ids), mesh)
-      return rollout.per_token_logps(model, prompts, completions, shapes.pad_id, shapes.eos_id, temperature)
+    return cluster.global_token_logps(
+      model,
+      rl_cluster.r2m[rl_cluster_lib.Role.ACTOR],
+      prompt_ids,
+      completion_ids,
+      shapes.pad_id,
+      shapes.eos_id,
+      temperature,
+    )
 
   def _reference_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
     """The reference's log-probs of the completions, through the cluster (cluster.score_reference)."""

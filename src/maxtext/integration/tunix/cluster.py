@@ -203,31 +203,37 @@ def accumulate_in_place(trainer, tx: optax.GradientTransformation) -> None:
   trainer.create_train_step_fn = functools.partial(accumulation.accumulator, trainer)
 
 
+def global_token_logps(
+  model, mesh, prompt_tokens, completion_tokens, pad_id: int, eos_id: int, temperature: float, rows: int | None = None
+) -> jax.Array:
+  """The completions' per-token log-probs under `model` (rollout.per_token_logps: the final hidden
+  states through the output layer a vocabulary slice at a time, scoring.py), `rows` rows at a time
+  (None: all at once). Every process holds the whole batch (the sampler runs on every process's
+  devices): the inputs become global arrays on `mesh` first (mesh_lib.global_batch)."""
+  size = rows or len(prompt_tokens)
+  with mesh:
+    prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
+    return jnp.concatenate(
+      [
+        rollout.per_token_logps(model, prompts[i : i + size], completions[i : i + size], pad_id, eos_id, temperature)
+        for i in range(0, len(prompts), size)
+      ],
+      axis=0,
+    )
+
+
 def score_reference(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
   """RLCluster.get_ref_per_token_logps's contract (the reference's log-probs of the completions at the
-  training rollouts' temperature, micro_batch_size rows at a time), computed here. Every process holds
-  the whole batch (the sampler runs on every process's devices), while Tunix takes each process's
-  arrays for its share of the batch: the inputs become global arrays on the trainer's mesh first
-  (mesh_lib.global_batch). The final hidden states go through the output layer a vocabulary slice at a
-  time (scoring.py, as the policy loss's and the samplers' do); Tunix takes them from the model's whole
-  float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
+  training rollouts' temperature, micro_batch_size rows at a time), computed here by
+  global_token_logps: Tunix takes each process's arrays for its share of the batch, and the log-probs
+  from the model's whole float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
 
   def reference_logps(prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None):
     reference = cluster.inference_worker.get_model("reference")
     temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
-    rows = len(prompt_tokens)
-    size = micro_batch_size or rows
-    with mesh:
-      prompts, completions = mesh_lib.global_batch((prompt_tokens, completion_tokens), mesh)
-      return jnp.concatenate(
-        [
-          rollout.per_token_logps(
-            reference, prompts[i : i + size], completions[i : i + size], pad_id, eos_id, temperature
-          )
-          for i in range(0, rows, size)
-        ],
-        axis=0,
-      )
+    return global_token_logps(
+      reference, mesh, prompt_tokens, completion_tokens, pad_id, eos_id, temperature, micro_batch_size
+    )
 
   cluster.get_ref_per_token_logps = reference_logps
 
