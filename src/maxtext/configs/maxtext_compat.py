@@ -96,10 +96,14 @@ def check_keys(maxtext: Mapping[str, tuple[Any, str]], compat: bool, problems: l
   """Refuses, in one ConfigError with the `problems` found before (unknown keys), every MaxText key
   (`maxtext`: key -> (value, source)) fixed here at another value than this program's, and (without
   maxtext_compat=true, `compat`) every MaxText key that only tunes what this program does not run,
-  grouped by reason. Returns the latter keys that maxtext_compat accepts (dotted key -> value),
-  logging them."""
+  grouped by reason. Returns the latter keys that maxtext_compat accepts (dotted key -> value, a
+  credential's as maxtext_keys.REDACTED), logging them."""
   problems = list(problems)
-  engine_only = {k: vs for k, vs in maxtext.items() if maxtext_keys.engine_only_reason(k)}
+  engine_only = {
+    k: (maxtext_keys.REDACTED, source) if k in maxtext_keys.SECRET else (v, source)
+    for k, (v, source) in maxtext.items()
+    if maxtext_keys.engine_only_reason(k)
+  }
   for key, (value, source) in maxtext.items():
     problem = None if key in engine_only else _fixed_problem(key, value, source)
     if problem:
@@ -123,7 +127,7 @@ def check_keys(maxtext: Mapping[str, tuple[Any, str]], compat: bool, problems: l
       "this program does not run); remove it"
     )
   if problems:
-    raise ConfigError("; ".join(problems))
+    raise ConfigError.of(problems)
   if groups:
     log.warning("maxtext_compat=true accepts these MaxText keys, unused: %s", listed)
   return {k: v for k, (v, _) in engine_only.items()}

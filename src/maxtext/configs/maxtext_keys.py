@@ -120,6 +120,16 @@ ENGINE_ONLY: dict[str, tuple[str, ...]] = {
     "log_period",
     "debug",
     "enable_tunix_perf_metrics",
+    "log_config",
+    "profiler",
+    "profiler_steps",
+    "skip_first_n_steps_for_profiler",
+    "upload_all_profiler_results",
+    "enable_goodput_recording",
+    "monitor_goodput",
+  ),
+  "Hugging Face Hub credentials (a tokenizer or dataset named on the Hub reads HF_TOKEN from the environment here)": (
+    "hf_access_token",
   ),
   "what this program tells from the files (it reads HF checkpoints as they are, and the tokenizer's kind "
   "from tokenizer_path)": (
@@ -127,6 +137,10 @@ ENGINE_ONLY: dict[str, tuple[str, ...]] = {
     "tokenizer_type",
   ),
 }
+
+# Keys whose value is a credential: shown and recorded as REDACTED.
+SECRET = ("hf_access_token",)
+REDACTED = "<redacted>"
 
 _REASON = {key: reason for reason, keys in ENGINE_ONLY.items() for key in keys}
 

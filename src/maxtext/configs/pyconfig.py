@@ -17,7 +17,7 @@ import yaml
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import hf_config
-from maxtext.configs import checks, config_yml, maxtext_compat, maxtext_keys, sections
+from maxtext.configs import checks, config_yml, maxtext_compat, maxtext_keys, peer_names, sections
 from maxtext.configs.run_config import RunConfig
 from maxtext.utils import storage
 from maxtext.utils.errors import ConfigError
@@ -93,6 +93,11 @@ def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
 
 
 def _unknown_key(key: str, known: list[str], source: str) -> str:
+  """The refusal of `key`: what a peer's key of that name is here (peer_names), else the closest of
+  ours by spelling."""
+  hint = peer_names.meaning(key)
+  if hint:
+    return f"{key}: unknown key ({source}); {hint}"
   close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
   hint = f"; did you mean {close[0]}?" if close else ""
   return f"{key}: unknown key ({source}){hint}"
@@ -101,7 +106,7 @@ def _unknown_key(key: str, known: list[str], source: str) -> str:
 class _Merger:
   """Applies layers of flat overrides onto the flat defaults, checking types. Keys that are neither
   base.yml's nor MaxText's are gathered in `unknown`, MaxText's keys that base.yml lacks in `maxtext`
-  (key -> (value, source)), for one report of them all."""
+  (key -> (value, source)) and values of the wrong type in `mistyped`, for one report of them all."""
 
   def __init__(self, defaults: dict[str, Any]):
     self.defaults = defaults
@@ -110,6 +115,7 @@ class _Merger:
     self.layer: dict[str, int] = {}  # key -> the index of the apply() call that last set it
     self.unknown: list[tuple[str, str]] = []
     self.maxtext: dict[str, tuple[Any, str]] = {}
+    self.mistyped: list[str] = []
     self._applied = 0
 
   def apply(self, flat: dict[str, Any], source: str) -> None:
@@ -117,7 +123,11 @@ class _Merger:
     for key, value in flat.items():
       key = KEY_ALIASES.get(key, key)
       if key in self.defaults:
-        self.values[key] = _check_value(key, value, self.defaults[key], source)
+        try:
+          self.values[key] = _check_value(key, value, self.defaults[key], source)
+        except ConfigError as e:
+          self.mistyped.append(str(e))
+          continue
         self.set_by[key] = source
         self.layer[key] = self._applied
       elif maxtext_compat.is_maxtext_only(key):
@@ -220,8 +230,8 @@ def initialize(argv: list[str]) -> RunConfig:
   if hf_arch is not None:
     checks.check_architecture(merger.values, hf_arch, hf_path)
 
-  unknown = [_unknown_key(key, list(merger.defaults), source) for key, source in merger.unknown]
-  maxtext_only = maxtext_compat.check_keys(merger.maxtext, merger.values["maxtext_compat"], unknown)
+  problems = [_unknown_key(key, list(merger.defaults), source) for key, source in merger.unknown]
+  maxtext_only = maxtext_compat.check_keys(merger.maxtext, merger.values["maxtext_compat"], problems + merger.mistyped)
   notes = maxtext_compat.translate(merger.values, merger.set_by)
   for key, value in merger.values.items():
     if value is None and defaults[key] is not None:

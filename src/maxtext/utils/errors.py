@@ -18,3 +18,11 @@ class ConfigError(InputError):
   """The config's values break a rule, known without reading any input: raised where the config is
   read and checked (the configs package, against the job's devices and what the program needs too)
   and where a rerun meets its run folder (a resumed run's settings and checkpoint layout)."""
+
+  @classmethod
+  def of(cls, problems: list[str]) -> "ConfigError":
+    """One error for all of a config's problems: the problem itself where there is one, else a
+    count and one problem per line."""
+    if len(problems) == 1:
+      return cls(problems[0])
+    return cls(f"{len(problems)} problems:\n" + "\n".join(f"  {p}" for p in problems))
