@@ -74,7 +74,7 @@ class TrainingRun:
       "Devices: %s; trainer mesh %s; sampler mesh %s", jax.devices(), dict(trainer_mesh.shape), dict(sampler_mesh.shape)
     )
     self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
-    template = templates.PromptTemplate(cfg.task, tokenizer, task.template)
+    template = templates.PromptTemplate(cfg.task, tokenizer, task.template, agentic)
     examples = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
     render, agentic_parts = None, None
     if agentic:
