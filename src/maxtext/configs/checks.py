@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from maxtext.configs import sections
-from maxtext.utils import distributed, storage
+from maxtext.utils import distributed, lora_names, storage
 from maxtext.utils.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -160,22 +160,29 @@ def _check_model(v: Mapping[str, Any]) -> None:
 
 
 def _check_lora_path(v: Mapping[str, Any]) -> None:
-  """lora_module_path selects some weight that takes an adapter, and with scan_layers=true a weight in
-  every layer or in none (the decoder, built from its own config, refuses both too)."""
-  layers = range(v["num_decoder_layers"])
-  names = [f"layers.{i}.{w}" for i in layers for w in _LORA_WEIGHTS]
-  if not any(re.fullmatch(v["lora_module_path"], name) for name in names):
+  """lora_module_path selects some weight that takes an adapter (by our names or a peer's:
+  utils/lora_names.py), each of its top-level alternatives selects one, and with scan_layers=true a
+  weight is selected in every layer or in none (the decoder, built from its own config, refuses both too)."""
+  pattern, num_layers = v["lora_module_path"], v["num_decoder_layers"]
+  names = lora_names.layer_weights(num_layers)
+  if not any(lora_names.selects(pattern, name) for name in names):
     raise ConfigError(
-      f"lora_module_path={v['lora_module_path']!r} matches no weight that takes a LoRA "
-      f"adapter (dotted names such as {', '.join(names[:7])})"
+      f"lora_module_path={pattern!r} matches no weight that takes a LoRA adapter (dotted names such as "
+      f"{', '.join(names[:7])}; Tunix's, transformers' and MaxText's names of them match too)"
+    )
+  unused = lora_names.unused_alternatives(pattern, num_layers)
+  if unused:
+    raise ConfigError(
+      f"lora_module_path={pattern!r}: {', '.join(map(repr, unused))} select(s) no weight of this decoder, whose "
+      f"weights that take adapters are {', '.join(lora_names.WEIGHTS)} per layer (as layers.3.attn.q_proj)"
     )
   if v["scan_layers"]:
-    for weight in _LORA_WEIGHTS:
-      adapted = sum(re.fullmatch(v["lora_module_path"], f"layers.{i}.{weight}") is not None for i in layers)
-      if 0 < adapted < len(layers):
+    for weight in lora_names.WEIGHTS:
+      adapted = sum(lora_names.selects(pattern, f"layers.{i}.{weight}") for i in range(num_layers))
+      if 0 < adapted < num_layers:
         raise ConfigError(
-          f"lora_module_path={v['lora_module_path']!r} selects {weight.split('.')[1]} of {adapted} of the "
-          f"{len(layers)} layers; with scan_layers=true the layers share one stacked adapter per weight, so a "
+          f"lora_module_path={pattern!r} selects {weight.split('.')[1]} of {adapted} of the "
+          f"{num_layers} layers; with scan_layers=true the layers share one stacked adapter per weight, so a "
           "weight is adapted in every layer or in none (set scan_layers=false to adapt some layers only)"
         )
 
@@ -187,10 +194,6 @@ def _check_weights(v: Mapping[str, Any]) -> None:
       f"random_weights=true and load_parameters_path={v['load_parameters_path']}: expected one of them "
       "(random weights load nothing)"
     )
-
-
-# The weights LoRA can adapt in each decoder layer (decoder.LORA_INPUT_AXES's, by module).
-_LORA_WEIGHTS = tuple(f"attn.{w}_proj" for w in "qkvo") + tuple(f"mlp.{w}_proj" for w in ("gate", "up", "down"))
 
 
 def _check_sampling(v: Mapping[str, Any]) -> None:

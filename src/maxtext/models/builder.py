@@ -10,6 +10,7 @@ run's Orbax checkpoint) load into either decoder too.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from maxtext.models.decoder import LORA_INPUT_AXES, Decoder, ModelConfig
-from maxtext.utils import distributed, errors
+from maxtext.utils import distributed, errors, lora_names
+
+log = logging.getLogger(__name__)
 
 
 def param_name(path) -> str:
@@ -153,6 +156,13 @@ def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
       f"lora_module_path={mcfg.lora_module_path!r} matches no weight that takes a LoRA "
       f"adapter (dotted names such as {', '.join(adaptable[:7])})"
     )
+  log.info(
+    "LoRA adapters (rank %d, alpha %g) on %s (lora_module_path=%r)",
+    mcfg.lora_rank,
+    mcfg.lora_alpha,
+    lora_names.describe(mcfg.lora_module_path, mcfg.num_layers),
+    mcfg.lora_module_path,
+  )
   mesh = _mesh_of(base)
   graphdef, abstract, _ = _abstract(mcfg, mesh)
   lora_shardings = nnx.get_named_sharding(nnx.filter_state(abstract, nnx.LoRAParam), mesh)

@@ -29,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import re
 from typing import Any, Literal
 
 import jax
@@ -38,6 +37,7 @@ from flax import nnx
 
 from maxtext.configs.sections import MatmulPrecision, ModelSection
 from maxtext.models import attention as attention_lib
+from maxtext.utils import lora_names
 
 Cache = dict[str, dict[str, jax.Array]]
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -147,8 +147,9 @@ class ModelConfig:
     return self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
 
   def adapts(self, weight_name: str) -> bool:
-    """Whether the weight (dotted name) gets a LoRA adapter."""
-    return self.lora_rank > 0 and re.fullmatch(self.lora_module_path, weight_name) is not None
+    """Whether the weight (dotted name) gets a LoRA adapter: lora_module_path selects it by our name or
+    a peer's (utils/lora_names.py)."""
+    return self.lora_rank > 0 and lora_names.selects(self.lora_module_path, weight_name)
 
 
 def global_layers(num_layers: int, pattern: int) -> tuple[bool, ...]:
