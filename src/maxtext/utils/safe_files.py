@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from typing import TextIO
@@ -30,9 +29,9 @@ def replaced(path: str) -> Iterator[TextIO]:
   removed)."""
   folder = os.path.dirname(path) or "."
   os.makedirs(folder, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+  tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")  # one writer per file in a process
   try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
       yield f
       f.flush()
       os.fsync(f.fileno())
