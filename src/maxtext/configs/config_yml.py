@@ -13,7 +13,7 @@ import yaml
 from maxtext.configs import maxtext_keys
 from maxtext.configs.run_config import RunConfig
 from maxtext.configs.sections import unflatten
-from maxtext.utils import storage
+from maxtext.utils import safe_files, storage
 from maxtext.utils.errors import ConfigError
 
 # Keys whose value is a whole mapping (not a section of keys).
@@ -52,15 +52,15 @@ def written_values(config: RunConfig) -> dict[str, Any]:
 
 
 def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ...] = ()) -> None:
-  """Writes config as YAML to a local path or a gs:// URL, after the comment lines `comments`: every
-  key, then the MaxText keys maxtext_compat accepted (so that the file loads as a config again)."""
+  """Writes config as YAML to a local path (atomically: safe_files.replaced) or a gs:// URL, after the
+  comment lines `comments`: every key, then the MaxText keys maxtext_compat accepted (so that the
+  file loads as a config again)."""
   if storage.is_url(path):
     with tempfile.TemporaryDirectory() as folder:
       write_yaml(config, os.path.join(folder, "config.yml"), comments)
       storage.upload(os.path.join(folder, "config.yml"), path)
     return
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
+  with safe_files.replaced(path) as f:
     f.writelines(line + "\n" for line in comments)
     yaml.safe_dump(unflatten({**written_values(config), **config.maxtext_only}), f, sort_keys=False)
 

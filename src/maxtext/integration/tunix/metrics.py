@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from metrax.logging import TensorboardBackend
 
-from maxtext.utils import metrics_file
+from maxtext.utils import metrics_file, safe_files
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,8 @@ class JsonlBackend:
 
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
   held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
-  `<path>.pending` whenever a step begins, so a killed run loses none of them:
+  `<path>.pending` whenever a step begins and at each checkpoint request (MetricSinks.save_held),
+  so a killed run loses none of the rows of the steps its checkpoints hold:
   metrics_file.truncate_after merges them back on resume. A step's scalars arrive when it ends, so
   step_time_s is the wall time from the first scalar of the previous step (for the first step: from
   `restart_clock`, called when training starts) to the first scalar of this one, and compile_s the
@@ -130,6 +131,8 @@ class JsonlBackend:
     self._compile_clock = compile_clock
     self._origin = (time.time(), compile_clock())
     self.last_step: int | None = None  # set when training stopped early: later rows are dropped at close
+    # Agentic runs log from the producer's threads while the training thread saves the pending rows.
+    self._lock = threading.RLock()
 
   def restart_clock(self):
     self._origin = (time.time(), self._compile_clock())
@@ -139,11 +142,16 @@ class JsonlBackend:
     if parsed is None or parsed[1] != "train":
       return
     name, _, step = parsed
+    with self._lock:
+      self._add(name, step, value)
+
+  def _add(self, name: str, step: int, value) -> None:
+    """Adds a training scalar to its step's row; writes the rows `lag` steps behind the newest."""
     if step <= self._written:
       return  # its row is already written
     if step not in self._rows:
       self._started[step] = (time.time(), self._compile_clock())
-      self._save_pending()
+      self.save_pending()
     arr = np.asarray(value, dtype=np.float64)
     self._rows.setdefault(step, {})[name] = float(arr.mean()) if arr.size else math.nan
     self._on_scalar(name, step, arr)
@@ -157,11 +165,10 @@ class JsonlBackend:
     end = self._started[step]
     return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0], "compile_s": end[1] - begin[1]}
 
-  def _save_pending(self):
-    tmp = self._pending + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+  def save_pending(self):
+    """Mirrors the held rows to the pending file (atomically: a kill leaves the previous mirror)."""
+    with self._lock, safe_files.replaced(self._pending) as f:
       json.dump([self._row(s) for s in sorted(self._rows)], f)
-    os.replace(tmp, self._pending)
 
   def _write(self, step: int):
     row = self._row(step)
@@ -182,18 +189,20 @@ class JsonlBackend:
   def flush_through(self, step: int) -> None:
     """Writes the held rows up to `step` now: their steps have logged all their scalars (see
     MetricSinks.step_logged); the later held rows are mirrored to the pending file."""
-    for s in sorted(self._rows):
-      if s <= step:
-        self._write(s)
-    self._save_pending()
+    with self._lock:
+      for s in sorted(self._rows):
+        if s <= step:
+          self._write(s)
+      self.save_pending()
 
   def close(self):
     """Writes the held rows (those up to last_step when set: later ones belong to steps that were
     not trained) and closes the file."""
-    for s in sorted(self._rows):
-      if self.last_step is None or s <= self.last_step:
-        self._write(s)
-    self._file.close()
+    with self._lock:
+      for s in sorted(self._rows):
+        if self.last_step is None or s <= self.last_step:
+          self._write(s)
+      self._file.close()
     if os.path.exists(self._pending):
       os.remove(self._pending)
 
@@ -297,6 +306,14 @@ class MetricSinks:
     jsonl = self._jsonl()
     if jsonl is not None:
       jsonl.flush_through(step)
+
+  def save_held(self) -> None:
+    """Mirrors the rows not yet final to the pending file now: agentic runs call it when the actor
+    asks to checkpoint a step, so the rows of every step before it (whose scalars have arrived but
+    for late ones) are on disk before that checkpoint is."""
+    jsonl = self._jsonl()
+    if jsonl is not None:
+      jsonl.save_pending()
 
   def stopped_after(self, step: int) -> None:
     """Training stopped early after `step`: rows of later steps (whose rollouts ran but were never

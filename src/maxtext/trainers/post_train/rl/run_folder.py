@@ -34,7 +34,7 @@ from typing import Any
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import config_yml, sections
 from maxtext.configs.run_config import RunConfig
-from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage
+from maxtext.utils import distributed, errors, folder_lock, metrics_file, safe_files, storage
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -114,6 +114,7 @@ class RunFolder:
     self.config = os.path.join(self.path, "config.yml")
     self._history: list[str] = []  # comment lines of config.yml: the changes earlier reruns resumed with
     self.metrics = os.path.join(self.path, "metrics.jsonl")
+    self._pending_metrics = metrics_file.pending(self.metrics)
     self.evaluations = os.path.join(self.path, "eval.json")
     self._actor = storage.join(self.checkpoints, "actor")
     self._set_aside = storage.join(self.checkpoints, "set_aside")
@@ -180,7 +181,8 @@ class RunFolder:
     _agreed(message)
 
   def write_config(self, cfg: RunConfig) -> None:
-    """Writes config.yml (process 0), with the comment lines check_config kept and added."""
+    """Writes config.yml (process 0, atomically), with the comment lines check_config kept and added;
+    a run writes it only once nothing is left that could refuse its settings."""
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)
@@ -210,15 +212,17 @@ class RunFolder:
 
   def resume(self) -> int:
     """Prepares a rerun to resume from the latest complete checkpoint whose steps all reached
-    metrics.jsonl (a kill can land after a checkpoint but before Tunix logs that step) and whose
+    metrics.jsonl (a kill can land after a checkpoint but before its step's row was saved) and whose
     arrays all read back finite (orbax_checkpoint.unusable; an unusable one is named in a warning
-    with the reason): newer checkpoints are set aside and metrics.jsonl is cut back to that step,
-    which is returned (0: a fresh run). Tunix then restores the model, optimizer and step and
-    fast-forwards the data. Process 0 decides; every process returns its step."""
-    step = -1  # no checkpoint at all
-    saved = self.saved_steps() if distributed.is_main() else []
-    if saved:
-      logged = metrics_file.logged_steps(self.metrics)
+    with the reason): newer checkpoints are set aside and metrics.jsonl is rewritten to hold exactly
+    the rows through that step, which is returned (0: a fresh run, whose folder may hold the rows of
+    a run killed before its first checkpoint). Damaged metrics files are set aside first
+    (metrics_file.logged_steps). Process 0 decides; every process returns its step. Tunix then
+    restores the model, optimizer and step and fast-forwards the data."""
+    step, saved = 0, []
+    if distributed.is_main():
+      saved = self.saved_steps()
+      logged = metrics_file.logged_steps(self.metrics) if saved else {}
       complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
       while complete:
         reason = orbax_checkpoint.unusable(storage.join(self._actor, str(self._steps.updates_in(complete[-1]))))
@@ -227,17 +231,18 @@ class RunFolder:
         log.warning("The checkpoint of step %d is set aside (checkpoints/set_aside/): %s", complete.pop(), reason)
       step = complete[-1] if complete else 0
     step = distributed.from_main(step)
-    if step < 0:
-      return 0
     moved = self.keep_checkpoints_through(step)
-    dropped = metrics_file.truncate_after(self.metrics, step) if distributed.is_main() else 0
+    dropped = 0
+    if distributed.is_main() and (step or os.path.exists(self.metrics) or os.path.exists(self._pending_metrics)):
+      dropped = metrics_file.truncate_after(self.metrics, step)
     self.save()
-    log.info(
-      "Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows dropped)",
-      step,
-      moved,
-      dropped,
-    )
+    if saved or dropped:  # process 0 logs it
+      log.info(
+        "Resuming from the checkpoint of step %d (newer checkpoints set aside: %s; %d later metrics rows dropped)",
+        step,
+        moved,
+        dropped,
+      )
     return step
 
   def check_layout(self, step: int, scan_layers: bool) -> None:
@@ -254,20 +259,27 @@ class RunFolder:
 
   def previous_results(self, resumed: int) -> dict:
     """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and
-    during it up to that step (a fresh run starts empty)."""
+    during it up to that step (a fresh run starts empty). An eval.json that does not read back is
+    set aside (safe_files.set_aside) and the run starts its evaluations afresh."""
     results: dict[str, Any] = {"before": None, "during": [], "after": None, "gain": None}
-    if resumed and os.path.isfile(self.evaluations):
-      with open(self.evaluations, encoding="utf-8") as f:
-        previous = json.load(f)
-      results.update(
-        before=previous.get("before"), during=[d for d in previous.get("during") or [] if d["step"] <= resumed]
-      )
+    if not (resumed and os.path.isfile(self.evaluations)):
+      return results
+    previous = None
+    with open(self.evaluations, encoding="utf-8", errors="replace") as f, contextlib.suppress(ValueError):
+      previous = json.load(f)
+    during = previous.get("during") or [] if isinstance(previous, dict) else None
+    if not (isinstance(during, list) and all(isinstance(d, dict) and isinstance(d.get("step"), int) for d in during)):
+      if distributed.is_main():
+        safe_files.set_aside(self.evaluations, "not the JSON of earlier evaluations; the evaluations start afresh")
+      return results
+    assert isinstance(previous, dict)
+    results.update(before=previous.get("before"), during=[d for d in during if d["step"] <= resumed])
     return results
 
   def write_results(self, results: dict) -> None:
+    """Writes eval.json (process 0), atomically."""
     if not distributed.is_main():
       return
-    os.makedirs(self.path, exist_ok=True)
-    with open(self.evaluations, "w", encoding="utf-8") as f:
+    with safe_files.replaced(self.evaluations) as f:
       json.dump(results, f, indent=1)
     self.save()

@@ -4,9 +4,10 @@
 once), the run folder (refusing a rerun that changes the settings that shape training, or a folder
 without room for two checkpoints; resuming from its latest complete checkpoint), the meshes,
 tokenizer, data, the decoder with its weights, Tunix's cluster and the learner the config selects;
-config.yml is written once the inputs it names have loaded. Before each of the actor's checkpoint
-requests `_check_update` stops the run, saving nothing, on a non-finite loss, KL, gradient norm or
-reward logged so far or non-finite parameters or optimizer state after the update; between training
+config.yml is written last, so only a run that goes on to train with its settings writes it.
+Before each of the actor's checkpoint requests `_check_update` stops the run, saving nothing, on a
+non-finite loss, KL, gradient norm or reward logged so far or non-finite parameters or optimizer
+state after the update; between training
 steps `_between_steps` stops it on a non-finite logged value or on a signal (both judged by the run
 guard, run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads
 the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
@@ -89,7 +90,6 @@ class TrainingRun:
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
     actor = load_model(cfg.model, trainer_mesh)
-    folder.write_config(cfg)  # once the inputs it names have loaded
 
     resumed = folder.resume()
     if resumed:
@@ -124,6 +124,7 @@ class TrainingRun:
     except BaseException:
       self.close()
       raise
+    folder.write_config(cfg)  # the inputs it names have loaded and the checkpoint it resumes from fits
 
   def _build_learner(self, reward_fns, reserve, agentic_parts):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
@@ -184,10 +185,15 @@ class TrainingRun:
     """Before the actor's checkpoint request for optimizer update `update` (Tunix makes one after
     every update, saved or not): stops the run, saving nothing, when a watched value logged so far
     or the updated parameters or optimizer state are not finite. Every process takes the same
-    branch. In standard GRPO the metrics rows of the steps before this one are then final and
-    written."""
+    branch. The metrics rows of the steps before this one then reach the disk before its
+    checkpoint: in standard GRPO they are final and written, in agentic GRPO (late scalars may
+    follow) they are mirrored to metrics.jsonl.pending."""
     self.guard.check_update(update, model, optimizer)
-    if not self.cfg.agentic.use_agentic_rollout and self.steps.ends_step(update):
+    if not self.steps.ends_step(update):
+      return
+    if self.cfg.agentic.use_agentic_rollout:
+      self.sinks.save_held()
+    else:
       self.sinks.step_logged(self.steps.of_update(update) - 1)
 
   def _stop_non_finite(self, e: shutdown.NonFiniteError) -> None:

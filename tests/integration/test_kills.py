@@ -1,0 +1,87 @@
+"""Runs killed with SIGKILL, and reruns refused, on real tiny runs: the rerun resumes from the newest
+checkpoint that reads back with one metrics row per trained step, and a refused rerun leaves the
+folder's config.yml as it was. (The resume's own rewrite of the run files, killed: see
+tests/unit/test_damaged_run_files.py.)"""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from maxtext.checkpoint_conversion import orbax_checkpoint
+from maxtext.trainers.post_train.rl import train_rl
+
+TINY = [
+  "rl.yml",
+  "model_name=qwen3-tiny",
+  "batch_size=2",
+  "rl.num_generations=2",
+  "max_response_length=8",
+  "num_test_batches=0",
+  "checkpoint_period=1",
+]
+
+
+def _steps(run) -> list[int]:
+  with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line)["step"] for line in f]
+
+
+def _kill_when(args, appears: str, timeout: float = 600) -> None:
+  """Starts the run and kills it with SIGKILL as soon as a path matching the glob `appears` exists."""
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", *args],
+    env=env,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    deadline = time.time() + timeout
+    while not glob.glob(appears):
+      assert proc.poll() is None, f"the run ended before {appears} appeared: {proc.communicate()[1][-3000:]}"
+      assert time.time() < deadline, f"{appears} did not appear in {timeout} s"
+      time.sleep(0.02)
+  finally:
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+
+
+@pytest.mark.slow  # two agentic runs: ~3 min
+def test_an_agentic_run_killed_as_a_checkpoint_begins_resumes_from_the_one_before(tmp_path, caplog):
+  """Agentic runs hold their metrics rows (late scalars follow): the rows of the steps a checkpoint
+  holds are on disk before it, so a kill as step 2's checkpoint is being written keeps step 1's."""
+  args = [
+    *TINY,
+    "num_batches=3",
+    "rl.use_agentic_rollout=true",
+    "rl.off_policy_steps=1",
+    "rl.max_concurrency=8",
+    f"base_output_directory={tmp_path}",
+    "run_name=agentic",
+  ]
+  run = str(tmp_path / "agentic")
+  _kill_when(args, os.path.join(run, "checkpoints", "actor", "2.orbax-checkpoint-tmp*"))
+  assert orbax_checkpoint.steps(os.path.join(run, "checkpoints", "actor")) == [1]
+  with caplog.at_level("INFO"):
+    assert train_rl.main(["train_rl", *args]) == 0
+  assert "Resuming from the checkpoint of step 1 (newer checkpoints set aside: []" in caplog.text
+  assert _steps(run) == [1, 2, 3]
+
+
+def test_a_refused_rerun_leaves_config_yml_as_it_was(tmp_path, capsys):
+  """A folder whose config.yml was removed takes any settings, until its checkpoint refuses them
+  (here the decoder layout): the refused rerun writes no config.yml, so the first command resumes."""
+  args = [*TINY, "num_batches=1", f"base_output_directory={tmp_path}", "run_name=refused"]
+  assert train_rl.main(["train_rl", *args]) == 0
+  config = tmp_path / "refused" / "config.yml"
+  config.unlink()
+  assert train_rl.main(["train_rl", *args, "scan_layers=false"]) == 2
+  assert "scan_layers=false: the run's checkpoints hold the decoder layers stacked" in capsys.readouterr().err
+  assert not config.exists()
