@@ -19,10 +19,11 @@ from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.rollout import base_rollout
 
 from maxtext import tasks
-from maxtext.input_pipeline import rewards
+from maxtext.input_pipeline import datasets, rewards
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import tools, trajectories
-from tests.conftest import make_config
+from maxtext.utils import errors
+from tests.conftest import make_config, template_for
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -105,8 +106,8 @@ def test_a_reward_runs_in_a_worker_process_with_the_config_view_and_the_examples
 _THREADS = """
 import sys
 from maxtext import tasks
-from maxtext.input_pipeline import rewards
-from tests.conftest import make_config
+from maxtext.input_pipeline import datasets, rewards
+from tests.conftest import make_config, template_for
 
 cfg = make_config("reward_functions_path=" + sys.argv[1], "reward_functions=[mine]")
 [fn] = rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view())
@@ -147,14 +148,13 @@ TOOLS = {'huge': Huge}
 
 
 def test_a_tool_returning_50_mb_is_cut_before_it_is_tokenized_and_logged(tmp_path, smollm2_tokenizer):
-  """One episode whose tool call returns 50 MB of output (and of error text): the tool turn holds at
-  most rl.tool_output_max_chars of each, so the trained tokens and the trajectory record (what the
+  """One episode whose tool call returns 50 MB of output (and of error text): the tool turn holds
+  about rl.tool_output_max_chars (its default) of it, so the trained tokens and the trajectory record (what the
   trajectory log writes) stay small."""
   path = tmp_path / "huge_tools.py"
   path.write_text(HUGE_TOOL)
-  cfg = make_config(
-    "rl.use_agentic_rollout=true", "rl.tools=[huge]", f"rl.tools_path={path}", "rl.tool_output_max_chars=1000"
-  )
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[huge]", f"rl.tools_path={path}")
+  cap = cfg.tools.tool_output_max_chars
   tool_map = tools.tool_map(cfg.tools)
   parser = ConfigChatParser(smollm2_tokenizer, "SYS")
   replies = ['<tool_call>{"name": "huge", "arguments": {}}</tool_call>', "<answer>done</answer>"]
@@ -182,6 +182,47 @@ def test_a_tool_returning_50_mb_is_cut_before_it_is_tokenized_and_logged(tmp_pat
   record = _within(60, lambda: asyncio.run(engine.collect(mode="Token")))
   assert isinstance(record, dict), record
   [tool_turn] = [m["content"] for m in record["conversation_text"] if m["role"] == "tool"]
-  assert "[output truncated: 50000000 characters]" in tool_turn and len(tool_turn) < 2 * 1100
+  assert "[output truncated: 50000000 characters]" in tool_turn and len(tool_turn) < cap + 100
   assert len(record["conversation_tokens"]) < 3000
   assert len(pickle.dumps(record)) < 100_000
+
+
+NAME = make_config().data.dataset_name
+
+
+def _processed(tmp_path, tokenizer, body: str, *overrides: str):
+  """datasets.to_examples of two rows through a dataset_processor_path whose process_data is `body`:
+  (its result or what it raised, the file)."""
+  path = tmp_path / "proc.py"
+  path.write_text(
+    "import sys, time\n"
+    "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+    f"{textwrap.indent(textwrap.dedent(body), '  ')}"
+  )
+  cfg = make_config(f"dataset_processor_path={path}", *overrides)
+  rows = [{"question": "1+1?", "answer": "2"}, {"question": "stop", "answer": "0"}]
+  template = template_for(cfg, tokenizer)
+  return _within(60, lambda: datasets.to_examples(cfg.data, template, NAME, rows, cfg.maxtext_view())), path
+
+
+def test_a_dataset_processor_that_calls_sys_exit_is_one_error_naming_the_row(tmp_path, smollm2_tokenizer):
+  raised, path = _processed(
+    tmp_path, smollm2_tokenizer, "if x['question'] == 'stop':\n  sys.exit(0)\nreturn dict(x, prompts=x['question'])\n"
+  )
+  assert isinstance(raised, errors.InputError), raised
+  assert str(raised) == f"dataset_processor_path={path}: process_data: called sys.exit(0) on dataset_name={NAME} row 1"
+
+
+def test_a_dataset_processor_that_hangs_is_stopped_at_its_time_limit_naming_the_row(tmp_path, smollm2_tokenizer):
+  start = time.monotonic()
+  raised, path = _processed(
+    tmp_path,
+    smollm2_tokenizer,
+    "while x['question'] == 'stop':\n  time.sleep(1)\nreturn dict(x, prompts=x['question'])\n",
+    "dataset_processor_timeout_s=1",
+  )
+  assert isinstance(raised, errors.InputError) and time.monotonic() - start < 30, raised
+  assert str(raised) == (
+    f"dataset_processor_path={path}: process_data: no result within dataset_processor_timeout_s=1 s on "
+    f"dataset_name={NAME} row 1"
+  )

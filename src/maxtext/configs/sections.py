@@ -445,6 +445,13 @@ class DataSection:
       path="input",
     )
   )
+  dataset_processor_timeout_s: float = dataclasses.field(
+    metadata=key(
+      "Wall-time limit of dataset_processor_path's process_data on one row; a row past it is killed with its "
+      "worker process and stops the run, naming the row.",
+      bounds=Bound(lambda x: x > 0 and math.isfinite(x), "expected a positive number of seconds"),
+    )
+  )
   data_shuffle_seed: int = dataclasses.field(
     metadata=key("Seed of the training-data shuffle and of train_fraction splits.")
   )
