@@ -226,3 +226,42 @@ def test_a_dataset_processor_that_hangs_is_stopped_at_its_time_limit_naming_the_
     f"dataset_processor_path={path}: process_data: no result within dataset_processor_timeout_s=1 s on "
     f"dataset_name={NAME} row 1"
   )
+
+
+@pytest.mark.slow
+def test_a_tiny_run_whose_reward_hangs_exits_2_with_one_line_naming_it(tmp_path):
+  """train_rl on qwen3-tiny with a reward function that never returns: the run stops at the first
+  batch's reward_timeout_s with exit code 2 and one line naming the function, within minutes."""
+  path = tmp_path / "hang.py"
+  path.write_text(
+    "import time\ndef hang(prompts, completions, tmvp_config, **kwargs):\n  while True:\n    time.sleep(1)\n"
+  )
+  command = [
+    sys.executable,
+    "-m",
+    "maxtext.trainers.post_train.rl.train_rl",
+    "rl.yml",
+    "model_name=qwen3-tiny",
+    f"base_output_directory={tmp_path}",
+    "num_batches=3",
+    "batch_size=2",
+    "rl.num_generations=2",
+    "max_response_length=8",
+    "num_test_batches=0",
+    f"reward_functions_path={path}",
+    "reward_functions=[hang]",
+    "reward_timeout_s=3",
+  ]
+  env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "src"), JAX_PLATFORMS="cpu")
+  with subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True) as run:
+    try:
+      _, err = run.communicate(timeout=540)
+    except subprocess.TimeoutExpired:
+      run.kill()
+      run.communicate()
+      pytest.fail("the run did not end")
+  assert run.returncode == 2, err[-3000:]
+  assert err.strip().splitlines()[-1] == (
+    f"error: reward_functions_path={path}: reward function hang: no result within reward_timeout_s=3 s on a batch "
+    "of 4 completions"
+  )

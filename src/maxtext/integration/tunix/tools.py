@@ -242,7 +242,7 @@ def _in_worker(cls: type[base_tool.BaseTool], workers: worker_pool.WorkerPool) -
 
 def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
-  config error. The tools that do not time themselves share one ToolWorkers pool, whose workers
+  config error. The tools that do not time themselves share one WorkerPool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
   mine = user_tools(tools.tools_path) if tools.tools_path else {}
   if tools.tools_path and not set(mine) & set(tools.names):
