@@ -70,10 +70,12 @@ def checked(name: str, score: _Scorer, answer_prefix: str = "", source: str = ""
     except Exception as e:
       where = _first_raising(score_as_written, prompts, completions, kwargs)
       raise RewardFunctionError(f"{who} raised {_described(e)}{where}") from e
-    if isinstance(scores, Mapping) or not (isinstance(scores, Sequence) or getattr(scores, "ndim", None) == 1):
+    if isinstance(scores, (Mapping, str, bytes)) or not (
+      isinstance(scores, Sequence) or getattr(scores, "ndim", None) == 1
+    ):
       got = f"a {type(scores).__name__}" if scores is not None else "None"
       raise RewardFunctionError(f"{who} returned {got}; expected a list of one number per completion")
-    if isinstance(scores, (str, bytes)) or len(scores) != len(completions):
+    if len(scores) != len(completions):
       raise RewardFunctionError(f"{who} returned {len(scores)} values for {len(completions)} completions")
     values = [_number(x) for x in scores]
     for i, (x, value) in enumerate(zip(scores, values)):
