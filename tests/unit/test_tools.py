@@ -134,7 +134,7 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
 
   path = tmp_path / "slow_tools.py"
   path.write_text(
-    "import os, time\n"
+    "import os, sys, time\n"
     "from tunix.rl.agentic.tools import base_tool\n"
     "class Nap(base_tool.BaseTool):\n"
     "  '''Sleeps for `s` seconds, or raises when s is negative.'''\n"
@@ -143,6 +143,8 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
     "  def apply(self, s):\n"
     "    if s == -2:\n"
     "      os._exit(3)\n"
+    "    if s == -3:\n"
+    "      sys.exit(0)\n"
     "    if s < 0:\n"
     "      raise RuntimeError('negative nap')\n"
     "    time.sleep(s)\n"
@@ -162,7 +164,8 @@ def test_user_tool_that_hangs_or_raises_comes_back_as_an_error(tmp_path):
   hung = manager.run("nap", s=30)
   assert time.perf_counter() - start < 5 and hung.error == "no result within rl.tool_timeout_s=0.5 s"
   assert manager.run("nap", s=-1).error == "RuntimeError: negative nap"
-  assert manager.run("nap", s=-2).error == "the tool's worker process ended without a result (exit code 3)"
+  assert manager.run("nap", s=-2).error == "its worker process ended without a result (exit code 3)"
+  assert manager.run("nap", s=-3).error == "called sys.exit(0)"
   assert manager.run("nap", s=0.01).output == "slept 0.01"
 
 

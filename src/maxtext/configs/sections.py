@@ -445,6 +445,13 @@ class DataSection:
       path="input",
     )
   )
+  dataset_processor_timeout_s: float = dataclasses.field(
+    metadata=key(
+      "Wall-time limit of dataset_processor_path's process_data on one row; a row past it is killed with its "
+      "worker process and stops the run, naming the row.",
+      bounds=Bound(lambda x: x > 0 and math.isfinite(x), "expected a positive number of seconds"),
+    )
+  )
   data_shuffle_seed: int = dataclasses.field(
     metadata=key("Seed of the training-data shuffle and of train_fraction splits.")
   )
@@ -512,6 +519,13 @@ class TaskSection:
   )
   reward_functions: tuple[str, ...] = dataclasses.field(
     metadata=key("Names of the functions in reward_functions_path to use instead of the built-in rewards.")
+  )
+  reward_timeout_s: float = dataclasses.field(
+    metadata=key(
+      "Wall-time limit of one call of a reward_functions_path function (a whole batch); a call past it is killed "
+      "with its worker process and stops the run, naming the function.",
+      bounds=Bound(lambda x: x > 0 and math.isfinite(x), "expected a positive number of seconds"),
+    )
   )
 
 
@@ -831,7 +845,12 @@ class ToolsSection:
     metadata=key("python tool: address-space limit.", applies=(AGENTIC, PYTHON_TOOL))
   )
   tool_output_max_chars: int = dataclasses.field(
-    metadata=key("python tool: longer output is cut and marked truncated.", applies=(AGENTIC, PYTHON_TOOL))
+    metadata=key(
+      "Characters of a tool call's output (and of its error text), of every tool; longer text is cut to its head "
+      "and tail, marked truncated, before it is tokenized or logged.",
+      bounds=POSITIVE_INT,
+      applies=(AGENTIC, ANY_TOOL),
+    )
   )
   tool_sandbox: ToolSandbox = dataclasses.field(
     metadata=key(
@@ -958,6 +977,9 @@ class MaxTextView:
 
   def __setattr__(self, name, value):
     raise AttributeError(f"config is frozen; cannot set {name!r}")
+
+  def __reduce__(self):  # pickled by its tree (user code runs in worker processes, utils/worker_pool.py)
+    return MaxTextView, (self._tree,)
 
 
 # The sections of a run config (run_config.RunConfig's fields), by the name the config holds each under.

@@ -10,7 +10,8 @@ deterministically: a `data_shuffle_seed` permutation, the first `train_fraction`
 `eval_dataset_name` other than `dataset_name` is evaluated whole.
 
 Every row becomes {"prompts", "user_content", "question", "answer"}: through
-`dataset_processor_path`'s `process_data` when set, else the task's normaliser and the data template
+`dataset_processor_path`'s `process_data` when set (run in a worker process, each row bounded by
+dataset_processor_timeout_s), else the task's normaliser and the data template
 (`prompts` is the rendered conversation, `user_content` the user turn alone, which agentic rollouts
 render themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never
 truncated. A source or split without rows, and a row that cannot be read, are InputErrors naming the
@@ -19,9 +20,11 @@ source and the row's place in it (the line of a .jsonl file).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
+from typing import Any
 
 import grain
 import numpy as np
@@ -29,7 +32,7 @@ import numpy as np
 from maxtext import tasks
 from maxtext.configs.sections import DataSection, MaxTextView, TrainSection
 from maxtext.input_pipeline.templates import PromptTemplate
-from maxtext.utils import errors, jsonl, user_code
+from maxtext.utils import errors, jsonl, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -170,30 +173,47 @@ def _load_processor(path: str) -> Callable:
   return module.process_data
 
 
+def processor(path: str, name: str, tokenizer, template_config, tmvp_config: MaxTextView) -> Callable[[dict], Any]:
+  """What a dataset processor's worker runs (its WorkerPool `load`): process_data of the file at path,
+  loaded in the worker, as a function of the row."""
+  process = _load_processor(path)
+  return lambda row: process(name, tokenizer, template_config, tmvp_config, row)
+
+
 def to_examples(
   data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config: MaxTextView
 ) -> list[dict]:
   """{prompts, user_content, question, answer} per row, by the user's processor (given tmvp_config, the
   MaxText view of the config) or the task's normaliser and the data template. A row that either fails
-  on is an InputError naming it (its `where` for a Row, else its index in rows)."""
-  tokenizer = template.tokenizer
+  on is an InputError naming it (its `where` for a Row, else its index in rows).
+
+  The user's process_data is loaded here first (its errors come first), then runs in a worker process
+  (utils/worker_pool.py), each row bounded by dataset_processor_timeout_s: a row past it, or one on
+  which process_data exits, is an InputError naming the row too."""
   source = f"{_key(data, name)}={name}"
   if data.dataset_processor_path:
-    processor = f"dataset_processor_path={data.dataset_processor_path}"
-    process = _load_processor(data.dataset_processor_path)
+    path = data.dataset_processor_path
+    who = f"dataset_processor_path={path}: process_data"
+    _load_processor(path)
+    workers = worker_pool.WorkerPool(
+      functools.partial(processor, path, name, template.tokenizer, template.config, tmvp_config),
+      data.dataset_processor_timeout_s,
+      f"dataset_processor_timeout_s={data.dataset_processor_timeout_s:g}",
+    )
     out = []
     for i, row in enumerate(rows):
       where = f"{source} {_where(row, i)}"
       try:
-        ex = process(name, tokenizer, template.config, tmvp_config, row)
-      except Exception as e:
-        message = " ".join(str(e).split())
-        raise errors.InputError(f"{processor}: process_data raised {type(e).__name__}: {message} on {where}") from e
+        ex = workers.call(dict(row))
+      except worker_pool.CallRaised as e:
+        raise errors.InputError(f"{who} raised {e} on {where}") from e
+      except worker_pool.CallFailed as e:
+        raise errors.InputError(f"{who}: {e} on {where}") from None
       missing = [k for k in ("prompts", "question", "answer") if k not in ex] if isinstance(ex, dict) else None
       if missing is None:
-        raise errors.InputError(f"{processor}: process_data returned {type(ex).__name__} for {where}; expected a dict")
+        raise errors.InputError(f"{who} returned {type(ex).__name__} for {where}; expected a dict")
       if missing:
-        raise errors.InputError(f"{processor}: process_data returned no {missing} for {where}")
+        raise errors.InputError(f"{who} returned no {missing} for {where}")
       out.append(
         {
           "prompts": str(ex["prompts"]),

@@ -225,7 +225,7 @@ def _read_bounded(proc: subprocess.Popen, deadline: float) -> tuple[bytes, bool,
       return b"".join(chunks)[:_MAX_OUTPUT_BYTES], True, False
 
 
-def _shorten(output: str, max_chars: int) -> str:
+def shorten(output: str, max_chars: int) -> str:
   """output with only its head and tail (where errors are) when longer than max_chars."""
   if len(output) <= max_chars:
     return output
@@ -280,7 +280,7 @@ def run(
       os.close(read_fd)
     if folder is not None:
       folder.cleanup()
-  output = _shorten(raw.decode("utf-8", "replace"), max_output_chars)
+  output = shorten(raw.decode("utf-8", "replace"), max_output_chars)
   if timed_out:
     return "", f"timed out after {timeout_s:g} s\n{output}".rstrip()
   if too_much:

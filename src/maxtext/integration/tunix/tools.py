@@ -1,23 +1,24 @@
 """Tools for agentic rollouts (rl.tools): the built-ins in BUILTIN_TOOLS and your own, as Tunix tools.
 
-Every failure (bad arguments, an exception, a timeout, a crash, too much output) comes back as the
-tool's error text, which the agent puts in the tool turn; nothing raises into the rollout. Every
-tool call is bounded by rl.tool_timeout_s, and a call past it is killed: nothing of it keeps
-running. A built-in tool is a Tunix BaseTool subclass and one BUILTIN_TOOLS entry, which names the
-rl.tool_* limits it reads.
+Every failure (bad arguments, an exception, a timeout, a crash, an exit, too much output) comes back
+as the tool's error text, which the agent puts in the tool turn; nothing raises into the rollout.
+Every tool call is bounded by rl.tool_timeout_s, and a call past it is killed: nothing of it keeps
+running. Every tool's output and error text is cut to rl.tool_output_max_chars (head and tail kept)
+before it leaves the tool, so it is never tokenized or logged whole. A built-in tool is a Tunix
+BaseTool subclass and one BUILTIN_TOOLS entry, which names the rl.tool_* limits it reads besides
+those every tool reads.
 - calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
   tree, never with eval; a power whose result would exceed MAX_RESULT_BITS is an error (a few
   characters such as (9**999)**999 would otherwise keep a core busy for minutes).
 - python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (utils/sandbox.py), with
-  wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network, its
-  output cut to rl.tool_output_max_chars (head and tail kept). Where the sandbox cannot start, the
-  tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on purpose (limits only),
-  with a warning on every run.
-- your tools (rl.tools_path) and the calculator run in worker processes (tool_worker.py), not
+  wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network. Where the
+  sandbox cannot start, the tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on
+  purpose (limits only), with a warning on every run.
+- your tools (rl.tools_path) and the calculator run in worker processes (utils/worker_pool.py), not
   isolated: a call without a result after rl.tool_timeout_s comes back as an error and its worker
-  is killed (SIGKILL); the next call gets a new worker. rl.tools_path is loaded in the trainer (for
-  the tools' descriptions and schemas) and again in every worker, and a tool's output comes back as
-  its text.
+  is killed (SIGKILL) with any thread it started; so does sys.exit in a tool (an error, its worker
+  gone); the next call gets a new worker. rl.tools_path is loaded in the trainer (for the tools'
+  descriptions and schemas) and again in every worker, and a tool's output comes back as its text.
 """
 
 from __future__ import annotations
@@ -34,8 +35,7 @@ from typing import Any
 from tunix.rl.agentic.tools import base_tool
 
 from maxtext.configs.sections import ToolsSection
-from maxtext.integration.tunix import tool_worker
-from maxtext.utils import sandbox, user_code
+from maxtext.utils import sandbox, user_code, worker_pool
 from maxtext.utils.errors import InputError
 
 log = logging.getLogger(__name__)
@@ -175,8 +175,9 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinTool:
-  """make(tools section) gives the tool's class; `limits` are the rl.tool_* keys besides rl.tool_timeout_s it
-  reads; a tool that `times_itself` enforces rl.tool_timeout_s on its own (else it runs in a tool worker)."""
+  """make(tools section) gives the tool's class; `limits` are the rl.tool_* keys it reads besides those every
+  tool reads (rl.tool_timeout_s, rl.tool_output_max_chars); a tool that `times_itself` enforces both on its own
+  (else it runs in a tool worker)."""
 
   make: Callable[[ToolsSection], type[base_tool.BaseTool]]
   limits: tuple[str, ...] = ()
@@ -185,9 +186,7 @@ class BuiltinTool:
 
 BUILTIN_TOOLS = {
   "calculator": BuiltinTool(lambda cfg: CalculatorTool),
-  "python": BuiltinTool(
-    python_tool, ("rl.tool_memory_mb", "rl.tool_output_max_chars", "rl.tool_sandbox"), times_itself=True
-  ),
+  "python": BuiltinTool(python_tool, ("rl.tool_memory_mb", "rl.tool_sandbox"), times_itself=True),
 }
 
 
@@ -203,17 +202,39 @@ def _worker_classes(
   }
 
 
-def worker_tools(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
-  """What a tool worker runs (its ToolWorkers `load`): the tools of rl.tools that run in a worker, with
-  rl.tools_path loaded in the worker itself. rl.tools names only known tools (tool_map checked)."""
-  return _worker_classes(tools, user_tools(tools.tools_path) if tools.tools_path else {})
+def worker_tools(tools: ToolsSection) -> Callable[[str, dict[str, Any]], tuple[str | None, str | None]]:
+  """What a tool worker runs (its WorkerPool `load`): the tools of rl.tools that run in a worker, with
+  rl.tools_path loaded in the worker itself, instantiated as Tunix's ToolManager does (its name, its
+  class docstring as description); the handler returns a call's (output text, error text), as the
+  tool turn writes them and each cut to rl.tool_output_max_chars. rl.tools names only known tools
+  (tool_map checked)."""
+  classes = _worker_classes(tools, user_tools(tools.tools_path) if tools.tools_path else {})
+  instances = {name: cls(name=name, description=cls.__doc__ or "") for name, cls in classes.items()}
+
+  def cut(text) -> str | None:
+    text = "" if text is None else str(text)
+    return sandbox.shorten(text, tools.tool_output_max_chars) if text else None
+
+  def run(name: str, kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    try:
+      out = instances[name].apply(**kwargs)
+    except Exception as e:
+      return None, cut(f"{type(e).__name__}: {e}")
+    if isinstance(out, base_tool.ToolOutput):
+      return cut(base_tool.ToolOutput(name=name, output=out.output)), cut(out.error)
+    return cut(out), None
+
+  return run
 
 
-def _in_worker(cls: type[base_tool.BaseTool], workers: tool_worker.ToolWorkers) -> type[base_tool.BaseTool]:
+def _in_worker(cls: type[base_tool.BaseTool], workers: worker_pool.WorkerPool) -> type[base_tool.BaseTool]:
   """cls (its name, docstring and schema) whose calls run in one of `workers`."""
 
   def apply(self, **kwargs) -> base_tool.ToolOutput:
-    output, error = workers.call(self.name, kwargs)
+    try:
+      output, error = workers.call(self.name, kwargs)
+    except (worker_pool.CallFailed, worker_pool.CallRaised) as e:
+      output, error = None, str(e)
     return base_tool.ToolOutput(name=self.name, output=output, error=error)
 
   return type(cls.__name__, (cls,), {"apply": apply, "__doc__": cls.__doc__})
@@ -221,7 +242,7 @@ def _in_worker(cls: type[base_tool.BaseTool], workers: tool_worker.ToolWorkers) 
 
 def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
-  config error. The tools that do not time themselves share one ToolWorkers pool, whose workers
+  config error. The tools that do not time themselves share one WorkerPool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
   mine = user_tools(tools.tools_path) if tools.tools_path else {}
   if tools.tools_path and not set(mine) & set(tools.names):
@@ -236,6 +257,11 @@ def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   in_worker = _worker_classes(tools, mine)
   found = {name: BUILTIN_TOOLS[name].make(tools) for name in tools.names if name not in in_worker}
   if in_worker:
-    workers = tool_worker.ToolWorkers(functools.partial(worker_tools, tools), tools.tool_timeout_s)
+    workers = worker_pool.WorkerPool(
+      functools.partial(worker_tools, tools),
+      tools.tool_timeout_s,
+      f"rl.tool_timeout_s={tools.tool_timeout_s:g}",
+      bare=("tunix",),  # tools need only tunix.rl.agentic.tools, not Tunix's trainers and JAX
+    )
     found.update({name: _in_worker(cls, workers) for name, cls in in_worker.items()})
   return {name: found[name] for name in tools.names}
