@@ -32,7 +32,8 @@ def _eval_examples(cfg, tok):
 
 
 def _train_batches(cfg, tok, render=None):
-  return datasets.train_batches(_source(cfg, tok).training(render), cfg.train, cfg.data.data_shuffle_seed)
+  source = f"dataset_name={cfg.data.dataset_name}"
+  return datasets.train_batches(_source(cfg, tok).training(render), cfg.train, cfg.data.data_shuffle_seed, source)
 
 
 def test_gsm8k_splits_and_answers(smollm2_tokenizer):
@@ -309,7 +310,7 @@ def test_the_mawps_recipe_loads_with_its_template(smollm2_tokenizer):
 def test_epochs_repeat_the_data(tmp_path, smollm2_tokenizer):
   path = tmp_path / "four.jsonl"
   path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(5)))
-  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=100", "num_epoch=3")
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=6", "num_epoch=3")
   batches = list(_train_batches(cfg, smollm2_tokenizer))
   answers = [a for b in batches for a in b["answer"]]
   assert len(batches) == 6 and sorted(answers) == sorted(answers[:4] * 3)
