@@ -719,7 +719,8 @@ class AlgorithmSection:
   PREFIX: ClassVar[str] = "rl."
   num_generations: int = dataclasses.field(
     metadata=key(
-      "Samples per prompt (G in GRPO).", bounds=Bound(lambda x: x >= 2, "GRPO needs at least 2 samples per prompt")
+      "Samples per prompt (G in GRPO).",
+      bounds=Bound(lambda x: x >= 2, "expected at least 2 (GRPO compares the samples of a prompt)"),
     )
   )
   num_iterations: int = dataclasses.field(

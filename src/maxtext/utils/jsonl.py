@@ -48,4 +48,6 @@ def text_lines(path: str) -> Iterator[str]:
       try:
         yield raw.decode("utf-8")
       except UnicodeDecodeError as e:
-        raise errors.InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start} of the line)") from e
+        raise errors.InputError(
+          f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start + 1} of the line)"
+        ) from e
