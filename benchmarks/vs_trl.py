@@ -140,7 +140,11 @@ def _prepare(args, work: str) -> dict:
   tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
   template = templates.PromptTemplate(cfg.task, tokenizer, tasks.select(cfg.data.dataset_name).template)
   source = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
-  batches = list(datasets.train_batches(source.training(), cfg.train, cfg.data.data_shuffle_seed))
+  batches = list(
+    datasets.train_batches(
+      source.training(), cfg.train, cfg.data.data_shuffle_seed, f"dataset_name={cfg.data.dataset_name}"
+    )
+  )
   rows = [{"prompt": str(p), "answer": str(a)} for b in batches for p, a in zip(b["prompts"], b["answer"])]
   with open(os.path.join(work, "prompts.jsonl"), "w", encoding="utf-8") as f:
     f.writelines(json.dumps(r) + "\n" for r in rows)

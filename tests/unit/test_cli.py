@@ -35,3 +35,34 @@ def test_missing_data_file_is_one_line_and_exit_2(tmp_path, capsys):
   err = capsys.readouterr().err
   assert err.strip().splitlines()[-1] == f"error: {tmp_path / 'nope.jsonl'}: dataset file not found"
   assert "Traceback" not in err
+
+
+def _train_rl(tmp_path, *args):
+  """train_rl as a user runs it, in its own process (bounded in time); its exit code and stderr."""
+  import os
+  import subprocess
+  import sys
+
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+  command = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", "model_name=qwen3-tiny"]
+  proc = subprocess.run(
+    [*command, *args, f"base_output_directory={tmp_path / 'runs'}"],
+    capture_output=True,
+    text=True,
+    timeout=300,
+    env=env,
+  )
+  return proc.returncode, proc.stderr
+
+
+def test_start_checks_through_the_entrypoint_are_one_line_and_exit_2(tmp_path):
+  """A count key out of range and a start beyond the host's memory, each refused before any model
+  loads or anything is saved (data faults: test_datasets.py, in process)."""
+  code, err = _train_rl(tmp_path, "rl.num_iterations=0")
+  assert (code, err.strip().splitlines()) == (2, ["config error: rl.num_iterations=0: expected a positive integer"])
+  huge = ["batch_size=4096", "rl.num_generations=64", "max_response_length=512"]
+  code, err = _train_rl(tmp_path, *huge)
+  last = err.strip().splitlines()[-1]
+  assert code == 2 and last.startswith("error: expected peak memory ") and "Traceback" not in err
+  assert "the biggest item is activations" in last and last.endswith("set ignore_memory_estimate=true to start anyway")
+  assert not (tmp_path / "runs" / "default_run" / "checkpoints").exists()

@@ -176,3 +176,80 @@ def test_a_key_its_mode_ignores_is_refused_with_its_fields_first_failing_conditi
   assert ignored["eval_interval"] == ("evaluation during training runs in standard GRPO only", "rl.use_agentic_rollout")
   with pytest.raises(pyconfig.ConfigError, match=r"^eval_interval=2: .*\(num_test_batches=0 runs no evaluation\)"):
     make_config("rl.use_agentic_rollout=true", "num_test_batches=0", "eval_interval=2")
+
+
+# Every integer key, with values below its least (or above its most) that a start refuses.
+_OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
+  "checkpoint_period": (0,),
+  "max_num_checkpoints_to_keep": (0, -1),
+  "vocab_size": (0,),
+  "emb_dim": (0,),
+  "num_decoder_layers": (0,),
+  "num_query_heads": (0,),
+  "num_kv_heads": (0,),
+  "head_dim": (0,),
+  "mlp_dim": (0,),
+  "sliding_window_size": (-1,),
+  "sliding_window_pattern": (-1,),
+  "query_pre_attn_scalar": (-1,),
+  "max_position_embeddings": (0,),
+  "init_weights_seed": (-1, 2**32),
+  "lora_rank": (-1,),
+  "ici_data_parallelism": (0, -2),
+  "ici_fsdp_parallelism": (0,),
+  "ici_tensor_parallelism": (0,),
+  "data_shuffle_seed": (-1,),
+  "math_verify_num_procs": (0,),
+  "batch_size": (0,),
+  "train_micro_batch_size": (-2,),  # -1 is MaxText's 0 (no accumulation)
+  "num_batches": (0, -1),
+  "num_epoch": (0,),
+  "max_prompt_length": (0,),
+  "max_response_length": (0,),
+  "max_prefill_predict_length": (0, -2),
+  "max_target_length": (0,),
+  "decode_sampling_top_k": (-1,),
+  "decode_seed": (-1,),
+  "rollout_max_batch_size": (0,),
+  "decode_steps_per_dispatch": (0,),
+  "num_test_batches": (-1,),
+  "eval_batch_size": (0, -2),  # -1 is MaxText's batch_size
+  "num_eval_passes": (0,),
+  "eval_interval": (-1,),
+  "rl.num_generations": (1,),
+  "rl.num_iterations": (0, -1),
+  "rl.dynamic_sampling_max_rounds": (1,),
+  "rl.overlong_buffer_length": (-1,),
+  "rl.max_concurrency": (0, -1),
+  "rl.off_policy_steps": (-1,),
+  "rl.max_turns": (0,),
+  "rl.tool_memory_mb": (0,),
+  "rl.tool_output_max_chars": (0,),
+}
+
+
+def test_every_integer_key_has_bounds_on_its_field():
+  """A count, size, length or seed key takes only the values its field's bounds allow; the table
+  below tries a value out of range of each."""
+  integer_keys = set()
+  for section in sections.SECTION_TYPES.values():
+    hints = typing.get_type_hints(section)
+    for f in dataclasses.fields(section):
+      if hints[f.name] is int:
+        key = sections.yaml_keys(section)[f.name]
+        integer_keys.add(key)
+        assert f.metadata["bounds"] is not None, f"{key}: an integer key without bounds"
+  assert integer_keys == set(_OUT_OF_RANGE)
+
+
+@pytest.mark.parametrize(
+  "key, value", [(key, value) for key, values in _OUT_OF_RANGE.items() for value in values], ids=str
+)
+def test_an_integer_key_out_of_range_stops_the_start_naming_it(key, value):
+  """In the mode that reads the key (agentic keys with rl.use_agentic_rollout=true and a tool):
+  one line, key=value and what is expected."""
+  mode = ["rl.use_agentic_rollout=true", "rl.tools=[python]"] if key in sections.AGENTIC_ONLY_KEYS else []
+  with pytest.raises(pyconfig.ConfigError) as raised:
+    make_config(*mode, f"{key}={value}")
+  message = str(raised.value)
+  assert message.startswith(f"{key}={value}: expected ") and "\n" not in message, message

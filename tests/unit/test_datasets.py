@@ -32,7 +32,8 @@ def _eval_examples(cfg, tok):
 
 
 def _train_batches(cfg, tok, render=None):
-  return datasets.train_batches(_source(cfg, tok).training(render), cfg.train, cfg.data.data_shuffle_seed)
+  source = f"dataset_name={cfg.data.dataset_name}"
+  return datasets.train_batches(_source(cfg, tok).training(render), cfg.train, cfg.data.data_shuffle_seed, source)
 
 
 def test_gsm8k_splits_and_answers(smollm2_tokenizer):
@@ -309,7 +310,7 @@ def test_the_mawps_recipe_loads_with_its_template(smollm2_tokenizer):
 def test_epochs_repeat_the_data(tmp_path, smollm2_tokenizer):
   path = tmp_path / "four.jsonl"
   path.write_text("".join(json.dumps({"question": f"q{i}", "answer": str(i)}) + "\n" for i in range(5)))
-  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=100", "num_epoch=3")
+  cfg = make_config(f"dataset_name={path}", "train_fraction=0.8", "batch_size=2", "num_batches=6", "num_epoch=3")
   batches = list(_train_batches(cfg, smollm2_tokenizer))
   answers = [a for b in batches for a in b["answer"]]
   assert len(batches) == 6 and sorted(answers) == sorted(answers[:4] * 3)
@@ -342,3 +343,103 @@ def test_template_example_turns(tmp_path, smollm2_tokenizer):
     path.write_text(json.dumps({"SYSTEM_PROMPT": "SYS", "TEMPLATE": "{question}", "EXAMPLES": bad}))
     with pytest.raises(ValueError, match=f"data_template_path={path}: {shown}.*expected a list of"):
       template_for(make_config(f"data_template_path={path}"), smollm2_tokenizer)
+
+
+_GOOD = json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n"
+
+
+@pytest.mark.parametrize(
+  "second_line, message",
+  [
+    (b'{"question": "caf\xe9?", "answer": "1"}\n', r":2: not UTF-8 text \(invalid continuation byte at byte 18"),
+    (b"null\n", ":2: null; expected a JSON object"),
+    (b"[1, 2]\n", ":2: an array; expected a JSON object"),
+    (b'"a string"\n', ":2: a string; expected a JSON object"),
+  ],
+)
+def test_a_jsonl_line_that_is_not_a_utf8_json_object_is_named_by_file_and_line(tmp_path, second_line, message):
+  path = tmp_path / "data.jsonl"
+  path.write_bytes(_GOOD.encode() + second_line + _GOOD.encode())
+  cfg = make_config(f"dataset_name={path}", "train_fraction=1.0")
+  with pytest.raises(errors.InputError, match=f"^{re.escape(str(path))}{message}") as raised:
+    datasets.load_rows(cfg.data, str(path), "train", training=True)
+  assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+  "row, message",
+  [
+    ({"question": "q?", "answer": ["72"]}, "has answer ['72'] (a list); expected a string or a number"),
+    ({"question": "q?", "answer": None}, "has answer None (null); expected a string or a number"),
+    ({"question": "q?", "answer": True}, "has answer True (a bool); expected a string or a number"),
+    ({"question": None, "answer": "1"}, "has question None (null); expected a string"),
+    ({"question": ["q?"], "answer": "1"}, "has question ['q?'] (a list); expected a string"),
+  ],
+)
+def test_a_question_or_answer_of_the_wrong_type_is_named_not_trained_on_as_text(
+  tmp_path, smollm2_tokenizer, row, message
+):
+  path = tmp_path / "data.jsonl"
+  path.write_text(_GOOD + json.dumps(row) + "\n")
+  cfg = make_config(f"dataset_name={path}", "train_fraction=1.0")
+  with pytest.raises(errors.InputError) as raised:
+    _examples(cfg, smollm2_tokenizer, str(path))
+  assert str(raised.value) == f"dataset_name={path}: line 2 {message}"
+  # A number is an answer (its text); so is a dataset processor's, checked the same way.
+  path.write_text(_GOOD + json.dumps({"question": "q?", "answer": 72}) + "\n")
+  assert [e["answer"] for e in _examples(cfg, smollm2_tokenizer, str(path))] == ["2", "72"]
+  proc = tmp_path / "proc.py"
+  proc.write_text(
+    "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):\n"
+    f"  return dict(prompts=x['question'], question={row['question']!r}, answer={row['answer']!r})\n"
+  )
+  with_proc = make_config(f"dataset_name={path}", "train_fraction=1.0", f"dataset_processor_path={proc}")
+  with pytest.raises(errors.InputError) as raised:
+    _examples(with_proc, smollm2_tokenizer, str(path))
+  assert (
+    str(raised.value)
+    == f"dataset_processor_path={proc}: process_data's result for dataset_name={path} line 1 {message}"
+  )
+
+
+def test_a_csv_file_with_a_header_is_a_data_source(tmp_path, smollm2_tokenizer):
+  """Quoted fields may hold commas and line breaks; a row is placed at the line it starts on."""
+  path = tmp_path / "data.csv"
+  path.write_text('question,answer\n"What is 1,000 + 1?",1001\n\n"Two\nlines: 2 + 2?",4\nWhat is 3 + 3?,6\n')
+  cfg = make_config(f"dataset_name={path}", "train_fraction=1.0")
+  rows = datasets.load_rows(cfg.data, str(path), "train", training=True)
+  assert [r.where for r in rows] == ["line 2", "line 4", "line 6"]
+  examples = _examples(cfg, smollm2_tokenizer, str(path))
+  assert [(e["question"], e["answer"]) for e in examples] == [
+    ("What is 1,000 + 1?", "1001"),
+    ("Two\nlines: 2 + 2?", "4"),
+    ("What is 3 + 3?", "6"),
+  ]
+  path.write_text("question,answer\nWhat is 1 + 1?,2\nWhat is 2 + 2?,4,extra\n")
+  with pytest.raises(errors.InputError, match=f"^{re.escape(str(path))}:3: 3 fields; expected the header's 2$"):
+    datasets.load_rows(cfg.data, str(path), "train", training=True)
+  path.write_bytes(b"question,answer\nWhat is 1 + 1?,2\n\xff\n")
+  with pytest.raises(errors.InputError, match=f"^{re.escape(str(path))}:3: not UTF-8 text"):
+    datasets.load_rows(cfg.data, str(path), "train", training=True)
+  other = tmp_path / "data.txt"
+  other.write_text("What is 1 + 1? 2\n")
+  with pytest.raises(
+    errors.InputError, match=f"^dataset_name={re.escape(str(other))}: expected a .jsonl, .parquet, .csv"
+  ):
+    datasets.load_rows(make_config(f"dataset_name={other}").data, str(other), "train", training=True)
+
+
+def test_training_data_too_small_for_num_batches_stops_the_start(tmp_path, smollm2_tokenizer):
+  """3 rows, batch_size=2: one batch a pass; num_batches=5 would train 1 step while the run (its
+  schedule, checkpoints and report) counts 5."""
+  path = tmp_path / "three.jsonl"
+  path.write_text("".join(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n" for i in range(3)))
+  args = (f"dataset_name={path}", "train_fraction=1.0", "batch_size=2")
+  with pytest.raises(errors.InputError) as raised:
+    _train_batches(make_config(*args, "num_batches=5"), smollm2_tokenizer)
+  assert str(raised.value) == (
+    f"num_batches=5 needs 10 training examples (batch_size=2, num_epoch=1 passes), but dataset_name={path} "
+    "gives 3 (after train_fraction and max_prompt_length); expected num_batches <= 1, num_epoch >= 4 or more rows"
+  )
+  assert len(list(_train_batches(make_config(*args, "num_batches=1"), smollm2_tokenizer))) == 1
+  assert len(list(_train_batches(make_config(*args, "num_batches=5", "num_epoch=4"), smollm2_tokenizer))) == 5

@@ -1,7 +1,9 @@
 """The memory estimate logged at start: its parts against the real objects (the decoder's parameters
 and adapters, optax's AdamW state, the decoder's KV cache) and its training-step temporaries against
-XLA's own figure for a compiled forward and backward pass."""
+XLA's own figure for a compiled forward and backward pass; and the refusal of a start it says would
+not fit."""
 
+import logging
 import subprocess
 import sys
 
@@ -11,11 +13,13 @@ import optax
 import pytest
 from flax import nnx
 
+from maxtext.configs import pyconfig
 from maxtext.integration.tunix import scoring
 from maxtext.models import builder
 from maxtext.models.decoder import MatmulCopy, ModelConfig
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import footprint
+from maxtext.utils import errors
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -194,3 +198,57 @@ def test_a_checkpoint_is_parameters_and_two_optimizer_moments():
   assert footprint.checkpoint_bytes(make_config("model_name=qwen3-tiny")) == 117_871_872
   lora = make_config("model_name=qwen3-tiny", "lora_rank=4")
   assert footprint.checkpoint_bytes(lora) == 3 * 4 * footprint.adapter_count(lora.model)
+
+
+# A start no host holds: qwen3-tiny with 4096 prompts x 64 samples of 512 tokens a step (9 TB).
+HUGE = ("model_name=qwen3-tiny", "batch_size=4096", "rl.num_generations=64", "max_response_length=512")
+GB = 1e9
+
+
+def test_a_start_beyond_the_hosts_memory_is_refused_naming_the_biggest_item():
+  estimate = footprint.estimate(make_config(*HUGE))
+  with pytest.raises(errors.InputError) as raised:
+    footprint.check_fits(estimate, False, host=24 * GB, devices=None)
+  [activations] = [name for name in estimate.parts if name.startswith("activations")]
+  assert max(estimate.parts.values()) == estimate.parts[activations]
+  assert str(raised.value) == (
+    f"expected peak memory {estimate.total / GB:.1f} GB exceeds the host's 24.0 GB; the biggest item is "
+    f"{activations} at {estimate.parts[activations] / GB:.1f} GB (shrunk by: train_micro_batch_size, "
+    "remat_policy=full, rl.num_generations, max_prompt_length, max_response_length); or set "
+    "ignore_memory_estimate=true to start anyway"
+  )
+
+
+def test_ignore_memory_estimate_starts_anyway_with_a_warning(caplog):
+  cfg = make_config(*HUGE, "ignore_memory_estimate=true")
+  assert cfg.run.ignore_memory_estimate
+  with caplog.at_level(logging.WARNING, logger=footprint.__name__):
+    footprint.check_fits(footprint.estimate(cfg), cfg.run.ignore_memory_estimate, host=24 * GB, devices=None)
+  assert "exceeds the host's 24.0 GB" in caplog.text and "starting anyway (ignore_memory_estimate=true)" in caplog.text
+
+
+def test_on_accelerators_their_parts_are_held_against_their_memory_and_the_hosts_against_the_host():
+  """qwen3-0.6b's training state (weights, reference, moments and gradient: 12 GB in float32) on an
+  8 GB accelerator does not fit, on an 80 GB one it does; the 2 GB process does not fit a 1 GB host."""
+  estimate = footprint.estimate(make_config("model_name=qwen3-0.6b", "random_weights=true"), process_bytes=2 * GB)
+  with pytest.raises(errors.InputError, match=r"exceeds the accelerators' 8.0 GB; the biggest item is activations"):
+    footprint.check_fits(estimate, False, host=64 * GB, devices=8 * GB)
+  footprint.check_fits(estimate, False, host=64 * GB, devices=80 * GB)
+  with pytest.raises(errors.InputError, match=r"exceeds the host's 1.0 GB; the biggest item is the process before"):
+    footprint.check_fits(estimate, False, host=1 * GB, devices=80 * GB)
+
+
+@pytest.mark.parametrize("yaml", ["rl_times_table.yml", "rl.yml"])
+def test_the_default_demo_and_the_recipe_fit_a_24_gb_laptop(yaml):
+  """`make run` (rl_times_table.yml, SmolLM2-135M) and rl.yml, with the process as big as it is here."""
+  footprint.check_fits(
+    footprint.estimate(pyconfig.initialize(["x", yaml]), footprint.rss_bytes()), False, 24 * GB, None
+  )
+
+
+def test_the_hosts_memory_is_its_own_or_its_containers():
+  import os
+
+  physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+  assert 0 < footprint.host_memory_bytes() <= physical
+  assert footprint.device_memory_bytes() is None  # the suite runs on CPU, whose memory is the host's

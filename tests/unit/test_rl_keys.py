@@ -199,7 +199,7 @@ def test_tool_limits_take_effect_with_the_python_tool():
     ),
     (["answer_format=last_number", "penalty_incorrect_format=-1"], "penalty_incorrect_format"),
     (["rl.kl_loss_mode=k3"], "expected one of low_var_kl, mse_kl, kl"),
-    (["decode_sampling_top_k=-1"], "expected top_k >= 0"),
+    (["decode_sampling_top_k=-1"], "decode_sampling_top_k=-1: expected an integer >= 0"),
   ],
 )
 def test_settings_that_cannot_take_effect_are_refused(args, message):

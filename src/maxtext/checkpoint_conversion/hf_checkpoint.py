@@ -7,8 +7,8 @@ import json
 import os
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 from safetensors import numpy as safetensors_np
-from safetensors import safe_open
 
 from maxtext.checkpoint_conversion import hf_config
 from maxtext.configs.sections import ModelSection
@@ -16,11 +16,15 @@ from maxtext.utils import errors
 
 
 def read_state_dict(path: str) -> dict[str, np.ndarray]:
-  """All tensors of an HF checkpoint directory (single file or sharded with an index), as stored."""
+  """All tensors of an HF checkpoint directory (single file or sharded with an index), as stored; a
+  weights file missing, truncated or damaged is an InputError naming it."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.isfile(index):
-    with open(index, encoding="utf-8") as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    try:
+      with open(index, encoding="utf-8") as f:
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, not UTF-8, no weight_map mapping
+      raise errors.InputError(f"{index}: not a safetensors index (a JSON object with a weight_map) ({e!r})") from e
     files = [os.path.join(path, name) for name in files]
   else:
     files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
@@ -30,9 +34,12 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   for name in files:
     if not os.path.isfile(name):
       raise errors.MissingInputError(f"{name}: listed in model.safetensors.index.json but missing")
-    with safe_open(name, framework="np") as f:
-      for key in f.keys():
-        out[key] = f.get_tensor(key)
+    try:
+      with safe_open(name, framework="np") as f:
+        for key in f.keys():
+          out[key] = f.get_tensor(key)
+    except SafetensorError as e:
+      raise errors.InputError(f"{name}: not a complete safetensors file, truncated or damaged ({e})") from e
   return out
 
 

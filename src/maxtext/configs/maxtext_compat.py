@@ -32,6 +32,10 @@ def apply_length_aliases(v: dict[str, Any], set_by: Mapping[str, str]) -> None:
   """Maps MaxText's max_prefill_predict_length / max_target_length onto our length knobs in `v`
   (dotted key -> value; set_by: the keys some layer set)."""
   prefill, target = v["max_prefill_predict_length"], v["max_target_length"]
+  for key in ("max_prefill_predict_length", "max_target_length"):
+    problem = sections.key_problem(key, v[key])
+    if problem:
+      raise ConfigError(problem)
   if prefill != -1:
     if "max_prompt_length" in set_by and v["max_prompt_length"] != prefill:
       raise ConfigError(

@@ -119,6 +119,8 @@ class Bound:
 
 POSITIVE_INT = Bound(lambda x: x > 0, "expected a positive integer")
 NON_NEGATIVE_INT = Bound(lambda x: x >= 0, "expected an integer >= 0")
+SEED = Bound(lambda x: 0 <= x < 2**32, "expected a seed from 0 to 2**32 - 1")
+LENGTH_ALIAS = Bound(lambda x: x > 0 or x == -1, "expected a positive length, or -1 (unset)")
 BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", finite=True)
 NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
 AXIS_SIZE = Bound(lambda x: x > 0 or x == -1, "expected a positive mesh axis size, or -1 to fill the devices")
@@ -185,7 +187,9 @@ class RunSection:
   checkpoint_period: int = dataclasses.field(
     metadata=key("Save an Orbax checkpoint every this many steps (and at the end).", bounds=POSITIVE_INT)
   )
-  max_num_checkpoints_to_keep: int = dataclasses.field(metadata=key("Checkpoints kept on disk."))
+  max_num_checkpoints_to_keep: int = dataclasses.field(
+    metadata=key("Checkpoints kept on disk (the newest).", bounds=POSITIVE_INT)
+  )
   resume_with_changes: bool = dataclasses.field(
     metadata=key(
       "A rerun resumes even where it sets keys that shape training (model, data, rewards, algorithm, "
@@ -199,6 +203,13 @@ class RunSection:
       "host offloading, MaxText's own decoder, checkpointer and diagnostics), unused; they are listed at start "
       "and recorded in config.yml. false: a config that sets one stops at start naming them all, grouped by "
       "reason. See docs/configuration.md#coming-from-maxtext."
+    )
+  )
+  ignore_memory_estimate: bool = dataclasses.field(
+    metadata=key(
+      "true: start even where the expected peak memory (logged at start) exceeds the memory of the host, or "
+      "of the accelerators where they report theirs. false: such a start stops, naming the biggest item of "
+      "the estimate and the keys that shrink it."
     )
   )
 
@@ -223,15 +234,17 @@ class ModelSection:
       "layers interleaved with global ones)."
     )
   )
-  vocab_size: int = dataclasses.field(metadata=key("Rows of the embedding table."))
-  emb_dim: int = dataclasses.field(metadata=key("Hidden size."))
-  num_decoder_layers: int = dataclasses.field(metadata=key("Number of decoder layers."))
-  num_query_heads: int = dataclasses.field(metadata=key("Attention query heads."))
+  vocab_size: int = dataclasses.field(metadata=key("Rows of the embedding table.", bounds=POSITIVE_INT))
+  emb_dim: int = dataclasses.field(metadata=key("Hidden size.", bounds=POSITIVE_INT))
+  num_decoder_layers: int = dataclasses.field(metadata=key("Number of decoder layers.", bounds=POSITIVE_INT))
+  num_query_heads: int = dataclasses.field(metadata=key("Attention query heads.", bounds=POSITIVE_INT))
   num_kv_heads: int = dataclasses.field(
-    metadata=key("Attention key/value heads (grouped-query attention when fewer than query heads).")
+    metadata=key(
+      "Attention key/value heads (grouped-query attention when fewer than query heads).", bounds=POSITIVE_INT
+    )
   )
-  head_dim: int = dataclasses.field(metadata=key("Size of one attention head."))
-  mlp_dim: int = dataclasses.field(metadata=key("Hidden size of the MLP (SwiGLU; gemma3: GeGLU)."))
+  head_dim: int = dataclasses.field(metadata=key("Size of one attention head.", bounds=POSITIVE_INT))
+  mlp_dim: int = dataclasses.field(metadata=key("Hidden size of the MLP (SwiGLU; gemma3: GeGLU).", bounds=POSITIVE_INT))
   rope_max_timescale: float = dataclasses.field(metadata=key("RoPE theta."))
   rope_scaling: Mapping[str, float] | None = dataclasses.field(
     metadata=key(
@@ -247,26 +260,29 @@ class ModelSection:
   sliding_window_size: int = dataclasses.field(
     metadata=key(
       "gemma3: a sliding-window layer's query attends the keys fewer than this many positions before it "
-      "(itself included); 0 for the other families."
+      "(itself included); 0 for the other families.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   sliding_window_pattern: int = dataclasses.field(
     metadata=key(
       "gemma3: layer i attends globally when (i + 1) % sliding_window_pattern == 0, through the sliding window "
-      "otherwise (6: five local layers to one global; 1: every layer global); 0 for the other families."
+      "otherwise (6: five local layers to one global; 1: every layer global); 0 for the other families.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   query_pre_attn_scalar: int = dataclasses.field(
     metadata=key(
       "gemma3: attention scores are scaled by query_pre_attn_scalar ** -0.5 (instead of head_dim ** -0.5); 0 "
-      "for the other families."
+      "for the other families.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   normalization_layer_epsilon: float = dataclasses.field(metadata=key("RMSNorm epsilon."))
   use_qk_norm: bool = dataclasses.field(metadata=key("RMSNorm on queries and keys per head (Qwen3; Gemma 3 always)."))
   logits_via_embedding: bool = dataclasses.field(metadata=key("Tie the output projection to the input embedding."))
   max_position_embeddings: int = dataclasses.field(
-    metadata=key("Longest context the model was trained for; prompt + response must fit.")
+    metadata=key("Longest context the model was trained for; prompt + response must fit.", bounds=POSITIVE_INT)
   )
   dtype: Dtype = dataclasses.field(metadata=key("Activation dtype: float32 or bfloat16."))
   weight_dtype: Dtype = dataclasses.field(metadata=key("Parameter dtype: float32 or bfloat16."))
@@ -321,7 +337,9 @@ class ModelSection:
       'a blank line, the "\\n\\n" token then being the EOS; it must be one token of the vocabulary).'
     )
   )
-  init_weights_seed: int = dataclasses.field(metadata=key("Seed for random initialisation of models without weights."))
+  init_weights_seed: int = dataclasses.field(
+    metadata=key("Seed for random initialisation of models without weights.", bounds=SEED)
+  )
   random_weights: bool = dataclasses.field(
     metadata=key(
       "true: seeded random weights (init_weights_seed) for any model_name instead of loading any (benchmarks "
@@ -331,7 +349,8 @@ class ModelSection:
   lora_rank: int = dataclasses.field(
     metadata=key(
       "Rank of LoRA adapters trained instead of the full weights (the base stays frozen and serves as the "
-      "reference model); 0: full fine-tuning."
+      "reference model); 0: full fine-tuning.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   lora_alpha: float = dataclasses.field(
@@ -453,7 +472,7 @@ class DataSection:
     )
   )
   data_shuffle_seed: int = dataclasses.field(
-    metadata=key("Seed of the training-data shuffle and of train_fraction splits.")
+    metadata=key("Seed of the training-data shuffle and of train_fraction splits.", bounds=SEED)
   )
 
 
@@ -540,12 +559,17 @@ class TrainSection:
   train_micro_batch_size: int = dataclasses.field(
     metadata=key(
       "Prompts per gradient-accumulation micro-batch (0: all of batch_size); divides batch_size. Lowers the "
-      "trainer's peak memory."
+      "trainer's peak memory.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   num_batches: int = dataclasses.field(metadata=key("Training steps.", bounds=POSITIVE_INT))
   num_epoch: int = dataclasses.field(
-    metadata=key("Passes over the training data (bounded by num_batches).", bounds=POSITIVE_INT)
+    metadata=key(
+      "Passes over the training data at most: the run trains num_batches batches, and a start whose data "
+      "makes fewer (training examples x num_epoch / batch_size) stops naming them.",
+      bounds=POSITIVE_INT,
+    )
   )
   learning_rate: float = dataclasses.field(
     metadata=key(
@@ -585,9 +609,11 @@ class SamplingSection:
     metadata=key("Longest prompt in tokens; longer prompts are dropped and counted.", bounds=POSITIVE_INT)
   )
   max_response_length: int = dataclasses.field(metadata=key("Longest response in tokens.", bounds=POSITIVE_INT))
-  max_prefill_predict_length: int = dataclasses.field(metadata=key("MaxText alias of max_prompt_length (-1: unset)."))
+  max_prefill_predict_length: int = dataclasses.field(
+    metadata=key("MaxText alias of max_prompt_length (-1: unset).", bounds=LENGTH_ALIAS)
+  )
   max_target_length: int = dataclasses.field(
-    metadata=key("MaxText alias of max_prompt_length + max_response_length (-1: unset).")
+    metadata=key("MaxText alias of max_prompt_length + max_response_length (-1: unset).", bounds=LENGTH_ALIAS)
   )
   decode_sampling_temperature: float = dataclasses.field(
     metadata=key("Sampling temperature of training rollouts (> 0; the trainer's log-probs use it too).")
@@ -601,11 +627,12 @@ class SamplingSection:
   decode_sampling_top_k: int = dataclasses.field(
     metadata=key(
       "Top-k of training rollouts; 0: off. Set, the samples come from a truncated distribution while the PPO "
-      "ratio uses the full one."
+      "ratio uses the full one.",
+      bounds=NON_NEGATIVE_INT,
     )
   )
   decode_seed: int = dataclasses.field(
-    metadata=key("Base seed of rollout sampling; every generation call derives a fresh key from it.")
+    metadata=key("Base seed of rollout sampling; every generation call derives a fresh key from it.", bounds=SEED)
   )
   rollout_engine: RolloutEngineName = dataclasses.field(
     metadata=key(
@@ -706,12 +733,15 @@ class AlgorithmSection:
   PREFIX: ClassVar[str] = "rl."
   num_generations: int = dataclasses.field(
     metadata=key(
-      "Samples per prompt (G in GRPO).", bounds=Bound(lambda x: x >= 2, "GRPO needs at least 2 samples per prompt")
+      "Samples per prompt (G in GRPO).",
+      bounds=Bound(lambda x: x >= 2, "expected at least 2 (GRPO compares the samples of a prompt)"),
     )
   )
   num_iterations: int = dataclasses.field(
     metadata=key(
-      "Policy updates per batch (mu in GRPO).", applies=(STANDARD.because("its learner trains each batch once"),)
+      "Policy updates per batch (mu in GRPO).",
+      bounds=POSITIVE_INT,
+      applies=(STANDARD.because("its learner trains each batch once"),),
     )
   )
   grpo_beta: float = dataclasses.field(
@@ -772,12 +802,14 @@ class AlgorithmSection:
     metadata=key(
       "Dynamic sampling: at most this many rounds of prompts per step (agentic: per slot); when they run out, "
       "groups without signal fill the batch (logged, dynamic_sampling/short).",
+      bounds=Bound(lambda x: x >= 2, "expected at least 2 (one round samples nothing more)"),
       applies=(DYNAMIC_SAMPLING,),
     )
   )
   overlong_buffer_length: int = dataclasses.field(
     metadata=key(
       "Standard: DAPO's soft overlong punishment over the last this many tokens of max_response_length (0: off).",
+      bounds=NON_NEGATIVE_INT,
       applies=(STANDARD,),
     )
   )
@@ -805,7 +837,9 @@ class AgenticSection:
   use_agentic_rollout: bool = dataclasses.field(
     metadata=key("Train with Tunix's agentic GRPO learner: asynchronous rollouts overlapped with training.")
   )
-  max_concurrency: int = dataclasses.field(metadata=key("Agentic: rollouts in flight at once.", applies=(AGENTIC,)))
+  max_concurrency: int = dataclasses.field(
+    metadata=key("Agentic: rollouts in flight at once.", bounds=POSITIVE_INT, applies=(AGENTIC,))
+  )
   off_policy_steps: int = dataclasses.field(
     metadata=key(
       "Agentic: how many policy versions old a consumed sample may be.", bounds=NON_NEGATIVE_INT, applies=(AGENTIC,)
@@ -831,6 +865,7 @@ class ToolsSection:
   max_turns: int = dataclasses.field(
     metadata=key(
       "Agentic with tools: model turns per conversation (tool results come back between them).",
+      bounds=POSITIVE_INT,
       applies=(AGENTIC, ANY_TOOL),
     )
   )
@@ -842,7 +877,7 @@ class ToolsSection:
     )
   )
   tool_memory_mb: int = dataclasses.field(
-    metadata=key("python tool: address-space limit.", applies=(AGENTIC, PYTHON_TOOL))
+    metadata=key("python tool: address-space limit.", bounds=POSITIVE_INT, applies=(AGENTIC, PYTHON_TOOL))
   )
   tool_output_max_chars: int = dataclasses.field(
     metadata=key(
@@ -935,15 +970,21 @@ def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 def field_problem(values: Mapping[str, Any]) -> str | None:
   """The error for the first key, in section order, whose value in `values` (dotted key -> value) is
   not one of its choices (a Literal field) or out of its field's `bounds`; None where none is."""
-  allowed = choices()
-  for dotted, f in _fields():
-    if dotted in allowed and values[dotted] not in allowed[dotted]:
-      return f"{dotted}={values[dotted]!r}: expected one of {', '.join(a or repr(a) for a in allowed[dotted])}"
-    bounds = f.metadata.get("bounds")
-    problem = bounds.problem(dotted, values[dotted]) if bounds else None
+  for dotted, _ in _fields():
+    problem = key_problem(dotted, values[dotted])
     if problem:
       return problem
   return None
+
+
+def key_problem(dotted: str, value: Any) -> str | None:
+  """The error for `value` of the key `dotted` where it is not one of the key's choices or out of its
+  bounds; None where it is neither."""
+  allowed = choices().get(dotted)
+  if allowed is not None and value not in allowed:
+    return f"{dotted}={value!r}: expected one of {', '.join(a or repr(a) for a in allowed)}"
+  bounds = dict(_fields())[dotted].metadata.get("bounds")
+  return bounds.problem(dotted, value) if bounds else None
 
 
 def path_keys(*kinds: PathKind) -> tuple[str, ...]:

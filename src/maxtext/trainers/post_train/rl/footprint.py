@@ -20,6 +20,12 @@ and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer siz
 "Compiled-program memory in the estimate"; with scan_layers one layer's, the programs holding one
 scanned layer). Not counted: the optimizer update's
 own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
+
+A start whose estimate exceeds the memory it has is refused (`check_fits`): on CPU the whole estimate
+against the host's memory (its physical memory, or a smaller cgroup limit); on accelerators that
+report their memory, the parts they hold against all of theirs together (the most any layout has)
+and the parts the host holds against the host's. The refusal names the biggest item and the keys
+that shrink it; run.ignore_memory_estimate=true starts anyway.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ import logging
 import os
 import resource
 
+import jax
+
 from maxtext.configs.run_config import RunConfig
 from maxtext.configs.sections import ModelSection
 from maxtext.models import token_logps
 from maxtext.models.decoder import ModelConfig
+from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +130,8 @@ def _bfloat16_copy_bytes(model: ModelSection, count: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Footprint:
   parts: dict[str, float]  # name -> bytes
+  shrinks: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> the keys that shrink it
+  on_host: frozenset[str] = frozenset()  # the parts held in host memory where accelerators run the model
 
   @property
   def total(self) -> float:
@@ -158,23 +169,67 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
   temporaries = output_layer + activations
   bfloat16_rollouts = sampling.rollout_engine == "batched" and sampling.rollout_dtype == "bfloat16"
   copy = _bfloat16_copy_bytes(model, n + lora) if bfloat16_rollouts else 0
-  parts: dict[str, float] = {
-    f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): n
-    * weight_bytes
-    + lora * 4,
-    "KL reference copy": n * weight_bytes if cfg.algorithm.grpo_beta != 0 and not lora else 0,
-    "policy snapshot (Tunix, host; agentic)": n * weight_bytes + lora * 4 if _reads_policy_snapshot(cfg) else 0,
-    f"AdamW moments ({'adapters' if lora else 'all weights'})": 2 * trained * trained_bytes,
-    "gradient": trained * trained_bytes,
-    "gradient accumulator": trained * trained_bytes if train.train_micro_batch_size else 0,
-    f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": rows * sampling.kv_cache_size * kv,
-    f"output layer, micro-batch of {sequences} x {scored}": output_layer,
-    f"activations of {tokens} tokens (remat {model.remat_policy})": activations,
-    "sampler's bfloat16 copy (rollout_dtype)": copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
-    "compiled programs": _PROGRAM_BYTES_PER_LAYER * (1 if model.scan_layers else model.num_decoder_layers),
-    "the process before loading (runtime, libraries)": process_bytes,
+  # name -> (bytes, the keys that shrink it, whether the host holds it where accelerators run the model)
+  items: dict[str, tuple[float, str, bool]] = {
+    f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): (
+      n * weight_bytes + lora * 4,
+      "model_name (a smaller model), weight_dtype=bfloat16",
+      False,
+    ),
+    "KL reference copy": (
+      n * weight_bytes if cfg.algorithm.grpo_beta != 0 and not lora else 0,
+      "rl.grpo_beta=0, lora_rank",
+      False,
+    ),
+    "policy snapshot (Tunix, host; agentic)": (
+      n * weight_bytes + lora * 4 if _reads_policy_snapshot(cfg) else 0,
+      "rollout_engine=batched without rl.sampler_is",
+      True,
+    ),
+    f"AdamW moments ({'adapters' if lora else 'all weights'})": (
+      2 * trained * trained_bytes,
+      "lora_rank, weight_dtype=bfloat16",
+      False,
+    ),
+    "gradient": (trained * trained_bytes, "lora_rank, weight_dtype=bfloat16", False),
+    "gradient accumulator": (
+      trained * trained_bytes if train.train_micro_batch_size else 0,
+      "train_micro_batch_size=0, lora_rank",
+      False,
+    ),
+    f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": (
+      rows * sampling.kv_cache_size * kv,
+      "rollout_max_batch_size, rl.max_concurrency, batch_size, rl.num_generations, eval_batch_size, "
+      "max_prompt_length, max_response_length",
+      False,
+    ),
+    f"output layer, micro-batch of {sequences} x {scored}": (
+      output_layer,
+      "train_micro_batch_size, rl.num_generations, max_response_length",
+      False,
+    ),
+    f"activations of {tokens} tokens (remat {model.remat_policy})": (
+      activations,
+      "train_micro_batch_size, remat_policy=full, rl.num_generations, max_prompt_length, max_response_length",
+      False,
+    ),
+    "sampler's bfloat16 copy (rollout_dtype)": (
+      copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
+      "rollout_dtype=model",
+      False,
+    ),
+    "compiled programs": (
+      _PROGRAM_BYTES_PER_LAYER * (1 if model.scan_layers else model.num_decoder_layers),
+      "scan_layers=true",
+      True,
+    ),
+    "the process before loading (runtime, libraries)": (process_bytes, "no key", True),
   }
-  return Footprint(parts)
+  return Footprint(
+    {name: size for name, (size, _, _) in items.items()},
+    {name: keys for name, (_, keys, _) in items.items()},
+    frozenset(name for name, (_, _, host) in items.items() if host),
+  )
 
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
@@ -207,6 +262,56 @@ def log_estimate(cfg: RunConfig) -> Footprint:
   footprint = estimate(cfg, rss_bytes())
   log.info("Expected peak memory:\n%s", footprint.table())
   return footprint
+
+
+def host_memory_bytes() -> float:
+  """The host's memory: its physical memory, or the cgroup's limit where that is smaller (a container)."""
+  limits = [float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))]
+  for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+    try:
+      with open(path, encoding="ascii") as f:
+        text = f.read().strip()
+    except OSError:
+      continue
+    if text.isdigit():
+      limits.append(float(text))
+  return min(limits)
+
+
+def device_memory_bytes() -> float | None:
+  """The memory of this process's accelerators together, where each reports it (JAX's bytes_limit);
+  None on CPU, whose memory is the host's."""
+  stats = [device.memory_stats() for device in jax.local_devices()]
+  if not stats or any(not s or "bytes_limit" not in s for s in stats):
+    return None
+  return float(sum(s["bytes_limit"] for s in stats))
+
+
+def check_fits(footprint: Footprint, go_on: bool, host: float, devices: float | None) -> None:
+  """Refuses (an InputError naming the biggest item of the estimate and the keys that shrink it) a
+  start whose estimate exceeds the memory it has: the whole estimate the host's `host` bytes, where
+  `devices` is None (CPU); else the parts the accelerators hold their `devices` bytes together, or the
+  parts the host holds its memory. With `go_on` (run.ignore_memory_estimate) it only warns."""
+  if devices is None:
+    held = {"the host's": (footprint.parts, host)}
+  else:
+    held = {
+      "the accelerators'": ({k: v for k, v in footprint.parts.items() if k not in footprint.on_host}, devices),
+      "the host's": ({k: v for k, v in footprint.parts.items() if k in footprint.on_host}, host),
+    }
+  for whose, (parts, memory) in held.items():
+    need = sum(parts.values())
+    if need <= memory:
+      continue
+    biggest = max(parts, key=parts.__getitem__)
+    message = (
+      f"expected peak memory {need / GB:.1f} GB exceeds {whose} {memory / GB:.1f} GB; the biggest item is "
+      f"{biggest} at {parts[biggest] / GB:.1f} GB (shrunk by: {footprint.shrinks[biggest]})"
+    )
+    if go_on:
+      log.warning("%s; starting anyway (ignore_memory_estimate=true)", message)
+      continue
+    raise errors.InputError(f"{message}; or set ignore_memory_estimate=true to start anyway")
 
 
 def log_peak(footprint: Footprint) -> None:

@@ -49,7 +49,7 @@ def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
   """(training batches, reserve batches for dynamic sampling or None) of the training examples; in
   agentic GRPO their prompts are the user turn only."""
   seed = cfg.data.data_shuffle_seed
-  train_ds: Any = datasets.train_batches(training, cfg.train, seed)
+  train_ds: Any = datasets.train_batches(training, cfg.train, seed, f"dataset_name={cfg.data.dataset_name}")
   reserve_ds: Any = datasets.reserve_batches(training, cfg.train, seed) if cfg.algorithm.dynamic_sampling else None
   if cfg.agentic.use_agentic_rollout:
     train_ds = agentic_lib.user_turn_batches(train_ds)
@@ -69,6 +69,12 @@ class TrainingRun:
     folder.check_config(cfg)
     folder.check_space(footprint.checkpoint_bytes(cfg))
     self._expected_peak = footprint.log_estimate(cfg)
+    footprint.check_fits(
+      self._expected_peak,
+      cfg.run.ignore_memory_estimate,
+      footprint.host_memory_bytes(),
+      footprint.device_memory_bytes(),
+    )
     heap.release_after_compiling()
     trainer_mesh, sampler_mesh = mesh_lib.create_meshes(cfg.mesh, agentic)
     log.info(
