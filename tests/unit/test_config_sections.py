@@ -160,7 +160,7 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
   [
     ("learning_rate=.nan", "learning_rate=nan: expected a finite number > 0"),
     ("adam_b2=1.0", "adam_b2=1.0: expected a number from 0 to below 1"),
-    ("rl.num_generations=1", "rl.num_generations=1: GRPO needs at least 2 samples per prompt"),
+    ("rl.num_generations=1", "rl.num_generations=1: expected at least 2 (GRPO compares the samples of a prompt)"),
     ("math_verify_timeout=.nan", "math_verify_timeout=nan: expected a positive number of seconds"),
   ],
 )
