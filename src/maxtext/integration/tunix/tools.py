@@ -173,7 +173,7 @@ def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:
 
 class FunctionTool(base_tool.BaseTool):
   """A plain typed Python function with a Google-style docstring as a tool, the form TRL's
-  GRPOTrainer(tools=[fn]) takes (subclasses set FUNCTION; function_tool makes them). Its schema is
+  GRPOTrainer(tools=[fn]) takes (subclasses set FUNCTION; user_tools makes them). Its schema is
   transformers.utils.get_json_schema(FUNCTION)'s, under the tool's name; a call runs FUNCTION with
   the call's arguments as keyword arguments (an async function is run to its end) and its output is
   str(result), as TRL's; arguments that do not fit FUNCTION's signature are an error, not a raise."""
@@ -181,7 +181,7 @@ class FunctionTool(base_tool.BaseTool):
   FUNCTION: Callable[..., Any]
 
   def get_json_schema(self) -> dict[str, Any]:
-    schema = function_schema(type(self).FUNCTION)
+    schema = _function_schema(type(self).FUNCTION)
     return {**schema, "function": {**schema["function"], "name": self.name}}
 
   def apply(self, **kwargs) -> base_tool.ToolOutput:
@@ -200,15 +200,15 @@ class FunctionTool(base_tool.BaseTool):
 
 
 @functools.cache
-def function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+def _function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
   """transformers.utils.get_json_schema(fn) (imported here: tool workers, which only call tools,
   never load transformers); its exceptions say what fn lacks."""
-  from transformers.utils import get_json_schema  # pylint: disable=import-outside-toplevel
+  from transformers.utils import get_json_schema  # heavy; the trainer alone needs it
 
   return get_json_schema(fn)
 
 
-def function_tool(fn: Callable[..., Any]) -> type[FunctionTool]:
+def _function_tool(fn: Callable[..., Any]) -> type[FunctionTool]:
   """fn as a FunctionTool class, its docstring the class's (Tunix's tool description)."""
   return type(fn.__name__, (FunctionTool,), {"FUNCTION": staticmethod(fn), "__doc__": inspect.getdoc(fn)})
 
@@ -217,7 +217,7 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   """The tools of a Python file (rl.tools_path), by name, from its module-level TOOLS: a list of
   functions (TRL's tools=[fn, ...], each named by its __name__) or a dict of tool name -> function
   or Tunix BaseTool subclass; functions become FunctionTool classes. Any other TOOLS is an
-  InputError naming the file. Function tools' schemas are not built here (see check_schemas)."""
+  InputError naming the file. Function tools' schemas are not built here (see _check_schemas)."""
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
   expected = "expected TOOLS = [function, ...] or a TOOLS dict of tool name -> function or BaseTool subclass"
   if isinstance(found, (list, tuple)):
@@ -238,17 +238,17 @@ def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
   ]
   if bad:
     raise InputError(f"rl.tools_path={path}: TOOLS holds {', '.join(bad)}; {expected}")
-  return {name: function_tool(tool) if inspect.isroutine(tool) else tool for name, tool in found.items()}
+  return {name: _function_tool(tool) if inspect.isroutine(tool) else tool for name, tool in found.items()}
 
 
-def check_schemas(path: str, mine: dict[str, type[base_tool.BaseTool]]) -> None:
+def _check_schemas(path: str, mine: dict[str, type[base_tool.BaseTool]]) -> None:
   """InputError naming the file and the function where a function tool of rl.tools_path has no
   schema: an argument without a type hint, no docstring, or no description of an argument in it."""
   for cls in mine.values():
     if issubclass(cls, FunctionTool):
       fn = cls.FUNCTION
       try:
-        function_schema(fn)
+        _function_schema(fn)
       except Exception as e:
         code = getattr(fn, "__code__", None)
         line = f"{code.co_firstlineno}:" if code and os.path.abspath(code.co_filename) == os.path.abspath(path) else ""
@@ -331,7 +331,7 @@ def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   config error. The tools that do not time themselves share one WorkerPool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
   mine = user_tools(tools.tools_path) if tools.tools_path else {}
-  check_schemas(tools.tools_path, mine)
+  _check_schemas(tools.tools_path, mine)
   if tools.tools_path and not set(mine) & set(tools.names):
     raise InputError(
       f"rl.tools_path={tools.tools_path}: agentic GRPO would ignore it, since rl.tools="
