@@ -570,3 +570,64 @@ def test_the_feed_gets_full_batches_until_the_data_or_max_steps_end(batches, glo
     return [p["prompts"].tolist() async for p in learner._feed.prompts(asyncio.get_running_loop())]
 
   assert asyncio.run(drain()) == [[x] for b in batches[:fed] for x in b]
+
+
+WEATHER_TOOLS = '''
+def get_weather(city: str, unit: str = "celsius") -> str:
+  """Gets the current weather in a city.
+
+  Args:
+    city: the name of the city
+    unit: celsius or fahrenheit
+  """
+  return f"22 degrees {unit} in {city}"
+
+
+TOOLS = [get_weather]
+'''
+
+
+def test_a_trl_style_function_tool_is_described_to_the_model_and_called_in_an_episode(tmp_path, smollm2_tokenizer):
+  """A plain typed function in rl.tools_path (TRL's form): the first prompt's system turn shows its
+  schema as it shows a BaseTool's (name, description, parameters from the docstring), and in an
+  episode the model's call gets the function's result in the tool turn, a call with arguments that
+  do not fit its signature an error turn, and the conversation goes on."""
+  from transformers.utils import get_json_schema
+
+  from maxtext.integration.tunix import tools
+
+  path = tmp_path / "my_tools.py"
+  path.write_text(WEATHER_TOOLS)
+  cfg = make_config(
+    "rl.use_agentic_rollout=true", "rl.tools=[get_weather]", f"rl.tools_path={path}", "rl.system_prompt=SYS"
+  )
+  parser, tool_map = parser_for(cfg, smollm2_tokenizer), tools.tool_map(cfg.tools)
+  first = trajectories.first_prompt_renderer(cfg.tools, parser, tool_map)("What is the weather in Paris?")
+  namespace: dict = {}
+  exec(WEATHER_TOOLS, namespace)
+  shown = json.dumps([get_json_schema(namespace["get_weather"])], ensure_ascii=False, indent=2)
+  assert shown in first  # as Tunix's tool prompt dumps every tool's schema
+  for text in ('"name": "get_weather"', "Gets the current weather in a city.", '"city"', "the name of the city"):
+    assert text in first
+  assert '"unit"' in first and "celsius or fahrenheit" in first and '"required": [\n' in first
+
+  replies = [
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>',
+    '<tool_call>{"name": "get_weather", "arguments": {"town": "Paris"}}</tool_call>',
+    "It is 22 degrees in Paris.",
+  ]
+  calls, model_call = _scripted(replies, smollm2_tokenizer)
+  kwargs = trajectories.agent_kwargs(cfg.tools, tool_map, parser.example_turns)
+  agent = kwargs["agent_class"](system_prompt=parser.system_prompt, **kwargs["agent_kwargs"])
+  env = kwargs["env_class"]({"prompts": "What is the weather in Paris?", "answer": "22"}, **kwargs["env_kwargs"])
+  engine = _engine(agent, env, model_call, parser, smollm2_tokenizer, 512)
+  asyncio.run(engine.collect(mode="Trajectory"))
+  assert calls == replies
+  outputs = [str(m["content"]) for m in agent.chat_completions if m["role"] == "tool"]
+  assert outputs == [
+    "Tool returned result: 22 degrees celsius in Paris",
+    "Tool returned result: Error: arguments ['town'] do not fit get_weather(city: str, unit: str = 'celsius') -> str: "
+    "missing a required argument: 'city'",
+  ]
+  counts = step_metrics.conversation_counts([agent.chat_completions])
+  assert (counts["calls"], counts["failed"]) == (2, 1)

@@ -116,7 +116,7 @@ def test_user_tools_from_tools_path(tmp_path):
   ):
     tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[echo, nope]", f"rl.tools_path={path}").tools)
   (tmp_path / "bad.py").write_text("TOOLS = {'x': 1}\n")
-  with pytest.raises(errors.InputError, match="expected a TOOLS dict of tool name -> BaseTool subclass"):
+  with pytest.raises(errors.InputError, match="TOOLS holds .x.: 1; expected TOOLS = "):
     tools.tool_map(
       make_config("rl.use_agentic_rollout=true", "rl.tools=[x]", f"rl.tools_path={tmp_path / 'bad.py'}").tools
     )
@@ -279,3 +279,206 @@ def test_every_builtin_tool_is_bounded_by_the_timeout_and_its_limits_are_the_one
       else:
         with pytest.raises(pyconfig.ConfigError, match=key):
           make_config(*base, f"{key}={values[key]}")
+
+
+# TRL's form: plain typed functions with Google-style docstrings, as GRPOTrainer(tools=[fn]) takes them.
+TRL_TOOLS = '''
+import asyncio, os, sys, time
+
+
+def add(a: int, b: int) -> int:
+  """Adds two integers.
+
+  Args:
+    a: the first integer
+    b: the second integer
+  """
+  return a + b
+
+
+async def shout(text: str) -> str:
+  """Says the text louder.
+
+  Args:
+    text: what to say
+  """
+  await asyncio.sleep(0)
+  return text.upper() + "!"
+
+
+def where() -> str:
+  """Says which process runs it and whether transformers or JAX is loaded there."""
+  return f"{os.getpid()} {'transformers' in sys.modules} {'jax' in sys.modules}"
+
+
+def nap(seconds: float) -> str:
+  """Sleeps, then prints a lot.
+
+  Args:
+    seconds: how long to sleep
+  """
+  if seconds < 0:
+    raise ValueError("negative nap")
+  time.sleep(seconds)
+  return "z" * 1000
+
+
+TOOLS = [add, shout, where, nap]
+'''
+
+
+def _trl_tools(tmp_path, *overrides):
+  path = tmp_path / "my_tools.py"
+  path.write_text(TRL_TOOLS)
+  cfg = make_config(
+    "rl.use_agentic_rollout=true", "rl.tools=[add, shout, where, nap]", f"rl.tools_path={path}", *overrides
+  )
+  return path, tools.tool_map(cfg.tools)
+
+
+def test_trl_style_function_tools_load_with_transformers_schemas_and_run_in_workers(tmp_path):
+  """TOOLS = [fn, ...]: each function is a tool named as the function, its schema the one
+  transformers.utils.get_json_schema builds, its calls run in a worker process (which loads neither
+  transformers nor JAX) with the call's arguments as keywords, and its output is the result's text;
+  an async function is run to its end."""
+  import importlib.util
+
+  from transformers.utils import get_json_schema
+  from tunix.rl.agentic.tools import tool_manager
+
+  path, found = _trl_tools(tmp_path)
+  spec = importlib.util.spec_from_file_location("trl_tools_for_test", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  manager = tool_manager.ToolManager(found)
+  assert manager.get_json_schema() == [get_json_schema(fn) for fn in module.TOOLS]
+  assert manager.get_tools()[0].description.startswith("Adds two integers.")
+  assert manager.run("add", a=2, b=40).output == "42"
+  assert manager.run("shout", text="hi").output == "HI!"
+  pid, transformers_loaded, jax_loaded = manager.run("where").output.split()
+  assert int(pid) != os.getpid() and (transformers_loaded, jax_loaded) == ("False", "False")
+
+
+def test_function_tool_calls_with_arguments_that_do_not_fit_are_tool_errors(tmp_path):
+  """What the model sees as the tool turn: an error naming the arguments and the signature; the
+  next call works."""
+  from tunix.rl.agentic.tools import tool_manager
+
+  manager = tool_manager.ToolManager(_trl_tools(tmp_path)[1])
+  assert manager.run("add", a=1).error == (
+    "arguments ['a'] do not fit add(a: int, b: int) -> int: missing a required argument: 'b'"
+  )
+  assert manager.run("add", a=1, b=2, c=3).error == (
+    "arguments ['a', 'b', 'c'] do not fit add(a: int, b: int) -> int: got an unexpected keyword argument 'c'"
+  )
+  assert "do not fit add" in manager.run("add", invalid_arguments="1+2").error  # arguments not a JSON object
+  assert manager.run("add", a="1", b="2").output == "12"  # Python's own answer to the types it got
+  assert str(manager.run("nap", seconds=-1)) == "Error: ValueError: negative nap"
+  assert manager.run("add", a=1, b=2).output == "3"
+
+
+def test_function_tools_obey_the_tool_timeout_and_the_output_cap(tmp_path):
+  """rl.tool_timeout_s and rl.tool_output_max_chars bound function tools as they bound BaseTool ones."""
+  _, found = _trl_tools(tmp_path, "rl.tool_timeout_s=0.5", "rl.tool_output_max_chars=100")
+  nap = found["nap"]("nap", "naps")
+  out = nap.apply(seconds=0)
+  assert out.error is None and out.output.startswith("z" * 40) and "[output truncated: 1000 characters]" in out.output
+  assert len(out.output) < 150
+  start = time.perf_counter()
+  assert nap.apply(seconds=30).error == "no result within rl.tool_timeout_s=0.5 s"
+  assert time.perf_counter() - start < 5
+  assert nap.apply(seconds=0).error is None
+
+
+MIXED_TOOLS = '''
+from tunix.rl.agentic.tools import base_tool
+
+
+def add(a: int, b: int) -> int:
+  """Adds two integers.
+
+  Args:
+    a: the first integer
+    b: the second integer
+  """
+  return a + b
+
+
+class Echo(base_tool.BaseTool):
+  """Echoes its arguments."""
+
+  def get_json_schema(self):
+    return {"type": "function", "function": {"name": self.name, "parameters": {}}}
+
+  def apply(self, **kwargs):
+    return base_tool.ToolOutput(name=self.name, output=str(kwargs))
+
+
+TOOLS = {"plus": add, "echo": Echo}
+'''
+
+
+def test_a_tools_dict_may_mix_functions_and_basetool_classes(tmp_path):
+  """A dict names each tool: a function is the tool of its key (its schema under that name)."""
+  from tunix.rl.agentic.tools import tool_manager
+
+  path = tmp_path / "mixed.py"
+  path.write_text(MIXED_TOOLS)
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.tools=[plus, echo]", f"rl.tools_path={path}")
+  manager = tool_manager.ToolManager(tools.tool_map(cfg.tools))
+  plus, echo = manager.get_json_schema()
+  assert plus["function"]["name"] == "plus" and plus["function"]["description"] == "Adds two integers."
+  assert echo == {"type": "function", "function": {"name": "echo", "parameters": {}}}
+  assert manager.run("plus", a=2, b=3).output == "5"
+  assert manager.run("echo", x=1).output == "{'x': 1}"
+
+
+@pytest.mark.parametrize(
+  "source, missing",
+  [
+    ('def f(x) -> int:\n  """F.\n\n  Args:\n    x: a number\n  """\n  return x\n', "Argument x is missing a type hint"),
+    ("def f(x: int) -> int:\n  return x\n", "it has no docstring"),
+    ('def f(x: int) -> int:\n  """F."""\n  return x\n', "the docstring has no description for the argument 'x'"),
+  ],
+)
+def test_a_tool_function_without_type_hints_or_docstring_args_is_refused_naming_it(tmp_path, source, missing):
+  path = tmp_path / "bad_tools.py"
+  path.write_text("import math\n\n" + source + "\nTOOLS = [f]\n")
+  with pytest.raises(errors.InputError) as raised:
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[f]", f"rl.tools_path={path}").tools)
+  message = str(raised.value)
+  assert message.startswith(f"rl.tools_path={path}:3: tool function f: ") and missing in message
+  assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+  "tools_line, expected",
+  [
+    ("TOOLS = [add, add]", r"TOOLS names function\(s\) \['add'\] more than once"),
+    ("TOOLS = [add, 3]", "TOOLS holds 3, not a function"),
+    ("TOOLS = add", "expected TOOLS = .*; got function"),
+  ],
+)
+def test_a_tools_file_whose_tools_are_neither_functions_nor_basetool_classes_is_refused(tmp_path, tools_line, expected):
+  path = tmp_path / "odd_tools.py"
+  path.write_text(TRL_TOOLS.replace("TOOLS = [add, shout, where, nap]", tools_line))
+  with pytest.raises(errors.InputError, match=f"rl.tools_path={path}: {expected}"):
+    tools.user_tools(str(path))
+
+
+def test_train_rl_exits_2_before_the_model_loads_for_an_untyped_tool_function(tmp_path, capsys, monkeypatch):
+  from maxtext.trainers.post_train.rl import train_rl, training_run
+
+  def must_not_run(*args, **kwargs):
+    raise AssertionError("the tools file is checked before the model loads")
+
+  monkeypatch.setattr(training_run, "load_model", must_not_run)
+  path = tmp_path / "my_tools.py"
+  path.write_text('def lookup(key):\n  """Looks a key up.\n\n  Args:\n    key: the key\n  """\n\nTOOLS = [lookup]\n')
+  args = ["model_name=qwen3-tiny", "rl.use_agentic_rollout=true", f"rl.tools_path={path}", "rl.tools=[lookup]"]
+  assert train_rl.main(["train_rl", "rl.yml", f"base_output_directory={tmp_path}", *args]) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+    f"error: rl.tools_path={path}:1: tool function lookup: Argument key is missing a type hint in function lookup "
+    "(a tool function needs a type hint on every argument and a Google-style docstring: a description, then Args: "
+    "with a line for each argument)"
+  )

@@ -857,7 +857,8 @@ class ToolsSection:
   PREFIX: ClassVar[str] = "rl."
   tools_path: str = dataclasses.field(
     metadata=key(
-      "Python file whose TOOLS dict maps more tool names (usable in rl.tools) to Tunix BaseTool subclasses.",
+      "Python file naming more tools (usable in rl.tools) in its TOOLS: a list of typed functions with "
+      "Google-style docstrings (TRL's tools=[fn]) or a dict of name -> such a function or Tunix BaseTool subclass.",
       path="input",
       applies=(AGENTIC,),
     )

@@ -19,16 +19,24 @@ those every tool reads.
   is killed (SIGKILL) with any thread it started; so does sys.exit in a tool (an error, its worker
   gone); the next call gets a new worker. rl.tools_path is loaded in the trainer (for the tools'
   descriptions and schemas) and again in every worker, and a tool's output comes back as its text.
+- rl.tools_path names its tools in TOOLS: a list of plain typed functions with Google-style
+  docstrings (TRL's tools=[fn]) or a dict of tool name -> such a function or a Tunix BaseTool
+  subclass (user_tools). A function is a FunctionTool: its schema is transformers'
+  get_json_schema's, and one it cannot build (an argument without a type hint, a docstring without
+  the argument's description) is refused at start naming the file and the function.
 """
 
 from __future__ import annotations
 
 import ast
+import asyncio
 import dataclasses
 import functools
+import inspect
 import logging
 import math
 import operator
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -163,14 +171,92 @@ def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:
   return PythonTool
 
 
+class FunctionTool(base_tool.BaseTool):
+  """A plain typed Python function with a Google-style docstring as a tool, the form TRL's
+  GRPOTrainer(tools=[fn]) takes (subclasses set FUNCTION; user_tools makes them). Its schema is
+  transformers.utils.get_json_schema(FUNCTION)'s, under the tool's name; a call runs FUNCTION with
+  the call's arguments as keyword arguments (an async function is run to its end) and its output is
+  str(result), as TRL's; arguments that do not fit FUNCTION's signature are an error, not a raise."""
+
+  FUNCTION: Callable[..., Any]
+
+  def get_json_schema(self) -> dict[str, Any]:
+    schema = _function_schema(type(self).FUNCTION)
+    return {**schema, "function": {**schema["function"], "name": self.name}}
+
+  def apply(self, **kwargs) -> base_tool.ToolOutput:
+    fn = type(self).FUNCTION
+    signature = inspect.signature(fn)
+    try:
+      signature.bind(**kwargs)
+    except TypeError as e:
+      return base_tool.ToolOutput(
+        name=self.name, error=f"arguments {sorted(kwargs)} do not fit {self.name}{signature}: {e}"
+      )
+    result = fn(**kwargs)
+    if inspect.iscoroutine(result):
+      result = asyncio.run(result)
+    return base_tool.ToolOutput(name=self.name, output=str(result))
+
+
+@functools.cache
+def _function_schema(fn: Callable[..., Any]) -> dict[str, Any]:
+  """transformers.utils.get_json_schema(fn) (imported here: tool workers, which only call tools,
+  never load transformers); its exceptions say what fn lacks."""
+  from transformers.utils import get_json_schema  # heavy; the trainer alone needs it
+
+  return get_json_schema(fn)
+
+
+def _function_tool(fn: Callable[..., Any]) -> type[FunctionTool]:
+  """fn as a FunctionTool class, its docstring the class's (Tunix's tool description)."""
+  return type(fn.__name__, (FunctionTool,), {"FUNCTION": staticmethod(fn), "__doc__": inspect.getdoc(fn)})
+
+
 def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
-  """The TOOLS dict of a Python file (rl.tools_path): tool name -> Tunix BaseTool subclass."""
+  """The tools of a Python file (rl.tools_path), by name, from its module-level TOOLS: a list of
+  functions (TRL's tools=[fn, ...], each named by its __name__) or a dict of tool name -> function
+  or Tunix BaseTool subclass; functions become FunctionTool classes. Any other TOOLS is an
+  InputError naming the file. Function tools' schemas are not built here (see _check_schemas)."""
   found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
-  if not isinstance(found, dict) or not all(
-    isinstance(c, type) and issubclass(c, base_tool.BaseTool) for c in found.values()
-  ):
-    raise InputError(f"rl.tools_path={path}: expected a TOOLS dict of tool name -> BaseTool subclass")
-  return found
+  expected = "expected TOOLS = [function, ...] or a TOOLS dict of tool name -> function or BaseTool subclass"
+  if isinstance(found, (list, tuple)):
+    bad = [repr(f) for f in found if not inspect.isroutine(f)]
+    if bad:
+      raise InputError(f"rl.tools_path={path}: TOOLS holds {', '.join(bad)}, not a function; {expected}")
+    names = [f.__name__ for f in found]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+      raise InputError(f"rl.tools_path={path}: TOOLS names function(s) {twice} more than once")
+    found = dict(zip(names, found))
+  if not isinstance(found, dict):
+    raise InputError(f"rl.tools_path={path}: {expected}; got {type(found).__name__}")
+  bad = [
+    f"{name!r}: {tool!r}"
+    for name, tool in found.items()
+    if not inspect.isroutine(tool) and not (isinstance(tool, type) and issubclass(tool, base_tool.BaseTool))
+  ]
+  if bad:
+    raise InputError(f"rl.tools_path={path}: TOOLS holds {', '.join(bad)}; {expected}")
+  return {name: _function_tool(tool) if inspect.isroutine(tool) else tool for name, tool in found.items()}
+
+
+def _check_schemas(path: str, mine: dict[str, type[base_tool.BaseTool]]) -> None:
+  """InputError naming the file and the function where a function tool of rl.tools_path has no
+  schema: an argument without a type hint, no docstring, or no description of an argument in it."""
+  for cls in mine.values():
+    if issubclass(cls, FunctionTool):
+      fn = cls.FUNCTION
+      try:
+        _function_schema(fn)
+      except Exception as e:
+        code = getattr(fn, "__code__", None)
+        line = f"{code.co_firstlineno}:" if code and os.path.abspath(code.co_filename) == os.path.abspath(path) else ""
+        raise InputError(
+          f"rl.tools_path={path}:{line} tool function {fn.__name__}: {' '.join(str(e).split())} (a tool "
+          f"function needs a type hint on every argument and a Google-style docstring: a description, "
+          f"then Args: with a line for each argument)"
+        ) from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +331,7 @@ def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   config error. The tools that do not time themselves share one WorkerPool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
   mine = user_tools(tools.tools_path) if tools.tools_path else {}
+  _check_schemas(tools.tools_path, mine)
   if tools.tools_path and not set(mine) & set(tools.names):
     raise InputError(
       f"rl.tools_path={tools.tools_path}: agentic GRPO would ignore it, since rl.tools="
