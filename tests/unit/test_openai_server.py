@@ -210,3 +210,52 @@ def test_a_tool_call_comes_back_as_tool_calls(served):
     assert "<tool_response>\n5\n</tool_response>" in rendered
   finally:
     server.stop()
+
+
+def _serve(*args):
+  """python -m maxtext.inference.serve as a user runs it, in its own process."""
+  import os
+  import subprocess
+  import sys
+
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+  command = [sys.executable, "-m", "maxtext.inference.serve", "rl.yml", "model_name=qwen3-tiny", *args]
+  return subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow  # two processes that load the model (about 90 s)
+def test_the_command_serves_until_sigterm_and_a_busy_port_is_refused():
+  import signal
+  import socket
+
+  proc = _serve("serve_port=0", "rollout_max_batch_size=2")
+  try:
+    url = None
+    deadline = time.monotonic() + 240
+    while url is None and time.monotonic() < deadline:  # the log line names the bound port
+      line = proc.stderr.readline()
+      assert line or proc.poll() is None, "the server exited before serving"
+      if " at http://127.0.0.1:" in line:
+        url = line.strip().rsplit(" at ", 1)[1]
+    client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+    assert client.models.list().data[0].id == "qwen3-tiny"
+    assert (
+      client.completions.create(model="qwen3-tiny", prompt=[1, 2], max_tokens=3, temperature=0).usage.completion_tokens
+      == 3
+    )
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+  finally:
+    proc.kill()
+    proc.wait()
+  with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    busy = _serve(f"serve_port={port}")
+    try:
+      _, err = busy.communicate(timeout=240)
+    finally:
+      busy.kill()
+  assert busy.returncode == 2
+  assert err.strip().splitlines()[-1].startswith(f"error: serve_host=127.0.0.1 serve_port={port}: cannot listen there")

@@ -37,6 +37,7 @@ import dataclasses
 import json
 import logging
 import secrets
+import signal
 import socket
 import threading
 import time
@@ -245,10 +246,19 @@ class OpenAIServer:
     return sock, f"http://{bound_host}:{bound_port}/v1"
 
   def run(self, host: str, port: int, log_level: str = "info") -> None:
-    """Serves in this thread until SIGINT or SIGTERM (port 0: any free port); logs the base URL."""
+    """Serves in the main thread until SIGINT or SIGTERM (port 0: any free port), which end it
+    normally (requests in flight get up to 5 s); logs the base URL."""
     sock, url = self._bind(host, port)
     log.info("serving %s at %s", self.model_name, url)
-    uvicorn.Server(uvicorn.Config(self.app, log_level=log_level)).run(sockets=[sock])
+    # uvicorn shuts down on the signal, then raises it again for the handler it found: this one.
+    stopped: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _: stopped.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      uvicorn.Server(uvicorn.Config(self.app, log_level=log_level, timeout_graceful_shutdown=5)).run(sockets=[sock])
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+    log.info("stopped by %s", ", ".join(signal.Signals(s).name for s in stopped) or "the server")
 
   def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
     """Serves in a background thread; returns the base URL (http://host:port/v1). port 0: any free
