@@ -438,3 +438,32 @@ def test_after_the_first_round_of_groups_nothing_compiles_again(model):
   batcher.close()
   jax.monitoring.unregister_event_duration_listener(listener)
   assert per_round[0] > 0 and per_round[1:] == [0, 0, 0], per_round
+
+
+def test_chunks_stream_to_the_callback_and_a_cancelled_request_leaves_its_slot(model):
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=2, steps_per_dispatch=2)
+  streamed, started = [], threading.Event()
+
+  def on_tokens(tokens, logps):
+    streamed.append((list(tokens), list(logps)))
+    started.set()
+
+  done = batcher.submit(PROMPTS[0], SamplingParams(8, temperature=0.0), on_tokens=on_tokens).result(timeout=120)
+  assert [t for chunk, _ in streamed for t in chunk] == done.tokens.tolist()
+  assert [lp for _, logps in streamed for lp in logps] == done.logprobs.tolist()
+  assert all(len(chunk) <= 2 for chunk, _ in streamed)
+
+  started.clear()
+  long = batcher.submit(PROMPTS[1], SamplingParams(50, temperature=0.0), on_tokens=on_tokens)
+  assert started.wait(timeout=120)
+  steps = batcher.decode_steps
+  assert long.cancel()
+  deadline = time.monotonic() + 60
+  while batcher.active() and time.monotonic() < deadline:
+    time.sleep(0.01)
+  assert batcher.active() == 0 and batcher.decode_steps - steps < 45  # it left before its budget
+  # The batcher goes on serving.
+  assert batcher.submit(PROMPTS[2], SamplingParams(3, temperature=0.0)).result(timeout=120).tokens.tolist() == (
+    _greedy(model, PROMPTS[2], 3)
+  )
+  batcher.close()

@@ -31,6 +31,7 @@ EXCEPTIONS = {
   "maxtext.configs.maxtext_keys": 0,
   # Entrypoints stay at their MaxText package paths; they sit on top and import any layer.
   "maxtext.inference.decode": TOP,
+  "maxtext.inference.serve": TOP,
   "maxtext.checkpoint_conversion.to_huggingface": TOP,
   "maxtext.checkpoint_conversion.to_maxtext": TOP,
   "maxtext.trainers.post_train.rl.train_rl": TOP,

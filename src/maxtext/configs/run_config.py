@@ -24,6 +24,7 @@ from maxtext.configs.sections import (
   ModelSection,
   RunSection,
   SamplingSection,
+  ServeSection,
   TaskSection,
   ToolsSection,
   TrainSection,
@@ -48,6 +49,7 @@ class RunConfig:
   task: TaskSection
   train: TrainSection
   sampling: SamplingSection
+  serve: ServeSection
   eval: EvalSection
   algorithm: AlgorithmSection
   agentic: AgenticSection

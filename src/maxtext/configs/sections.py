@@ -678,6 +678,25 @@ class SamplingSection:
     return self.max_prompt_length + self.max_response_length
 
 
+PORT = Bound(lambda x: 0 <= x <= 65535, "expected a TCP port from 0 to 65535 (0: any free port)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeSection:
+  """The OpenAI-compatible server (python -m maxtext.inference.serve): where it listens."""
+
+  PREFIX: ClassVar[str] = ""
+  serve_host: str = dataclasses.field(
+    metadata=key(
+      "maxtext.inference.serve: the address to listen on (127.0.0.1: this machine only; the server has no "
+      "authentication)."
+    )
+  )
+  serve_port: int = dataclasses.field(
+    metadata=key("maxtext.inference.serve: the TCP port to listen on; 0: any free port (logged).", bounds=PORT)
+  )
+
+
 # eval_sampling_strategy -> the sampling parameters of evaluation.
 EVAL_SAMPLING: dict[EvalStrategy, dict[str, Any]] = {
   "greedy": {"temperature": 0.0, "top_p": None, "top_k": None},
@@ -1033,6 +1052,7 @@ SECTION_TYPES: dict[str, type] = {
   "task": TaskSection,
   "train": TrainSection,
   "sampling": SamplingSection,
+  "serve": ServeSection,
   "eval": EvalSection,
   "algorithm": AlgorithmSection,
   "agentic": AgenticSection,

@@ -17,6 +17,11 @@ temperature-scaled distribution (what a GRPO trainer recomputes) and the weights
 produced it; its tokens do not depend on which other requests shared its batch or on the chunk
 (see kv_programs).
 
+A request's `on_tokens` callback (optional) gets each chunk's tokens and log-probs as they are
+recorded, on the scheduler thread (it must return at once and not raise), for callers that stream.
+A caller that cancels its Future (Future.cancel()) gives its request up: it leaves the queue, or its
+slot before the next chunk.
+
 With `matmul_dtype` set the batcher samples from a `MatmulCopy` of the model in that dtype (bfloat16
 halves the weight bytes a decode step reads): made whenever requests are admitted into an empty
 batch, remade when version() changes or `weights_changed()` is called, dropped while the batcher
@@ -148,21 +153,30 @@ class ContinuousBatcher:
     return self._table.version
 
   # ------------------------------------------------------------------ callers' side
-  def submit(self, prompt, params: SamplingParams, key: jax.Array | None = None) -> concurrent.futures.Future:
+  def submit(
+    self,
+    prompt,
+    params: SamplingParams,
+    key: jax.Array | None = None,
+    on_tokens: Callable[[list[int], list[float]], None] | None = None,
+  ) -> concurrent.futures.Future:
     """Queues one prompt (token ids); the Future resolves to a Completion. key: the request's PRNG
-    key (not needed for greedy decoding)."""
-    return self.submit_many([prompt], params, [key])[0]
+    key (not needed for greedy decoding); on_tokens: called with each chunk's tokens and log-probs
+    (see the module docstring)."""
+    return self.submit_many([prompt], params, [key], [on_tokens])[0]
 
   def submit_many(
-    self, prompts, params: SamplingParams | list[SamplingParams], keys=None
+    self, prompts, params: SamplingParams | list[SamplingParams], keys=None, on_tokens=None
   ) -> list[concurrent.futures.Future]:
     """Queues several prompts at once (they are admitted together while slots are free, so prompts
     with a common prefix, such as a GRPO group's, read it once); params: shared or one per prompt;
-    keys: one per prompt or None."""
+    keys and on_tokens: one per prompt or None."""
     per_prompt = params if isinstance(params, list) else [params] * len(prompts)
     requests = [
-      Request(self._checked(p, q), q, _key_data(k), concurrent.futures.Future())
-      for p, q, k in zip(prompts, per_prompt, keys or [None] * len(prompts))
+      Request(self._checked(p, q), q, _key_data(k), concurrent.futures.Future(), callback)
+      for p, q, k, callback in zip(
+        prompts, per_prompt, keys or [None] * len(prompts), on_tokens or [None] * len(prompts)
+      )
     ]
     with self._wake:
       if self._failure is not None:
@@ -219,6 +233,7 @@ class ContinuousBatcher:
             self._wake.wait()
           if self._closed:
             break
+          self._drop_cancelled()
           changed = self._table.set_version(self._version_source(), self._stale)
           self._stale = False
           admitted = self._table.admit(self._waiting)
@@ -240,6 +255,19 @@ class ContinuousBatcher:
       self._fail_all(e)
       return
     self._fail_all(RuntimeError("the batcher was closed"))
+
+  def _drop_cancelled(self) -> None:
+    """Requests whose Future was cancelled leave the queue and their slots (under the lock)."""
+    if any(r.future.cancelled() for r in self._waiting):
+      self._waiting = collections.deque(r for r in self._waiting if not r.future.cancelled())
+    for slot, r in enumerate(self._table.requests):
+      if r is not None and r.future.cancelled():
+        self._table.release(slot)
+
+  def active(self) -> int:
+    """Requests waiting or decoding now (a cancelled one counts until the scheduler drops it)."""
+    with self._wake:
+      return len(self._waiting) + sum(r is not None for r in self._table.requests)
 
   @property
   def rows(self) -> int:
@@ -263,8 +291,7 @@ class ContinuousBatcher:
       requests = self._table.clear() + list(self._waiting)
       self._waiting.clear()
     for r in requests:
-      if not r.future.done():
-        r.future.set_exception(error)
+      _resolve(r.future, exception=error)
 
   def _sampling_arrays(self, requests: list[Request | None]):
     """Per-row [temperature, top_p] and top_k, and the static top-k width: None when no sampling
@@ -385,11 +412,25 @@ class ContinuousBatcher:
     r.tokens.extend(tokens)
     r.logprobs.extend(logps)
     r.versions.extend([self.version] * len(tokens))
+    if r.on_tokens is not None and tokens and not r.future.cancelled():
+      r.on_tokens(tokens, logps)
     stopped = bool(tokens) and tokens[-1] in r.params.eos_ids
     if stopped or len(r.tokens) >= r.params.max_new_tokens:
       self._table.release(slot)
-      r.future.set_result(
+      _resolve(
+        r.future,
         Completion(
           np.array(r.tokens, np.int32), np.array(r.logprobs, np.float32), np.array(r.versions, np.int32), stopped
-        )
+        ),
       )
+
+
+def _resolve(future: concurrent.futures.Future, result=None, exception: BaseException | None = None) -> None:
+  """Sets a request's result or exception unless its caller cancelled it (even just now)."""
+  try:
+    if exception is not None:
+      future.set_exception(exception)
+    else:
+      future.set_result(result)
+  except concurrent.futures.InvalidStateError:  # cancelled (or already failed): nobody waits for it
+    pass

@@ -32,12 +32,13 @@ import numpy as np
 class Request:
   """One generate request as the scheduler tracks it. params: its sampling parameters (a
   continuous_batching.SamplingParams; the policy reads none of them); future: what the caller waits
-  on (opaque here)."""
+  on; on_tokens: the caller's callback for each chunk of tokens (opaque here)."""
 
   prompt: np.ndarray
   params: Any
   key: np.ndarray  # uint32[2]
   future: Any = None
+  on_tokens: Any = None
   version: int = 0  # weights version at admission; its keys and values are reusable only under it
   tokens: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)

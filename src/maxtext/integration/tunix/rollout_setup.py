@@ -18,7 +18,7 @@ from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngin
 if TYPE_CHECKING:
   import transformers
 
-__all__ = ["Mode", "load_sampler", "rollout_configs", "rollout_engine"]
+__all__ = ["Mode", "load_batched_engine", "load_sampler", "rollout_configs", "rollout_engine"]
 
 
 def rollout_engine(sampling: SamplingSection):
@@ -80,3 +80,21 @@ def load_sampler(
   config = rollout_configs(sampling, eval_sampling_strategy, False, tokenizer.eos_token_id)[mode]
   engine = rollout_engine(sampling)(load_model(model, mesh), tokenizer, mesh, config)
   return (lambda prompts: engine.generate(prompts, config)), tokenizer
+
+
+def load_batched_engine(
+  model: ModelSection, devices: MeshSection, sampling: SamplingSection
+) -> tuple[BatchedRolloutEngine, transformers.PreTrainedTokenizerBase]:
+  """(engine, tokenizer): the batched rollout engine on its own (whatever rollout_engine says), loaded as
+  load_sampler loads it, for callers that submit to its ContinuousBatcher (engine.batcher) themselves."""
+  from maxtext.input_pipeline.tokenizer import tokenizer_for
+  from maxtext.models.load import load_model
+  from maxtext.utils import distributed
+  from maxtext.utils import mesh as mesh_lib
+
+  distributed.initialize()
+  _, mesh = mesh_lib.create_meshes(devices, agentic=False)
+  tokenizer = tokenizer_for(model)
+  config = rollout_configs(sampling, "greedy", False, tokenizer.eos_token_id)[Mode.TRAIN]
+  make = rollout_engine(dataclasses.replace(sampling, rollout_engine="batched"))
+  return make(load_model(model, mesh), tokenizer, mesh, config), tokenizer

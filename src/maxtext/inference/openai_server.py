@@ -1,0 +1,626 @@
+"""An OpenAI-compatible HTTP server (vLLM's shape) on a ContinuousBatcher, with per-session records
+of what was sampled, so an agent written against the OpenAI API can be served and, later, trained.
+
+Endpoints (FastAPI, run by uvicorn):
+- GET /v1/models: the one model, id = model_name, max_model_len = the context (KV cache) length;
+- POST /v1/chat/completions: messages rendered with the chat parser (input_pipeline.chat_parser, the
+  template the agentic learner trains with); `tools` go into the system turn as the tool format's
+  prompt, and a reply's tool calls come back as `tool_calls` (finish_reason "tool_calls");
+  stream=true answers with server-sent events as the tokens are sampled (with tools, the content
+  and calls come in the last chunks, once the reply is complete);
+- POST /v1/completions: `prompt` a text or a list of token ids (vLLM's extension);
+- POST /tokenize, POST /detokenize: vLLM's shapes.
+Sampling: temperature, top_p, top_k (vLLM's extension), max_tokens (default: what the context
+leaves), seed (choice i draws with fold_in(PRNGKey(seed), i), as the rollout engine does; without a
+seed, a fresh key from StepKeys), n. `logprobs` returns each sampled token's log-prob under the
+temperature-scaled distribution (what the engine records; no alternatives: top_logprobs > 0 is
+refused), `return_token_ids: true` (vLLM's extension) the prompt's and each choice's token ids.
+Sampling stops at the tokenizer's EOS or pad token, which the token ids and log-probs keep and the
+text leaves out. `stop` strings are refused.
+
+Sessions: the same endpoints under /sessions/{id}/v1/... record each completion (a `Call`: prompt
+ids, sampled ids, their log-probs and weights versions) in that session, which `open_session()`
+creates with an unguessable id; `session(id).calls` reads them. A session id is the capability: an
+agent given one session's base URL cannot reach another's records, and no endpoint returns records.
+
+Errors are OpenAI-style bodies {"error": {"message", "type", "param", "code"}}: 400 for a body that
+is not valid JSON or not a valid request and for a prompt that does not fit the context, 404 for
+another model name or an unknown session. A streaming client that disconnects gives up its request
+(the engine slot is freed before the next decode chunk).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import secrets
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+import fastapi
+import jax
+import numpy as np
+import pydantic
+import uvicorn
+from fastapi import responses
+
+from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
+from maxtext.inference.step_keys import StepKeys
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.utils import errors
+
+log = logging.getLogger(__name__)
+
+
+class ToolFormat(Protocol):
+  """How tools reach the model and its calls come back (the agentic learner's format)."""
+
+  def prompt(self, tools: list[dict]) -> str:
+    """The system-turn text that offers `tools` (OpenAI function schemas)."""
+
+  def calls(self, text: str) -> tuple[str, list[tuple[str, Any]]]:
+    """A reply's text before its tool calls, and (name, arguments) of each well-formed call in it."""
+
+  def call_text(self, name: str, arguments: Any) -> str:
+    """A call as the model writes it (to render earlier assistant turns that made calls)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+  """One sampled completion of a session: the prompt's token ids, the sampled ids (EOS kept), each
+  token's log-prob under softmax(logits / temperature) and the weights version that sampled it."""
+
+  prompt_ids: np.ndarray
+  token_ids: np.ndarray
+  logprobs: np.ndarray
+  versions: np.ndarray
+  temperature: float
+  finish_reason: str  # stop, length or tool_calls
+
+
+class Session:
+  """The calls made under one session id, in the order they finished (thread-safe to read)."""
+
+  def __init__(self, session_id: str):
+    self.id = session_id
+    self._calls: list[Call] = []
+    self._lock = threading.Lock()
+
+  @property
+  def calls(self) -> list[Call]:
+    with self._lock:
+      return list(self._calls)
+
+  def _add(self, call: Call) -> None:
+    with self._lock:
+      self._calls.append(call)
+
+
+class ApiError(Exception):
+  """A request the server refuses: the HTTP status and the message of an OpenAI error body."""
+
+  def __init__(self, status: int, message: str, param: str | None = None):
+    super().__init__(message)
+    self.status, self.message, self.param = status, message, param
+
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
+
+
+def _error_response(status: int, message: str, param: str | None = None) -> responses.JSONResponse:
+  kind = _ERROR_TYPES.get(status, "InternalServerError")
+  return responses.JSONResponse(
+    {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+  )
+
+
+class _Sampling(pydantic.BaseModel):
+  """The sampling fields chat and text completions share."""
+
+  model: str
+  temperature: float = pydantic.Field(1.0, ge=0.0)
+  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
+  top_k: int | None = None
+  max_tokens: int | None = pydantic.Field(None, ge=1)
+  seed: int | None = None
+  n: int = pydantic.Field(1, ge=1)
+  stream: bool = False
+  stop: str | list[str] | None = None
+  return_token_ids: bool = False
+
+
+class ChatRequest(_Sampling):
+  messages: list[dict[str, Any]] = pydantic.Field(min_length=1)
+  tools: list[dict[str, Any]] | None = None
+  tool_choice: Any = None
+  max_completion_tokens: int | None = pydantic.Field(None, ge=1)
+  logprobs: bool = False
+  top_logprobs: int | None = None
+
+
+class CompletionRequest(_Sampling):
+  prompt: str | list[int] = pydantic.Field(min_length=1)
+  logprobs: int | None = None
+  echo: bool = False
+
+
+class TokenizeRequest(pydantic.BaseModel):
+  model: str | None = None
+  prompt: str | None = None
+  messages: list[dict[str, Any]] | None = None
+  add_special_tokens: bool | None = None
+  add_generation_prompt: bool = True
+
+
+class DetokenizeRequest(pydantic.BaseModel):
+  model: str | None = None
+  tokens: list[int]
+
+
+@dataclasses.dataclass
+class _Prepared:
+  """A completion request made ready for the engine."""
+
+  prompt_ids: list[int]
+  params: SamplingParams
+  keys: list[jax.Array | None]
+  session: Session | None
+  tools: bool  # parse tool calls out of the replies
+
+
+class OpenAIServer:
+  """The server (see the module docstring) on `batcher`, whose tokens it decodes with `tokenizer` and
+  whose conversations it renders with `chat`. model_name: the one model id it answers to; keys: the
+  draws of requests without a seed; tool_format: None refuses requests with tools."""
+
+  def __init__(
+    self,
+    batcher: ContinuousBatcher,
+    tokenizer,
+    chat: ConfigChatParser,
+    model_name: str,
+    keys: StepKeys,
+    tool_format: ToolFormat | None = None,
+  ):
+    self.batcher = batcher
+    self.tokenizer = tokenizer
+    self.chat = chat
+    self.model_name = model_name
+    self.keys = keys
+    self.tool_format = tool_format
+    self.context_length = batcher.cache_size
+    self.eos_ids = tuple(dict.fromkeys(i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None))
+    self._sessions: dict[str, Session] = {}
+    self._lock = threading.Lock()
+    self._server: uvicorn.Server | None = None
+    self._thread: threading.Thread | None = None
+    self.app = self._build_app()
+
+  # ------------------------------------------------------------------ sessions
+  def open_session(self) -> str:
+    """A new session's id (unguessable); its requests go to /sessions/{id}/v1/..."""
+    session_id = secrets.token_urlsafe(16)
+    with self._lock:
+      self._sessions[session_id] = Session(session_id)
+    return session_id
+
+  def session(self, session_id: str) -> Session:
+    """The session's record (KeyError for an unknown id)."""
+    with self._lock:
+      return self._sessions[session_id]
+
+  def close_session(self, session_id: str) -> Session:
+    """Forgets the session (its URL answers 404 from now on) and returns its record."""
+    with self._lock:
+      return self._sessions.pop(session_id)
+
+  def _session_of(self, request: fastapi.Request) -> Session | None:
+    session_id = request.path_params.get("session_id")
+    if session_id is None:
+      return None
+    with self._lock:
+      session = self._sessions.get(session_id)
+    if session is None:
+      raise ApiError(404, f"unknown session {session_id!r}")
+    return session
+
+  # ------------------------------------------------------------------ running
+  def _bind(self, host: str, port: int) -> tuple[socket.socket, str]:
+    """A listening socket on host:port (port 0: any free port) and its base URL."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      sock.bind((host, port))
+    except OSError as e:
+      sock.close()
+      raise errors.InputError(f"serve_host={host} serve_port={port}: cannot listen there ({e.strerror})") from e
+    bound_host, bound_port = sock.getsockname()[:2]
+    return sock, f"http://{bound_host}:{bound_port}/v1"
+
+  def run(self, host: str, port: int, log_level: str = "info") -> None:
+    """Serves in the main thread until SIGINT or SIGTERM (port 0: any free port), which end it
+    normally (requests in flight get up to 5 s); logs the base URL."""
+    sock, url = self._bind(host, port)
+    log.info("serving %s at %s", self.model_name, url)
+    # uvicorn shuts down on the signal, then raises it again for the handler it found: this one.
+    stopped: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, _: stopped.append(signum)) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+      uvicorn.Server(uvicorn.Config(self.app, log_level=log_level, timeout_graceful_shutdown=5)).run(sockets=[sock])
+    finally:
+      for s, handler in previous.items():
+        signal.signal(s, handler)
+    log.info("stopped by %s", ", ".join(signal.Signals(s).name for s in stopped) or "the server")
+
+  def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+    """Serves in a background thread; returns the base URL (http://host:port/v1). port 0: any free
+    port."""
+    sock, url = self._bind(host, port)
+    self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
+    self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
+    self._thread.start()
+    deadline = time.monotonic() + 30
+    while not self._server.started:
+      if not self._thread.is_alive() or time.monotonic() > deadline:
+        raise RuntimeError(f"the server did not start on {host}:{port}")
+      time.sleep(0.01)
+    return url
+
+  def stop(self) -> None:
+    """Stops a server that start() began (requests in flight get up to 5 s to finish)."""
+    if self._server is not None and self._thread is not None:
+      self._server.should_exit = True
+      self._thread.join()
+      self._server = self._thread = None
+
+  # ------------------------------------------------------------------ requests
+  def _check_model(self, model: str | None) -> None:
+    if model is not None and model != self.model_name:
+      raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+  def _prepare(self, body: _Sampling, prompt_ids: list[int], session: Session | None, max_tokens: int | None):
+    self._check_model(body.model)
+    if body.stop:
+      raise ApiError(400, "stop strings are not supported (sampling stops at the model's EOS token)", "stop")
+    room = self.context_length - len(prompt_ids)
+    if room < 1 or (max_tokens is not None and max_tokens > room):
+      raise ApiError(
+        400,
+        f"This model's maximum context length is {self.context_length} tokens. However, you requested "
+        f"{len(prompt_ids) + (max_tokens or 1)} tokens ({len(prompt_ids)} in the messages, {max_tokens or 1} in "
+        "the completion). Please reduce the length of the messages or completion.",
+        "max_tokens",
+      )
+    if body.top_k is not None and body.top_k < 1 and body.top_k != -1:
+      raise ApiError(400, f"top_k must be -1 (off) or >= 1, got {body.top_k}", "top_k")
+    params = SamplingParams(
+      max_new_tokens=max_tokens or room,
+      temperature=body.temperature,
+      top_p=body.top_p,
+      top_k=None if body.top_k in (None, -1) else body.top_k,
+      eos_ids=self.eos_ids,
+    )
+    if body.temperature == 0:
+      keys: list[jax.Array | None] = [None] * body.n
+    else:
+      key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
+      keys = [jax.random.fold_in(key, i) for i in range(body.n)]
+    return _Prepared(prompt_ids, params, keys, session, False)
+
+  def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
+    n = len(prepared.keys)
+    return self.batcher.submit_many([prepared.prompt_ids] * n, prepared.params, prepared.keys, on_tokens or [None] * n)
+
+  def _text(self, tokens: np.ndarray, stopped: bool) -> str:
+    return self.tokenizer.decode((tokens[:-1] if stopped else tokens).tolist())
+
+  def _finish(self, prepared: _Prepared, done: Completion) -> tuple[str, str, list[tuple[str, Any]]]:
+    """(content, finish_reason, tool calls) of a completion, recorded in the request's session; the
+    content is the text before the calls where there are any."""
+    text = self._text(done.tokens, done.stopped)
+    if prepared.tools and self.tool_format is not None:
+      before, calls = self.tool_format.calls(text)
+      text = before if calls else text
+    else:
+      calls = []
+    reason = "tool_calls" if calls else ("stop" if done.stopped else "length")
+    if prepared.session is not None:
+      prepared.session._add(
+        Call(
+          np.asarray(prepared.prompt_ids, np.int32),
+          done.tokens,
+          done.logprobs,
+          done.versions,
+          prepared.params.temperature,
+          reason,
+        )
+      )
+    return text, reason, calls
+
+  def _render(self, body: ChatRequest | TokenizeRequest, tools: list[dict] | None) -> str:
+    """The conversation as the model reads it, the assistant's turn opened."""
+    messages = []
+    for m in body.messages or []:
+      role, content = m.get("role"), m.get("content")
+      if role not in ("system", "user", "assistant", "tool", "developer"):
+        raise ApiError(400, f"message role {role!r} is not one of system, user, assistant, tool", "messages")
+      if isinstance(content, list):  # content parts: the text ones
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+      text = content or ""
+      for call in m.get("tool_calls") or []:
+        if self.tool_format is None:
+          raise ApiError(400, "this server has no tool format; assistant tool_calls cannot be rendered", "messages")
+        function = call.get("function", {})
+        arguments = function.get("arguments", "{}")
+        try:
+          arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except json.JSONDecodeError:
+          pass  # the model wrote it so: render it as it was
+        text += ("\n" if text else "") + self.tool_format.call_text(function.get("name", ""), arguments)
+      messages.append({"role": "system" if role == "developer" else role, "content": text})
+    if tools:
+      if self.tool_format is None:
+        raise ApiError(400, "this server has no tool format; requests with tools are refused", "tools")
+      offer = self.tool_format.prompt(tools)
+      if messages and messages[0]["role"] == "system":
+        system = messages[0]["content"]
+        messages[0] = {"role": "system", "content": (system.rstrip() + "\n\n" + offer) if system else offer}
+      else:
+        messages.insert(0, {"role": "system", "content": offer})
+    return self.chat.render(messages, add_generation_prompt=getattr(body, "add_generation_prompt", True))
+
+  def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+    return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+
+  def _chat_prepared(self, body: ChatRequest, request: fastapi.Request) -> _Prepared:
+    session = self._session_of(request)
+    self._check_model(body.model)
+    if body.top_logprobs:
+      raise ApiError(400, "top_logprobs is not supported (the engine records the sampled token's only)", "top_logprobs")
+    tools = body.tools if body.tools and body.tool_choice != "none" else None
+    ids = self._encode(self._render(body, tools), add_special_tokens=False)
+    prepared = self._prepare(body, ids, session, body.max_completion_tokens or body.max_tokens)
+    prepared.tools = tools is not None
+    return prepared
+
+  def _token_logprobs(self, tokens: np.ndarray, logprobs: np.ndarray) -> list[dict]:
+    out = []
+    for t, lp in zip(tokens.tolist(), logprobs.tolist()):
+      piece = self.tokenizer.decode([t])
+      out.append({"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8")), "top_logprobs": []})
+    return out
+
+  async def _chat(self, body: ChatRequest, request: fastapi.Request):
+    prepared = self._chat_prepared(body, request)
+    if body.stream:
+      return self._stream(prepared, body, chat=True)
+    done = await _gather(self._submit(prepared))
+    created, choices = int(time.time()), []
+    for i, c in enumerate(done):
+      text, reason, calls = self._finish(prepared, c)
+      message: dict[str, Any] = {"role": "assistant", "content": text}
+      if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [_tool_call(name, arguments) for name, arguments in calls]
+      choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": reason, "logprobs": None}
+      if body.logprobs:
+        choice["logprobs"] = {"content": self._token_logprobs(c.tokens, c.logprobs)}
+      if body.return_token_ids:
+        choice["token_ids"] = c.tokens.tolist()
+      choices.append(choice)
+    out = {
+      "id": f"chatcmpl-{uuid.uuid4().hex}",
+      "object": "chat.completion",
+      "created": created,
+      "model": self.model_name,
+      "choices": choices,
+      "usage": _usage(prepared, done),
+    }
+    if body.return_token_ids:
+      out["prompt_token_ids"] = prepared.prompt_ids
+    return out
+
+  async def _completions(self, body: CompletionRequest, request: fastapi.Request):
+    session = self._session_of(request)
+    self._check_model(body.model)
+    if body.echo:
+      raise ApiError(400, "echo is not supported", "echo")
+    ids = list(body.prompt) if isinstance(body.prompt, list) else self._encode(body.prompt, add_special_tokens=True)
+    if any(not 0 <= t < len(self.tokenizer) for t in ids):
+      raise ApiError(400, f"prompt token ids must be from 0 to {len(self.tokenizer) - 1}", "prompt")
+    prepared = self._prepare(body, ids, session, body.max_tokens)
+    if body.stream:
+      return self._stream(prepared, body, chat=False)
+    done = await _gather(self._submit(prepared))
+    choices = []
+    for i, c in enumerate(done):
+      text, reason, _ = self._finish(prepared, c)
+      choice: dict[str, Any] = {"index": i, "text": text, "finish_reason": reason, "logprobs": None}
+      if body.logprobs is not None:
+        pieces = [self.tokenizer.decode([t]) for t in c.tokens.tolist()]
+        choice["logprobs"] = {
+          "tokens": pieces,
+          "token_logprobs": c.logprobs.tolist(),
+          "top_logprobs": [{p: lp} for p, lp in zip(pieces, c.logprobs.tolist())],
+          "text_offset": np.cumsum([0] + [len(p) for p in pieces[:-1]]).tolist(),
+        }
+      if body.return_token_ids:
+        choice["token_ids"] = c.tokens.tolist()
+        choice["prompt_token_ids"] = prepared.prompt_ids
+      choices.append(choice)
+    return {
+      "id": f"cmpl-{uuid.uuid4().hex}",
+      "object": "text_completion",
+      "created": int(time.time()),
+      "model": self.model_name,
+      "choices": choices,
+      "usage": _usage(prepared, done),
+    }
+
+  def _stream(self, prepared: _Prepared, body: _Sampling, chat: bool) -> responses.StreamingResponse:
+    """Server-sent events: a chunk per decode chunk of each choice with the text it adds, then each
+    choice's finish_reason (with tools, the content before the calls and the calls), then [DONE]."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def pusher(i: int) -> Callable[[list[int], list[float]], None]:
+      return lambda tokens, logps: loop.call_soon_threadsafe(queue.put_nowait, (i, tokens, logps))
+
+    n = len(prepared.keys)
+    futures = self._submit(prepared, [pusher(i) for i in range(n)])
+    for i, f in enumerate(futures):
+      f.add_done_callback(lambda _, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, None, None)))
+    response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def event(choice: dict) -> str:
+      chunk = {
+        "id": response_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": self.model_name,
+        "choices": [choice],
+      }
+      return f"data: {json.dumps(chunk)}\n\n"
+
+    def delta(i: int, text: str | None = None, reason: str | None = None, **extra) -> dict:
+      if chat:
+        d = {"role": "assistant"} if text is None and reason is None and not extra else {}
+        if text is not None:
+          d["content"] = text
+        return {"index": i, "delta": {**d, **extra.pop("message", {})}, "finish_reason": reason, **extra}
+      return {"index": i, "text": text or "", "finish_reason": reason, **extra}
+
+    async def events() -> AsyncIterator[str]:
+      tokens: list[list[int]] = [[] for _ in range(n)]
+      sent = [""] * n
+      finished = 0
+      try:
+        if chat:
+          for i in range(n):
+            yield event(delta(i))
+        while finished < n:
+          i, new, logps = await queue.get()
+          if new is not None:
+            tokens[i].extend(new)
+            if prepared.tools:
+              continue  # the calls are known once the reply is complete
+            text = self.tokenizer.decode([t for t in tokens[i] if t not in self.eos_ids])
+            if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+              continue
+            extra = {}
+            if chat and getattr(body, "logprobs", False):
+              extra["logprobs"] = {"content": self._token_logprobs(np.asarray(new), np.asarray(logps))}
+            yield event(delta(i, text[len(sent[i]) :], **extra))
+            sent[i] = text
+            continue
+          finished += 1
+          text, reason, calls = self._finish(prepared, futures[i].result())
+          extra: dict[str, Any] = {}
+          if body.return_token_ids:
+            extra["token_ids"] = futures[i].result().tokens.tolist()
+          if calls:
+            message = {"tool_calls": [{"index": k, **_tool_call(*c)} for k, c in enumerate(calls)]}
+            yield event(delta(i, text or None, "tool_calls", message=message, **extra))
+          else:
+            yield event(delta(i, text[len(sent[i]) :], reason, **extra))
+        yield "data: [DONE]\n\n"
+      finally:
+        for f in futures:
+          f.cancel()  # a client gone mid-stream gives its requests' slots back
+
+    return responses.StreamingResponse(events(), media_type="text/event-stream")
+
+  def _tokenize(self, body: TokenizeRequest, request: fastapi.Request):
+    self._session_of(request)
+    self._check_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+      raise ApiError(400, "give exactly one of prompt and messages", "prompt")
+    if body.messages is not None:
+      ids = self._encode(self._render(body, None), bool(body.add_special_tokens))
+    else:
+      ids = self._encode(body.prompt or "", body.add_special_tokens is not False)
+    return {"count": len(ids), "max_model_len": self.context_length, "tokens": ids}
+
+  def _detokenize(self, body: DetokenizeRequest, request: fastapi.Request):
+    self._session_of(request)
+    self._check_model(body.model)
+    return {"prompt": self.tokenizer.decode(body.tokens)}
+
+  def _build_app(self) -> fastapi.FastAPI:
+    app = fastapi.FastAPI(title="maxtext OpenAI-compatible server")
+
+    @app.exception_handler(ApiError)
+    async def api_error(_, e: ApiError):
+      return _error_response(e.status, e.message, e.param)
+
+    @app.exception_handler(fastapi.exceptions.RequestValidationError)
+    async def invalid(_, e: fastapi.exceptions.RequestValidationError):
+      problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+      return _error_response(400, f"invalid request: {problems}")
+
+    @app.exception_handler(404)
+    async def not_found(_, e):
+      return _error_response(404, getattr(e, "detail", None) or "not found")
+
+    def models(request: fastapi.Request):
+      self._session_of(request)
+      return {
+        "object": "list",
+        "data": [
+          {
+            "id": self.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "maxtext",
+            "max_model_len": self.context_length,
+          }
+        ],
+      }
+
+    async def chat(body: ChatRequest, request: fastapi.Request):
+      return await self._chat(body, request)
+
+    async def completions(body: CompletionRequest, request: fastapi.Request):
+      return await self._completions(body, request)
+
+    def tokenize(body: TokenizeRequest, request: fastapi.Request):
+      return self._tokenize(body, request)
+
+    def detokenize(body: DetokenizeRequest, request: fastapi.Request):
+      return self._detokenize(body, request)
+
+    for prefix in ("", "/sessions/{session_id}"):
+      app.get(f"{prefix}/v1/models")(models)
+      app.post(f"{prefix}/v1/chat/completions")(chat)
+      app.post(f"{prefix}/v1/completions")(completions)
+      app.post(f"{prefix}/tokenize")(tokenize)
+      app.post(f"{prefix}/detokenize")(detokenize)
+    return app
+
+
+async def _gather(futures: list[concurrent.futures.Future]) -> list[Completion]:
+  """The completions, awaited without blocking the event loop (a cancelled await cancels them)."""
+  return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+
+def _usage(prepared: _Prepared, done: list[Completion]) -> dict:
+  completion = sum(len(c.tokens) for c in done)
+  prompt = len(prepared.prompt_ids)
+  return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _tool_call(name: str, arguments: Any) -> dict:
+  return {
+    "id": f"call_{uuid.uuid4().hex[:24]}",
+    "type": "function",
+    "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
+  }
