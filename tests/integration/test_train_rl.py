@@ -370,7 +370,7 @@ def test_a_reward_function_that_fails_in_agentic_grpo_is_one_line(tmp_path, caps
   assert "Traceback" not in err and " ERROR " not in err
   assert re.fullmatch(
     f"error: reward_functions_path={re.escape(str(rewards))}: reward function strings returned 'good' \\(str\\) "
-    r"on completion 0 of 2 \(prompt '.*', completion '.*'\); expected a number",
+    r"on completion 0 of 2 \(prompt '.*', completion '.*'\); expected a number or None",
     err.strip().splitlines()[-1],
   )
 
