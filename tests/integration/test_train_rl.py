@@ -315,6 +315,35 @@ def test_custom_reward_file_and_processor_end_to_end(tmp_path):
   assert examples[0]["question"] and examples[0]["answer"].lstrip("-").isdigit()
 
 
+@pytest.mark.slow
+def test_trl_and_tunix_reward_forms_train_weighted(tmp_path):
+  """A TRL-style reward (**kwargs, None where it does not apply) and Tunix's check_answer(prompts,
+  completions, answer, **kargs) train a step, weighted by reward_weights; the logged rewards are TRL's."""
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text(
+    "def brevity(completions, **kwargs):\n"
+    "  return [None if i == 0 else 1.0 / (1 + len(c)) for i, c in enumerate(completions)]\n"
+    "def check_answer(prompts, completions, answer, **kargs):\n"
+    "  return [float(a in c) for c, a in zip(completions, answer)]\n"
+  )
+  args = [
+    *(a for a in TINY if not a.startswith(("num_test_batches=", "eval_batch_size="))),
+    "num_batches=1",
+    "num_test_batches=0",
+    "max_response_length=8",
+    f"reward_functions_path={rewards}",
+    "reward_functions=[brevity,check_answer]",
+    "reward_weights=[2.0,1.0]",
+    f"base_output_directory={tmp_path}",
+    "run_name=forms",
+  ]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  [row] = _read_jsonl(tmp_path / "forms" / "metrics.jsonl")
+  assert row["rewards/brevity/nones"] == 1 and row["rewards/unscored"] == 0  # one call of 4 completions
+  assert 0 < row["rewards/brevity"] <= 1 and 0 <= row["rewards/check_answer"] <= 1
+  assert np.isfinite(row["rewards/sum"]) and np.isfinite(row["rewards/std"])
+
+
 def test_a_reward_function_that_fails_mid_run_exits_2_and_keeps_the_checkpoints(tmp_path, capsys):
   """A user's reward function that raises at step 2 (out of Tunix's training loop): one line naming it
   and the example, exit 2, step 1's checkpoint and metrics kept whole."""
@@ -370,7 +399,7 @@ def test_a_reward_function_that_fails_in_agentic_grpo_is_one_line(tmp_path, caps
   assert "Traceback" not in err and " ERROR " not in err
   assert re.fullmatch(
     f"error: reward_functions_path={re.escape(str(rewards))}: reward function strings returned 'good' \\(str\\) "
-    r"on completion 0 of 2 \(prompt '.*', completion '.*'\); expected a number",
+    r"on completion 0 of 2 \(prompt '.*', completion '.*'\); expected a number or None",
     err.strip().splitlines()[-1],
   )
 

@@ -15,7 +15,7 @@ GOOD = "<reasoning>6 times 7</reasoning>\n<answer>42</answer>"
 
 def _reward_functions(cfg):
   """The run's reward functions, as train_rl binds them."""
-  return rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view())
+  return rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view()).functions
 
 
 @pytest.mark.parametrize(

@@ -54,7 +54,7 @@ def _reward(tmp_path, body: str, *overrides: str):
     f"def mine(prompts, completions, tmvp_config, **kwargs):\n{textwrap.indent(textwrap.dedent(body), '  ')}"
   )
   cfg = make_config(f"reward_functions_path={path}", "reward_functions=[mine]", *overrides)
-  [fn] = rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view())
+  [fn] = rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view()).functions
   return fn, path
 
 
@@ -110,7 +110,7 @@ from maxtext.input_pipeline import datasets, rewards
 from tests.conftest import make_config, template_for
 
 cfg = make_config("reward_functions_path=" + sys.argv[1], "reward_functions=[mine]")
-[fn] = rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view())
+[fn] = rewards.reward_functions(tasks.select(cfg.data.dataset_name), cfg.task, cfg.maxtext_view()).functions
 print(fn(["p", "p"], ["a", "b"]), flush=True)
 """
 

@@ -81,11 +81,18 @@ def _check_algorithm(v: Mapping[str, Any]) -> None:
 
 
 def _check_reward_functions(v: Mapping[str, Any]) -> None:
-  """reward_functions and reward_functions_path come together (the file's functions replace the task's)."""
+  """reward_functions and reward_functions_path come together (the file's functions replace the task's);
+  reward_weights, where set, weighs each of reward_functions."""
   if v["reward_functions"] and not v["reward_functions_path"]:
     raise ConfigError("reward_functions: set reward_functions_path to the file that defines them")
   if v["reward_functions_path"] and not v["reward_functions"]:
     raise ConfigError(f"reward_functions: name the functions of {v['reward_functions_path']} to use")
+  weights, names = list(v["reward_weights"]), list(v["reward_functions"])
+  if weights and len(weights) != len(names):
+    raise ConfigError(
+      f"reward_weights={weights}: expected one weight per function of reward_functions={names} "
+      f"({len(names)}), or none (1.0 each)"
+    )
 
 
 # The keys only decoder_family=gemma3 reads: 0 (none) for the other families.

@@ -52,7 +52,6 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     "vllm_importance_sampling_correction": "rl.sampler_is=token",
     "vllm_importance_sampling_cap": "rl.sampler_is_threshold",
     "log_completions": "nothing: eval.json and the trajectory log keep the completions",
-    "reward_weights": "nothing yet: a reward file's functions are summed",
   },
   "Tunix": {
     "beta": "rl.grpo_beta",

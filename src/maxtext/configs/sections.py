@@ -532,12 +532,22 @@ class TaskSection:
   math_verify_num_procs: int = dataclasses.field(metadata=key("Worker processes for math_verify.", bounds=POSITIVE_INT))
   reward_functions_path: str = dataclasses.field(
     metadata=key(
-      "Python file with user reward functions fn(prompts, completions, tmvp_config, **kwargs) -> list[float].",
+      "Python file with user reward functions, called by keyword as TRL and Tunix call them: fn(prompts, "
+      "completions, **kwargs), the data's fields and tmvp_config by name -> one float (or None) per completion.",
       path="input",
     )
   )
   reward_functions: tuple[str, ...] = dataclasses.field(
     metadata=key("Names of the functions in reward_functions_path to use instead of the built-in rewards.")
+  )
+  reward_weights: tuple[float, ...] = dataclasses.field(
+    metadata=key(
+      "Weight of each of reward_functions, in their order, in the reward (their weighted sum); empty: 1.0 each.",
+      bounds=Bound(
+        lambda xs: all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in xs),
+        "expected a list of finite numbers",
+      ),
+    )
   )
   reward_timeout_s: float = dataclasses.field(
     metadata=key(

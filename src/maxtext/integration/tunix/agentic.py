@@ -77,8 +77,10 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.rewards import RewardSet
 from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
 from maxtext.integration.tunix.algorithm import grpo_config
+from maxtext.integration.tunix.reward_manager import AgenticRewardManager
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
   agent_kwargs,
@@ -123,13 +125,16 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     before_step: Callable[[int], None] | None = None,
     dynamic_sampling_rounds: int = 1,
     reserve: Callable[[int], dict] | None = None,
+    rewards: RewardSet,
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
     steps (it may raise to stop training);
     dynamic_sampling_rounds > 1: dynamic sampling per slot (maxtext.rl.dynamic_sampling.Slots), with
-    reserve(i), the i-th reserve batch."""
-    super().__init__(*args, **kwargs)
+    reserve(i), the i-th reserve batch; rewards: the run's reward functions and weights (its reward
+    manager's)."""
+    super().__init__(*args, reward_fns=list(rewards.functions), **kwargs)
+    self.reward_manager = AgenticRewardManager(rewards, self.algo_config)
     if self.chat_parser is None:
       raise ValueError("the agentic learner renders conversations with its chat parser; none was given")
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)
@@ -605,7 +610,7 @@ def build_learner(
   agentic: AgenticSection,
   tools: ToolsSection,
   cluster,
-  reward_fns,
+  rewards: RewardSet,
   parser: ConfigChatParser,
   tool_map=None,
   before_step: Callable[[int], None] | None = None,
@@ -619,7 +624,7 @@ def build_learner(
     before_step=before_step,
     rl_cluster=cluster,
     algo_config=grpo_config(rl, sampling, agentic, parser.system_prompt),
-    reward_fns=list(reward_fns),
+    rewards=rewards,
     chat_parser=parser,
     **agent_kwargs(tools, tool_map, parser.example_turns),
   )

@@ -19,8 +19,10 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
 from maxtext.configs.sections import AlgorithmSection, SamplingSection, TrainSection
+from maxtext.input_pipeline.rewards import RewardSet
 from maxtext.integration.tunix import losses
 from maxtext.integration.tunix.algorithm import grpo_config
+from maxtext.integration.tunix.reward_manager import StandardRewardManager
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.rl import shaping, standard_step
 from maxtext.utils.steps import Steps
@@ -48,12 +50,14 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     shape: shaping.Shaping,
     before_step: Callable[[int], None] | None = None,
     reserve: Callable[[int], dict] | None = None,
+    rewards: RewardSet,
     **kwargs,
   ):
     """steps: the run's training steps and their optimizer updates; shape: what is done to each
     step's samples; reserve(i): the i-th batch of further prompts for dynamic
-    sampling."""
-    super().__init__(*args, **kwargs)
+    sampling; rewards: the run's reward functions and weights (its reward manager's)."""
+    super().__init__(*args, reward_fns=list(rewards.functions), **kwargs)
+    self.reward_manager = StandardRewardManager(rewards, self.algo_config)
     self._wire(before_step)
     self._shape = shape
     if shape.sampler_logps:
@@ -176,7 +180,7 @@ def build_learner(
   rl: AlgorithmSection,
   sampling: SamplingSection,
   cluster,
-  reward_fns,
+  rewards: RewardSet,
   before_step=None,
   reserve=None,
 ) -> GRPOLearner:
@@ -184,7 +188,7 @@ def build_learner(
   return GRPOLearner(
     rl_cluster=cluster,
     algo_config=grpo_config(rl, sampling),
-    reward_fns=list(reward_fns),
+    rewards=rewards,
     steps=Steps.of(train, rl),
     before_step=before_step,
     shape=shaping.Shaping.from_config(rl, sampling),

@@ -23,7 +23,7 @@ import yaml
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
 from maxtext.utils import errors, jsonl
 
-_AGGREGATES = {"sum", "mean", "min", "max"}
+_AGGREGATES = {"sum", "std", "mean", "min", "max", "unscored"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
 _MAX_LENGTH = ("completions/max_length", "generation/completions/max_length")
 _SETTINGS = (

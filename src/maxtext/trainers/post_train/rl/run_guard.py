@@ -29,8 +29,8 @@ def watched(name: str) -> bool:
 
 
 def _aggregate(name: str) -> bool:
-  """Tunix's summaries over reward functions (rewards/mean, rewards/score/max, ...)."""
-  return name.startswith("rewards/") and name.rsplit("/", 1)[1] in ("sum", "mean", "min", "max")
+  """The summaries over reward functions (rewards/mean, rewards/std, rewards/score/max, ...)."""
+  return name.startswith("rewards/") and name.rsplit("/", 1)[1] in ("sum", "std", "mean", "min", "max")
 
 
 @jax.jit

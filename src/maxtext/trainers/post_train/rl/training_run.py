@@ -62,7 +62,7 @@ class TrainingRun:
     agentic = cfg.agentic.use_agentic_rollout
     self.task = task = tasks.select(cfg.data.dataset_name)
     distributed.initialize()  # before anything asks JAX about its devices
-    reward_fns = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
+    reward_set = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
@@ -87,7 +87,9 @@ class TrainingRun:
     if agentic:
       agentic_parts = (chat_parser.for_config(cfg.agentic, template), tools.tool_map(cfg.tools))
       render = trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
-    self.train_ds, reserve_ds = _batches(cfg, examples.training(render))
+    training = examples.training(render)
+    reward_set.check_fields(training[0])  # a reward function's parameter the data lacks fails before the model
+    self.train_ds, reserve_ds = _batches(cfg, training)
     evaluations = cfg.eval
     self.eval_examples = (
       examples.evaluation(evaluations.num_test_batches * evaluations.eval_batch_size)
@@ -126,19 +128,19 @@ class TrainingRun:
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
-        self.learner = self._build_learner(reward_fns, reserve, agentic_parts)
+        self.learner = self._build_learner(reward_set, reserve, agentic_parts)
     except BaseException:
       self.close()
       raise
     folder.write_config(cfg)  # the inputs it names have loaded and the checkpoint it resumes from fits
 
-  def _build_learner(self, reward_fns, reserve, agentic_parts):
+  def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
     agentic GRPO, else None)."""
     cfg = self.cfg
     if agentic_parts is None:
       return learner_lib.build_learner(
-        cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_fns, self._before_step, reserve
+        cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_set, self._before_step, reserve
       )
     parser, tool_map = agentic_parts
     return agentic_lib.build_learner(
@@ -148,7 +150,7 @@ class TrainingRun:
       cfg.agentic,
       cfg.tools,
       self.cluster,
-      reward_fns,
+      reward_set,
       parser,
       tool_map,
       before_step=self._between_steps,
