@@ -3,6 +3,7 @@
 import gc
 import glob
 import json
+import logging
 import os
 import re
 import signal
@@ -187,7 +188,7 @@ def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
   ), refusal
 
 
-def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys):
+def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys, caplog):
   """rl.num_iterations=2: num_batches=3 trains 3 batches in 6 optimizer updates; metrics.jsonl has one
   row per batch, checkpoints are taken every checkpoint_period batches, and a run stopped after 2
   batches resumes at the third, each step logged once. The runs skip evaluation (num_test_batches=0)."""
@@ -215,13 +216,23 @@ def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsy
   # Named by optimizer update: every checkpoint_period steps of 2 updates, nothing mid-batch.
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4]
   # A third batch changes the learning-rate schedule: the rerun resumes with that change.
-  assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3", "resume_with_changes=true"]) == 0
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3", "resume_with_changes=true"]) == 0
+  # The console says what the rerun trains, and a line per step with its reward, KL, loss and time.
+  assert "Training steps 3 to 3 of 3;" in caplog.text and "Trained steps 3 to 3 in " in caplog.text
+  assert re.search(r"step 3/3: reward -?\d+\.\d{3}, kl \S+, loss \S+, \d", caplog.text)
   rows = _read_jsonl(run / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert all(np.isfinite(r["loss"]) and "rewards/mean" in r for r in rows)
   # against the trainer's log-probs before the step's first update, also in its second update
   assert all(0.0 <= r["sampler_trainer/logp_diff_max"] < 1e-3 for r in rows)
   assert orbax_checkpoint.steps(str(run / "checkpoints" / "actor")) == [2, 4, 6]
+  caplog.clear()
+  with caplog.at_level(logging.INFO):
+    assert train_rl.main(["train_rl", "rl.yml", *args, "num_batches=3"]) == 0
+  assert "Nothing left to train: the run's 3 of 3 steps were trained before this rerun" in caplog.text
+  assert "Trained steps" not in caplog.text and "step 3/3" not in caplog.text
 
 
 def test_evaluation_keys_are_refused_without_evaluation(capsys):

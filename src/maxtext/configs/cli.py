@@ -19,7 +19,7 @@ from collections.abc import Callable
 from absl import logging as absl_logging
 
 from maxtext.configs import pyconfig
-from maxtext.utils import errors, shutdown, xla_flags
+from maxtext.utils import errors, log_filters, shutdown, xla_flags
 
 
 def print_help(program: str) -> None:
@@ -55,6 +55,7 @@ def main(argv: list[str], job: Callable[[pyconfig.RunConfig], list[dict] | None]
   logging.basicConfig(
     level=cfg.run.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
   )
+  log_filters.install()
   # Tunix and Orbax log through absl at INFO in volume; keep them to warnings unless debugging.
   absl_logging.set_verbosity("debug" if cfg.run.log_level == "debug" else "warning")
   if cfg.run.jax_cache_dir:

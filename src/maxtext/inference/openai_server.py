@@ -472,12 +472,21 @@ class OpenAIServer:
     queue: asyncio.Queue = asyncio.Queue()
 
     def pusher(i: int) -> Callable[[list[int], list[float]], None]:
-      return lambda tokens, logps: loop.call_soon_threadsafe(queue.put_nowait, (i, tokens, logps))
+      def push(tokens: list[int], logps: list[float]) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (i, tokens, logps))
+
+      return push
+
+    def ended(i: int) -> Callable[[Any], None]:
+      def push(_: Any) -> None:
+        loop.call_soon_threadsafe(queue.put_nowait, (i, None, None))
+
+      return push
 
     n = len(prepared.keys)
     futures = self._submit(prepared, [pusher(i) for i in range(n)])
     for i, f in enumerate(futures):
-      f.add_done_callback(lambda _, i=i: loop.call_soon_threadsafe(queue.put_nowait, (i, None, None)))
+      f.add_done_callback(ended(i))
     response_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     created = int(time.time())
 
@@ -491,12 +500,12 @@ class OpenAIServer:
       }
       return f"data: {json.dumps(chunk)}\n\n"
 
-    def delta(i: int, text: str | None = None, reason: str | None = None, **extra) -> dict:
+    def delta(i: int, text: str | None = None, reason: str | None = None, message=None, **extra) -> dict:
       if chat:
-        d = {"role": "assistant"} if text is None and reason is None and not extra else {}
+        d = {"role": "assistant"} if text is None and reason is None and not extra and not message else {}
         if text is not None:
           d["content"] = text
-        return {"index": i, "delta": {**d, **extra.pop("message", {})}, "finish_reason": reason, **extra}
+        return {"index": i, "delta": {**d, **(message or {})}, "finish_reason": reason, **extra}
       return {"index": i, "text": text or "", "finish_reason": reason, **extra}
 
     async def events() -> AsyncIterator[str]:
@@ -516,10 +525,10 @@ class OpenAIServer:
             text = self.tokenizer.decode([t for t in tokens[i] if t not in self.eos_ids])
             if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
               continue
-            extra = {}
+            logprobs: dict[str, Any] = {}
             if chat and getattr(body, "logprobs", False):
-              extra["logprobs"] = {"content": self._token_logprobs(np.asarray(new), np.asarray(logps))}
-            yield event(delta(i, text[len(sent[i]) :], **extra))
+              logprobs["logprobs"] = {"content": self._token_logprobs(np.asarray(new), np.asarray(logps))}
+            yield event(delta(i, text[len(sent[i]) :], **logprobs))
             sent[i] = text
             continue
           finished += 1

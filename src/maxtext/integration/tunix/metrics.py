@@ -256,19 +256,26 @@ class MetricSinks:
     wandb: WandbRun | None = None,
     steps: Steps = ONE_UPDATE_PER_STEP,
     on_scalar: OnScalar = lambda name, step, values: None,
+    on_row: Callable[[dict], None] | None = None,
   ):
     """lag: how many steps later a metrics.jsonl row is final (an agentic producer runs up to
     off_policy_steps + 1 steps ahead of the trainer, so its rows need off_policy_steps + 2);
     steps: the run's steps and their optimizer updates; on_scalar: see JsonlBackend (the run
-    guard's feed, on the process that writes metrics.jsonl)."""
+    guard's feed, on the process that writes metrics.jsonl); on_row: called with each row written
+    (after the W&B run's log)."""
     self._wandb = wandb
     self.compile_clock = CompileClock()
     self.log_dir = os.path.join(run_dir, "tensorboard")
-    on_row = wandb.log if wandb is not None else None
+    consumers = [f for f in (wandb.log if wandb is not None else None, on_row) if f is not None]
+
+    def each_row(row: dict) -> None:
+      for consume in consumers:
+        consume(row)
+
     self._makers = {
       "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
       "jsonl": lambda: JsonlBackend(
-        os.path.join(run_dir, "metrics.jsonl"), lag, on_row, self.compile_clock, steps, on_scalar
+        os.path.join(run_dir, "metrics.jsonl"), lag, each_row, self.compile_clock, steps, on_scalar
       ),
     }
     self._real: dict[str, _Sink] = {}

@@ -1,6 +1,6 @@
 """The console's view of training: one line per trained step, from the step's metrics.jsonl row.
 
-    step 3/6: reward 1.250, kl 0.0012, loss 0.01, 4 s, ETA 12 s
+    step 3/6: reward 1.250, kl 0.0012, loss 0.01, 4.0 s, ETA 12 s
 
 The first step's line says how much of it was compiling; the ETA is the mean time of the steps seen
 so far, less their compiling, times the steps left. Rows arrive in step order (metrics.py writes
@@ -20,8 +20,10 @@ _REWARD_KEYS = ("reward", "rewards/sum")
 
 
 def _duration(seconds: float) -> str:
-  """'42 s', '3 min 05 s' or '2 h 03 min'."""
-  seconds = max(0, round(seconds))
+  """'4.2 s', '42 s', '3 min 05 s' or '2 h 03 min'."""
+  if seconds < 10:
+    return f"{max(seconds, 0.0):.1f} s"
+  seconds = round(seconds)
   if seconds < 60:
     return f"{seconds} s"
   if seconds < 3600:

@@ -35,7 +35,7 @@ from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories
 from maxtext.models.load import load_model
-from maxtext.trainers.post_train.rl import evaluate_rl, footprint, report, run_guard
+from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
 from maxtext.utils import mesh as mesh_lib
@@ -109,7 +109,12 @@ class TrainingRun:
       wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
     self.guard = run_guard.RunGuard(steps)
     self.sinks = metrics.MetricSinks(
-      folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps, on_scalar=self.guard.observe
+      folder.path,
+      lag=cfg.agentic.off_policy_steps + 2,
+      wandb=wandb,
+      steps=steps,
+      on_scalar=self.guard.observe,
+      on_row=progress.StepLines(cfg.train.num_batches),
     )
     try:
       with jax.set_mesh(trainer_mesh):  # optimizer state inherits the parameters' sharding annotations
@@ -226,6 +231,14 @@ class TrainingRun:
   def train(self) -> None:
     sinks, cluster = self.sinks, self.cluster
     start, compiled = time.time(), sinks.compile_clock()
+    done, total = self.steps.done(cluster.actor_trainer.train_steps), self.cfg.train.num_batches
+    if done < total:
+      log.info(
+        "Training steps %d to %d of %d; the first also compiles the training and sampling programs, so it takes longer",
+        done + 1,
+        total,
+        total,
+      )
     sinks.restart_clock()
     with self.guard.stop:
       try:
@@ -252,12 +265,16 @@ class TrainingRun:
       self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
     except shutdown.NonFiniteError as e:
       self._stop_non_finite(e)
-    log.info(
-      "Trained %d steps in %.1f s (%.1f s of it compiling)",
-      trained,
-      time.time() - start,
-      sinks.compile_clock() - compiled,
-    )
+    if trained == done:
+      log.info("Nothing left to train: the run's %d of %d steps were trained before this rerun", done, total)
+    else:
+      log.info(
+        "Trained steps %d to %d in %.1f s (%.1f s of it compiling)",
+        done + 1,
+        trained,
+        time.time() - start,
+        sinks.compile_clock() - compiled,
+      )
     footprint.log_peak(self._expected_peak)
 
   def evaluate_after(self) -> None:
