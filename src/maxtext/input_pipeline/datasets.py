@@ -88,7 +88,7 @@ def _read_json(path: str) -> list[dict]:
     return [Row(row, f"line {n}") for n, row in jsonl.numbered(path)]
   for i, item in enumerate(items):
     if not isinstance(item, dict):
-      raise errors.InputError(f"{path}: item {i} of its array is {item!r:.60}; expected a JSON object")
+      raise errors.InputError(f"{path}: item {i} of its array is {_shown(item)}; expected a JSON object")
   return items
 
 
@@ -283,9 +283,9 @@ def to_examples(
   The user's process_data is loaded here first (its errors come first), then runs in a worker process
   (utils/worker_pool.py), each row bounded by dataset_processor_timeout_s: a row past it, or one on
   which process_data exits, is an InputError naming the row too."""
-  source = f"{_key(data, name)}={name}"
   if data.dataset_processor_path:
     return _same_columns(_processed(data, template, name, rows, tmvp_config))
+  source = f"{_key(data, name)}={name}"
   task = tasks.select(name)
   out = []
   for i, row in enumerate(rows):
