@@ -355,6 +355,59 @@ def test_trl_and_tunix_reward_forms_train_weighted(tmp_path):
   assert np.isfinite(row["rewards/sum"]) and np.isfinite(row["rewards/std"])
 
 
+# Records what the reward functions are given, as TRL gives it for conversational data: the conversations
+# as `prompts`, each completion as an assistant message, and the dataset's other columns by name.
+SEEN_REWARDS = """
+import json, os
+
+
+def seen(prompts, completions, solution, id, **kwargs):
+  with open(os.path.join(os.path.dirname(__file__), "seen.jsonl"), "a") as f:
+    for p, c, s, i in zip(prompts, completions, solution, id):
+      f.write(json.dumps({"prompt": list(p), "completion": list(c), "solution": str(s), "id": int(i)}) + "\\n")
+  return [0.0] * len(completions)
+"""
+
+
+def test_a_trl_conversational_dataset_trains(tmp_path):
+  """A TRL-style jsonl (a conversation with a system turn as `prompt`, a `solution`, an `id`) trains
+  unchanged: its conversations are the prompts, and every column reaches the reward functions."""
+  rows = [
+    {
+      "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"What is {i} + {i}?"}],
+      "solution": str(2 * i),
+      "id": i,
+    }
+    for i in range(4)
+  ]
+  data = tmp_path / "conversations.jsonl"
+  data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  (tmp_path / "rewards.py").write_text(SEEN_REWARDS)
+  args = [
+    "model_name=qwen3-tiny",
+    "num_batches=2",
+    "batch_size=2",
+    "rl.num_generations=2",
+    "max_response_length=8",
+    "num_test_batches=0",
+    f"dataset_name={data}",
+    "train_fraction=1.0",
+    f"reward_functions_path={tmp_path / 'rewards.py'}",
+    "reward_functions=[seen]",
+    f"base_output_directory={tmp_path}",
+    "run_name=trl",
+  ]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  seen = _read_jsonl(tmp_path / "seen.jsonl")
+  assert len(seen) == 2 * 2 * 2  # 2 steps of 2 prompts, 2 completions each
+  for record in seen:
+    row = rows[record["id"]]
+    assert (record["prompt"], record["solution"]) == (row["prompt"], row["solution"])
+    [message] = record["completion"]
+    assert message["role"] == "assistant" and isinstance(message["content"], str)
+  assert len(_read_jsonl(tmp_path / "trl" / "metrics.jsonl")) == 2
+
+
 def test_a_reward_function_that_fails_mid_run_exits_2_and_keeps_the_checkpoints(tmp_path, capsys):
   """A user's reward function that raises at step 2 (out of Tunix's training loop): one line naming it
   and the example, exit 2, step 1's checkpoint and metrics kept whole."""

@@ -85,9 +85,14 @@ def test_local_jsonl_split_and_missing_fields(tmp_path, smollm2_tokenizer):
   same = make_config(f"dataset_name={path}", f"eval_dataset_name={path}", "train_fraction=0.8", "num_test_batches=2")
   assert len(_eval_examples(same, smollm2_tokenizer)) == 2
   bad = tmp_path / "bad.jsonl"
-  bad.write_text(json.dumps({"prompt": "1+1?"}) + "\n")
-  with pytest.raises(ValueError, match=r"line 1 lacks field\(s\) \['question', 'answer'\]"):
-    _examples(cfg, smollm2_tokenizer, str(bad))
+  bad.write_text(json.dumps({"text": "1+1?", "label": "2"}) + "\n")
+  with pytest.raises(errors.InputError) as raised:
+    _examples(make_config(f"dataset_name={bad}", "train_fraction=1.0"), smollm2_tokenizer, str(bad))
+  assert str(raised.value) == (
+    f"dataset_name={bad}: line 1 has none of the columns ['prompt', 'question'] for the prompt (its columns are "
+    "['text', 'label']); set prompt_column to the column that holds it, or dataset_processor_path to a file whose "
+    "process_data builds the example"
+  )
 
 
 def test_a_bad_row_is_named_by_its_line_in_the_file(tmp_path, smollm2_tokenizer):
@@ -103,7 +108,11 @@ def test_a_bad_row_is_named_by_its_line_in_the_file(tmp_path, smollm2_tokenizer)
   assert [r["question"] for r in training].index("3+1?") != 3  # what the message used to call it
   with pytest.raises(errors.InputError) as raised:
     _examples(cfg, smollm2_tokenizer, str(path))
-  assert str(raised.value) == f"dataset_name={path}: line 5 lacks field(s) ['answer']; expected 'question' and 'answer'"
+  assert str(raised.value) == (
+    f"dataset_name={path}: line 5 has none of the columns ['answer', 'solution'] for the reference answer (its "
+    "columns are ['question']); set answer_column to the column that holds it, or dataset_processor_path to a file "
+    "whose process_data builds the example"
+  )
   proc = tmp_path / "proc.py"
   header = "def process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x):"
   with_proc = make_config(f"dataset_name={path}", "train_fraction=0.8", f"dataset_processor_path={proc}")
@@ -366,18 +375,29 @@ def test_a_jsonl_line_that_is_not_a_utf8_json_object_is_named_by_file_and_line(t
   assert "\n" not in str(raised.value)
 
 
+_MESSAGES = 'a list of {"role", "content"} messages'
+
+
 @pytest.mark.parametrize(
-  "row, message",
+  "row, message, processor_message",
   [
-    ({"question": "q?", "answer": ["72"]}, "has answer ['72'] (a list); expected a string or a number"),
-    ({"question": "q?", "answer": None}, "has answer None (null); expected a string or a number"),
-    ({"question": "q?", "answer": True}, "has answer True (a bool); expected a string or a number"),
-    ({"question": None, "answer": "1"}, "has question None (null); expected a string"),
-    ({"question": ["q?"], "answer": "1"}, "has question ['q?'] (a list); expected a string"),
+    ({"question": "q?", "answer": ["72"]}, "has answer ['72'] (a list); expected a string or a number", None),
+    ({"question": "q?", "answer": None}, "has answer None (null); expected a string or a number", None),
+    ({"question": "q?", "answer": True}, "has answer True (a bool); expected a string or a number", None),
+    (
+      {"question": None, "answer": "1"},
+      f"has question None (null); expected a string or {_MESSAGES}",
+      "has question None (null); expected a string",
+    ),
+    (
+      {"question": ["q?"], "answer": "1"},
+      'has question message 0 \'q?\'; expected {"role": a string, "content": a string}',
+      "has question ['q?'] (a list); expected a string",
+    ),
   ],
 )
 def test_a_question_or_answer_of_the_wrong_type_is_named_not_trained_on_as_text(
-  tmp_path, smollm2_tokenizer, row, message
+  tmp_path, smollm2_tokenizer, row, message, processor_message
 ):
   path = tmp_path / "data.jsonl"
   path.write_text(_GOOD + json.dumps(row) + "\n")
@@ -397,8 +417,8 @@ def test_a_question_or_answer_of_the_wrong_type_is_named_not_trained_on_as_text(
   with pytest.raises(errors.InputError) as raised:
     _examples(with_proc, smollm2_tokenizer, str(path))
   assert (
-    str(raised.value)
-    == f"dataset_processor_path={proc}: process_data's result for dataset_name={path} line 1 {message}"
+    str(raised.value) == f"dataset_processor_path={proc}: process_data's result for dataset_name={path} line 1 "
+    f"{processor_message or message}"
   )
 
 
@@ -424,7 +444,7 @@ def test_a_csv_file_with_a_header_is_a_data_source(tmp_path, smollm2_tokenizer):
   other = tmp_path / "data.txt"
   other.write_text("What is 1 + 1? 2\n")
   with pytest.raises(
-    errors.InputError, match=f"^dataset_name={re.escape(str(other))}: expected a .jsonl, .parquet, .csv"
+    errors.InputError, match=f"^dataset_name={re.escape(str(other))}: expected a .jsonl, .json, .parquet, .csv"
   ):
     datasets.load_rows(make_config(f"dataset_name={other}").data, str(other), "train", training=True)
 

@@ -31,6 +31,18 @@ def test_single_prompts_are_one_element_arrays_of_every_field():
   assert [p["n"].tolist() for p in prompts] == [[3], [4]]
 
 
+def test_single_prompts_keep_a_conversation_or_a_list_whole():
+  """A field whose values are conversations (of different lengths) or lists: each prompt's value is
+  the one it had, in a one-element array."""
+  chats = [[{"role": "user", "content": "a"}], [{"role": "system", "content": "s"}, {"role": "user", "content": "b"}]]
+  column = np.empty(2, dtype=object)
+  column[0], column[1] = chats
+  batch = {"prompts": np.array(["a", "b"]), "prompt": column, "tags": [["x", "y"], ["z", "w"]]}
+  prompts = list(single_prompts(batch))
+  assert [(p["prompt"].shape, p["prompt"][0]) for p in prompts] == [((1,), chats[0]), ((1,), chats[1])]
+  assert [(p["tags"].shape, p["tags"][0]) for p in prompts] == [((1,), ["x", "y"]), ((1,), ["z", "w"])]
+
+
 def _drain(feed: PromptFeed, limit: int = 100) -> list[dict]:
   async def run():
     out = []

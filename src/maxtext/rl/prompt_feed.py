@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator, Iterator
 import numpy as np
 
 from maxtext.rl import dynamic_sampling
+from maxtext.utils import columns
 
 # Fields the feed adds to each prompt: its slot (see ProcessShare) and its dynamic sampling round.
 SLOT, ROUND = "group_slot", "sampling_round"
@@ -61,14 +62,17 @@ class ProcessShare:
 
 def single_prompts(batch: dict) -> Iterator[dict]:
   """The batch's prompts as one-prompt batches: each field a one-element array (numpy arrays are
-  flattened, a list or tuple is taken per element, anything else is one element), as Tunix's
-  learner splits its micro-batches of one prompt."""
-  columns = {
-    k: list(v.flatten()) if isinstance(v, np.ndarray) else list(v) if isinstance(v, (list, tuple)) else [v]
+  flattened, a list or tuple is taken per element, anything else is one element; an element that is a
+  list or a dict, a conversation say, stays whole in an object array), as Tunix's learner splits its
+  micro-batches of one prompt."""
+  fields = {
+    k: v.reshape(-1)
+    if isinstance(v, np.ndarray)
+    else columns.as_array(list(v) if isinstance(v, (list, tuple)) else [v])
     for k, v in batch.items()
   }
-  for i in range(len(next(iter(columns.values())))):
-    yield {k: np.array(c[i : i + 1]) for k, c in columns.items()}
+  for i in range(len(next(iter(fields.values())))):
+    yield {k: c[i : i + 1] for k, c in fields.items()}
 
 
 _END = None  # what the queue holds after the last batch

@@ -1,8 +1,11 @@
 """What a task is: where its questions come from, the prompt template it ships, how its completions
 are rewarded and how evaluation scores them. A task is selected by dataset_name (tasks.select).
 
-Rows are raw (a task's own fields); `normalise` turns one into (question, answer), unless a
-dataset_processor_path's process_data handles the raw rows itself. Reward functions have MaxText's
+Rows are raw (a task's own fields); `normalise` turns one into (prompt, answer), unless a
+dataset_processor_path's process_data handles the raw rows itself. A task without a normaliser of its
+own (a file, TFDS or Hugging Face dataset) reads them by column (`by_columns`): the prompt, text or a
+conversation, and the reference answer, in the columns prompt_column and answer_column name or those
+the row has of PROMPT_COLUMNS and ANSWER_COLUMNS. Reward functions have MaxText's
 signature fn(prompts, completions, tmvp_config, **kwargs) -> one float per completion, where a
 task's own functions receive the task section as tmvp_config (user functions receive the whole
 config's MaxText view; input_pipeline.rewards binds either). `score` gives one verdict per completion:
@@ -25,15 +28,71 @@ RewardFn = Callable[..., list[float]]
 Verdict = dict
 
 
-def question_answer(row: dict) -> tuple[str, str]:
-  """A row's `question` (a string) and `answer` (a string or a finite number) fields; GSM8K's answer is
-  the text after '####' (thousands separators removed). Fields missing or of another type (a list,
-  null) are an InputError naming them."""
-  missing = [k for k in ("question", "answer") if k not in row]
-  if missing:
-    raise errors.InputError(f"lacks field(s) {missing}; expected 'question' and 'answer'")
-  question, answer = checked(row["question"], row["answer"])
-  return question, final_answer(answer)
+# A row's prompt: text (the question), or a conversation of {"role", "content"} messages.
+Prompt = str | list[dict]
+
+# The columns a row's prompt and reference answer are looked for in, in order, where prompt_column or
+# answer_column is empty: TRL's `prompt`, then Tunix's and MaxText's `question`; GSM8K's (and Tunix's
+# and MaxText's) `answer`, then TRL's `solution`.
+PROMPT_COLUMNS = ("prompt", "question")
+ANSWER_COLUMNS = ("answer", "solution")
+
+
+def by_columns(row: dict, prompt_column: str = "", answer_column: str = "") -> tuple[Prompt, str, str, str]:
+  """A row's (prompt, answer, the prompt's column, the answer's column): the prompt is prompt_column's
+  value, text or a conversation (`conversation`), the answer final_answer of answer_column's (a
+  string or a finite number); an empty column name takes the first of PROMPT_COLUMNS / ANSWER_COLUMNS
+  the row has. A missing column, or a value of another type, is an InputError naming the column and
+  the key that chooses it."""
+  p_col = _column(row, prompt_column, PROMPT_COLUMNS, "prompt_column", "the prompt")
+  a_col = _column(row, answer_column, ANSWER_COLUMNS, "answer_column", "the reference answer")
+  prompt = row[p_col]
+  if isinstance(prompt, (list, tuple)):
+    prompt = conversation(prompt, p_col)
+  elif not isinstance(prompt, str):
+    raise errors.InputError(
+      f'has {p_col} {prompt!r} ({_kind(prompt)}); expected a string or a list of {{"role", "content"}} messages'
+    )
+  answer = row[a_col]
+  if not isinstance(answer, str) and not _finite_number(answer):
+    raise errors.InputError(f"has {a_col} {answer!r} ({_kind(answer)}); expected a string or a number")
+  return prompt, final_answer(str(answer)), p_col, a_col
+
+
+def question_answer(row: dict) -> tuple[Prompt, str]:
+  """A generated task's row: its `question` and `answer` columns (by_columns)."""
+  prompt, answer, _, _ = by_columns(row, "question", "answer")
+  return prompt, answer
+
+
+def _column(row: dict, chosen: str, known: tuple[str, ...], key: str, what: str) -> str:
+  if chosen:
+    if chosen not in row:
+      raise errors.InputError(f"has no column {chosen!r} ({key}={chosen}); its columns are {list(row)}")
+    return chosen
+  found = next((name for name in known if name in row), None)
+  if found is None:
+    raise errors.InputError(
+      f"has none of the columns {list(known)} for {what} (its columns are {list(row)}); set {key} to the "
+      "column that holds it, or dataset_processor_path to a file whose process_data builds the example"
+    )
+  return found
+
+
+def conversation(messages, column: str) -> list[dict]:
+  """A conversational prompt checked: a list of {"role": text, "content": text} messages (other keys
+  kept) whose last turn is the user's; an InputError naming the column and the message otherwise."""
+  for i, message in enumerate(messages):
+    if not (
+      isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str)
+    ):
+      raise errors.InputError(
+        f'has {column} message {i} {message!r:.100}; expected {{"role": a string, "content": a string}}'
+      )
+  if not messages or messages[-1]["role"] != "user":
+    last = f"ends in a {messages[-1]['role']!r} turn" if messages else "is empty"
+    raise errors.InputError(f"has {column} that {last}; expected a conversation whose last turn is the user's")
+  return [dict(m) for m in messages]
 
 
 def checked(question, answer) -> tuple[str, str]:
@@ -82,7 +141,9 @@ class Task:
   all_rows: Callable[[], list[dict]] | None = None
   splits: tuple[str, ...] = ()
   split_rows: Callable[[str], list[dict]] | None = None
-  normalise: Callable[[dict], tuple[str, str]] = question_answer
+  # row -> (prompt, answer); None: the row is read by column (by_columns, with prompt_column and
+  # answer_column), as a file, TFDS or Hugging Face dataset is.
+  normalise: Callable[[dict], tuple[Prompt, str]] | None = question_answer
   reads: tuple[str, ...] = REWARD_KEYS  # the REWARD_KEYS its rewards and scoring read
 
   def ignored(self, changed: list[str], user_rewards: bool) -> str | None:

