@@ -13,7 +13,7 @@ import yaml
 from maxtext.configs import maxtext_keys
 from maxtext.configs.run_config import RunConfig
 from maxtext.configs.sections import unflatten
-from maxtext.utils import storage
+from maxtext.utils import storage, whole_writes
 from maxtext.utils.errors import ConfigError
 
 # Keys whose value is a whole mapping (not a section of keys).
@@ -60,9 +60,8 @@ def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ..
       storage.upload(os.path.join(folder, "config.yml"), path)
     return
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(line + "\n" for line in comments)
-    yaml.safe_dump(unflatten({**written_values(config), **config.maxtext_only}), f, sort_keys=False)
+  values = yaml.safe_dump(unflatten({**written_values(config), **config.maxtext_only}), sort_keys=False)
+  whole_writes.replace(path, "".join(line + "\n" for line in comments) + values)
 
 
 def read_written(path: str) -> tuple[dict[str, Any], list[str]]:

@@ -1,7 +1,8 @@
 """Stopping a run before its last step: SIGINT / SIGTERM, non-finite training values, a full disk.
 
 The first SIGINT or SIGTERM asks the run to stop at the next step boundary (the finished steps are
-checkpointed and their metrics flushed); a second one abandons the current step at once.
+checkpointed and their metrics flushed); a second one abandons the current step at once (the saves
+already under way land), and a third, sent while that is done, kills the process.
 """
 
 from __future__ import annotations
@@ -44,13 +45,29 @@ class NonFiniteError(RunStopped):
     )
 
 
+def _kept(step: int) -> str:
+  return f"the checkpoint of step {step} is kept" if step else "no checkpoint was saved"
+
+
+class Abandoned(RunStopped):
+  """A second signal (or a SIGINT outside training) stopped the run at once; `when` says what it
+  cut short (e.g. "during step 3, which is abandoned"; empty outside training) and `kept` is the
+  checkpoint a rerun resumes from."""
+
+  def __init__(self, signum: int, when: str, kept: int):
+    self.exit_code = 128 + signum
+    name = signal.Signals(signum).name
+    what = f"a second {name} {when}" if when else name
+    super().__init__(f"stopped by {what}; {_kept(kept)} with its metrics: rerun the same command to resume")
+
+
 class DiskFull(RunStopped):
-  """A checkpoint could not be written: its device has no space left."""
+  """A write to the run folder `folder` (a checkpoint, metrics, evaluations, TensorBoard events, the
+  report) found no space left on its device; `kept` is the checkpoint a rerun resumes from."""
 
   def __init__(self, folder: str, kept: int):
-    previous = f"the checkpoint of step {kept} is kept" if kept else "no earlier checkpoint was saved"
     super().__init__(
-      f"no space left on the device of {folder} for a checkpoint; {previous}, and nothing of the failed "
+      f"no space left on the device of {folder}; {_kept(kept)} with its metrics, and nothing of an unfinished "
       "one: free space and rerun the same command to resume"
     )
 
@@ -72,19 +89,40 @@ def handlers_kept():
           signal.signal(s, handler)
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def signals_kill():
+  """SIGINT and SIGTERM kill the process at once while the block runs (the cleanup after a stop)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  previous = {s: signal.signal(s, signal.SIG_DFL) for s in STOP_SIGNALS}
+  try:
+    yield
+  finally:
+    for s, handler in previous.items():
+      signal.signal(s, handler)
+
+
 class GracefulStop:
   """Context manager that turns the first SIGINT/SIGTERM into a stop request (`signum`) and a second
-  into KeyboardInterrupt."""
+  (`second`) into KeyboardInterrupt, after which a third kills the process."""
 
-  SIGNALS = (signal.SIGINT, signal.SIGTERM)
+  SIGNALS = STOP_SIGNALS
 
   def __init__(self):
     self.signum: int | None = None
+    self.second: int | None = None
     self._previous = {}
 
   def _handle(self, signum, frame):
     del frame
     if self.signum is not None:
+      self.second = signum
+      for s in self.SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
       raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
     self.signum = signum
     log.warning(

@@ -21,7 +21,7 @@ import sys
 import yaml
 
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
-from maxtext.utils import errors, jsonl
+from maxtext.utils import errors, jsonl, whole_writes
 
 _AGGREGATES = {"sum", "mean", "min", "max"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
@@ -334,10 +334,7 @@ def write(run_dir: str) -> dict:
   plot_dir = os.path.join(run_dir, "plots")
   plots = _plots(rows, evals, plot_dir)
   path = os.path.join(run_dir, "report.md")
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(_markdown(run_dir, rows, evals, config, plots))
-  os.replace(tmp, path)
+  whole_writes.replace(path, _markdown(run_dir, rows, evals, config, plots))
   return {"report": path, "plots": [os.path.join(plot_dir, file) for _, file in plots]}
 
 

@@ -34,7 +34,7 @@ from typing import Any
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import config_yml, sections
 from maxtext.configs.run_config import RunConfig
-from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage
+from maxtext.utils import distributed, errors, folder_lock, metrics_file, storage, whole_writes
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -191,12 +191,21 @@ class RunFolder:
     """The training steps with a complete checkpoint, oldest first."""
     return [self._steps.done(u) for u in orbax_checkpoint.steps(self._actor) if self._steps.ends_step(u)]
 
+  def logged_checkpoints(self) -> list[int]:
+    """The training steps with a complete checkpoint whose steps all reached metrics.jsonl (or its
+    pending rows), oldest first: the ones a rerun can resume from (process 0 reads metrics.jsonl)."""
+    saved = self.saved_steps()
+    logged = metrics_file.logged_steps(self.metrics) if saved else {}
+    return [s for s in saved if all(k in logged for k in range(1, s + 1))]
+
   def drop_unfinished_checkpoints(self) -> int:
     """Deletes what a checkpoint save cut short left (process 0); returns the training step of the
-    latest complete checkpoint (0: none)."""
-    if distributed.is_main():
-      orbax_checkpoint.remove_unfinished(self._actor)
-    return max(self.saved_steps(), default=0)
+    latest checkpoint a rerun can resume from (logged_checkpoints on process 0, whose metrics.jsonl
+    the others do not read; 0: none)."""
+    if not distributed.is_main():
+      return max(self.saved_steps(), default=0)
+    orbax_checkpoint.remove_unfinished(self._actor)
+    return max(self.logged_checkpoints(), default=0)
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
     """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not
@@ -216,10 +225,8 @@ class RunFolder:
     which is returned (0: a fresh run). Tunix then restores the model, optimizer and step and
     fast-forwards the data. Process 0 decides; every process returns its step."""
     step = -1  # no checkpoint at all
-    saved = self.saved_steps() if distributed.is_main() else []
-    if saved:
-      logged = metrics_file.logged_steps(self.metrics)
-      complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+    if distributed.is_main() and self.saved_steps():
+      complete = self.logged_checkpoints()
       while complete:
         reason = orbax_checkpoint.unusable(storage.join(self._actor, str(self._steps.updates_in(complete[-1]))))
         if reason is None:
@@ -268,6 +275,5 @@ class RunFolder:
     if not distributed.is_main():
       return
     os.makedirs(self.path, exist_ok=True)
-    with open(self.evaluations, "w", encoding="utf-8") as f:
-      json.dump(results, f, indent=1)
+    whole_writes.replace(self.evaluations, json.dumps(results, indent=1))
     self.save()

@@ -11,14 +11,18 @@ steps `_between_steps` stops it on a non-finite logged value or on a signal (bot
 guard, run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads
 the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
 reward function that fails mid-run raises its InputError out of the training loop once the
-checkpoints already being saved have landed; a checkpoint that finds no space left on its device
-stops the run (shutdown.DiskFull).
+checkpoints already being saved have landed. `closing` runs the rest and closes the run: a write to
+the run folder that finds no space left on its device stops it with shutdown.DiskFull, and a second
+signal in training (or a SIGINT outside it) with shutdown.Abandoned, each once the checkpoint saves
+under way have landed and naming the checkpoint a rerun resumes from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -100,6 +104,7 @@ class TrainingRun:
     if run.wandb_project and distributed.is_main():
       wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
     self.guard = run_guard.RunGuard(steps)
+    self._abandoned = ""  # what a second signal cut short in training
     self.sinks = metrics.MetricSinks(
       folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps, on_scalar=self.guard.observe
     )
@@ -215,25 +220,22 @@ class TrainingRun:
     sinks.restart_clock()
     with self.guard.stop:
       try:
-        self.learner.train(self.train_ds)
-      except shutdown.Interrupted as e:
-        sinks.stopped_after(e.step)
-        cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+        try:
+          self.learner.train(self.train_ds)
+        except shutdown.Interrupted as e:
+          sinks.stopped_after(e.step)
+          self._abandoned = f"while stopping after step {e.step}"
+          cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+          raise
+      except KeyboardInterrupt:  # a second signal, in a step or in the stop the first one asked for
+        self._abandoned = self._abandoned or f"during step {self._trained() + 1}, which is abandoned"
         raise
       except shutdown.NonFiniteError as e:
         self._stop_non_finite(e)
       except InputError:  # a reward function's: the checkpoints saved before it land whole
         cluster.actor_trainer.checkpoint_manager.close()
         raise
-      except Exception as e:  # Orbax's writes fail as ValueErrors that carry the OS error's text
-        if not storage.no_space(e):
-          raise
-        try:  # an earlier step's save still being written lands (or fails) before unfinished ones go
-          cluster.actor_trainer.checkpoint_manager.close()
-        except Exception:  # noqa: BLE001 (it too may find the disk full)
-          log.warning("An earlier checkpoint's save did not finish either", exc_info=True)
-        raise shutdown.DiskFull(self.folder.checkpoints, self.folder.drop_unfinished_checkpoints()) from e
-    trained = self.steps.done(cluster.actor_trainer.train_steps)
+    trained = self._trained()
     try:
       self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
     except shutdown.NonFiniteError as e:
@@ -275,12 +277,56 @@ class TrainingRun:
       path = run.hf_output_path or os.path.join(self.folder.path, "hf")
       to_huggingface.export(model, self.cfg.model, self.tokenizer, path)
 
+  def _trained(self) -> int:
+    return self.steps.done(self.cluster.actor_trainer.train_steps)
+
+  def _settle_checkpoints(self) -> None:
+    """After a fault: the metrics rows of steps not trained are dropped at close, the checkpoint
+    saves under way land (or fail) and what unfinished ones left is deleted (room for the rest)."""
+    self.sinks.stopped_after(self._trained())
+    try:
+      self.cluster.actor_trainer.checkpoint_manager.close()
+    except Exception as e:  # noqa: BLE001 (it too may find the disk full)
+      log.warning("A checkpoint being saved did not finish: %s", " ".join(str(e).split())[:300])
+    self.folder.drop_unfinished_checkpoints()
+
+  @contextlib.contextmanager
+  def closing(self):
+    """Runs the block, then closes the run (`close`). A write that finds no space left on its device
+    (in the block or in closing) raises shutdown.DiskFull, and a KeyboardInterrupt (a second signal
+    in training, or a SIGINT outside it) shutdown.Abandoned, once the checkpoint saves under way have
+    landed; the cleanup runs with SIGINT and SIGTERM killing the process. Other errors pass as they are."""
+    try:
+      try:
+        yield
+      except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or _disk_full(e):
+          with shutdown.signals_kill():
+            self._settle_checkpoints()
+        raise
+      finally:
+        with shutdown.signals_kill():
+          self.close()
+    except KeyboardInterrupt:
+      stop = self.guard.stop
+      kept = self.folder.drop_unfinished_checkpoints()
+      raise shutdown.Abandoned(stop.second or signal.SIGINT, self._abandoned, kept) from None
+    except Exception as e:
+      if not _disk_full(e):
+        raise
+      with shutdown.signals_kill():
+        self._settle_checkpoints()  # (again, where closing found the disk full)
+      raise shutdown.DiskFull(self.folder.url, self.folder.drop_unfinished_checkpoints()) from e
+
   def close(self) -> None:
-    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder."""
-    self.sinks.close()
-    if distributed.is_main():
-      _write_report(self.folder.path)
-    self.folder.save()
+    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder (also where
+    the sinks could not write: their first failure is raised after)."""
+    try:
+      self.sinks.close()
+    finally:
+      if distributed.is_main():
+        _write_report(self.folder.path)
+      self.folder.save()
 
   def summary(self) -> dict:
     """The evaluation summaries before, during (every eval_interval steps) and after training."""
@@ -291,6 +337,12 @@ class TrainingRun:
       "after": evaluate_rl.summary_of(results["after"]),
       "gain": results.get("gain"),
     }
+
+
+def _disk_full(e: BaseException) -> bool:
+  """A write that found no space left on its device (Orbax's fail as ValueErrors that carry the OS
+  error's text), not a stop already decided."""
+  return not isinstance(e, shutdown.RunStopped) and storage.no_space(e)
 
 
 def _write_report(run_dir: str) -> None:
