@@ -92,6 +92,12 @@ def handlers_kept():
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _not_interrupted(record: logging.LogRecord) -> bool:
+  """Drops a library's log record of the KeyboardInterrupt a second signal raised, with its
+  traceback: the run's last line says what the signal abandoned and what was kept."""
+  return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
 @contextlib.contextmanager
 def signals_kill():
   """SIGINT and SIGTERM kill the process at once while the block runs (the cleanup after a stop)."""
@@ -123,6 +129,7 @@ class GracefulStop:
       self.second = signum
       for s in self.SIGNALS:
         signal.signal(s, signal.SIG_DFL)
+      logging.getLogger("absl").addFilter(_not_interrupted)  # Orbax logs the interrupted wait with its traceback
       raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
     self.signum = signum
     log.warning(
