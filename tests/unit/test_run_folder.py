@@ -170,14 +170,17 @@ def test_a_folder_needs_room_for_two_checkpoints(tmp_path, monkeypatch):
 
 def test_a_failed_save_leaves_only_complete_checkpoints(tmp_path):
   """After a save that found the disk full, what Orbax left of it is deleted and the last complete
-  checkpoint is reported."""
+  checkpoint whose steps' metrics rows are on disk (the one a rerun resumes from) is reported."""
   folder = _folder(tmp_path)
   for update in (1, 2):
     _checkpoint(folder, update)
     (tmp_path / "run" / "checkpoints" / "actor" / str(update) / "commit_success.txt").write_text("ok")
   os.makedirs(tmp_path / "run" / "checkpoints" / "actor" / "3.orbax-checkpoint-tmp-7" / "model_params")
-  assert folder.drop_unfinished_checkpoints() == 2
+  (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+  assert folder.drop_unfinished_checkpoints() == 1  # step 2's row never reached the disk
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints" / "actor")) == ["1", "2"]
+  (tmp_path / "run" / "metrics.jsonl.pending").write_text('[{"step": 2}]')
+  assert folder.drop_unfinished_checkpoints() == 2
 
 
 def test_a_full_disk_is_recognised_in_orbax_s_errors():

@@ -72,6 +72,17 @@ class DiskFull(RunStopped):
     )
 
 
+class StorageLost(RunStopped):
+  """The storage of the run folder `folder` (a bucket) stopped answering (`reason`, one line); `kept`
+  is the newest checkpoint this run saved there with its steps' metrics uploaded."""
+
+  def __init__(self, folder: str, reason: str, kept: int):
+    super().__init__(
+      f"the storage of {folder} stopped answering ({reason}); {_kept(kept)} there with its metrics: rerun the "
+      "same command once it answers to resume"
+    )
+
+
 KEPT_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -12,9 +12,10 @@ guard, run_guard.py, and raised out of Tunix's training loop, which has no other
 the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
 reward function that fails mid-run raises its InputError out of the training loop once the
 checkpoints already being saved have landed. `closing` runs the rest and closes the run: a write to
-the run folder that finds no space left on its device stops it with shutdown.DiskFull, and a second
-signal in training (or a SIGINT outside it) with shutdown.Abandoned, each once the checkpoint saves
-under way have landed and naming the checkpoint a rerun resumes from.
+the run folder that finds no space left on its device stops it with shutdown.DiskFull, a run folder
+on a bucket that stops answering with shutdown.StorageLost, and a second signal in training (or a
+SIGINT outside it) with shutdown.Abandoned, each once the checkpoint saves under way have landed or
+failed, and naming the checkpoint a rerun resumes from.
 """
 
 from __future__ import annotations
@@ -105,6 +106,7 @@ class TrainingRun:
       wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
     self.guard = run_guard.RunGuard(steps)
     self._abandoned = ""  # what a second signal cut short in training
+    self._settled = False  # whether the checkpoints settled after a fault (closing)
     self.sinks = metrics.MetricSinks(
       folder.path, lag=cfg.agentic.off_policy_steps + 2, wandb=wandb, steps=steps, on_scalar=self.guard.observe
     )
@@ -280,43 +282,78 @@ class TrainingRun:
   def _trained(self) -> int:
     return self.steps.done(self.cluster.actor_trainer.train_steps)
 
-  def _settle_checkpoints(self) -> None:
-    """After a fault: the metrics rows of steps not trained are dropped at close, the checkpoint
-    saves under way land (or fail) and what unfinished ones left is deleted (room for the rest)."""
+  def _fault(self, e: BaseException | None) -> type[shutdown.RunStopped] | None:
+    """The stop `closing` turns the exception into: Abandoned for a KeyboardInterrupt, DiskFull for a
+    write that found no space left, StorageLost for a bucket run folder that stopped answering
+    (Orbax's writes fail as ValueErrors that carry the OS or TensorStore error's text); None for
+    anything else."""
+    if isinstance(e, KeyboardInterrupt):
+      return shutdown.Abandoned
+    if e is None or isinstance(e, shutdown.RunStopped):
+      return None
+    if storage.no_space(e):
+      return shutdown.DiskFull
+    if self.folder.lost is not None or (storage.is_url(self.folder.url) and storage.unreachable(e)):
+      return shutdown.StorageLost
+    return None
+
+  def _settle_checkpoints(self, fault: type[shutdown.RunStopped]) -> None:
+    """After a fault: the metrics rows of steps not trained are dropped at close, and the checkpoint
+    saves under way land (or fail); but for a lost bucket, what unfinished ones left is deleted."""
+    self._settled = True
     self.sinks.stopped_after(self._trained())
     try:
       self.cluster.actor_trainer.checkpoint_manager.close()
-    except Exception as e:  # noqa: BLE001 (it too may find the disk full)
+    except Exception as e:  # noqa: BLE001 (it too may find the disk full or the bucket gone)
       log.warning("A checkpoint being saved did not finish: %s", " ".join(str(e).split())[:300])
-    self.folder.drop_unfinished_checkpoints()
+    if fault is not shutdown.StorageLost:
+      self.folder.drop_unfinished_checkpoints()
+
+  def _close_after(self, e: BaseException | None) -> None:
+    """Closes the run after the block ended with `e` (None: it completed); after a fault (_fault)
+    the checkpoints settle first, with SIGINT and SIGTERM killing the process meanwhile."""
+    fault = self._fault(e)
+    if fault is None:
+      self.close()
+      return
+    with shutdown.signals_kill():
+      self._settle_checkpoints(fault)
+      self.close()
+
+  def _kept_on_bucket(self) -> int:
+    """The newest checkpoint this run's manager saved on the bucket with its steps' metrics rows
+    uploaded (0: none); read without asking the bucket."""
+    updates = self.cluster.actor_trainer.checkpoint_manager.saved_updates()
+    saved = [self.steps.done(u) for u in updates if self.steps.ends_step(u)]
+    rows = self.folder.uploaded_steps
+    return max((s for s in saved if all(k in rows for k in range(1, s + 1))), default=0)
 
   @contextlib.contextmanager
   def closing(self):
-    """Runs the block, then closes the run (`close`). A write that finds no space left on its device
-    (in the block or in closing) raises shutdown.DiskFull, and a KeyboardInterrupt (a second signal
-    in training, or a SIGINT outside it) shutdown.Abandoned, once the checkpoint saves under way have
-    landed; the cleanup runs with SIGINT and SIGTERM killing the process. Other errors pass as they are."""
+    """Runs the block, then closes the run (`close`). A fault in the block or in closing (`_fault`)
+    ends the run with its shutdown.RunStopped, once the checkpoint saves under way have landed or
+    failed, naming the checkpoint a rerun resumes from; other errors pass as they are."""
     try:
       try:
         yield
       except BaseException as e:
-        if isinstance(e, KeyboardInterrupt) or _disk_full(e):
-          with shutdown.signals_kill():
-            self._settle_checkpoints()
+        self._close_after(e)
         raise
-      finally:
+      self._close_after(None)
+    except BaseException as e:
+      fault = self._fault(e)
+      if fault is None:
+        raise
+      if not self._settled:  # closing itself met the fault
         with shutdown.signals_kill():
-          self.close()
-    except KeyboardInterrupt:
-      stop = self.guard.stop
+          self._settle_checkpoints(fault)
+      if fault is shutdown.StorageLost:
+        reason = storage.reason(self.folder.lost or e)[:300]
+        raise shutdown.StorageLost(self.folder.url, reason, self._kept_on_bucket()) from e
       kept = self.folder.drop_unfinished_checkpoints()
-      raise shutdown.Abandoned(stop.second or signal.SIGINT, self._abandoned, kept) from None
-    except Exception as e:
-      if not _disk_full(e):
-        raise
-      with shutdown.signals_kill():
-        self._settle_checkpoints()  # (again, where closing found the disk full)
-      raise shutdown.DiskFull(self.folder.url, self.folder.drop_unfinished_checkpoints()) from e
+      if fault is shutdown.DiskFull:
+        raise shutdown.DiskFull(self.folder.url, kept) from e
+      raise shutdown.Abandoned(self.guard.stop.second or signal.SIGINT, self._abandoned, kept) from None
 
   def close(self) -> None:
     """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder (also where
@@ -337,12 +374,6 @@ class TrainingRun:
       "after": evaluate_rl.summary_of(results["after"]),
       "gain": results.get("gain"),
     }
-
-
-def _disk_full(e: BaseException) -> bool:
-  """A write that found no space left on its device (Orbax's fail as ValueErrors that carry the OS
-  error's text), not a stop already decided."""
-  return not isinstance(e, shutdown.RunStopped) and storage.no_space(e)
 
 
 def _write_report(run_dir: str) -> None:
