@@ -1,8 +1,9 @@
 """Stopping a run before its last step: SIGINT / SIGTERM, non-finite training values, a full disk.
 
 The first SIGINT or SIGTERM asks the run to stop at the next step boundary (the finished steps are
-checkpointed and their metrics flushed); a second one abandons the current step at once (the saves
-already under way land), and a third, sent while that is done, kills the process.
+checkpointed and their metrics flushed); a second one in a step abandons it at once (the saves
+already under way land), and a third, sent while that is done, kills the process. While the run
+stops or closes (its files being written) a signal is logged and the next one kills the process.
 """
 
 from __future__ import annotations
@@ -110,17 +111,41 @@ def _not_interrupted(record: logging.LogRecord) -> bool:
 
 
 @contextlib.contextmanager
-def signals_kill():
-  """SIGINT and SIGTERM kill the process at once while the block runs (the cleanup after a stop)."""
+def _handling(handler):
+  """SIGINT and SIGTERM go to `handler` while the block runs (on the main thread)."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  previous = {s: signal.signal(s, signal.SIG_DFL) for s in STOP_SIGNALS}
+  previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
   try:
     yield
   finally:
-    for s, handler in previous.items():
-      signal.signal(s, handler)
+    for s, old in previous.items():
+      signal.signal(s, old)
+
+
+def signals_kill():
+  """SIGINT and SIGTERM kill the process at once while the block runs (the cleanup after a second
+  signal or a fault)."""
+  return _handling(signal.SIG_DFL)
+
+
+def _noted(signum, frame):
+  del frame
+  for s in STOP_SIGNALS:
+    signal.signal(s, signal.SIG_DFL)
+  log.warning(
+    "%s received while the run is stopping or closing: it ends once its files are written (send it again to kill "
+    "the process at once)",
+    signal.Signals(signum).name,
+  )
+
+
+def signals_noted():
+  """While the block runs (a run's files being written as it stops or ends), SIGINT or SIGTERM is
+  logged and the next one kills the process: raising KeyboardInterrupt there would cut the writes
+  short, or be swallowed (and printed) where it lands in a callback."""
+  return _handling(_noted)
 
 
 class GracefulStop:

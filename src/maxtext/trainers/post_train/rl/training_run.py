@@ -226,11 +226,11 @@ class TrainingRun:
           self.learner.train(self.train_ds)
         except shutdown.Interrupted as e:
           sinks.stopped_after(e.step)
-          self._abandoned = f"while stopping after step {e.step}"
-          cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+          with shutdown.signals_noted():
+            cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
           raise
-      except KeyboardInterrupt:  # a second signal, in a step or in the stop the first one asked for
-        self._abandoned = self._abandoned or f"during step {self._trained() + 1}, which is abandoned"
+      except KeyboardInterrupt:  # a second signal in a step
+        self._abandoned = f"during step {self._trained() + 1}, which is abandoned"
         raise
       except shutdown.NonFiniteError as e:
         self._stop_non_finite(e)
@@ -310,11 +310,12 @@ class TrainingRun:
       self.folder.drop_unfinished_checkpoints()
 
   def _close_after(self, e: BaseException | None) -> None:
-    """Closes the run after the block ended with `e` (None: it completed); after a fault (_fault)
-    the checkpoints settle first, with SIGINT and SIGTERM killing the process meanwhile."""
+    """Closes the run after the block ended with `e` (None: it completed), with a signal logged
+    meanwhile; after a fault (_fault) the checkpoints settle first, with a signal killing the process."""
     fault = self._fault(e)
     if fault is None:
-      self.close()
+      with shutdown.signals_noted():
+        self.close()
       return
     with shutdown.signals_kill():
       self._settle_checkpoints(fault)
