@@ -109,6 +109,18 @@ class _RetryTracebacks(logging.Filter):
     return logging.getLogger("gcsfs").isEnabledFor(logging.DEBUG)
 
 
+def fault_tracebacks(record: logging.LogRecord) -> bool:
+  """A logging filter for a library that logs the storage faults it raises with their tracebacks
+  (Orbax's background saves, through absl): such a record, a write that found no space left or a
+  request that got no answer (`no_space`, `unreachable`), is kept for log_level=debug and dropped
+  otherwise; the run reports the fault in one line."""
+  exc = record.exc_info[1] if record.exc_info else None
+  if exc is None or not (no_space(exc) or unreachable(exc)):
+    return True
+  record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+  return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def _failed(key: str, url: str, e: Exception) -> errors.InputError:
   """The one-line error for a failed bucket operation on config key `key`'s url."""
   if isinstance(e, FileNotFoundError):
