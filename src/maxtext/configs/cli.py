@@ -4,7 +4,7 @@ A job may return records; they are printed as JSON lines on stdout, which holds 
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
 or input error (errors.InputError: one line naming the key or file, its traceback logged at DEBUG for
 log_level=debug; any other exception keeps its traceback), 128 + N when signal N stopped a run, 1 when a
-non-finite value or a checkpoint that found its disk full did (one line, "stopped: ...").
+non-finite value, a full disk or a storage server that stopped answering did (one line, "stopped: ...").
 """
 
 from __future__ import annotations

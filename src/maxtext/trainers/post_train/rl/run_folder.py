@@ -120,7 +120,7 @@ class RunFolder:
     self._steps = steps
     self._in_bucket = self._local_files() if self.path != self.url else {}  # as fetched
     self.uploaded_steps: set[int] = set()  # on a bucket: the steps whose metrics rows the last save uploaded
-    self.lost: BaseException | None = None  # on a bucket: the failure of a save that found it unreachable
+    self.lost = False  # on a bucket: whether it stopped answering (a save found it unreachable)
 
   def _local_files(self) -> dict[str, tuple[int, int]]:
     """Relative path -> (size, mtime) of the files in the local copy."""
@@ -134,8 +134,8 @@ class RunFolder:
   def save(self) -> None:
     """On a bucket, makes the bucket's files (but checkpoints/) those of the local copy: uploads the
     ones that changed since the last call and deletes the ones removed (process 0). Once a save
-    found the bucket unreachable (storage.unreachable; kept in `lost`), later calls do nothing."""
-    if self.path == self.url or not distributed.is_main() or self.lost is not None:
+    found the bucket unreachable (storage.unreachable; `lost` is then set), later calls do nothing."""
+    if self.path == self.url or not distributed.is_main() or self.lost:
       return
     now = self._local_files()
     try:
@@ -145,8 +145,7 @@ class RunFolder:
       for rel in self._in_bucket.keys() - now.keys():
         storage.remove(storage.join(self.url, rel))
     except Exception as e:
-      if storage.unreachable(e):
-        self.lost = e
+      self.lost = storage.unreachable(e)
       raise
     self._in_bucket = now
     self.uploaded_steps = set(metrics_file.logged_steps(self.metrics))

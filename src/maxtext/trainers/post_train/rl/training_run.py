@@ -293,14 +293,16 @@ class TrainingRun:
       return None
     if storage.no_space(e):
       return shutdown.DiskFull
-    if self.folder.lost is not None or (storage.is_url(self.folder.url) and storage.unreachable(e)):
+    if self.folder.lost or (storage.is_url(self.folder.url) and storage.unreachable(e)):
       return shutdown.StorageLost
     return None
 
   def _settle_checkpoints(self, fault: type[shutdown.RunStopped]) -> None:
-    """After a fault: the metrics rows of steps not trained are dropped at close, and the checkpoint
-    saves under way land (or fail); but for a lost bucket, what unfinished ones left is deleted."""
+    """After a fault: the metrics rows of steps not trained are dropped at close, the checkpoint
+    saves under way land (or fail), and (unless the bucket is lost) what unfinished ones left is
+    deleted. A lost bucket is not asked again: the run folder uploads nothing more."""
     self._settled = True
+    self.folder.lost = self.folder.lost or fault is shutdown.StorageLost
     self.sinks.stopped_after(self._trained())
     try:
       self.cluster.actor_trainer.checkpoint_manager.close()
@@ -349,7 +351,7 @@ class TrainingRun:
         with shutdown.signals_kill():
           self._settle_checkpoints(fault)
       if fault is shutdown.StorageLost:
-        reason = storage.reason(self.folder.lost or e)[:300]
+        reason = storage.reason(e)[:300]
         raise shutdown.StorageLost(self.folder.url, reason, self._kept_on_bucket()) from e
       kept = self.folder.drop_unfinished_checkpoints()
       if fault is shutdown.DiskFull:
