@@ -104,10 +104,14 @@ def handlers_kept():
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _not_interrupted(record: logging.LogRecord) -> bool:
-  """Drops a library's log record of the KeyboardInterrupt a second signal raised, with its
-  traceback: the run's last line says what the signal abandoned and what was kept."""
-  return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+def _abandoned_tracebacks(record: logging.LogRecord) -> bool:
+  """Once a second signal abandoned a step, Orbax's log records with a traceback (of the interrupted
+  wait, or of the abandoned save failing in its threads) are kept for log level DEBUG only: the run's
+  last line says what the signal abandoned and what was kept."""
+  if record.exc_info is None:
+    return True
+  record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+  return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
 
 
 @contextlib.contextmanager
@@ -165,7 +169,7 @@ class GracefulStop:
       self.second = signum
       for s in self.SIGNALS:
         signal.signal(s, signal.SIG_DFL)
-      logging.getLogger("absl").addFilter(_not_interrupted)  # Orbax logs the interrupted wait with its traceback
+      logging.getLogger("absl").addFilter(_abandoned_tracebacks)
       raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
     self.signum = signum
     log.warning(

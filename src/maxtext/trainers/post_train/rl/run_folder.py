@@ -212,7 +212,10 @@ class RunFolder:
     the others do not read; 0: none)."""
     if not distributed.is_main():
       return max(self.saved_steps(), default=0)
-    orbax_checkpoint.remove_unfinished(self._actor)
+    try:
+      orbax_checkpoint.remove_unfinished(self._actor)
+    except OSError as e:  # a save abandoned by a signal may still be writing there
+      log.warning("What an unfinished checkpoint left is not all deleted (a rerun ignores it): %s", e)
     return max(self.logged_checkpoints(), default=0)
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
