@@ -49,6 +49,7 @@ def running(log_path: str, buckets: tuple[str, ...] = ("bkt",)):
       stdout=log,
       stderr=log,
     )
+  _servers[url] = proc
   try:
     deadline = time.monotonic() + 30
     while True:
@@ -69,12 +70,22 @@ def running(log_path: str, buckets: tuple[str, ...] = ("bkt",)):
       urllib.request.urlopen(request, timeout=10).close()
     yield url
   finally:
+    _servers.pop(url, None)
     proc.terminate()
     try:
       proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
       proc.kill()
       proc.wait()
+
+
+_servers: dict[str, subprocess.Popen] = {}  # URL -> the running server
+
+
+def kill(url: str) -> None:
+  """SIGKILLs the server at `url` (started by `running`, which still stops it cleanly on exit)."""
+  _servers[url].kill()
+  _servers[url].wait()
 
 
 def objects(url: str, bucket: str = "bkt", prefix: str = "") -> dict[str, int]:

@@ -4,6 +4,7 @@ dataset, a reward file and weights on the bucket are read from it; a killed run 
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -229,3 +230,57 @@ def test_two_processes_write_one_run_folder_on_the_bucket(gcs, tmp_path):
   assert_same_training(_rows(tmp_path / "multi"), _bucket_rows(gcs, "runs/multi"))
   names = gcs_server.objects(gcs, prefix="runs/multi/checkpoints/actor/2/model_params/")
   assert any("process_0" in n for n in names) and any("process_1" in n for n in names)
+
+
+def _bucket_steps(url: str, prefix: str) -> set[int]:
+  """The steps with a metrics row on the bucket, in metrics.jsonl or its pending rows."""
+  names = gcs_server.objects(url, prefix=prefix)
+  steps = set()
+  if f"{prefix}/metrics.jsonl" in names:
+    steps |= {r["step"] for r in _bucket_rows(url, prefix)}
+  if f"{prefix}/metrics.jsonl.pending" in names:
+    steps |= {r["step"] for r in json.loads(gcs_server.read(url, f"{prefix}/metrics.jsonl.pending"))}
+  return steps
+
+
+@pytest.mark.slow
+def test_a_run_whose_storage_server_dies_ends_in_one_line_within_three_minutes(gcs, tmp_path):
+  """The server is SIGKILLed once step 1's checkpoint and metrics row are on the bucket. The run used
+  to go on for minutes (TensorStore retries for some 15) and end in a thousand lines of tracebacks;
+  now every client gives up within storage.py's bounds and the run ends with exit 1 and one line
+  naming the checkpoint it saved there."""
+  args = [*TINY, "num_batches=6", "base_output_directory=gs://bkt/runs", "run_name=lost"]
+  proc = subprocess.Popen(
+    [*TRAIN_RL, *args],
+    env=dict(_ENV, STORAGE_EMULATOR_HOST=gcs),
+    cwd=tmp_path,
+    stdout=subprocess.DEVNULL,
+    stderr=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    deadline = time.monotonic() + 600
+    while not (
+      "runs/lost/checkpoints/actor/1/commit_success.txt" in gcs_server.objects(gcs, prefix="runs/lost/checkpoints/")
+      and 1 in _bucket_steps(gcs, "runs/lost")
+    ):
+      assert proc.poll() is None and time.monotonic() < deadline, "the run ended before the server was killed"
+      time.sleep(0.3)
+    gcs_server.kill(gcs)
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=600)
+    took = time.monotonic() - killed
+  finally:
+    proc.kill()
+    proc.wait()
+  assert proc.returncode == 1, err[-4000:]
+  # The only tracebacks left: TensorStore's, printed from its threads, of writes cut short whose
+  # callbacks found Orbax's event loop closed (printed by TensorStore, not through Python's logging).
+  assert err.count("Traceback") == err.count("RuntimeError: Event loop is closed"), err[-4000:]
+  last = err.splitlines()[-1]
+  assert re.fullmatch(
+    r"stopped: the storage of gs://bkt/runs/lost stopped answering \(.+\); the checkpoint of step [1-5] is kept "
+    r"there with its metrics: rerun the same command once it answers to resume",
+    last,
+  ), last
+  assert took < 180, f"{took:.0f} s"

@@ -3,7 +3,6 @@
 is written once the run's inputs have loaded, and a disk without room for the checkpoints refuses the
 run at start or stops it in one line with its last checkpoint kept."""
 
-import contextlib
 import json
 import os
 import shutil
@@ -13,8 +12,10 @@ import time
 
 import pytest
 
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.trainers.post_train.rl import train_rl
-from maxtext.utils import folder_lock, launch_local
+from maxtext.utils import folder_lock, launch_local, metrics_file
+from tests import small_disk
 from tests.integration.test_multiprocess import _ENV, TINY, TRAIN_RL, _rows
 
 
@@ -99,24 +100,11 @@ def test_a_folder_without_room_for_two_checkpoints_is_refused_at_start(tmp_path,
   )
 
 
-@contextlib.contextmanager
-def _small_disk(path, size: str):
-  """A tmpfs of `size` mounted at `path` (skips the test where mounting is not allowed)."""
-  os.makedirs(path)
-  mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-  if mounted.returncode:
-    pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-  try:
-    yield
-  finally:
-    subprocess.run(["umount", str(path)], check=True)
-
-
 def test_a_checkpoint_the_disk_cannot_hold_stops_the_run_in_one_line_keeping_the_last_one(tmp_path):
   """300 MB hold two of qwen3-tiny's 118 MB checkpoints but not a third. The first save used to fail
   after training with hundreds of lines of tracebacks and no checkpoint."""
   disk = tmp_path / "disk"
-  with _small_disk(disk, "300m"):
+  with small_disk.mounted(disk, "300m"):
     args = [
       *TINY,
       "num_batches=3",
@@ -128,8 +116,48 @@ def test_a_checkpoint_the_disk_cannot_hold_stops_the_run_in_one_line_keeping_the
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert proc.stderr.splitlines()[-1] == (
-      f"stopped: no space left on the device of {disk / 'r' / 'checkpoints'} for a checkpoint; the checkpoint "
-      "of step 2 is kept, and nothing of the failed one: free space and rerun the same command to resume"
+      f"stopped: no space left on the device of {disk / 'r'}; the checkpoint of step 2 is kept with its metrics, "
+      "and nothing of an unfinished one: free space and rerun the same command to resume"
     )
     assert sorted(os.listdir(disk / "r" / "checkpoints" / "actor")) == ["1", "2"]
     assert [r["step"] for r in _rows(disk / "r")] == [1, 2]
+
+
+@pytest.mark.slow
+def test_a_disk_filled_by_another_process_mid_run_stops_in_one_line_and_a_rerun_logs_every_step_once(tmp_path):
+  """Another process fills the disk once step 1's checkpoint is saved; whichever write then finds it
+  full (metrics.jsonl, its pending rows, TensorBoard events, a checkpoint), the run exits 1 with one
+  line naming the folder and the checkpoint kept. A metrics row used to be lost, with a traceback.
+  Once the space is freed, the same command resumes and logs every step exactly once."""
+  disk = tmp_path / "disk"
+  with small_disk.mounted(disk, "400m"):
+    args = [*TINY, "num_batches=4", f"base_output_directory={disk}", "run_name=r"]
+    actor = disk / "r" / "checkpoints" / "actor"
+    proc = subprocess.Popen([*TRAIN_RL, *args], env=_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+      deadline = time.monotonic() + 400
+      while 1 not in orbax_checkpoint.steps(str(actor)):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+      filler = small_disk.fill(disk)
+      _, err = proc.communicate(timeout=300)
+    finally:
+      proc.kill()
+      proc.wait()
+    assert proc.returncode == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.splitlines()[-1]
+    assert "the checkpoint of step " in last, err[-3000:]
+    kept = int(last.split("the checkpoint of step ")[1].split(" ")[0])
+    assert last == (
+      f"stopped: no space left on the device of {disk / 'r'}; the checkpoint of step {kept} is kept with its "
+      "metrics, and nothing of an unfinished one: free space and rerun the same command to resume"
+    )
+    assert 1 <= kept < 4 and orbax_checkpoint.steps(str(actor))[-1] == kept
+    assert set(metrics_file.logged_steps(str(disk / "r" / "metrics.jsonl"))) >= set(range(1, kept + 1))
+
+    os.remove(filler)
+    rerun = subprocess.run([*TRAIN_RL, *args], env=_ENV, capture_output=True, text=True, timeout=600, check=False)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"Resuming from the checkpoint of step {kept}" in rerun.stderr
+    assert [r["step"] for r in _rows(disk / "r")] == [1, 2, 3, 4]

@@ -4,6 +4,7 @@ last good checkpoint."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -156,3 +157,37 @@ def test_a_rerun_sets_a_truncated_newest_checkpoint_aside_and_resumes_from_the_o
   assert "Resuming from the checkpoint of step 1" in err
   assert orbax_checkpoint.steps(str(actor)) == [1, 2]  # step 2 trained again
   assert [r["step"] for r in _rows(str(tmp_path / "cut"))] == [1, 2]
+
+
+def test_two_quick_sigints_end_in_a_few_lines_with_exit_130_keeping_the_finished_steps(tmp_path):
+  """The second SIGINT abandons the step in flight (or, once the stop has begun, is logged). It used
+  to print some 150 lines of tracebacks; now the run says what happened and what it kept, and exits
+  130."""
+  tiny = [a for a in TINY if not a.startswith(("num_test_batches=", "eval_batch_size="))]
+  args = [*tiny, "num_batches=3", "num_test_batches=0", "checkpoint_period=1", f"base_output_directory={tmp_path}"]
+  run = str(tmp_path / "r")
+  proc = _start([*args, "run_name=r"])
+  try:
+    deadline = time.time() + 300
+    while not os.path.exists(os.path.join(run, "metrics.jsonl.pending")):
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=180)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+  assert "Traceback" not in err, err[-3000:]
+  after = err[err.index("SIGINT received: stopping after the current step") :].splitlines()
+  assert len(after) <= 6, after
+  kept = orbax_checkpoint.steps(os.path.join(run, "checkpoints", "actor"))[-1]
+  assert re.fullmatch(  # the second abandons the step in flight, or is logged where the stop had begun
+    rf"stopped: stopped by (a second SIGINT during step {kept + 1}, which is abandoned; the checkpoint of step "
+    rf"{kept} is kept with its metrics|SIGINT after step {kept}; the checkpoint of step {kept} is saved): rerun "
+    "the same command to resume",
+    after[-1],
+  ), after[-1]
+  assert [r["step"] for r in _rows(run)][:kept] == list(range(1, kept + 1))

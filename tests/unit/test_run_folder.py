@@ -170,14 +170,17 @@ def test_a_folder_needs_room_for_two_checkpoints(tmp_path, monkeypatch):
 
 def test_a_failed_save_leaves_only_complete_checkpoints(tmp_path):
   """After a save that found the disk full, what Orbax left of it is deleted and the last complete
-  checkpoint is reported."""
+  checkpoint whose steps' metrics rows are on disk (the one a rerun resumes from) is reported."""
   folder = _folder(tmp_path)
   for update in (1, 2):
     _checkpoint(folder, update)
     (tmp_path / "run" / "checkpoints" / "actor" / str(update) / "commit_success.txt").write_text("ok")
   os.makedirs(tmp_path / "run" / "checkpoints" / "actor" / "3.orbax-checkpoint-tmp-7" / "model_params")
-  assert folder.drop_unfinished_checkpoints() == 2
+  (tmp_path / "run" / "metrics.jsonl").write_text('{"step": 1}\n')
+  assert folder.drop_unfinished_checkpoints() == 1  # step 2's row never reached the disk
   assert sorted(os.listdir(tmp_path / "run" / "checkpoints" / "actor")) == ["1", "2"]
+  (tmp_path / "run" / "metrics.jsonl.pending").write_text('[{"step": 2}]')
+  assert folder.drop_unfinished_checkpoints() == 2
 
 
 def test_a_full_disk_is_recognised_in_orbax_s_errors():
@@ -192,3 +195,57 @@ def test_a_full_disk_is_recognised_in_orbax_s_errors():
     assert storage.no_space(e)
   assert storage.no_space(OSError(errno.ENOSPC, "full"))
   assert not storage.no_space(OSError(errno.EACCES, "denied")) and not storage.no_space(ValueError("other"))
+
+
+def test_a_storage_server_that_does_not_answer_is_recognised():
+  """gcsfs's errors for a refused connection (aiohttp's, from a real request to a closed port) and
+  TensorStore's text for one (as Orbax raises it, wrapped) are storage.unreachable; others are not."""
+  import asyncio
+  import socket
+
+  import aiohttp
+
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]  # closed once the block ends: connections are refused
+
+  async def request():
+    async with aiohttp.ClientSession() as session:
+      await session.get(f"http://127.0.0.1:{port}/")
+
+  with pytest.raises(aiohttp.ClientError) as refused:
+    asyncio.run(request())
+  assert storage.unreachable(refused.value)
+  tensorstore = ValueError(
+    'ABORTED: Error writing "embed.value/0.0" in OCDBT database at gs://bkt/r/: All 5 retry attempts failed: CURL '
+    "error Could not connect to server: Failed to connect to 127.0.0.1 port 9 [curl_code='7']"
+  )
+  try:
+    try:
+      raise tensorstore
+    except ValueError as e:
+      raise RuntimeError("Save Finalize thread failed") from e
+  except RuntimeError as e:
+    assert storage.unreachable(e)
+  assert not storage.unreachable(FileNotFoundError("gs://bkt/x")) and not storage.unreachable(ValueError("other"))
+
+
+def test_orbax_s_tensorstore_requests_to_gcs_give_up_within_the_stated_retries():
+  from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
+
+  from maxtext.checkpoint_conversion import orbax_checkpoint  # noqa: F401 (sets the bound)
+
+  for use_ocdbt in (True, False):
+    spec = ts_utils.get_ts_context(use_ocdbt=use_ocdbt).spec.to_json()
+    assert spec["gcs_request_retries"] == {"max_retries": 5, "max_delay": "16s"}  # initial_delay: 1s, the default
+
+
+def test_orbax_s_logged_storage_faults_lose_their_tracebacks_unless_debugging():
+  import logging
+
+  def record(exc):
+    return logging.LogRecord("absl", logging.ERROR, "f", 1, "save failed", None, (type(exc), exc, None))
+
+  full = record(OSError(errno.ENOSPC, "No space left on device"))
+  assert not storage.fault_tracebacks(full) and full.levelname == "DEBUG"
+  assert storage.fault_tracebacks(record(ValueError("a bug")))

@@ -3,8 +3,9 @@
 A job may return records; they are printed as JSON lines on stdout, which holds nothing else
 (whatever the libraries print while the job runs goes to stderr). Exit 0 on success, 2 on a config
 or input error (errors.InputError: one line naming the key or file, its traceback logged at DEBUG for
-log_level=debug; any other exception keeps its traceback), 128 + N when signal N stopped a run, 1 when a
-non-finite value or a checkpoint that found its disk full did (one line, "stopped: ...").
+log_level=debug; any other exception keeps its traceback), 128 + N when signal N stopped a run (a SIGINT
+the job does not handle: one line, "stopped: interrupted by SIGINT"), 1 when a
+non-finite value, a full disk or a storage server that stopped answering did (one line, "stopped: ...").
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -73,6 +75,10 @@ def main(argv: list[str], job: Callable[[pyconfig.RunConfig], list[dict] | None]
   except shutdown.RunStopped as e:
     print(f"stopped: {e}", file=sys.stderr)
     return e.exit_code
+  except KeyboardInterrupt as e:  # a SIGINT the job does not turn into a RunStopped (while loading, say)
+    logging.getLogger(__name__).debug("the interrupt's traceback (log_level=debug):", exc_info=e)
+    print("stopped: interrupted by SIGINT", file=sys.stderr)
+    return 128 + signal.SIGINT
   for record in records or []:
     print(json.dumps(record, ensure_ascii=False))
   return 0

@@ -171,7 +171,9 @@ class BucketLock:
 
     while not self._stop.wait(self._lease_s / 5):
       try:
-        self._blob.upload_from_string(self._record, if_generation_match=self.generation)
+        self._blob.upload_from_string(
+          self._record, if_generation_match=self.generation, timeout=storage.REQUEST_TIMEOUT_S, retry=_retry()
+        )
         self.generation = self._blob.generation
       except (exceptions.PreconditionFailed, exceptions.NotFound):
         log.error(
@@ -185,15 +187,25 @@ class BucketLock:
         log.warning("run folder %s: lock not renewed (%s: %s)", self.url, type(e).__name__, e)
 
   def release(self) -> None:
-    """Stops renewing and deletes the object, unless another run took it over."""
+    """Stops renewing and deletes the object, unless another run took it over; where the bucket
+    does not answer (within storage's bounds), a warning says so (the lock goes stale)."""
     from google.api_core import exceptions
 
     self._stop.set()
     self._renewer.join()
     try:
-      self._blob.delete(if_generation_match=self.generation)
+      self._blob.delete(if_generation_match=self.generation, timeout=storage.REQUEST_TIMEOUT_S, retry=_retry())
     except (exceptions.PreconditionFailed, exceptions.NotFound):
       pass
+    except Exception as e:  # noqa: BLE001 (the run is ending; a rerun takes a stale lock over)
+      log.warning("run folder %s: %s not released (%s)", self.url, NAME, " ".join(str(e).split())[:200])
+
+
+def _retry():
+  """google-cloud-storage's retry of the lock's requests, giving up as storage.py's clients do."""
+  from google.cloud.storage import retry
+
+  return retry.DEFAULT_RETRY.with_timeout(storage.BACKOFF_S)
 
 
 def acquire(folder: str, lease_s: float = LEASE_S) -> LocalLock | BucketLock:

@@ -3,8 +3,10 @@ kill at any moment leaves each one whole, and read back so that one found damage
 
 `replaced(path)` rewrites a file atomically: the new text goes to a temporary file in the same
 folder, is flushed and fsynced, and is renamed over `path` (os.replace), so a reader finds the old
-file or the new one, never a part. `set_aside(path, reason)` keeps a damaged file as a side file,
-`<path>.damaged-<YYYYmmdd-HHMMSS>`, named in one warning line, for the caller to go on without it.
+file or the new one, never a part, and a write that fails midway (a full disk) leaves the old one.
+`append(fd, data)` adds bytes at the end of an open file and cuts them back when they do not all
+fit. `set_aside(path, reason)` keeps a damaged file as a side file, `<path>.damaged-<YYYYmmdd-HHMMSS>`,
+named in one warning line, for the caller to go on without it.
 """
 
 from __future__ import annotations
@@ -63,3 +65,17 @@ def set_aside(path: str, reason: str, keep: bool = False) -> str:
     os.replace(path, side)
   log.warning("%s is damaged (%s); it is kept as %s", path, reason, os.path.basename(side))
   return side
+
+
+def append(fd: int, data: bytes) -> None:
+  """Appends `data` to the file open (for writing, unbuffered) as descriptor `fd`, whole or not at all:
+  a write that fails midway (a full disk: storage.no_space tells it) cuts the file back and raises."""
+  size = os.lseek(fd, 0, os.SEEK_END)
+  view = memoryview(data)
+  try:
+    while view:  # a short write (the disk filled midway) is followed by one that raises
+      view = view[os.write(fd, view) :]
+  except BaseException:
+    os.ftruncate(fd, size)
+    os.lseek(fd, size, os.SEEK_SET)
+    raise

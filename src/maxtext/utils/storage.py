@@ -8,6 +8,11 @@ emulator is used by setting the standard STORAGE_EMULATOR_HOST=http://host:port;
 passes it on to the clients that read their own variable. A bucket that cannot be read or written
 is an InputError of one line naming the config key (gcsfs's retries summarised in it; the tracebacks
 gcsfs logs are kept for log_level=debug).
+
+A storage server that stops answering fails each request within a bound: gcsfs gives a request
+REQUEST_TIMEOUT_S seconds and tries it RETRIES times, backing off 1, 2, 4, 8, 16 s (+ up to 1 s)
+in between; TensorStore (Orbax's arrays) likewise (`bound_requests`, and Orbax's retry settings
+in checkpoint_conversion/orbax_checkpoint.py). `unreachable` tells such a failure.
 """
 
 from __future__ import annotations
@@ -48,6 +53,23 @@ def unsupported(key: str, path: str) -> str | None:
   return None
 
 
+REQUEST_TIMEOUT_S = 30  # a request with no answer (connecting, or no byte for this long) fails
+RETRIES = 6  # attempts per request: gcsfs's default, and TensorStore's 5 retries
+BACKOFF_S = 1 + 2 + 4 + 8 + 16 + 5  # the most time spent between the attempts of one request
+
+
+def bound_requests() -> None:
+  """Bounds the requests of gcsfs file systems made from now on (Orbax's metadata files go through
+  one too) and of TensorStore (read from the environment when it starts): connecting, and any
+  stretch without a byte transferred, give up after REQUEST_TIMEOUT_S."""
+  import fsspec
+
+  fsspec.config.conf.setdefault("gs", {}).setdefault("requests_timeout", REQUEST_TIMEOUT_S)
+  os.environ.setdefault("TENSORSTORE_CURL_CONNECT_TIMEOUT_SECONDS", str(REQUEST_TIMEOUT_S))
+  os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_TIME_SECONDS", str(REQUEST_TIMEOUT_S))
+  os.environ.setdefault("TENSORSTORE_CURL_LOW_SPEED_LIMIT_BYTES", "1")
+
+
 def use_emulator() -> None:
   """With STORAGE_EMULATOR_HOST set, TensorStore (Orbax's array store) writes to the same server,
   and gcsfs does not ask the emulator for bucket layouts it cannot serve (it retries for minutes)."""
@@ -66,6 +88,7 @@ def join(base: str, *parts: str) -> str:
 
 def _fs(url: str):
   use_emulator()
+  bound_requests()
   import fsspec
 
   gcsfs_log = logging.getLogger("gcsfs")
@@ -86,14 +109,26 @@ class _RetryTracebacks(logging.Filter):
     return logging.getLogger("gcsfs").isEnabledFor(logging.DEBUG)
 
 
+def fault_tracebacks(record: logging.LogRecord) -> bool:
+  """A logging filter for a library that logs the storage faults it raises with their tracebacks
+  (Orbax's background saves, through absl): such a record, a write that found no space left or a
+  request that got no answer (`no_space`, `unreachable`), is kept for log_level=debug and dropped
+  otherwise; the run reports the fault in one line."""
+  exc = record.exc_info[1] if record.exc_info else None
+  if exc is None or not (no_space(exc) or unreachable(exc)):
+    return True
+  record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+  return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
 def _failed(key: str, url: str, e: Exception) -> errors.InputError:
   """The one-line error for a failed bucket operation on config key `key`'s url."""
   if isinstance(e, FileNotFoundError):
     return errors.MissingInputError(f"{key}={url}: no such object or folder in the bucket")
-  return errors.InputError(f"{key}={url}: the bucket cannot be reached ({_reason(e)})")
+  return errors.InputError(f"{key}={url}: the bucket cannot be reached ({reason(e)})")
 
 
-def _reason(e: Exception) -> str:
+def reason(e: BaseException) -> str:
   """A bucket operation's error on one line; where gcsfs retried it, how often."""
   from gcsfs import GCSFileSystem, retry
 
@@ -122,7 +157,7 @@ def check_writable(key: str, value: str, path: str) -> None:
   except FileNotFoundError as e:
     raise errors.MissingInputError(f"{what} (no such bucket)") from e
   except Exception as e:  # gcsfs's and aiohttp's errors
-    raise errors.InputError(f"{what} ({_reason(e)})") from e
+    raise errors.InputError(f"{what} ({reason(e)})") from e
 
 
 def exists(key: str, url: str) -> bool:
@@ -184,6 +219,21 @@ def move(source: str, target: str) -> None:
 def remove(url: str) -> None:
   fs, path = _fs(url)
   fs.rm_file(path)
+
+
+def unreachable(e: BaseException | None) -> bool:
+  """Whether the exception, or one it was raised from or during, is a storage request that got no
+  answer after its retries: gcsfs's retriable errors (connection refused or reset, timeouts, 5xx)
+  and TensorStore's HTTP failures (their text names the CURL error)."""
+  from gcsfs import retry
+
+  seen = set()
+  while e is not None and id(e) not in seen:
+    if (isinstance(e, Exception) and retry.is_retriable(e)) or "CURL error" in str(e):
+      return True
+    seen.add(id(e))
+    e = e.__cause__ or e.__context__
+  return False
 
 
 def free_bytes(path: str) -> int:

@@ -303,6 +303,11 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
     self._root = root_directory
     self._checkpoint_manager = orbax_checkpoint.uncompressed_manager(root_directory, options)
 
+  def saved_updates(self) -> list[int]:
+    """The updates whose saves finished, as this manager knows them without reading the storage
+    (Orbax forgets a save that failed once it has waited for it; close waits for every save)."""
+    return list(self._checkpoint_manager.all_steps())
+
   def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
     """Tunix's save (same parameters), after before_save and the room check; every process of a job
     calls it alike and gets process 0's answer."""

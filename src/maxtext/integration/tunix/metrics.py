@@ -3,7 +3,9 @@ and each row to W&B.
 
 The sinks write what Tunix logs, once each, in step order; they judge nothing: every training
 scalar is also handed to `on_scalar` (the run guard, trainers/post_train/rl/run_guard.py, decides
-what stops a run). Reading metrics.jsonl back and cutting it to a checkpoint on resume is
+what stops a run). Their writes land whole or not at all (utils/safe_files.py) and a failed one
+(a full disk) is raised in the thread that logged the scalar, so the run stops with its files as
+they were before it. Reading metrics.jsonl back and cutting it to a checkpoint on resume is
 utils/metrics_file.py."""
 
 from __future__ import annotations
@@ -13,13 +15,17 @@ import json
 import logging
 import math
 import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
 
 import jax
 import numpy as np
-from metrax.logging import TensorboardBackend
+from tensorboardX import summary as tb_summary
+from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.record_writer import masked_crc32c
 
 from maxtext.utils import metrics_file, safe_files
 from maxtext.utils.steps import Steps
@@ -122,7 +128,7 @@ class JsonlBackend:
     self._steps = steps
     os.makedirs(os.path.dirname(path), exist_ok=True)
     self._on_row = on_row
-    self._file = open(path, "a", encoding="utf-8")
+    self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     self._pending = metrics_file.pending(path)
     self._lag = lag
     self._rows: dict[int, dict[str, float]] = {}
@@ -166,7 +172,8 @@ class JsonlBackend:
     return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0], "compile_s": end[1] - begin[1]}
 
   def save_pending(self):
-    """Mirrors the held rows to the pending file (atomically: a kill leaves the previous mirror)."""
+    """Mirrors the held rows to the pending file (atomically: a kill or a full disk leaves the
+    previous mirror)."""
     with self._lock, safe_files.replaced(self._pending) as f:
       json.dump([self._row(s) for s in sorted(self._rows)], f)
 
@@ -179,8 +186,7 @@ class JsonlBackend:
         step,
         100 * row[ZERO_SIGNAL],
       )
-    self._file.write(json.dumps(row) + "\n")
-    self._file.flush()
+    safe_files.append(self._fd, (json.dumps(row) + "\n").encode("utf-8"))  # a failure: the row stays held
     if self._on_row is not None:
       self._on_row(row)
     del self._rows[step]
@@ -197,14 +203,49 @@ class JsonlBackend:
 
   def close(self):
     """Writes the held rows (those up to last_step when set: later ones belong to steps that were
-    not trained) and closes the file."""
+    not trained) and closes the file; the pending file goes once they are written (where one
+    cannot be, it is kept and the failure raised)."""
     with self._lock:
-      for s in sorted(self._rows):
-        if self.last_step is None or s <= self.last_step:
-          self._write(s)
-      self._file.close()
+      try:
+        for s in sorted(self._rows):
+          if self.last_step is None or s <= self.last_step:
+            self._write(s)
+      finally:
+        os.close(self._fd)
     if os.path.exists(self._pending):
       os.remove(self._pending)
+
+
+class TensorboardBackend:
+  """TensorBoard scalar events of process 0, written to one events file in the logging thread (so
+  a failed write is raised there: tensorboardX's writer thread would die on it, and its bounded
+  queue then block the training loop)."""
+
+  def __init__(self, log_dir: str):
+    self._fd = None
+    if jax.process_index() == 0:
+      os.makedirs(log_dir, exist_ok=True)
+      name = f"events.out.tfevents.{time.time():.0f}.{socket.gethostname()}.{os.getpid()}"
+      self._fd = os.open(os.path.join(log_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+      self._append(Event(wall_time=time.time(), file_version="brain.Event:2"))
+
+  def _append(self, event: Event) -> None:
+    """One TFRecord: length, its masked CRC-32C, the event, its masked CRC-32C."""
+    data = event.SerializeToString()
+    header = struct.pack("Q", len(data))
+    record = header + struct.pack("I", masked_crc32c(header)) + data + struct.pack("I", masked_crc32c(data))
+    assert self._fd is not None  # process 0's
+    safe_files.append(self._fd, record)
+
+  def log_scalar(self, event: str, value, **kwargs):
+    if self._fd is not None:
+      scalar = tb_summary.scalar(event.lstrip("/"), value)
+      self._append(Event(wall_time=time.time(), step=int(kwargs.get("step") or 0), summary=scalar))
+
+  def close(self):
+    fd, self._fd = self._fd, None
+    if fd is not None:
+      os.close(fd)
 
 
 class _Sink:
@@ -273,7 +314,7 @@ class MetricSinks:
         consume(row)
 
     self._makers = {
-      "tensorboard": lambda: TensorboardBackend(log_dir=self.log_dir, flush_every_n_steps=1),
+      "tensorboard": lambda: TensorboardBackend(self.log_dir),
       "jsonl": lambda: JsonlBackend(
         os.path.join(run_dir, "metrics.jsonl"), lag, each_row, self.compile_clock, steps, on_scalar
       ),
@@ -330,8 +371,13 @@ class MetricSinks:
       jsonl.last_step = step
 
   def close(self) -> None:
+    """Closes every sink and unregisters it; the first sink's failure to write is raised after."""
+    failure = None
     for sink in self._handed_out:
-      sink.close()
+      try:
+        sink.close()
+      except Exception as e:  # noqa: BLE001 (raised below, once every sink is closed)
+        failure = failure or e
       try:
         jax.monitoring.unregister_scalar_listener(sink.log_scalar)
       except AssertionError:  # not registered (Tunix registers on process 0 only)
@@ -341,3 +387,5 @@ class MetricSinks:
     wandb, self._wandb = self._wandb, None
     if wandb is not None:
       wandb.close()
+    if failure is not None:
+      raise failure

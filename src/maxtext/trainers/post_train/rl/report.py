@@ -21,7 +21,7 @@ import sys
 import yaml
 
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
-from maxtext.utils import errors, jsonl
+from maxtext.utils import errors, jsonl, safe_files
 
 _AGGREGATES = {"sum", "std", "mean", "min", "max", "unscored"}
 _LENGTH = ("completions/mean_length", "generation/completions/mean_length")
@@ -334,10 +334,8 @@ def write(run_dir: str) -> dict:
   plot_dir = os.path.join(run_dir, "plots")
   plots = _plots(rows, evals, plot_dir)
   path = os.path.join(run_dir, "report.md")
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
+  with safe_files.replaced(path) as f:
     f.write(_markdown(run_dir, rows, evals, config, plots))
-  os.replace(tmp, path)
   return {"report": path, "plots": [os.path.join(plot_dir, file) for _, file in plots]}
 
 

@@ -120,6 +120,8 @@ class RunFolder:
     self._set_aside = storage.join(self.checkpoints, "set_aside")
     self._steps = steps
     self._in_bucket = self._local_files() if self.path != self.url else {}  # as fetched
+    self.uploaded_steps: set[int] = set()  # on a bucket: the steps whose metrics rows the last save uploaded
+    self.lost = False  # on a bucket: whether it stopped answering (a save found it unreachable)
 
   def _local_files(self) -> dict[str, tuple[int, int]]:
     """Relative path -> (size, mtime) of the files in the local copy."""
@@ -132,16 +134,22 @@ class RunFolder:
 
   def save(self) -> None:
     """On a bucket, makes the bucket's files (but checkpoints/) those of the local copy: uploads the
-    ones that changed since the last call and deletes the ones removed (process 0)."""
-    if self.path == self.url or not distributed.is_main():
+    ones that changed since the last call and deletes the ones removed (process 0). Once a save
+    found the bucket unreachable (storage.unreachable; `lost` is then set), later calls do nothing."""
+    if self.path == self.url or not distributed.is_main() or self.lost:
       return
     now = self._local_files()
-    for rel, stat in now.items():
-      if self._in_bucket.get(rel) != stat:
-        storage.upload(os.path.join(self.path, rel), storage.join(self.url, rel))
-    for rel in self._in_bucket.keys() - now.keys():
-      storage.remove(storage.join(self.url, rel))
+    try:
+      for rel, stat in now.items():
+        if self._in_bucket.get(rel) != stat:
+          storage.upload(os.path.join(self.path, rel), storage.join(self.url, rel))
+      for rel in self._in_bucket.keys() - now.keys():
+        storage.remove(storage.join(self.url, rel))
+    except Exception as e:
+      self.lost = storage.unreachable(e)
+      raise
     self._in_bucket = now
+    self.uploaded_steps = set(metrics_file.logged_steps(self.metrics))
 
   def check_config(self, cfg: RunConfig) -> None:
     """Compares a rerun's config with the run's config.yml: a key that shapes training
@@ -193,12 +201,24 @@ class RunFolder:
     """The training steps with a complete checkpoint, oldest first."""
     return [self._steps.done(u) for u in orbax_checkpoint.steps(self._actor) if self._steps.ends_step(u)]
 
+  def logged_checkpoints(self) -> list[int]:
+    """The training steps with a complete checkpoint whose steps all reached metrics.jsonl (or its
+    pending rows), oldest first: the ones a rerun can resume from (process 0 reads metrics.jsonl)."""
+    saved = self.saved_steps()
+    logged = metrics_file.logged_steps(self.metrics) if saved else {}
+    return [s for s in saved if all(k in logged for k in range(1, s + 1))]
+
   def drop_unfinished_checkpoints(self) -> int:
     """Deletes what a checkpoint save cut short left (process 0); returns the training step of the
-    latest complete checkpoint (0: none)."""
-    if distributed.is_main():
+    latest checkpoint a rerun can resume from (logged_checkpoints on process 0, whose metrics.jsonl
+    the others do not read; 0: none)."""
+    if not distributed.is_main():
+      return max(self.saved_steps(), default=0)
+    try:
       orbax_checkpoint.remove_unfinished(self._actor)
-    return max(self.saved_steps(), default=0)
+    except OSError as e:  # a save abandoned by a signal may still be writing there
+      log.warning("What an unfinished checkpoint left is not all deleted (a rerun ignores it): %s", e)
+    return max(self.logged_checkpoints(), default=0)
 
   def keep_checkpoints_through(self, step: int) -> list[int]:
     """Moves the checkpoints after training step `step` to checkpoints/set_aside/ (kept, not
@@ -222,8 +242,7 @@ class RunFolder:
     step, saved = 0, []
     if distributed.is_main():
       saved = self.saved_steps()
-      logged = metrics_file.logged_steps(self.metrics) if saved else {}
-      complete = [s for s in saved if all(k in logged for k in range(1, s + 1))]
+      complete = self.logged_checkpoints() if saved else []
       while complete:
         reason = orbax_checkpoint.unusable(storage.join(self._actor, str(self._steps.updates_in(complete[-1]))))
         if reason is None:

@@ -27,13 +27,11 @@ def run(cfg: RunConfig) -> dict:
   cfg.check(distributed.initialize())  # the layout fits the job's devices; its processes agree on the lock
   with run_folder.locked(cfg.run):  # one run writes the folder; exit 2 naming the run that holds it
     job = TrainingRun(cfg)  # run folder, meshes, data, model, cluster, learner; resumes a rerun
-    try:
+    with job.closing():  # a full disk or a second signal: one line naming the checkpoint kept
       job.evaluate_before()
       job.train()
       job.evaluate_after()
       job.export()
-    finally:
-      job.close()
   return job.summary()
 
 

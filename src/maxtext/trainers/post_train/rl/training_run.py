@@ -12,14 +12,19 @@ steps `_between_steps` stops it on a non-finite logged value or on a signal (bot
 guard, run_guard.py, and raised out of Tunix's training loop, which has no other way out), uploads
 the run folder when it is on a bucket and, in standard GRPO, evaluates every eval_interval steps. A
 reward function that fails mid-run raises its InputError out of the training loop once the
-checkpoints already being saved have landed; a checkpoint that finds no space left on its device
-stops the run (shutdown.DiskFull).
+checkpoints already being saved have landed. `closing` runs the rest and closes the run: a write to
+the run folder that finds no space left on its device stops it with shutdown.DiskFull, a run folder
+on a bucket that stops answering with shutdown.StorageLost, and a second signal in training (or a
+SIGINT outside it) with shutdown.Abandoned, each once the checkpoint saves under way have landed or
+failed, and naming the checkpoint a rerun resumes from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import time
 from typing import Any
 
@@ -108,6 +113,8 @@ class TrainingRun:
     if run.wandb_project and distributed.is_main():
       wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
     self.guard = run_guard.RunGuard(steps)
+    self._abandoned = ""  # what a second signal cut short in training
+    self._settled = False  # whether the checkpoints settled after a fault (closing)
     self.sinks = metrics.MetricSinks(
       folder.path,
       lag=cfg.agentic.off_policy_steps + 2,
@@ -231,7 +238,7 @@ class TrainingRun:
   def train(self) -> None:
     sinks, cluster = self.sinks, self.cluster
     start, compiled = time.time(), sinks.compile_clock()
-    done, total = self.steps.done(cluster.actor_trainer.train_steps), self.cfg.train.num_batches
+    done, total = self._trained(), self.cfg.train.num_batches
     if done < total:
       log.info(
         "Training steps %d to %d of %d; the first also compiles the training and sampling programs, so it takes longer",
@@ -242,25 +249,22 @@ class TrainingRun:
     sinks.restart_clock()
     with self.guard.stop:
       try:
-        self.learner.train(self.train_ds)
-      except shutdown.Interrupted as e:
-        sinks.stopped_after(e.step)
-        cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+        try:
+          self.learner.train(self.train_ds)
+        except shutdown.Interrupted as e:
+          sinks.stopped_after(e.step)
+          with shutdown.signals_noted():
+            cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
+          raise
+      except KeyboardInterrupt:  # a second signal in a step
+        self._abandoned = f"during step {self._trained() + 1}, which is abandoned"
         raise
       except shutdown.NonFiniteError as e:
         self._stop_non_finite(e)
       except InputError:  # a reward function's: the checkpoints saved before it land whole
         cluster.actor_trainer.checkpoint_manager.close()
         raise
-      except Exception as e:  # Orbax's writes fail as ValueErrors that carry the OS error's text
-        if not storage.no_space(e):
-          raise
-        try:  # an earlier step's save still being written lands (or fails) before unfinished ones go
-          cluster.actor_trainer.checkpoint_manager.close()
-        except Exception:  # noqa: BLE001 (it too may find the disk full)
-          log.warning("An earlier checkpoint's save did not finish either", exc_info=True)
-        raise shutdown.DiskFull(self.folder.checkpoints, self.folder.drop_unfinished_checkpoints()) from e
-    trained = self.steps.done(cluster.actor_trainer.train_steps)
+    trained = self._trained()
     try:
       self._between_steps(trained)  # a non-finite value at the last step: no later step boundary saw it
     except shutdown.NonFiniteError as e:
@@ -306,12 +310,94 @@ class TrainingRun:
       path = run.hf_output_path or os.path.join(self.folder.path, "hf")
       to_huggingface.export(model, self.cfg.model, self.tokenizer, path)
 
+  def _trained(self) -> int:
+    return self.steps.done(self.cluster.actor_trainer.train_steps)
+
+  def _fault(self, e: BaseException | None) -> type[shutdown.RunStopped] | None:
+    """The stop `closing` turns the exception into: Abandoned for a KeyboardInterrupt, DiskFull for a
+    write that found no space left, StorageLost for a bucket run folder that stopped answering
+    (Orbax's writes fail as ValueErrors that carry the OS or TensorStore error's text); None for
+    anything else."""
+    if isinstance(e, KeyboardInterrupt):
+      return shutdown.Abandoned
+    if e is None or isinstance(e, shutdown.RunStopped):
+      return None
+    if storage.no_space(e):
+      return shutdown.DiskFull
+    if self.folder.lost or (storage.is_url(self.folder.url) and storage.unreachable(e)):
+      return shutdown.StorageLost
+    return None
+
+  def _settle_checkpoints(self, fault: type[shutdown.RunStopped]) -> None:
+    """After a fault: the metrics rows of steps not trained are dropped at close, the checkpoint
+    saves under way land (or fail), and (unless the bucket is lost) what unfinished ones left is
+    deleted. A lost bucket is not asked again: the run folder uploads nothing more."""
+    self._settled = True
+    self.folder.lost = self.folder.lost or fault is shutdown.StorageLost
+    self.sinks.stopped_after(self._trained())
+    try:
+      self.cluster.actor_trainer.checkpoint_manager.close()
+    except Exception as e:  # noqa: BLE001 (it too may find the disk full or the bucket gone)
+      log.warning("A checkpoint being saved did not finish: %s", " ".join(str(e).split())[:300])
+    if fault is not shutdown.StorageLost:
+      self.folder.drop_unfinished_checkpoints()
+
+  def _close_after(self, e: BaseException | None) -> None:
+    """Closes the run after the block ended with `e` (None: it completed), with a signal logged
+    meanwhile; after a fault (_fault) the checkpoints settle first, with a signal killing the process."""
+    fault = self._fault(e)
+    if fault is None:
+      with shutdown.signals_noted():
+        self.close()
+      return
+    with shutdown.signals_kill():
+      self._settle_checkpoints(fault)
+      self.close()
+
+  def _kept_on_bucket(self) -> int:
+    """The newest checkpoint this run's manager saved on the bucket with its steps' metrics rows
+    uploaded (0: none); read without asking the bucket."""
+    updates = self.cluster.actor_trainer.checkpoint_manager.saved_updates()
+    saved = [self.steps.done(u) for u in updates if self.steps.ends_step(u)]
+    rows = self.folder.uploaded_steps
+    return max((s for s in saved if all(k in rows for k in range(1, s + 1))), default=0)
+
+  @contextlib.contextmanager
+  def closing(self):
+    """Runs the block, then closes the run (`close`). A fault in the block or in closing (`_fault`)
+    ends the run with its shutdown.RunStopped, once the checkpoint saves under way have landed or
+    failed, naming the checkpoint a rerun resumes from; other errors pass as they are."""
+    try:
+      try:
+        yield
+      except BaseException as e:
+        self._close_after(e)
+        raise
+      self._close_after(None)
+    except BaseException as e:
+      fault = self._fault(e)
+      if fault is None:
+        raise
+      if not self._settled:  # closing itself met the fault
+        with shutdown.signals_kill():
+          self._settle_checkpoints(fault)
+      if fault is shutdown.StorageLost:
+        reason = storage.reason(e)[:300]
+        raise shutdown.StorageLost(self.folder.url, reason, self._kept_on_bucket()) from e
+      kept = self.folder.drop_unfinished_checkpoints()
+      if fault is shutdown.DiskFull:
+        raise shutdown.DiskFull(self.folder.url, kept) from e
+      raise shutdown.Abandoned(self.guard.stop.second or signal.SIGINT, self._abandoned, kept) from None
+
   def close(self) -> None:
-    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder."""
-    self.sinks.close()
-    if distributed.is_main():
-      _write_report(self.folder.path)
-    self.folder.save()
+    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder (also where
+    the sinks could not write: their first failure is raised after)."""
+    try:
+      self.sinks.close()
+    finally:
+      if distributed.is_main():
+        _write_report(self.folder.path)
+      self.folder.save()
 
   def summary(self) -> dict:
     """The evaluation summaries before, during (every eval_interval steps) and after training."""
