@@ -153,3 +153,32 @@ def test_without_matplotlib_the_report_is_text_alone(tmp_path, monkeypatch):
   text = open(written["report"], encoding="utf-8").read()
   assert written["plots"] == [] and "## Plots" not in text and "|" in text
   assert not (tmp_path / "run" / "plots").exists() or not list((tmp_path / "run" / "plots").iterdir())
+
+
+def test_report_shows_sample_completions_per_evaluation_and_the_training_wall_time(tmp_path):
+  examples = [
+    {
+      "question": f"What is {i} + {i}?",
+      "answer": str(2 * i),
+      "correct": i == 1,
+      "partially_correct": False,
+      "passes": [{"completion": f"<answer>{2 * i if i == 1 else 0}</answer>" + ("x" * 500 if i == 2 else "")}],
+    }
+    for i in range(5)
+  ]
+  evals = {k: ({**v, "examples": examples} if isinstance(v, dict) else v) for k, v in EVAL.items()}
+  evals["during"] = [{**evals["during"][0], "examples": examples}]
+  report.write(str(_run_folder(tmp_path / "r1", evals=evals)))
+  text = (tmp_path / "r1" / "report.md").read_text()
+  samples = text.split("## Sample completions\n")[1].split("\n## ")[0]
+  assert [line for line in samples.splitlines() if line.startswith("### ")] == [
+    "### before (step 0)",
+    "### during (step 2)",
+    "### after (step 3)",
+  ]
+  assert samples.count("1. What is 0 + 0? (answer `0`): **wrong**") == 3
+  assert samples.count("2. What is 1 + 1? (answer `2`): **correct**") == 3
+  assert "What is 3 + 3?" not in samples  # three questions per evaluation
+  assert "   <answer>2</answer>" in samples and "x" * 380 + " ..." in samples and "x" * 401 not in samples
+  # 12 + 3 + 3.5 s of steps, 9.5 s of it compiling
+  assert "Training wall time: 18 s over 3 steps (9.5 s of it compiling; 6.2 s a step)." in text

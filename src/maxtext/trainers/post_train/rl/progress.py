@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 _REWARD_KEYS = ("reward", "rewards/sum")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
   """'4.2 s', '42 s', '3 min 05 s' or '2 h 03 min'."""
   if seconds < 10:
     return f"{max(seconds, 0.0):.1f} s"
@@ -56,10 +56,10 @@ class StepLines:
     took, compiling = row.get("step_time_s", 0.0), row.get("compile_s", 0.0)
     self._seconds += max(took - compiling, 0.0)
     self._seen += 1
-    timing = _duration(took)
+    timing = duration(took)
     if compiling >= 1.0:
-      timing += f" ({_duration(compiling)} of it compiling)"
+      timing += f" ({duration(compiling)} of it compiling)"
     left = self.total - step
     if left > 0:
-      timing += f", ETA {_duration(self._seconds / self._seen * left)}"
+      timing += f", ETA {duration(self._seconds / self._seen * left)}"
     return f"step {step}/{self.total}: " + ", ".join([*parts, timing])

@@ -21,6 +21,7 @@ import sys
 import yaml
 
 from maxtext.integration.tunix.metrics import ZERO_SIGNAL
+from maxtext.trainers.post_train.rl.progress import duration
 from maxtext.utils import errors, jsonl, safe_files
 
 _AGGREGATES = {"sum", "std", "mean", "min", "max", "unscored"}
@@ -230,7 +231,7 @@ def _markdown(run_dir: str, rows: list[dict], evals: dict, config: dict, plots: 
   ]
   last_step = max((r["step"] for r in rows), default=0)
   out += _settings_section(config) + _evaluation_section(evals, config, last_step)
-  out += _training_section(rows, last_step) + _plots_section(plots)
+  out += _samples_section(evals, last_step) + _training_section(rows, last_step) + _plots_section(plots)
   return "\n".join(out)
 
 
@@ -279,6 +280,40 @@ def _evaluation_section(evals: dict, config: dict, last_step: int) -> list[str]:
   return out
 
 
+SAMPLES = 3  # questions shown per evaluation, the same ones at every evaluation
+_SAMPLE_CHARS = 400  # of a completion shown (its start)
+_FENCE = "`" * 3
+
+
+def _samples_section(evals: dict, last_step: int) -> list[str]:
+  """The first SAMPLES questions of each evaluation with the policy's completion (its first pass), the
+  reference answer and whether it was judged correct, so a reader sees what the numbers mean."""
+  points = [(when, step, (e.get("examples") or [])[:SAMPLES]) for when, step, e in evaluation_points(evals, last_step)]
+  points = [p for p in points if p[2]]
+  if not points:
+    return []
+  out = ["## Sample completions", ""]
+  for when, step, examples in points:
+    out += [f"### {when} (step {step})", ""]
+    for i, ex in enumerate(examples, 1):
+      passes = ex.get("passes") or [{}]
+      completion = str(passes[0].get("completion", ""))
+      shown = completion[:_SAMPLE_CHARS] + (" ..." if len(completion) > _SAMPLE_CHARS else "")
+      verdict = "correct" if ex.get("correct") else "partially correct" if ex.get("partially_correct") else "wrong"
+      question = " ".join(str(ex.get("question", "")).split())
+      lines = shown.replace(_FENCE, "'''").splitlines() or [""]
+      out += [
+        f"{i}. {question} (answer `{ex.get('answer')}`): **{verdict}**",
+        "",
+        f"   {_FENCE}text",
+        *(f"   {line}" for line in lines),
+        f"   {_FENCE}",
+        "",
+      ]
+  out += ["Every question's completions and verdicts are in eval.json.", ""]
+  return out
+
+
 def _training_section(rows: list[dict], last_step: int) -> list[str]:
   if not rows:
     return []
@@ -307,6 +342,14 @@ def _training_section(rows: list[dict], last_step: int) -> list[str]:
     _, values = _series(rows, key) if key else ([], [])
     if values:
       out.append(f"| {key} | {_fmt(values[0])} | {_fmt(values[-1])} | {_fmt(min(values))} | {_fmt(max(values))} |")
+  _, times = _series(rows, "step_time_s")
+  _, compiling = _series(rows, "compile_s")
+  if times:
+    out += [
+      "",
+      f"Training wall time: {duration(sum(times))} over {len(times)} steps ({duration(sum(compiling))} of it "
+      f"compiling; {duration(sum(times) / len(times))} a step).",
+    ]
   out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
   _, no_signal = _series(rows, ZERO_SIGNAL)
   if no_signal and sum(no_signal) / len(no_signal) > 0.5:
