@@ -75,6 +75,21 @@ def test_an_agentic_run_killed_as_a_checkpoint_begins_resumes_from_the_one_befor
   assert _steps(run) == [1, 2, 3]
 
 
+@pytest.mark.slow  # two standard runs: ~1 min
+def test_a_run_killed_as_soon_as_a_checkpoint_lands_resumes_from_it(tmp_path, caplog):
+  """Step 2's trainer scalars arrive only once its checkpoint has been asked for, and the checkpoint
+  lands while step 3 samples: step 2's row is on disk (in the pending rows) as soon as they arrive,
+  so a kill the moment checkpoint 2 is complete resumes from it, not from step 1."""
+  args = [*TINY, "num_batches=3", f"base_output_directory={tmp_path}", "run_name=landed"]
+  run = str(tmp_path / "landed")
+  _kill_when(args, os.path.join(run, "checkpoints", "actor", "2", "_CHECKPOINT_METADATA"))
+  assert 2 in orbax_checkpoint.steps(os.path.join(run, "checkpoints", "actor"))
+  with caplog.at_level("INFO"):
+    assert train_rl.main(["train_rl", *args]) == 0
+  assert "Resuming from the checkpoint of step 2 (newer checkpoints set aside: []" in caplog.text
+  assert _steps(run) == [1, 2, 3]
+
+
 def test_a_refused_rerun_leaves_config_yml_as_it_was(tmp_path, capsys):
   """A folder whose config.yml was removed takes any settings, until its checkpoint refuses them
   (here the decoder layout): the refused rerun writes no config.yml, so the first command resumes."""

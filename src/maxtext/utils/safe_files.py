@@ -25,10 +25,11 @@ DAMAGED = ".damaged-"  # what a side file's name adds to the damaged file's
 
 
 @contextlib.contextmanager
-def replaced(path: str) -> Iterator[TextIO]:
+def replaced(path: str, durable: bool = True) -> Iterator[TextIO]:
   """A text file (UTF-8) that replaces the local file `path` as a whole when the block ends: until
   then `path` is left as it was, and an error in the block leaves it so (the temporary file is
-  removed)."""
+  removed). `durable`: the file and the rename are fsynced (a kill of the process cannot tear the
+  file either way; a power loss can without)."""
   folder = os.path.dirname(path) or "."
   os.makedirs(folder, exist_ok=True)
   tmp = os.path.join(folder, f".{os.path.basename(path)}.{os.getpid()}.tmp")  # one writer per file in a process
@@ -36,12 +37,15 @@ def replaced(path: str) -> Iterator[TextIO]:
     with open(tmp, "w", encoding="utf-8") as f:
       yield f
       f.flush()
-      os.fsync(f.fileno())
+      if durable:
+        os.fsync(f.fileno())
     os.replace(tmp, path)
   except BaseException:
     with contextlib.suppress(FileNotFoundError):
       os.remove(tmp)
     raise
+  if not durable:
+    return
   with contextlib.suppress(OSError):  # the rename itself reaches the disk (not possible everywhere)
     dir_fd = os.open(folder, os.O_RDONLY)
     try:

@@ -104,8 +104,9 @@ class JsonlBackend:
 
   Asynchronous (agentic) runs log some scalars of a step after later steps have begun, so a row is
   held until a step `lag` steps later appears (and the rest at close). Held rows are mirrored to
-  `<path>.pending` whenever a step begins and at each checkpoint request (MetricSinks.save_held),
-  so a killed run loses none of the rows of the steps its checkpoints hold:
+  `<path>.pending` as each scalar arrives (fsynced whenever a step begins and at each checkpoint
+  request, MetricSinks.save_held), so a killed run loses none of the rows of the steps its
+  checkpoints hold:
   metrics_file.truncate_after merges them back on resume. A step's scalars arrive when it ends, so
   step_time_s is the wall time from the first scalar of the previous step (for the first step: from
   `restart_clock`, called when training starts) to the first scalar of this one, and compile_s the
@@ -164,6 +165,11 @@ class JsonlBackend:
     for s in sorted(self._rows):
       if s <= max(self._rows) - self._lag:
         self._write(s)
+    if self._rows:
+      # A step's trainer scalars arrive once its checkpoint has been asked for, and that checkpoint may
+      # land before the next step begins: each scalar reaches the pending file at once (a kill keeps the
+      # page cache, so without an fsync; the step boundaries' mirrors are fsynced).
+      self.save_pending(durable=False)
 
   def _row(self, step: int) -> dict:
     earlier = [t for s, t in self._started.items() if s < step]
@@ -171,10 +177,10 @@ class JsonlBackend:
     end = self._started[step]
     return {"step": step, **self._rows.get(step, {}), "step_time_s": end[0] - begin[0], "compile_s": end[1] - begin[1]}
 
-  def save_pending(self):
+  def save_pending(self, durable: bool = True):
     """Mirrors the held rows to the pending file (atomically: a kill or a full disk leaves the
-    previous mirror)."""
-    with self._lock, safe_files.replaced(self._pending) as f:
+    previous mirror; `durable`: fsynced, so that a power loss does too)."""
+    with self._lock, safe_files.replaced(self._pending, durable) as f:
       json.dump([self._row(s) for s in sorted(self._rows)], f)
 
   def _write(self, step: int):
