@@ -24,6 +24,7 @@ WHOLE_CONFIG = {
   "configs/run_config.py",
   "configs/sections.py",
   "inference/decode.py",
+  "inference/serve.py",
   "checkpoint_conversion/to_huggingface.py",
   "checkpoint_conversion/to_maxtext.py",
   "trainers/post_train/rl/train_rl.py",
@@ -121,7 +122,7 @@ def test_an_enumerated_key_refuses_a_value_outside_its_one_list_of_choices():
 
 def test_each_keys_rules_on_its_field_fit_the_keys():
   """A field's metadata (sections.key) names keys that exist and fits its type: every `applies`
-  condition is decided by a key of base.yml, bounds sit on numbers, paths on strings; the defaults
+  condition is decided by a key of base.yml, bounds sit on numbers (or lists of them), paths on strings; the defaults
   are within every key's choices and bounds."""
   flat = pyconfig.initialize(["x", "base.yml"]).flat()
   for section in sections.SECTION_TYPES.values():
@@ -131,7 +132,7 @@ def test_each_keys_rules_on_its_field_fit_the_keys():
       for when in field.metadata.get("applies", ()):
         assert when.decider in flat and when.decider != key, f"{key}: applies under {when.decider}"
       if field.metadata.get("bounds"):
-        assert hints[field.name] in (int, float), f"{key}: bounds on {hints[field.name]}"
+        assert hints[field.name] in (int, float, tuple[float, ...]), f"{key}: bounds on {hints[field.name]}"
       if field.metadata.get("path"):
         assert hints[field.name] is str, f"{key}: a path of type {hints[field.name]}"
   assert sections.field_problem(flat) is None

@@ -114,7 +114,7 @@ def half(completions, **kwargs):
   return [None, 1.0, None, 2.0]
 
 def other(completions, **kwargs):
-  return [3.0, float("nan"), None, 4.0]
+  return [3.0, None, None, 4.0]
 """
 
 
@@ -133,6 +133,10 @@ def test_none_skips_a_function_and_weights_weigh_them(tmp_path):
   nothing = _reward_set(tmp_path, "def none(completions, **kw):\n  return [None] * len(completions)\n", ["none"])
   scores, metrics = nothing.score(["p", "p"], ["a", "b"], {}, group_size=2)
   assert scores.tolist() == [0.0, 0.0] and "rewards/none" not in metrics and "rewards/sum" not in metrics
+  # A NaN is no None: it stays non-finite, so the run guard stops the run on rewards/<name>.
+  broken = _reward_set(tmp_path, "def nan(completions, **kw):\n  return [float('nan'), 1.0]\n", ["nan"])
+  _, metrics = broken.score(["p", "p"], ["a", "b"], {}, group_size=2)
+  assert not math.isfinite(metrics["rewards/nan"][0]) and metrics["rewards/nan/nones"][0] == 0
 
 
 def test_reward_weights_are_checked_at_start(tmp_path):

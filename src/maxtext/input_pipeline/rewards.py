@@ -14,7 +14,8 @@ once the data's fields are known), naming it. Where the examples' `prompt` colum
 as those message lists and `completions` as [[{"role": "assistant", "content": text}], ...], as TRL
 gives them (`as_messages`).
 
-A function may return None (or NaN) for a completion it does not apply to, as in TRL; RewardSet.score
+A function may return None for a completion it does not apply to, as in TRL (a NaN or infinite value
+is a fault that stops the run, as a non-finite reward always has); RewardSet.score
 says what then counts.
 
 The task's own run in the trainer's process. The user's run in worker processes (utils/worker_pool.py),
@@ -156,7 +157,9 @@ def checked(name: str, score: _Scorer, answer_prefix: str = "", source: str = ""
       raise RewardFunctionError(f"{who} returned {got}; expected a list of one number per completion")
     if len(scores) != len(completions):
       raise RewardFunctionError(f"{who} returned {len(scores)} values for {len(completions)} completions")
-    values = [math.nan if x is None else _number(x) for x in scores]
+    # None: does not apply (NaN here). A NaN the function returns is a fault, not that: it is kept
+    # non-finite (as inf), so rewards/<name> is not finite and the run guard stops the run.
+    values = [math.nan if x is None else _not_applying_nan(_number(x)) for x in scores]
     for i, (x, value) in enumerate(zip(scores, values)):
       if value is None:
         raise RewardFunctionError(
@@ -166,6 +169,11 @@ def checked(name: str, score: _Scorer, answer_prefix: str = "", source: str = ""
 
   reward.__name__ = name
   return reward
+
+
+def _not_applying_nan(value: float | None) -> float | None:
+  """A returned number, a NaN as inf (NaN stands for None, "does not apply", in the values)."""
+  return math.inf if value is not None and math.isnan(value) else value
 
 
 def _described(e: Exception) -> str:

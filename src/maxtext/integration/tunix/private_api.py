@@ -123,6 +123,15 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Standard GRPO (learner.py)
   PrivateDependency(
     _GRPO,
+    "reward_manager",
+    "write",
+    None,
+    "learner.py",
+    "the reward manager is ours (reward_manager.py): user functions called by keyword in worker "
+    "processes, None as does-not-apply and reward_weights, with TRL's meaning of the logged rewards",
+  ),
+  PrivateDependency(
+    _GRPO,
     "_generate_and_compute_advantage",
     "override",
     ("self", "training_input", "mode"),
@@ -171,5 +180,13 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "metrics (trajectory_log_<time>.csv in the metrics log folder), as Tunix's scoring does; the "
     "learner makes that logger in its __init__ (a second one would install its signal handlers "
     "again) and keeps it only as this attribute",
+  ),
+  PrivateDependency(
+    _AGENTIC,
+    "reward_manager",
+    "write",
+    None,
+    "agentic.py",
+    "the reward manager is ours (reward_manager.py), as in standard GRPO",
   ),
 )
