@@ -41,8 +41,8 @@ def test_killed_run_keeps_pending_rows_and_resume_cuts_later_ones(tmp_path):
   for step in (1, 2, 3):
     backend.log_scalar("actor/train/loss", float(step), step=step)
   assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1]  # 2 and 3 are held
-  assert set(metrics_file.logged_steps(str(path))) == {1, 2}  # step 3 began after the last pending save
-  assert metrics_file.truncate_after(str(path), 1) == 1  # resuming from step 1: row 2 goes
+  assert set(metrics_file.logged_steps(str(path))) == {1, 2, 3}  # each scalar reaches the pending rows
+  assert metrics_file.truncate_after(str(path), 1) == 2  # resuming from step 1: rows 2 and 3 go
   assert [json.loads(line)["loss"] for line in path.read_text().splitlines()] == [1.0]
   assert not (tmp_path / "metrics.jsonl.pending").exists()
 

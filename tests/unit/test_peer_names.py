@@ -97,3 +97,13 @@ def test_the_docs_list_every_peer_name():
   section = open(page, encoding="utf-8").read().split("## Coming from TRL or Tunix\n")[1].split("\n## ")[0]
   for peer, names in peer_names.PEER_NAMES.items():
     assert [key for key in names if f"| `{key}` |" not in section] == [], peer
+
+
+def test_every_out_of_range_key_in_one_refusal():
+  with pytest.raises(pyconfig.ConfigError) as e:
+    make_config("rl.num_iterations=0", "max_num_checkpoints_to_keep=-1")
+  assert str(e.value).splitlines() == [
+    "2 problems:",
+    "  max_num_checkpoints_to_keep=-1: expected a positive integer",
+    "  rl.num_iterations=0: expected a positive integer",
+  ]

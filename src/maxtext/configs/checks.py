@@ -301,17 +301,17 @@ def _check_agentic_processes(v: Mapping[str, Any], processes: int) -> None:
 
 def check(v: Mapping[str, Any]) -> None:
   """Refuses, with a ConfigError, the first rule that the merged values `v` (dotted key -> value, every
-  key of base.yml) break: the paths, each key's own choices and bounds (sections.field_problem), then
-  the rules that relate keys."""
+  key of base.yml) break: the paths, each key's own choices and bounds (sections.field_problems, all
+  of them in one refusal), then the rules that relate keys."""
   _check_paths(v)
   if v["rollout_engine"] == "vllm":
     raise ConfigError(
       "rollout_engine='vllm': not supported (nothing maps this program's parameters to vLLM's or "
       "syncs them after each step); expected one of batched, vanilla"
     )
-  problem = sections.field_problem(v)
-  if problem:
-    raise ConfigError(problem)
+  problems = sections.field_problems(v)
+  if problems:
+    raise ConfigError.of(problems)
   _check_mesh(v)
   _check_model(v)
   _check_algorithm(v)

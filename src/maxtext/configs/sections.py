@@ -8,7 +8,7 @@ and mappings read-only, so a section can be shared without being changed.
 A key's meaning and own rules live on its field: its choices (a Literal type) and, as metadata that
 `key(...)` builds, what it means (`doc`, the text of `--help` and of docs/configuration.md's reference;
 base.yml holds values only), its bounds, what a file or folder it names is to the run (`path`) and when
-the run reads it at all (`applies`: conditions on other keys). `field_problem(values)` checks the
+the run reads it at all (`applies`: conditions on other keys). `field_problems(values)` checks the
 choices and bounds of every key at once, `inapplicable(values)` the conditions; configs/checks.py holds
 the rules that relate keys. `MaxTextView` is the flat attribute view MaxText's user code reads.
 """
@@ -1010,14 +1010,11 @@ def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
   return out
 
 
-def field_problem(values: Mapping[str, Any]) -> str | None:
-  """The error for the first key, in section order, whose value in `values` (dotted key -> value) is
-  not one of its choices (a Literal field) or out of its field's `bounds`; None where none is."""
-  for dotted, _ in _fields():
-    problem = key_problem(dotted, values[dotted])
-    if problem:
-      return problem
-  return None
+def field_problems(values: Mapping[str, Any]) -> list[str]:
+  """The error for each key, in section order, whose value in `values` (dotted key -> value) is not
+  one of its choices (a Literal field) or out of its field's `bounds`."""
+  problems = [key_problem(dotted, values[dotted]) for dotted, _ in _fields()]
+  return [p for p in problems if p]
 
 
 def key_problem(dotted: str, value: Any) -> str | None:
