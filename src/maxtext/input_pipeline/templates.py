@@ -111,6 +111,7 @@ class PromptTemplate:
     self.answer_prefix = answer_prefix(task)
     self._system_in_template = "system_prompt" in fields
     self.turn_markers = _turn_markers(self.template, tokenizer)
+    self._prefix = self._bos() if self.turn_markers else ""  # before a TEMPLATE that is the whole prompt
     if self.turn_markers and agentic:
       raise errors.InputError(
         f"data_template_path={path}: TEMPLATE holds the chat's turn markers {self.turn_markers}, and agentic "
@@ -138,7 +139,7 @@ class PromptTemplate:
     token when reasoning_start_token_in_prompt is set): through the chat template, or a TEMPLATE
     that holds the turn markers as it is, after the BOS the chat template would write."""
     if self.turn_markers:
-      return self._bos() + self.user_content(question) + self.answer_prefix
+      return self._prefix + self.user_content(question) + self.answer_prefix
     text = self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
     return text + self.answer_prefix
 
