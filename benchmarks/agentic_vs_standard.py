@@ -9,7 +9,7 @@ GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine
 (and, when --configs names agentic1split, off_policy_steps 1 with trainer and sampler on separate
 halves of the devices: two host devices on a CPU). An agentic run keeps one step's samples in flight
 (rl.max_concurrency); each run gets only the keys its mode reads.
-Per configuration it reports the training wall time (train_rl's "Trained N steps in X s", model
+Per configuration it reports the training wall time (train_rl's "Trained steps A to B in X s", model
 loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
 tokens generated for training / that wall time), the median step time after the first step (which
 carries most of the compiling), the mean trainer/idle_fraction, the mean share of prompt tokens
@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 
+import run_log
 from model_benchmark import PEAKS, fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -116,10 +117,10 @@ def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   )
   if proc.returncode != 0:
     raise RuntimeError(f"{name} / {engine} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
+  steps, train_s, compile_s = run_log.trained(proc.stderr)
   with open(os.path.join(out_dir, run_name(config, engine), "metrics.jsonl"), encoding="utf-8") as f:
     rows = [json.loads(line) for line in f]
-  wall = float(trained.group(2))
+
   per_sample = [r.get("completions/mean_length", r.get("generation/completions/mean_length")) for r in rows]
   samples = _arg(common, "batch_size") * _arg(common, "rl.num_generations")
   idle = [r["trainer/idle_fraction"] for r in rows if "trainer/idle_fraction" in r]
@@ -129,11 +130,11 @@ def _run_one(config: str, engine: str, common: list[str], out_dir: str) -> dict:
   return {
     "config": name,
     "engine": engine,
-    "steps": int(trained.group(1)),
-    "wall_s": wall,
-    "compile_s": float(trained.group(3)),
+    "steps": steps,
+    "wall_s": train_s,
+    "compile_s": compile_s,
     "process_s": time.time() - started,
-    "rollout_tokens_per_s": sum(per_sample) * samples / wall,
+    "rollout_tokens_per_s": sum(per_sample) * samples / train_s,
     "trainer_idle_fraction": sum(idle) / len(idle) if idle else None,
     "later_step_s": later[len(later) // 2] if later else None,
     "prefix_reuse_fraction": sum(reuse) / len(reuse) if reuse else None,

@@ -20,11 +20,11 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 import tempfile
 
+import run_log
 from model_benchmark import fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,8 +59,7 @@ def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
   if proc.returncode != 0:
     raise RuntimeError(f"{variant} seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  trained = re.search(r"Trained (\d+) steps in ([\d.]+) s", proc.stderr)
-  assert trained, "train_rl did not report its training time"
+  steps, train_s, compile_s = run_log.trained(proc.stderr)
   with open(os.path.join(out_dir, run_name, "eval.json"), encoding="utf-8") as f:
     evaluation = json.load(f)
   with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
@@ -69,8 +68,8 @@ def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
   return {
     "variant": variant,
     "seed": seed,
-    "steps": int(trained.group(1)),
-    "train_s": float(trained.group(2)),
+    "steps": steps,
+    "train_s": train_s,
     "before": evaluation["before"]["accuracy"],
     "after": evaluation["after"]["accuracy"],
     "gain": gain["gain"],

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 
+import run_log  # this folder's (sys.path[0] when run as a script)
 from vs_trl import PEAK_PRELUDE, peak_gb  # this folder's vs_trl.py (sys.path[0] when run as a script)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def _run(name: str, flag: str, remat: str, args, out_dir: str) -> dict:
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT, env=env)
   if proc.returncode != 0:
     raise RuntimeError(f"{name} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
-  trained = re.search(r"Trained (\d+) steps in ([\d.]+) s \(([\d.]+) s of it compiling\)", proc.stderr)
+  steps, train_s, compile_s = run_log.trained(proc.stderr)
   with open(os.path.join(out_dir, run_name, "metrics.jsonl"), encoding="utf-8") as f:
     later = sorted(json.loads(line)["step_time_s"] for line in f)[:-1] or [None]  # the first step compiles most
   return {
@@ -71,8 +72,8 @@ def _run(name: str, flag: str, remat: str, args, out_dir: str) -> dict:
     "scheduler_flag": f"{FLAG}={flag}",
     "remat_policy": remat,
     "peak_rss_gb": peak_gb(proc.stderr),
-    "train_s": float(trained.group(2)),
-    "compile_s": float(trained.group(3)),
+    "train_s": train_s,
+    "compile_s": compile_s,
     "later_step_s": later[len(later) // 2],
   }
 

@@ -26,29 +26,50 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 
-def batcher_decode(model, rows: int, prompt: int, reply: int, chunk: int, rounds: int, rng) -> dict:
+def batcher_decode(
+  model, rows: int, prompt: int, reply: int, chunk: int, rounds: int, rng, profile_dir: str | None = None
+) -> dict:
   """The continuous batcher's decode speed with steps_per_dispatch=chunk: rounds + 1 rounds (the
   first compiles) of `rows` requests, groups of 8 sharing a fresh random prompt of `prompt` tokens
   (as GRPO samples them; single requests when rows is not a multiple of 8), every row decoding
   `reply` tokens (no EOS, top-k off). Returns the busy-row tokens/s of the decode dispatches that
-  did not compile (every row busy in every step), the step time, the bytes read per second and the
-  dispatches."""
+  did not compile (every row busy in every step), the step time, the bytes read per second, the
+  dispatches and `tokens_sha256`, a digest of every sampled token in order (equal for two chunk
+  sizes given the same rng state: the samples do not depend on the chunk). With profile_dir, one
+  more round runs after the measurement under JAX's profiler, its trace written there
+  (`profile_error` when it could not trace)."""
+  import hashlib
+
   import jax
+  import numpy as np
 
   from maxtext.inference import continuous_batching as cb
 
   group = 8 if rows % 8 == 0 else 1
   vocab = model.config.vocab_size
+  digest = hashlib.sha256()
+  profile_error = None
   batcher = cb.ContinuousBatcher(model, prompt + reply, rows, steps_per_dispatch=chunk)
+  params = cb.SamplingParams(reply, temperature=1.0)
+
+  def round_of_requests(round_: int) -> list:
+    prompts = [rng.integers(1, vocab, size=prompt).tolist() for _ in range(rows // group)]
+    requests = [p for p in prompts for _ in range(group)]
+    keys = [jax.random.PRNGKey(1000 * round_ + i) for i in range(len(requests))]
+    return [f.result() for f in batcher.submit_many(requests, params, keys)]
+
   try:
-    params = cb.SamplingParams(reply, temperature=1.0)
     for round_ in range(rounds + 1):  # the first dispatch compiles; decode_rate leaves it out
-      prompts = [rng.integers(1, vocab, size=prompt).tolist() for _ in range(rows // group)]
-      requests = [p for p in prompts for _ in range(group)]
-      keys = [jax.random.PRNGKey(1000 * round_ + i) for i in range(len(requests))]
-      [f.result() for f in batcher.submit_many(requests, params, keys)]
+      for r in round_of_requests(round_):
+        digest.update(np.asarray(r.tokens, np.int64).tobytes())
     tokens_s, bytes_s = batcher.decode_rate()
     dispatches = batcher.decode_dispatches
+    if profile_dir:  # one more round, traced, outside the measurement
+      try:
+        with jax.profiler.trace(profile_dir):
+          round_of_requests(rounds + 1)
+      except Exception as e:  # a profiler missing on the device leaves the measurement
+        profile_error = f"{type(e).__name__}: {e}"[-500:]
   finally:
     batcher.close()
   return {
@@ -58,6 +79,8 @@ def batcher_decode(model, rows: int, prompt: int, reply: int, chunk: int, rounds
     "step_ms": rows / tokens_s * 1e3,
     "gb_per_s": bytes_s / 1e9,
     "dispatches": dispatches,
+    "tokens_sha256": digest.hexdigest(),
+    **({"profile_error": profile_error} if profile_error else {}),
   }
 
 

@@ -9,13 +9,16 @@ Stages, biggest measurement first, each in its own process under its own time li
    model_benchmark's train worker: tokens/s and `mfu` against the device's bf16 peak, unrolled
    (scan_layers=false) and scanned (scan_layers=true; null with its reason where the config has no
    scan_layers key), and with attention dot_product and cudnn_flash where the config has an
-   attention key; the step program's lowering and compile seconds. The variants run one after
+   attention key (not the one attention=autoselected runs, which the scanned variant measures);
+   the step program's lowering and compile seconds. The variants run one after
    another in one process, so a variant's peak_memory_bytes is that process's peak so far.
-2. decode: the continuous batcher (decode_chunks.batcher_decode) at 256, 64 and 8 `rows` with
-   decode_steps_per_dispatch 16, then 1: busy-row tokens/s and `fraction_of_roofline` (the tokens/s
-   of reading every weight and the whole KV cache once per step at the device's HBM bandwidth,
-   model_benchmark.decode_roofline); the compile seconds of its prefill (`_extend`) and decode
-   chunk (`_decode`) programs, from JAX's compile events.
+2. decode: the continuous batcher (decode_chunks.batcher_decode) at 64, 8 and 256 `rows`, each with
+   decode_steps_per_dispatch 16, then 1, from the same prompts and keys: busy-row tokens/s,
+   `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV cache once per step
+   at the device's HBM bandwidth, model_benchmark.decode_roofline) and a digest of the sampled
+   tokens (`decode_tokens_identical_across_chunks` compares them per row count); the compile
+   seconds of its prefill (`_extend`) and decode chunk (`_decode`) programs, from JAX's compile
+   events.
 3. agentic: benchmarks/agentic_vs_standard.py on qwen3-0.6b's shape: standard GRPO, then agentic
    GRPO with rl.off_policy_steps=1, on the batched engine, 4 steps of 8 prompts x 8 samples with
    256-token replies: each run's wall and compile seconds and `ratio_to_standard_same_engine`, with
@@ -28,6 +31,11 @@ it (and at least its own estimate); a stage whose estimate exceeds the budget le
 stage that fails or runs out of time is recorded with its error and the measurements it finished
 (each is written as it ends), and the suite goes on. `compile` in the JSON lists the compile seconds
 per program that stages 1 and 2 measured.
+
+With --artifacts DIR, each stage's log is kept in DIR, and DIR/profiles.tar.gz holds JAX profiler
+traces of one more training step of the scanned variant and one more decode round at the first row
+count with chunk 16, outside the measurements (benchmarks/profile_summary.py says where their time
+goes).
 
 Writes benchmarks/results/device_<device>_<date>.json (or --out): the device, platform, driver and
 versions, each stage's status, seconds, limit and error, and the measurements. `mfu` and
@@ -108,7 +116,7 @@ FULL = Work(
   train_batch=8,
   train_seq=1024,
   train_iters=5,
-  decode_rows=(256, 64, 8),
+  decode_rows=(64, 8, 256),  # the goals' row counts first
   decode_chunks=(16, 1),
   prompt=256,
   reply=256,
@@ -127,7 +135,7 @@ FULL = Work(
   ),
   agentic_overrides=("max_response_length=256", "dtype=bfloat16", "weight_dtype=bfloat16"),
   # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them.
-  times={"train": (60, 150), "decode": (60, 180), "agentic": (150, 300), "parity": (30, 90)},
+  times={"train": (60, 130), "decode": (60, 150), "agentic": (150, 240), "parity": (30, 90)},
 )
 QUICK = Work(
   model="qwen3-tiny",
@@ -209,11 +217,14 @@ def _config_keys() -> set[str]:
   return {key for key, _, _ in pyconfig.reference()}
 
 
-def train_variants(keys: set[str], platform_name: str) -> list[tuple[str, list[str] | None, str | None]]:
+def train_variants(
+  keys: set[str], platform_name: str, autoselected: str = "dot_product"
+) -> list[tuple[str, list[str] | None, str | None]]:
   """(variant, config overrides, reason) of each training measurement in order: overrides None
   means not measured, for `reason`. Unrolled and scanned layers where the config has scan_layers
   (else the scanned one is not measured), then each attention implementation where it has
-  attention (cudnn_flash on a GPU only)."""
+  attention (cudnn_flash on a GPU only) other than `autoselected`, the one the default
+  attention=autoselected runs here (measured as the scanned variant)."""
   scan = "scan_layers" in keys
   out: list[tuple[str, list[str] | None, str | None]] = [
     ("unrolled", ["scan_layers=false"] if scan else [], None),
@@ -225,18 +236,28 @@ def train_variants(keys: set[str], platform_name: str) -> list[tuple[str, list[s
       out.append((name, None, "attention not available"))
     elif attention == "cudnn_flash" and platform_name != "gpu":
       out.append((name, None, "cudnn_flash needs a GPU"))
+    elif attention == autoselected and scan:
+      out.append((name, None, f"the scan variant's program: attention=autoselected is {attention} here"))
     else:
       out.append((name, [name], None))
   return out
 
 
-def worker_train(work: Work, partial: str) -> None:
+def _autoselected_attention(dtype: str) -> str:
+  """The attention implementation attention=autoselected runs with `dtype` on this backend."""
+  from maxtext.models import attention
+
+  return attention.select(argparse.Namespace(attention="autoselected", dtype=dtype))  # type: ignore[arg-type]
+
+
+def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
   import gc
 
   import jax
   import model_benchmark
 
-  for variant, overrides, reason in train_variants(_config_keys(), jax.devices()[0].platform):
+  platform_name = jax.devices()[0].platform
+  for variant, overrides, reason in train_variants(_config_keys(), platform_name, _autoselected_attention(work.dtype)):
     record = {"variant": variant, "batch": work.train_batch, "seq": work.train_seq, "mfu": None}
     if overrides is None:
       _emit(partial, {**record, "reason": reason})
@@ -249,6 +270,8 @@ def worker_train(work: Work, partial: str) -> None:
       seq=work.train_seq,
       iters=work.train_iters,
       overrides=overrides,
+      # the default program (scanned layers, attention autoselected) traced once more
+      profile_dir=os.path.join(artifacts, "profile_train") if artifacts and variant == "scan" else None,
     )
     try:
       record.update(model_benchmark.worker_train(args))
@@ -260,7 +283,7 @@ def worker_train(work: Work, partial: str) -> None:
     jax.clear_caches()
 
 
-def worker_decode(work: Work, partial: str) -> None:
+def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
   import decode_chunks
   import jax
   import jax.numpy as jnp
@@ -269,15 +292,25 @@ def worker_decode(work: Work, partial: str) -> None:
 
   cfg, mesh, model, n_params = model_benchmark._build(work.model, work.dtype)
   clock = ProgramClock()
-  rng = np.random.default_rng(0)
   size = work.prompt + work.reply
   with jax.set_mesh(mesh):
-    for chunk in work.decode_chunks:
-      for rows in work.decode_rows:
+    for rows in work.decode_rows:
+      for chunk in work.decode_chunks:
+        rng = np.random.default_rng(rows)  # every chunk size samples from the same prompts and keys
         before = clock.snapshot()
         record: dict = {"rows": rows, "decode_steps_per_dispatch": chunk, "prompt": work.prompt, "reply": work.reply}
+        profile = artifacts and rows == work.decode_rows[0] and chunk == work.decode_chunks[0]
         try:
-          measured = decode_chunks.batcher_decode(model, rows, work.prompt, work.reply, chunk, work.decode_rounds, rng)
+          measured = decode_chunks.batcher_decode(
+            model,
+            rows,
+            work.prompt,
+            work.reply,
+            chunk,
+            work.decode_rounds,
+            rng,
+            profile_dir=os.path.join(artifacts, f"profile_decode_{rows}") if profile else None,
+          )
           record.update(measured)
           roofline = model_benchmark.decode_roofline(cfg, rows, size, jnp.dtype(work.dtype).itemsize, n_params)
           record["roofline_tokens_per_s"] = roofline
@@ -299,7 +332,7 @@ def agentic_command(work: Work, config: str, output: str, append: bool) -> list[
   return [sys.executable, script, *options, *work.agentic_overrides]
 
 
-def worker_agentic(work: Work, partial: str) -> None:
+def worker_agentic(work: Work, partial: str, artifacts: str | None) -> None:
   """Standard GRPO, then agentic GRPO appended to the same table (each configuration's result is
   kept when the stage runs out of time in the next)."""
   out = partial + ".agentic.json"
@@ -312,8 +345,8 @@ def worker_agentic(work: Work, partial: str) -> None:
       _emit(partial, {"report": json.load(f)})
 
 
-def worker_parity(work: Work, partial: str) -> None:
-  del work
+def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
+  del work, artifacts
   report = partial + ".junit.xml"
   cmd = [
     sys.executable,
@@ -348,8 +381,8 @@ def junit_counts(path: str) -> dict:
   return counts
 
 
-def worker_env(work: Work, partial: str) -> None:
-  del work
+def worker_env(work: Work, partial: str, artifacts: str | None) -> None:
+  del work, artifacts
   import jax
 
   dev = jax.devices()[0]
@@ -375,11 +408,14 @@ WORKERS = {
 # ------------------------------------------------------------------------------------------- runner
 
 
-def run_stage(stage: str, limit: float, quick: bool, scratch: str) -> dict:
-  """Runs `stage`'s worker for at most `limit` seconds (see run_limited)."""
+def run_stage(stage: str, limit: float, quick: bool, scratch: str, artifacts: str | None = None) -> dict:
+  """Runs `stage`'s worker for at most `limit` seconds (see run_limited); with artifacts, the
+  worker writes its profiles there."""
   cmd = [sys.executable, os.path.abspath(__file__), "--worker", stage]
   if quick:
     cmd.append("--quick")
+  if artifacts:
+    cmd += ["--artifacts", artifacts]
   return run_limited(stage, cmd, limit, scratch)
 
 
@@ -426,6 +462,23 @@ def _kill_group(proc: subprocess.Popen) -> None:
       return
     except subprocess.TimeoutExpired:
       continue
+
+
+def keep_artifacts(scratch: str, artifacts: str) -> None:
+  """Copies each stage's log from `scratch` into `artifacts` and packs the profile folders the
+  workers wrote there into one profiles.tar.gz (the folders removed)."""
+  import tarfile
+
+  for name in sorted(os.listdir(scratch)):
+    if name.endswith(".log"):
+      shutil.copy(os.path.join(scratch, name), os.path.join(artifacts, name))
+  profiles = sorted(p for p in os.listdir(artifacts) if p.startswith("profile_"))
+  if profiles:
+    with tarfile.open(os.path.join(artifacts, "profiles.tar.gz"), "w:gz") as tar:
+      for p in profiles:
+        tar.add(os.path.join(artifacts, p), arcname=p)
+    for p in profiles:
+      shutil.rmtree(os.path.join(artifacts, p))
 
 
 def driver_version() -> str | None:
@@ -501,6 +554,7 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
     }
   parity = _first(records["parity"]) or None
   return {
+    "decode_tokens_identical_across_chunks": tokens_identical(decode),
     **meta,
     "stages": [{k: v for k, v in s.items() if k != "records"} for s in stages],
     "train": train,
@@ -508,6 +562,17 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
     "compile": compile_s,
     "agentic_vs_standard": agentic,
     "parity": parity,
+  }
+
+
+def tokens_identical(decode: list[dict]) -> dict[str, bool | None]:
+  """For each `rows` measured with more than one chunk size: whether every chunk size sampled the
+  same tokens (their tokens_sha256 equal); None where a measurement has no digest."""
+  digests: dict[int, list] = {}
+  for r in decode:
+    digests.setdefault(r["rows"], []).append(r.get("tokens_sha256"))
+  return {
+    str(rows): (None if None in found else len(set(found)) == 1) for rows, found in digests.items() if len(found) > 1
   }
 
 
@@ -531,6 +596,8 @@ def _print_summary(report: dict) -> None:
       f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2}  tokens/s "
       f"{fmt(r.get('tokens_per_s'), '.0f'):>8}  of roofline {fmt(r.get('fraction_of_roofline'), '.1%')}"
     )
+  for rows, same in report["decode_tokens_identical_across_chunks"].items():
+    print(f"  decode rows {rows:>3}: tokens identical across chunk sizes: {same}")
   agentic = report["agentic_vs_standard"]
   if agentic:
     print(
@@ -550,6 +617,11 @@ def main() -> None:
   parser.add_argument("--quick", action="store_true", help="qwen3-tiny and tiny shapes (the suite end to end on a CPU)")
   parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="only these (in suite order)")
   parser.add_argument("--out", help="where the JSON goes (default benchmarks/results/device_<device>_<date>.json)")
+  parser.add_argument(
+    "--artifacts",
+    help="a folder for each stage's log and profiles.tar.gz (JAX profiler traces of one training step and one "
+    "decode round; benchmarks/profile_summary.py reads them)",
+  )
   parser.add_argument("--worker", choices=list(WORKERS), help=argparse.SUPPRESS)
   parser.add_argument("--partial", help=argparse.SUPPRESS)
   args = parser.parse_args()
@@ -561,15 +633,18 @@ def main() -> None:
 
   xla_flags.use_sequential_cpu_scheduler()  # as train_rl does, before JAX starts; the stages inherit it
   if args.worker:
-    WORKERS[args.worker](work, args.partial)
+    WORKERS[args.worker](work, args.partial, args.artifacts)
     return
+  if args.artifacts:
+    args.artifacts = os.path.abspath(args.artifacts)
+    os.makedirs(args.artifacts, exist_ok=True)
 
   started = time.monotonic()
   stages = [s for s in STAGES if s in args.stages]
   results = []
   with tempfile.TemporaryDirectory(prefix="device_suite_") as scratch:
     # The device, from a process of its own: this one never holds the accelerator the stages need.
-    env = run_stage("env", min(120.0, args.budget_s), args.quick, scratch)
+    env = run_stage("env", min(120.0, args.budget_s), args.quick, scratch, args.artifacts)
     device = _first(env["records"])
     for i, stage in enumerate(stages):
       remaining = args.budget_s - (time.monotonic() - started)
@@ -580,8 +655,10 @@ def main() -> None:
           {"stage": stage, "status": "skipped", "seconds": 0.0, "limit_s": None, "error": skipped, "records": []}
         )
       else:
-        results.append(run_stage(stage, limit, args.quick, scratch))
+        results.append(run_stage(stage, limit, args.quick, scratch, args.artifacts))
       print(f"  {stage}: {results[-1]['status']} in {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+    if args.artifacts:
+      keep_artifacts(scratch, args.artifacts)
   date = datetime.date.today().isoformat()
   meta = {
     "suite": "benchmarks/device_suite.py",

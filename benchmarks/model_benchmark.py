@@ -152,6 +152,7 @@ def worker_train(args) -> dict:
     for _ in range(args.iters):
       jax.block_until_ready(step(state, tokens))
     elapsed = (time.perf_counter() - start_timing) / args.iters
+    profile_error = _profile(getattr(args, "profile_dir", None), lambda: jax.block_until_ready(step(state, tokens)))
   # 6 N per token for the dense layers plus 12 L T d_attn for attention scores (fwd+bwd).
   flops = (
     b * t * (6 * n_params + 12 * cfg.model.num_decoder_layers * t * cfg.model.num_query_heads * cfg.model.head_dim)
@@ -174,7 +175,23 @@ def worker_train(args) -> dict:
     "rss_before_step_bytes": rss_before,
     # XLA's plan for the step: temporaries (activations kept for the backward pass and scratch).
     "xla_temp_bytes": int(planned.temp_size_in_bytes) if planned else None,
+    **({"profile_error": profile_error} if profile_error else {}),
   }
+
+
+def _profile(directory: str | None, run) -> str | None:
+  """Runs `run` once more under JAX's profiler, its trace written under `directory` (nothing when
+  None); the profiler's error as text when it could not trace (the measurement stands without it)."""
+  if not directory:
+    return None
+  import jax
+
+  try:
+    with jax.profiler.trace(directory):
+      run()
+  except Exception as e:  # a profiler missing on the device leaves the measurement
+    return f"{type(e).__name__}: {e}"[-500:]
+  return None
 
 
 def worker_decode(args) -> dict:

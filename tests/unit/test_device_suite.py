@@ -185,14 +185,49 @@ def test_train_variants_follow_the_config_keys(suite):
   assert none[0] == ("unrolled", [], None)
   assert none[1] == ("scan", None, "scan_layers not available")
   assert [v[2] for v in none[2:]] == ["attention not available"] * 2
-  both = suite.train_variants({"scan_layers", "attention"}, "gpu")
-  assert [v[1] for v in both] == [
-    ["scan_layers=false"],
-    ["scan_layers=true"],
-    ["attention=dot_product"],
-    ["attention=cudnn_flash"],
+  # on an NVIDIA GPU in bfloat16 the default attention is cuDNN's: the scanned variant measures it
+  both = suite.train_variants({"scan_layers", "attention"}, "gpu", "cudnn_flash")
+  assert [v[1] for v in both] == [["scan_layers=false"], ["scan_layers=true"], ["attention=dot_product"], None]
+  assert both[3][2] == "the scan variant's program: attention=autoselected is cudnn_flash here"
+  on_cpu = suite.train_variants({"scan_layers", "attention"}, "cpu", "dot_product")
+  assert [v[1] for v in on_cpu] == [["scan_layers=false"], ["scan_layers=true"], None, None]
+  assert on_cpu[3] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
+  unscanned = suite.train_variants({"attention"}, "gpu", "cudnn_flash")  # no scanned variant to stand for it
+  assert unscanned[3] == ("attention=cudnn_flash", ["attention=cudnn_flash"], None)
+
+
+def test_the_autoselected_attention_is_the_one_the_decoder_selects_here(suite):
+  assert suite._autoselected_attention("bfloat16") == "dot_product"  # JAX's backend here is the CPU
+  assert suite._autoselected_attention("float32") == "dot_product"
+
+
+def test_decode_tokens_are_compared_across_chunk_sizes_per_row_count(suite):
+  decode = [
+    {"rows": 64, "decode_steps_per_dispatch": 16, "tokens_sha256": "a"},
+    {"rows": 64, "decode_steps_per_dispatch": 1, "tokens_sha256": "a"},
+    {"rows": 8, "decode_steps_per_dispatch": 16, "tokens_sha256": "b"},
+    {"rows": 8, "decode_steps_per_dispatch": 1, "tokens_sha256": "c"},
+    {"rows": 256, "decode_steps_per_dispatch": 16, "tokens_sha256": "d"},  # its chunk-1 run never finished
+    {"rows": 4, "decode_steps_per_dispatch": 16, "tokens_sha256": "e"},
+    {"rows": 4, "decode_steps_per_dispatch": 1, "error": "RESOURCE_EXHAUSTED"},
   ]
-  assert suite.train_variants({"attention"}, "cpu")[3] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
+  assert suite.tokens_identical(decode) == {"64": True, "8": False, "4": None}
+
+
+def test_artifacts_keep_the_stage_logs_and_pack_the_profiles(suite, tmp_path):
+  import tarfile
+
+  scratch, artifacts = tmp_path / "scratch", tmp_path / "artifacts"
+  scratch.mkdir()
+  (scratch / "train.log").write_text("compiling\n")
+  (scratch / "train.jsonl").write_text("{}\n")
+  trace = artifacts / "profile_train" / "plugins" / "profile" / "2026_11_28" / "host.xplane.pb"
+  trace.parent.mkdir(parents=True)
+  trace.write_bytes(b"xplane")
+  suite.keep_artifacts(str(scratch), str(artifacts))
+  assert sorted(os.listdir(artifacts)) == ["profiles.tar.gz", "train.log"]  # two levels at most come back
+  with tarfile.open(artifacts / "profiles.tar.gz") as tar:
+    assert tar.getnames()[-1] == "profile_train/plugins/profile/2026_11_28/host.xplane.pb"
 
 
 def test_a_stage_past_its_limit_is_killed_with_its_children_keeping_what_it_finished(suite, tmp_path):
@@ -271,6 +306,8 @@ def _check_fields(report, stages):
   if "decode" in stages:
     assert {r["rows"] for r in report["decode"]} and all("fraction_of_roofline" in r for r in report["decode"])
     assert {"prefill", "decode_chunk"} <= {c["program"] for c in report["compile"]}
+    same = report["decode_tokens_identical_across_chunks"]
+    assert same and all(same.values()), same  # chunk 16 samples what chunk 1 samples
   if "agentic" in stages:
     assert "ratio_to_standard_same_engine_without_compiling" in report["agentic_vs_standard"]
   if "parity" in stages:
@@ -302,3 +339,37 @@ def test_a_quick_train_stage_runs_end_to_end(tmp_path):
   report = json.loads(out.read_text())
   assert report["stages"][0]["status"] == "ok", report["stages"]
   _check_fields(report, ["train"])
+
+
+def test_the_profile_summary_finds_the_traced_program_and_its_operations(tmp_path):
+  import jax
+  import jax.numpy as jnp
+
+  matmul = jax.jit(lambda x: (x @ x).sum())
+  x = jnp.ones((512, 512))
+  matmul(x).block_until_ready()
+  with jax.profiler.trace(str(tmp_path / "profile_train")):
+    matmul(x).block_until_ready()
+  import tarfile
+
+  with tarfile.open(tmp_path / "profiles.tar.gz", "w:gz") as tar:
+    tar.add(tmp_path / "profile_train", arcname="profile_train")
+  out = tmp_path / "summary.json"
+  proc = subprocess.run(
+    [
+      sys.executable,
+      os.path.join(BENCHMARKS, "profile_summary.py"),
+      str(tmp_path / "profiles.tar.gz"),
+      "--out",
+      str(out),
+    ],
+    capture_output=True,
+    text=True,
+    timeout=120,
+    check=False,
+  )
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  (summary,) = json.loads(out.read_text())
+  assert summary["trace"].startswith("profile_train/") and summary["events"] >= 1
+  assert 0 < summary["busy_fraction"] <= 1 and summary["span_ms"] > 0
+  assert summary["top"][0]["fraction"] > 0.5  # the product is the program's work

@@ -1,0 +1,20 @@
+"""What the benchmarks read off a train_rl run's console: the line training_run.TrainingRun logs
+when training ends."""
+
+from __future__ import annotations
+
+import re
+
+_TRAINED = re.compile(r"Trained steps (\d+) to (\d+) in ([\d.]+) s \(([\d.]+) s of it compiling\)")
+
+
+def trained(stderr: str) -> tuple[int, float, float]:
+  """(steps trained, wall seconds, seconds of it compiling) from train_rl's `Trained steps A to B in
+  W s (C s of it compiling)` line; ValueError naming the line when the output has none."""
+  found = _TRAINED.search(stderr)
+  if found is None:
+    raise ValueError(
+      f"train_rl's output has no 'Trained steps A to B in W s (C s of it compiling)' line:\n{stderr[-2000:]}"
+    )
+  first, last, wall, compiling = found.groups()
+  return int(last) - int(first) + 1, float(wall), float(compiling)
