@@ -135,7 +135,7 @@ FULL = Work(
   ),
   agentic_overrides=("max_response_length=256", "dtype=bfloat16", "weight_dtype=bfloat16"),
   # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them.
-  times={"train": (60, 130), "decode": (60, 150), "agentic": (150, 240), "parity": (30, 90)},
+  times={"train": (60, 130), "decode": (60, 150), "agentic": (150, 240), "parity": (60, 120)},
 )
 QUICK = Work(
   model="qwen3-tiny",
