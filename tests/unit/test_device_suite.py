@@ -145,7 +145,7 @@ def test_a_stage_gets_its_cap_less_what_later_stages_need_but_at_least_its_estim
 
 def test_the_stage_order_puts_the_biggest_measurement_first(suite):
   assert suite.STAGES == ("train", "decode", "agentic", "parity")
-  assert suite.FULL.decode_rows == (256, 64, 8) and suite.FULL.decode_chunks == (16, 1)
+  assert suite.FULL.decode_rows == (64, 8, 256) and suite.FULL.decode_chunks == (16, 1)
   assert (suite.FULL.train_batch, suite.FULL.train_seq, suite.FULL.dtype) == (8, 1024, "bfloat16")
   args = suite.FULL.agentic
   assert args[args.index("--batch-size") + 1] == "8" and args[args.index("--generations") + 1] == "8"
