@@ -94,6 +94,7 @@ def main() -> None:
   parser.add_argument("--rounds", type=int, default=3)
   parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "decode_chunks.json"))
+  parser.add_argument("overrides", nargs="*", help="more key=value config arguments (scan_layers=false, say)")
   args = parser.parse_args()
 
   from maxtext.utils import xla_flags
@@ -107,7 +108,7 @@ def main() -> None:
 
   from maxtext.inference import kv_programs as kv
 
-  cfg, mesh, model, n_params = model_benchmark._build(args.model, args.dtype)
+  cfg, mesh, model, n_params = model_benchmark._build(args.model, args.dtype, overrides=tuple(args.overrides))
   rows, cache_size = args.rows, args.prompt + args.reply
   rng = np.random.default_rng(0)
   vocab = cfg.model.vocab_size
@@ -117,6 +118,7 @@ def main() -> None:
     "prompt": args.prompt,
     "reply": args.reply,
     "dtype": args.dtype,
+    "overrides": args.overrides,
     "device": jax.devices()[0].device_kind,
     "chunks": [],
   }
@@ -160,6 +162,9 @@ def main() -> None:
       times.append((time.perf_counter() - start) / args.reply)
     own = statistics.median(times)
 
+    roofline = model_benchmark.decode_roofline(cfg, rows, cache_size, jnp.dtype(args.dtype).itemsize, n_params)
+    result["roofline_tokens_per_s"] = roofline
+    result["program_fraction_of_roofline"] = rows / own / roofline if roofline else None
     for size in args.chunks:
       measured = batcher_decode(model, rows, args.prompt, args.reply, size, args.rounds, rng)
       step = measured["step_ms"] / 1e3
@@ -171,17 +176,23 @@ def main() -> None:
           "host_overhead_ms_per_step": (step - own) * 1e3,
           "host_overhead_fraction": (step - own) / step,
           "dispatches": measured["dispatches"],
+          "tokens_per_s": measured["tokens_per_s"],
+          "fraction_of_roofline": measured["tokens_per_s"] / roofline if roofline else None,
         }
       )
   print(
     f"{args.model}, {rows} rows, {args.prompt}-token prompts, {args.reply}-token replies, {result['device']}; "
     f"the decode program's own time: {own * 1e3:.2f} ms per step"
+    + (f" ({result['program_fraction_of_roofline']:.1%} of the HBM roofline)" if roofline else "")
   )
-  print("| decode_steps_per_dispatch | step ms | host overhead ms | share of the step |\n| --- | --- | --- | --- |")
+  print(
+    "| decode_steps_per_dispatch | step ms | host overhead ms | share of the step | of the roofline |\n"
+    "| --- | --- | --- | --- | --- |"
+  )
   for c in result["chunks"]:
     print(
       f"| {c['decode_steps_per_dispatch']} | {c['step_ms']:.2f} | {c['host_overhead_ms_per_step']:.2f} | "
-      f"{100 * c['host_overhead_fraction']:.1f}% |"
+      f"{100 * c['host_overhead_fraction']:.1f}% | {model_benchmark.fmt(c['fraction_of_roofline'], '.1%')} |"
     )
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:

@@ -362,6 +362,32 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     assert precisions and set(precisions) == {want}, (name, precisions)
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's flash attention runs on an NVIDIA GPU")
+def test_cudnn_flash_on_a_gpu_equals_dot_product_on_left_padded_rows_with_finite_gradients():
+  """attention=cudnn_flash through cuDNN itself, in bfloat16: logits and gradients on left-padded
+  causal rows (a padded row attends no key) are finite and equal the einsum path's within bfloat16's
+  rounding."""
+  _, _, m = _model("model_name=qwen3-tiny", "vocab_size=512", "dtype=bfloat16", "attention=dot_product")
+  flash_cfg = dataclasses.replace(m.config, attention="cudnn_flash")
+  flash = nnx.merge(nnx.graphdef(nnx.eval_shape(lambda: decoder.Decoder(flash_cfg, rngs=nnx.Rngs(0)))), nnx.state(m))
+  b, t = 4, 64
+  tokens = jax.random.randint(jax.random.PRNGKey(1), (b, t), 0, 512)
+  valid = jnp.arange(t)[None] >= jnp.array([[0], [3], [17], [40]])
+  positions = jnp.maximum(jnp.cumsum(valid, axis=1) - 1, 0)
+  causal = jnp.tril(jnp.ones((t, t), bool))[None] & valid[:, None, :]
+  weights = jax.random.normal(jax.random.PRNGKey(2), (b, t, 512)) * valid[..., None]
+  logits = lambda model: model(tokens, positions, None, causal)[0].astype(jnp.float32)
+  want, got = nnx.jit(logits)(m), nnx.jit(logits)(flash)
+  assert bool(jnp.isfinite(got).all())
+  np.testing.assert_allclose(got * valid[..., None], want * valid[..., None], atol=0.05 * float(jnp.abs(want).max()))
+  loss = lambda model: jnp.sum(logits(model) * weights)
+  grads = [nnx.jit(nnx.grad(loss))(model) for model in (m, flash)]
+  for got_grad, want_grad in zip(jax.tree.leaves(grads[1]), jax.tree.leaves(grads[0])):
+    got_grad, want_grad = np.asarray(got_grad, np.float32), np.asarray(want_grad, np.float32)
+    assert np.isfinite(got_grad).all()
+    np.testing.assert_allclose(got_grad, want_grad, atol=0.05 * float(np.abs(want_grad).max()) + 1e-6)
+
+
 # gemma3: sliding window and query_pre_attn_scalar; one case per layout (scanned: the default)
 @pytest.mark.parametrize(("model", "scan"), [("qwen3-tiny", "false"), ("gemma3-tiny", "true")])
 def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch, model, scan):
