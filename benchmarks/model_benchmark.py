@@ -5,7 +5,7 @@ remat, and KV-cache decode tokens/s at several batch sizes against the memory-ba
         [--weight-dtype float32] [--attention autoselected]
 
 Random weights; --weight-dtype (default: --dtype) float32 with --dtype bfloat16 is MaxText's mixed
-precision, --attention the config key (autoselected: cudnn_flash on an NVIDIA GPU in bfloat16). The
+precision, --attention the config key (autoselected: dot_product; cudnn_flash when named). The
 training step's loss takes its log-probs through models/token_logps.py, a vocabulary slice at a
 time, as train_rl's does. Each measurement runs in its own process so peak memory is per configuration
 (GPU: XLA's peak_bytes_in_use; CPU: the process's peak RSS). Prints a table and writes

@@ -362,6 +362,25 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     assert precisions and set(precisions) == {want}, (name, precisions)
 
 
+def test_a_query_row_that_attends_no_key_attends_every_key_through_dot_product_attention():
+  """decoder._dot_product_attention (cuDNN's call, here through XLA): a row whose mask is all False
+  (a left-padded position) comes out as if it attended every key; the other rows keep their mask."""
+  b, t, n, k_heads, d = 2, 5, 4, 2, 8
+  keys = jax.random.split(jax.random.PRNGKey(0), 3)
+  q = jax.random.normal(keys[0], (b, t, n, d))
+  k = jax.random.normal(keys[1], (b, k_heads, d, t))  # the cache's layouts
+  v = jax.random.normal(keys[2], (b, k_heads, t, d))
+  causal = jnp.tril(jnp.ones((t, t), bool))[None].repeat(b, 0)
+  padded = causal.at[1, :2].set(False)  # the second row's first two positions attend nothing
+  out = decoder._dot_product_attention(q, k, v, padded, "xla")
+  every = decoder._dot_product_attention(q, k, v, jnp.ones_like(causal), "xla")
+  want = decoder._dot_product_attention(q, k, v, causal, "xla")
+  assert bool(jnp.isfinite(out).all())
+  np.testing.assert_allclose(out[1, :2], every[1, :2], rtol=1e-6)
+  np.testing.assert_allclose(out[0], want[0], rtol=1e-6)
+  np.testing.assert_allclose(out[1, 2:], want[1, 2:], rtol=1e-6)
+
+
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN's flash attention runs on an NVIDIA GPU")
 def test_cudnn_flash_on_a_gpu_equals_dot_product_on_left_padded_rows_with_finite_gradients():
   """attention=cudnn_flash through cuDNN itself, in bfloat16: logits and gradients on left-padded
@@ -394,8 +413,8 @@ def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch,
   """attention=cudnn_flash's call (decoder._dot_product_attention: the KV cache's layouts turned to
   jax.nn.dot_product_attention's, grouped-query heads, the mask over every head, the scale), run
   through XLA on CPU instead of cuDNN: the decoder's logits and gradients equal the einsum path's
-  (attention=dot_product), without a cache on left-padded causal rows and over a KV cache that
-  already holds a prompt. Decode steps (one query position) take the einsum path."""
+  (attention=dot_product) on every row not padded, without a cache on left-padded causal rows and
+  over a KV cache that already holds a prompt. Decode steps (one query position) take the einsum path."""
   _, _, m = _model(f"model_name={model}", "vocab_size=512", f"scan_layers={scan}")
   assert m.config.attention == "dot_product" and m.config.num_query_heads > m.config.num_kv_heads
   helper, implementations = decoder._dot_product_attention, []
@@ -436,7 +455,9 @@ def test_attention_through_dot_product_attention_is_the_einsum_path(monkeypatch,
     want, got = nnx.jit(run)(m), nnx.jit(run)(flash)
     traced = 1 if m.config.scan_layers else m.config.num_layers  # the scanned layer is traced once
     assert implementations == ["cudnn"] * traced * (1 if run is whole else 2), implementations
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    scored = valid if run is whole else jnp.concatenate([valid, jnp.ones((b, 1), bool)], axis=1)
+    # a padded row attends every key through cuDNN's call, none through the einsums: no row reads it
+    np.testing.assert_allclose(got * scored[..., None], want * scored[..., None], rtol=1e-5, atol=1e-5)
     loss = lambda model, run=run: jnp.sum(run(model) * weights[:, : t + (run is cached)])
     grads = [nnx.jit(nnx.grad(loss))(model) for model in (m, flash)]
     largest = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(grads[0]))

@@ -300,7 +300,7 @@ class ModelSection:
     metadata=key(
       "How attention is computed (MaxText's key): dot_product (einsums, tuned for XLA:CPU), cudnn_flash "
       "(jax.nn.dot_product_attention on cuDNN's flash attention: NVIDIA GPUs, dtype=bfloat16) or autoselected "
-      "(cudnn_flash on an NVIDIA GPU with dtype=bfloat16, else dot_product). The run logs the choice at start. "
+      "(dot_product on every backend: cudnn_flash is taken only when named). The run logs the choice at start. "
       "See docs/architecture.md#numerics-per-device."
     )
   )

@@ -14,14 +14,12 @@ Selected = Literal["dot_product", "cudnn_flash"]
 
 
 def select(model: ModelSection) -> Selected:
-  """The attention `model.attention` names on this backend: autoselected is cudnn_flash on an NVIDIA
-  GPU with dtype bfloat16 and dot_product elsewhere. cudnn_flash elsewhere than on an NVIDIA GPU, or
-  with a dtype other than bfloat16, is refused when the config is checked (checks.check_job, checks.check)."""
-  if model.attention == "dot_product" or (model.attention == "autoselected" and model.dtype != "bfloat16"):
+  """The attention `model.attention` names on this backend: autoselected is dot_product on every
+  backend (cuDNN's backward pass has given NaN gradients on left-padded rows; cudnn_flash is taken
+  only when named, until its GPU test passes). cudnn_flash elsewhere than on an NVIDIA GPU, or with a
+  dtype other than bfloat16, is refused when the config is checked (checks.check_job, checks.check)."""
+  if model.attention in ("dot_product", "autoselected"):
     return "dot_product"
-  nvidia = distributed.job().nvidia
-  if model.attention == "autoselected":
-    return "cudnn_flash" if nvidia else "dot_product"
-  if not nvidia:
+  if not distributed.job().nvidia:
     raise ValueError("attention=cudnn_flash needs an NVIDIA GPU (the config check against the job refuses it)")
   return "cudnn_flash"

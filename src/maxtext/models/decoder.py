@@ -365,8 +365,11 @@ def _dot_product_attention(q, k, v, mask, implementation: Literal["cudnn", "xla"
   attention, what attention=cudnn_flash runs; xla: the same call through XLA): queries q [B, T, N, D],
   keys k [B, K, D, S] and values v [B, K, S, D] (the KV cache's layouts; N a multiple of K), mask
   [B, T, S] (True attends) for every head, logits scaled by `scale` (None: 1 / sqrt(D)). Keys and values are taken in
-  q's dtype; returns [B, T, N, D] in it."""
+  q's dtype; returns [B, T, N, D] in it. A query row that attends no key (a left-padded position,
+  whose output nothing reads) attends every key instead: cuDNN's backward pass gives NaN gradients
+  for a row whose keys are all masked (on an NVIDIA H200; tests/unit/test_model.py's GPU test)."""
   dt = q.dtype
+  mask = mask | ~mask.any(axis=-1, keepdims=True)
   return jax.nn.dot_product_attention(
     q,
     k.transpose(0, 3, 1, 2).astype(dt),
