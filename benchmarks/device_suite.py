@@ -7,13 +7,14 @@ Stages, biggest measurement first, each in its own process under its own time li
 
 1. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
    model_benchmark's train worker: tokens/s and `mfu` against the device's bf16 peak, unrolled
-   (scan_layers=false) and scanned (scan_layers=true; null with its reason where the config has no
-   scan_layers key), and with attention dot_product and cudnn_flash where the config has an
-   attention key (not the one attention=autoselected runs, which the scanned variant measures);
-   the step program's lowering and compile seconds. The variants run one after
+   (scan_layers=false), then unrolled with each attention other than the one attention=autoselected
+   runs (cudnn_flash on a GPU), then scanned (scan_layers=true; null with its reason where the
+   config has no such key); the step program's lowering and compile seconds, and each phase's
+   progress in the stage's log. The variants run one after
    another in one process, so a variant's peak_memory_bytes is that process's peak so far.
 2. decode: the continuous batcher (decode_chunks.batcher_decode) at 64, 8 and 256 `rows`, each with
-   decode_steps_per_dispatch 16, then 1, from the same prompts and keys: busy-row tokens/s,
+   decode_steps_per_dispatch 16, then 1, from the same prompts and keys, scanned layers (the
+   default); at 64 and 8 rows with chunk 16 unrolled too (decode_plan): busy-row tokens/s,
    `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV cache once per step
    at the device's HBM bandwidth, model_benchmark.decode_roofline) and a digest of the sampled
    tokens (`decode_tokens_identical_across_chunks` compares them per row count); the compile
@@ -23,8 +24,10 @@ Stages, biggest measurement first, each in its own process under its own time li
    GRPO with rl.off_policy_steps=1, on the batched engine, 4 steps of 8 prompts x 8 samples with
    256-token replies: each run's wall and compile seconds and `ratio_to_standard_same_engine`, with
    and without compiling.
-4. parity: tests/unit/test_hf_parity.py (our decoder against transformers on checkpoints that
-   transformers writes) through pytest: passed, failed, skipped and errors.
+4. parity: through pytest, test_model.py's GPU test of cuDNN's flash attention (finite gradients
+   equal to the einsums' on left-padded rows; skipped off NVIDIA GPUs), then
+   tests/unit/test_hf_parity.py (our decoder against transformers on checkpoints that transformers
+   writes): passed, failed, skipped and errors, each test's seconds in the stage's log.
 
 Every stage gets at most its own cap and the budget left after the estimates of the stages after
 it (and at least its own estimate); a stage whose estimate exceeds the budget left is skipped. A
@@ -33,7 +36,7 @@ stage that fails or runs out of time is recorded with its error and the measurem
 per program that stages 1 and 2 measured.
 
 With --artifacts DIR, each stage's log is kept in DIR, and DIR/profiles.tar.gz holds JAX profiler
-traces of one more training step of the scanned variant and one more decode round at the first row
+traces of one more training step of the unrolled variant and one more decode round at the first row
 count with chunk 16, outside the measurements (benchmarks/profile_summary.py says where their time
 goes).
 
@@ -135,7 +138,9 @@ FULL = Work(
   ),
   agentic_overrides=("max_response_length=256", "dtype=bfloat16", "weight_dtype=bfloat16"),
   # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them.
-  times={"train": (60, 130), "decode": (60, 150), "agentic": (150, 240), "parity": (60, 120)},
+  # On an H200 (2026-11-28) the scanned train variant did not finish in 95 s and the unrolled
+  # decode programs took over a minute to build and compile.
+  times={"train": (60, 200), "decode": (60, 240), "agentic": (150, 240), "parity": (60, 120)},
 )
 QUICK = Work(
   model="qwen3-tiny",
@@ -221,25 +226,24 @@ def train_variants(
   keys: set[str], platform_name: str, autoselected: str = "dot_product"
 ) -> list[tuple[str, list[str] | None, str | None]]:
   """(variant, config overrides, reason) of each training measurement in order: overrides None
-  means not measured, for `reason`. Unrolled and scanned layers where the config has scan_layers
-  (else the scanned one is not measured), then each attention implementation where it has
-  attention (cudnn_flash on a GPU only) other than `autoselected`, the one the default
-  attention=autoselected runs here (measured as the scanned variant)."""
+  means not measured, for `reason`. Unrolled layers (scan_layers=false where the config has the
+  key) with the default attention; then, in that layout, each attention implementation where the
+  config has attention (cudnn_flash on a GPU only) other than `autoselected` (the one the default
+  runs here); then scanned layers, last (on an H200 it did not finish in 95 s)."""
   scan = "scan_layers" in keys
-  out: list[tuple[str, list[str] | None, str | None]] = [
-    ("unrolled", ["scan_layers=false"] if scan else [], None),
-    ("scan", ["scan_layers=true"], None) if scan else ("scan", None, "scan_layers not available"),
-  ]
+  layout = ["scan_layers=false"] if scan else []
+  out: list[tuple[str, list[str] | None, str | None]] = [("unrolled", layout, None)]
   for attention in ("dot_product", "cudnn_flash"):
     name = f"attention={attention}"
     if "attention" not in keys:
       out.append((name, None, "attention not available"))
     elif attention == "cudnn_flash" and platform_name != "gpu":
       out.append((name, None, "cudnn_flash needs a GPU"))
-    elif attention == autoselected and scan:
-      out.append((name, None, f"the scan variant's program: attention=autoselected is {attention} here"))
+    elif attention == autoselected:
+      out.append((name, None, f"the unrolled variant's program: attention=autoselected is {attention} here"))
     else:
-      out.append((name, [name], None))
+      out.append((name, [*layout, name], None))
+  out.append(("scan", ["scan_layers=true"], None) if scan else ("scan", None, "scan_layers not available"))
   return out
 
 
@@ -270,8 +274,8 @@ def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
       seq=work.train_seq,
       iters=work.train_iters,
       overrides=overrides,
-      # the default program (scanned layers, attention autoselected) traced once more
-      profile_dir=os.path.join(artifacts, "profile_train") if artifacts and variant == "scan" else None,
+      # the first program (the default attention) traced once more
+      profile_dir=os.path.join(artifacts, "profile_train") if artifacts and variant == "unrolled" else None,
     )
     try:
       record.update(model_benchmark.worker_train(args))
@@ -283,6 +287,17 @@ def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
     jax.clear_caches()
 
 
+def decode_plan(work: Work) -> list[tuple[bool, int, int]]:
+  """(scan_layers, rows, chunk) of each decode measurement in order: every chunk size at the goals'
+  row counts with scanned layers (the default), the first chunk size at those row counts with
+  unrolled layers (each layer's cache and weights their own arrays: no per-step slice of a stacked
+  one), then the remaining row counts scanned."""
+  goals, rest = work.decode_rows[:2], work.decode_rows[2:]
+  plan = [(True, rows, chunk) for rows in goals for chunk in work.decode_chunks]
+  plan += [(False, rows, work.decode_chunks[0]) for rows in goals]
+  return plan + [(True, rows, chunk) for rows in rest for chunk in work.decode_chunks]
+
+
 def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
   import decode_chunks
   import jax
@@ -290,38 +305,49 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
   import model_benchmark
   import numpy as np
 
-  cfg, mesh, model, n_params = model_benchmark._build(work.model, work.dtype)
   clock = ProgramClock()
   size = work.prompt + work.reply
-  with jax.set_mesh(mesh):
-    for rows in work.decode_rows:
-      for chunk in work.decode_chunks:
-        rng = np.random.default_rng(rows)  # every chunk size samples from the same prompts and keys
-        before = clock.snapshot()
-        record: dict = {"rows": rows, "decode_steps_per_dispatch": chunk, "prompt": work.prompt, "reply": work.reply}
-        profile = artifacts and rows == work.decode_rows[0] and chunk == work.decode_chunks[0]
-        try:
-          measured = decode_chunks.batcher_decode(
-            model,
-            rows,
-            work.prompt,
-            work.reply,
-            chunk,
-            work.decode_rounds,
-            rng,
-            profile_dir=os.path.join(artifacts, f"profile_decode_{rows}") if profile else None,
-          )
-          record.update(measured)
-          roofline = model_benchmark.decode_roofline(cfg, rows, size, jnp.dtype(work.dtype).itemsize, n_params)
-          record["roofline_tokens_per_s"] = roofline
-          record["fraction_of_roofline"] = record["tokens_per_s"] / roofline if roofline else None
-        except Exception as e:
-          record.update(error=f"{type(e).__name__}: {e}"[-2000:], fraction_of_roofline=None)
-        record["compile"] = {
-          "prefill": clock.since(before, "_extend"),
-          "decode_chunk": clock.since(before, "_decode"),
-        }
-        _emit(partial, record)
+  built: dict[bool, tuple] = {}
+  for scan, rows, chunk in decode_plan(work):
+    if scan not in built:
+      built.clear()  # one model on the device at a time
+      built[scan] = model_benchmark._build(work.model, work.dtype, overrides=(f"scan_layers={str(scan).lower()}",))
+    cfg, mesh, model, n_params = built[scan]
+    rng = np.random.default_rng(rows)  # every chunk size and layout samples from the same prompts and keys
+    before = clock.snapshot()
+    record: dict = {
+      "rows": rows,
+      "decode_steps_per_dispatch": chunk,
+      "scan_layers": scan,
+      "prompt": work.prompt,
+      "reply": work.reply,
+    }
+    profile = artifacts and rows == work.decode_rows[0] and chunk == work.decode_chunks[0]
+    name = f"profile_decode_{rows}" + ("" if scan else "_unrolled")
+    try:
+      with jax.set_mesh(mesh):
+        measured = decode_chunks.batcher_decode(
+          model,
+          rows,
+          work.prompt,
+          work.reply,
+          chunk,
+          work.decode_rounds,
+          rng,
+          profile_dir=os.path.join(artifacts, name) if profile else None,
+        )
+      record.update(measured)
+      roofline = model_benchmark.decode_roofline(cfg, rows, size, jnp.dtype(work.dtype).itemsize, n_params)
+      record["roofline_tokens_per_s"] = roofline
+      record["fraction_of_roofline"] = record["tokens_per_s"] / roofline if roofline else None
+    except Exception as e:
+      record.update(error=f"{type(e).__name__}: {e}"[-2000:], fraction_of_roofline=None)
+    record["compile"] = {
+      "prefill": clock.since(before, "_extend"),
+      "decode_chunk": clock.since(before, "_decode"),
+    }
+    print(f"decode {record}", file=sys.stderr, flush=True)
+    _emit(partial, record)
 
 
 def agentic_command(work: Work, config: str, output: str, append: bool) -> list[str]:
@@ -345,6 +371,13 @@ def worker_agentic(work: Work, partial: str, artifacts: str | None) -> None:
       _emit(partial, {"report": json.load(f)})
 
 
+# cuDNN's flash attention against the einsums on a GPU first (short), then the decoder against transformers.
+PARITY_TESTS = (
+  "tests/unit/test_model.py::test_cudnn_flash_on_a_gpu_equals_dot_product_on_left_padded_rows_with_finite_gradients",
+  "tests/unit/test_hf_parity.py",
+)
+
+
 def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
   del work, artifacts
   report = partial + ".junit.xml"
@@ -357,13 +390,16 @@ def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
     "no:cacheprovider",
     "-p",
     "no:xdist",
+    "-v",
+    "--durations=0",
     f"--junitxml={report}",
-    "tests/unit/test_hf_parity.py",
+    *PARITY_TESTS,
   ]
-  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+  # pytest's lines go to the stage's log as they come, so a stage out of time shows how far it got
+  proc = subprocess.run(cmd, cwd=ROOT, check=False)
   if not os.path.exists(report):
-    raise RuntimeError(f"pytest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-2000:]}")
-  _emit(partial, {**junit_counts(report), "exit_code": proc.returncode, "tail": proc.stdout.strip()[-1500:]})
+    raise RuntimeError(f"pytest wrote no report (exit {proc.returncode}); its output is the stage's log")
+  _emit(partial, {**junit_counts(report), "exit_code": proc.returncode})
 
 
 def junit_counts(path: str) -> dict:
@@ -566,14 +602,14 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
 
 
 def tokens_identical(decode: list[dict]) -> dict[str, bool | None]:
-  """For each `rows` measured with more than one chunk size: whether every chunk size sampled the
-  same tokens (their tokens_sha256 equal); None where a measurement has no digest."""
-  digests: dict[int, list] = {}
+  """For each `rows` (and layout: "64 unrolled" for scan_layers=false) measured with more than one
+  chunk size: whether every chunk size sampled the same tokens (their tokens_sha256 equal); None
+  where a measurement has no digest."""
+  digests: dict[str, list] = {}
   for r in decode:
-    digests.setdefault(r["rows"], []).append(r.get("tokens_sha256"))
-  return {
-    str(rows): (None if None in found else len(set(found)) == 1) for rows, found in digests.items() if len(found) > 1
-  }
+    key = str(r["rows"]) + ("" if r.get("scan_layers", True) else " unrolled")
+    digests.setdefault(key, []).append(r.get("tokens_sha256"))
+  return {key: (None if None in found else len(set(found)) == 1) for key, found in digests.items() if len(found) > 1}
 
 
 def default_output(device: str, date: str, quick: bool) -> str:
@@ -593,7 +629,8 @@ def _print_summary(report: dict) -> None:
     print(f"  train {r['variant']:<22} mfu {fmt(r.get('mfu'), '.1%'):>6}  tokens/s {fmt(r.get('tokens_per_s'), '.0f')}")
   for r in report["decode"]:
     print(
-      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2}  tokens/s "
+      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2}"
+      f" {'scanned' if r.get('scan_layers', True) else 'unrolled':<8} tokens/s "
       f"{fmt(r.get('tokens_per_s'), '.0f'):>8}  of roofline {fmt(r.get('fraction_of_roofline'), '.1%')}"
     )
   for rows, same in report["decode_tokens_identical_across_chunks"].items():

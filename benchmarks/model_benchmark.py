@@ -117,6 +117,10 @@ def worker_train(args) -> dict:
   from maxtext.trainers.post_train.rl import footprint
 
   overrides = tuple(getattr(args, "overrides", None) or ())
+  began = time.perf_counter()
+  progress = lambda phase: print(
+    f"train {' '.join(overrides)}: {phase} at {time.perf_counter() - began:.1f} s", file=sys.stderr, flush=True
+  )
   cfg, mesh, model, n_params = _build(
     args.model,
     args.dtype,
@@ -140,18 +144,22 @@ def worker_train(args) -> dict:
     return nnx.value_and_grad(loss_fn)(nnx.merge(graphdef, state))
 
   rss_before = int(footprint.peak_rss_bytes())
+  progress("model built")
   with jax.set_mesh(mesh):
     start = time.perf_counter()
     lowered = jax.jit(train_step).lower(state, tokens)
     lowered_at = time.perf_counter()
+    progress("step lowered")
     step = lowered.compile()
     compiled_at = time.perf_counter()
+    progress("step compiled")
     planned = step.memory_analysis()
     jax.block_until_ready(step(state, tokens))
     start_timing = time.perf_counter()
     for _ in range(args.iters):
       jax.block_until_ready(step(state, tokens))
     elapsed = (time.perf_counter() - start_timing) / args.iters
+    progress("steps timed")
     profile_error = _profile(getattr(args, "profile_dir", None), lambda: jax.block_until_ready(step(state, tokens)))
   # 6 N per token for the dense layers plus 12 L T d_attn for attention scores (fwd+bwd).
   flops = (

@@ -1,8 +1,8 @@
 """Where the time of a traced program goes: reads the JAX profiler traces that device_suite.py
 --artifacts packs into profiles.tar.gz (or a folder of them) and prints, per trace, the span from
 the first to the last device operation, the fraction of it some operation runs (busy), and the
-operations taking the most time, by XLA operation (the `hlo_op` stat) where the trace names it,
-else by kernel name. Writes the same as JSON.
+operations taking the most time, by XLA operation (the `hlo_op` stat, where the trace names it: a
+CUDA graph's kernels share its command buffer's) and by kernel. Writes the same as JSON.
 
     python benchmarks/profile_summary.py benchmarks/results/profiles_<device>_<date>.tar.gz [--top 15] [--out F]
 
@@ -21,8 +21,8 @@ import tarfile
 import tempfile
 
 
-def _device_events(path: str) -> list[tuple[str, float, float]]:
-  """(operation, start_ns, end_ns) of every device operation in one .xplane.pb file."""
+def _device_events(path: str) -> list[tuple[str, str, float, float]]:
+  """(XLA operation, kernel, start_ns, end_ns) of every device operation in one .xplane.pb file."""
   from jax.profiler import ProfileData
 
   data = ProfileData.from_file(path)
@@ -41,8 +41,7 @@ def _device_events(path: str) -> list[tuple[str, float, float]]:
         if event.duration_ns <= 0:
           continue
         stats = dict(event.stats)
-        name = str(stats.get("hlo_op") or event.name)
-        events.append((name, float(event.start_ns), float(event.end_ns)))
+        events.append((str(stats.get("hlo_op") or event.name), event.name, float(event.start_ns), float(event.end_ns)))
   return events
 
 
@@ -51,31 +50,36 @@ def summarise(path: str, top: int) -> dict:
   events = _device_events(path)
   if not events:
     return {"trace": path, "events": 0}
-  span = max(e for _, _, e in events) - min(s for _, s, _ in events)
+  span = max(e[3] for e in events) - min(e[2] for e in events)
   busy, reach = 0.0, None
-  for _, start, end in sorted(events, key=lambda e: e[1]):  # the union of the operations' intervals
+  for _, _, start, end in sorted(events, key=lambda e: e[2]):  # the union of the operations' intervals
     if reach is None or start > reach:
       busy += end - start
       reach = end
     elif end > reach:
       busy += end - reach
       reach = end
-  by_op: collections.Counter = collections.Counter()
-  counts: collections.Counter = collections.Counter()
-  for name, start, end in events:
-    by_op[name] += end - start
-    counts[name] += 1
-  total = sum(by_op.values())
+  total = sum(end - start for _, _, start, end in events)
+
+  def top_by(index: int) -> list[dict]:
+    time: collections.Counter = collections.Counter()
+    counts: collections.Counter = collections.Counter()
+    for event in events:
+      time[event[index]] += event[3] - event[2]
+      counts[event[index]] += 1
+    return [
+      {"name": name, "ms": ns / 1e6, "fraction": ns / total, "count": counts[name]}
+      for name, ns in time.most_common(top)
+    ]
+
   return {
     "trace": path,
     "events": len(events),
     "span_ms": span / 1e6,
     "busy_fraction": busy / span if span else None,
     "operations_ms": total / 1e6,
-    "top": [
-      {"operation": name, "ms": ns / 1e6, "fraction": ns / total, "count": counts[name]}
-      for name, ns in by_op.most_common(top)
-    ],
+    "operations": top_by(0),
+    "kernels": top_by(1),
   }
 
 
@@ -108,8 +112,10 @@ def main() -> None:
     if not s["events"]:
       continue
     print(f"  span {s['span_ms']:.2f} ms, busy {s['busy_fraction']:.1%}, operations {s['operations_ms']:.2f} ms")
-    for t in s["top"]:
-      print(f"  {t['ms']:9.3f} ms {t['fraction']:6.1%} x{t['count']:<5} {t['operation'][:100]}")
+    for part in ("operations", "kernels"):
+      print(f"  by {part[:-1]}:")
+      for t in s[part]:
+        print(f"  {t['ms']:9.3f} ms {t['fraction']:6.1%} x{t['count']:<6} {t['name'][:100]}")
   out = args.out or (args.source.removesuffix(".tar.gz").rstrip("/") + ".summary.json")
   with open(out, "w", encoding="utf-8") as f:
     json.dump(summaries, f, indent=1)

@@ -183,22 +183,53 @@ def test_the_agentic_stage_runs_pass_the_config_checks(suite, mode, tmp_path):
 def test_train_variants_follow_the_config_keys(suite):
   none = suite.train_variants(set(), "gpu")
   assert none[0] == ("unrolled", [], None)
-  assert none[1] == ("scan", None, "scan_layers not available")
-  assert [v[2] for v in none[2:]] == ["attention not available"] * 2
-  # on an NVIDIA GPU in bfloat16 the default attention is cuDNN's: the scanned variant measures it
-  both = suite.train_variants({"scan_layers", "attention"}, "gpu", "cudnn_flash")
-  assert [v[1] for v in both] == [["scan_layers=false"], ["scan_layers=true"], ["attention=dot_product"], None]
-  assert both[3][2] == "the scan variant's program: attention=autoselected is cudnn_flash here"
+  assert [v[2] for v in none[1:3]] == ["attention not available"] * 2
+  assert none[3] == ("scan", None, "scan_layers not available")
+  both = suite.train_variants({"scan_layers", "attention"}, "gpu", "dot_product")
+  assert [v[1] for v in both] == [
+    ["scan_layers=false"],
+    None,  # the default's program
+    ["scan_layers=false", "attention=cudnn_flash"],
+    ["scan_layers=true"],  # last
+  ]
+  assert both[1][2] == "the unrolled variant's program: attention=autoselected is dot_product here"
   on_cpu = suite.train_variants({"scan_layers", "attention"}, "cpu", "dot_product")
-  assert [v[1] for v in on_cpu] == [["scan_layers=false"], ["scan_layers=true"], None, None]
-  assert on_cpu[3] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
-  unscanned = suite.train_variants({"attention"}, "gpu", "cudnn_flash")  # no scanned variant to stand for it
-  assert unscanned[3] == ("attention=cudnn_flash", ["attention=cudnn_flash"], None)
+  assert [v[1] for v in on_cpu] == [["scan_layers=false"], None, None, ["scan_layers=true"]]
+  assert on_cpu[2] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
 
 
 def test_the_autoselected_attention_is_the_one_the_decoder_selects_here(suite):
   assert suite._autoselected_attention("bfloat16") == "dot_product"  # JAX's backend here is the CPU
   assert suite._autoselected_attention("float32") == "dot_product"
+
+
+def test_the_decode_plan_measures_the_goals_first_and_unrolled_layers_at_the_goals_row_counts(suite):
+  assert suite.decode_plan(suite.FULL) == [
+    (True, 64, 16),
+    (True, 64, 1),
+    (True, 8, 16),
+    (True, 8, 1),
+    (False, 64, 16),
+    (False, 8, 16),
+    (True, 256, 16),
+    (True, 256, 1),
+  ]
+
+
+def test_the_parity_stage_runs_tests_that_exist():
+  import ast
+
+  with open(os.path.join(BENCHMARKS, "device_suite.py"), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  (tests,) = [
+    ast.literal_eval(node.value)
+    for node in tree.body
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PARITY_TESTS"
+  ]
+  for test in tests:
+    path, _, name = test.partition("::")
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+      assert not name or f"def {name}(" in f.read(), test
 
 
 def test_decode_tokens_are_compared_across_chunk_sizes_per_row_count(suite):
@@ -210,8 +241,10 @@ def test_decode_tokens_are_compared_across_chunk_sizes_per_row_count(suite):
     {"rows": 256, "decode_steps_per_dispatch": 16, "tokens_sha256": "d"},  # its chunk-1 run never finished
     {"rows": 4, "decode_steps_per_dispatch": 16, "tokens_sha256": "e"},
     {"rows": 4, "decode_steps_per_dispatch": 1, "error": "RESOURCE_EXHAUSTED"},
+    {"rows": 64, "decode_steps_per_dispatch": 16, "scan_layers": False, "tokens_sha256": "f"},
+    {"rows": 64, "decode_steps_per_dispatch": 1, "scan_layers": False, "tokens_sha256": "f"},
   ]
-  assert suite.tokens_identical(decode) == {"64": True, "8": False, "4": None}
+  assert suite.tokens_identical(decode) == {"64": True, "8": False, "4": None, "64 unrolled": True}
 
 
 def test_artifacts_keep_the_stage_logs_and_pack_the_profiles(suite, tmp_path):
@@ -372,4 +405,4 @@ def test_the_profile_summary_finds_the_traced_program_and_its_operations(tmp_pat
   (summary,) = json.loads(out.read_text())
   assert summary["trace"].startswith("profile_train/") and summary["events"] >= 1
   assert 0 < summary["busy_fraction"] <= 1 and summary["span_ms"] > 0
-  assert summary["top"][0]["fraction"] > 0.5  # the product is the program's work
+  assert summary["operations"][0]["fraction"] > 0.5 and summary["kernels"][0]["fraction"] > 0.5  # the product
