@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -212,6 +213,29 @@ def _check_sampling(v: Mapping[str, Any]) -> None:
     raise ConfigError(f"decode_sampling_top_p={v['decode_sampling_top_p']}: expected 0 < top_p <= 1 (1: off)")
 
 
+def _check_agent(v: Mapping[str, Any]) -> None:
+  """A user's agent (rl.agent): PATH.py:NAME, on the batched engine (its sessions are served from the
+  engine's batcher), without the run's own tools (the agent brings its own)."""
+  agent = v["rl.agent"]
+  if not agent or not v["rl.use_agentic_rollout"]:
+    return
+  path, _, name = agent.rpartition(":")
+  if not path.endswith(".py") or not name.isidentifier():
+    raise ConfigError(f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it")
+  if not os.path.isfile(path):
+    raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
+  if v["rollout_engine"] != "batched":
+    raise ConfigError(
+      f"rl.agent={agent!r}, rollout_engine={v['rollout_engine']!r}: a user's agent is served from the batched "
+      "engine; expected rollout_engine=batched"
+    )
+  if v["rl.tools"] or v["rl.tools_path"]:
+    raise ConfigError(
+      f"rl.agent={agent!r}, rl.tools={list(v['rl.tools'])}: the agent calls its own tools (OpenAI function "
+      "calling through its client); expected rl.tools=[] and rl.tools_path empty"
+    )
+
+
 def _check_mesh(v: Mapping[str, Any]) -> None:
   fills = [k for k in sections.MeshSection.AXIS_KEYS if v[k] == -1]
   if len(fills) > 1:
@@ -317,6 +341,7 @@ def check(v: Mapping[str, Any]) -> None:
   _check_algorithm(v)
   _check_reward_functions(v)
   _check_sampling(v)
+  _check_agent(v)
   if v["wandb_project"] and importlib.util.find_spec("wandb") is None:
     raise ConfigError(f"wandb_project={v['wandb_project']!r}: the wandb package is not installed (pip install wandb)")
 

@@ -17,6 +17,7 @@ from maxtext.configs import checks, maxtext_keys, sections
 from maxtext.configs.sections import (
   SECTION_TYPES,
   AgenticSection,
+  AgentSection,
   AlgorithmSection,
   DataSection,
   EvalSection,
@@ -53,6 +54,7 @@ class RunConfig:
   eval: EvalSection
   algorithm: AlgorithmSection
   agentic: AgenticSection
+  agent: AgentSection
   tools: ToolsSection
   overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
   urls: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -92,6 +92,7 @@ ANY_TOOL = When(
   "rl.tools", lambda v: bool(v["rl.tools"]), lambda v: f"no tool it limits is in rl.tools={v['rl.tools']}"
 )
 PYTHON_TOOL = dataclasses.replace(ANY_TOOL, holds=lambda v: "python" in v["rl.tools"])
+USER_AGENT = When("rl.agent", lambda v: bool(v["rl.agent"]), "rl.agent is empty: the run's own conversation agent")
 DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
 OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length",
@@ -123,6 +124,7 @@ SEED = Bound(lambda x: 0 <= x < 2**32, "expected a seed from 0 to 2**32 - 1")
 LENGTH_ALIAS = Bound(lambda x: x > 0 or x == -1, "expected a positive length, or -1 (unset)")
 BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", finite=True)
 NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
+POSITIVE = Bound(lambda x: x > 0, "expected a finite number > 0", finite=True)
 AXIS_SIZE = Bound(lambda x: x > 0 or x == -1, "expected a positive mesh axis size, or -1 to fill the devices")
 
 
@@ -893,6 +895,40 @@ class AgenticSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class AgentSection:
+  """A user's agent, trained through the policy's OpenAI-compatible endpoint (agentic GRPO)."""
+
+  PREFIX: ClassVar[str] = "rl."
+  agent: str = dataclasses.field(
+    metadata=key(
+      "Agentic: PATH.py:NAME, an async function NAME(client, model, example) in a Python file: it gets an "
+      "openai.AsyncOpenAI client of its own session of the policy under training, the model id to ask for and "
+      "the example's fields, talks to the policy as to any OpenAI endpoint (several calls, function calling) and "
+      "returns a float reward, or None to have the run's reward functions judge its last reply. Every call of an "
+      "episode is recorded and trained as one conversation. Empty: the run's own conversation agent "
+      "(rl.tools). See docs/agentic-and-tools.md.",
+      applies=(AGENTIC,),
+    )
+  )
+  agent_timeout_s: float = dataclasses.field(
+    metadata=key(
+      "rl.agent: wall time per episode; an episode past it is killed with its process and counts as failed.",
+      bounds=POSITIVE,
+      applies=(AGENTIC, USER_AGENT),
+    )
+  )
+  agent_max_failures: int = dataclasses.field(
+    metadata=key(
+      "rl.agent: failed episodes (the function raised, returned something other than a number or None, ran "
+      "past rl.agent_timeout_s or made no call) the run trains through, each trained on nothing; one more "
+      "stops it with the first failure's traceback.",
+      bounds=NON_NEGATIVE_INT,
+      applies=(AGENTIC, USER_AGENT),
+    )
+  )
+
+
+@dataclasses.dataclass(frozen=True)
 class ToolsSection:
   """The agentic learner's tools and the limits every call runs under."""
 
@@ -1076,6 +1112,7 @@ SECTION_TYPES: dict[str, type] = {
   "eval": EvalSection,
   "algorithm": AlgorithmSection,
   "agentic": AgenticSection,
+  "agent": AgentSection,
   "tools": ToolsSection,
 }
 

@@ -86,13 +86,37 @@ class Call:
   finish_reason: str  # stop, length or tool_calls
 
 
-class Session:
-  """The calls made under one session id, in the order they finished (thread-safe to read)."""
+@dataclasses.dataclass(frozen=True)
+class SessionSampling:
+  """How a training session samples, whatever its requests ask: the run's temperature, top_p and
+  top_k, each call's key (`key(turn)`, turn counting the session's calls from 0) and `budget`, the
+  tokens its calls may add after the first call's prompt, sampled and rendered together (None: no
+  budget)."""
 
-  def __init__(self, session_id: str):
+  temperature: float
+  top_p: float
+  top_k: int | None
+  key: Callable[[int], jax.Array]
+  budget: int | None = None
+
+
+class Session:
+  """The calls made under one session id, in the order they finished (thread-safe to read), and what
+  its next chat call continues: the messages so far with the last reply, and their exact tokens."""
+
+  def __init__(self, session_id: str, sampling: SessionSampling | None = None):
     self.id = session_id
+    self.sampling = sampling
     self._calls: list[Call] = []
     self._lock = threading.Lock()
+    self._turns = 0
+    self._first_prompt: int | None = None  # the first call's prompt length
+    self._last: tuple[list[dict], list[int]] | None = None
+
+  def _next_turn(self) -> int:
+    with self._lock:
+      self._turns += 1
+      return self._turns - 1
 
   @property
   def calls(self) -> list[Call]:
@@ -174,6 +198,7 @@ class _Prepared:
   keys: list[jax.Array | None]
   session: Session | None
   tools: bool  # parse tool calls out of the replies
+  messages: list[dict] | None = None  # a chat call's messages as rendered (a session's next call continues them)
 
 
 class OpenAIServer:
@@ -205,11 +230,12 @@ class OpenAIServer:
     self.app = self._build_app()
 
   # ------------------------------------------------------------------ sessions
-  def open_session(self) -> str:
-    """A new session's id (unguessable); its requests go to /sessions/{id}/v1/..."""
+  def open_session(self, sampling: SessionSampling | None = None) -> str:
+    """A new session's id (unguessable); its requests go to /sessions/{id}/v1/... With `sampling` (a
+    training session) its calls sample as that says, not as they ask."""
     session_id = secrets.token_urlsafe(16)
     with self._lock:
-      self._sessions[session_id] = Session(session_id)
+      self._sessions[session_id] = Session(session_id, sampling)
     return session_id
 
   def session(self, session_id: str) -> Session:
@@ -301,19 +327,43 @@ class OpenAIServer:
       )
     if body.top_k is not None and body.top_k < 1 and body.top_k != -1:
       raise ApiError(400, f"top_k must be -1 (off) or >= 1, got {body.top_k}", "top_k")
+    fixed = session.sampling if session is not None else None
+    if session is not None and fixed is not None:
+      room = min(room, self._budget_left(session, fixed, len(prompt_ids)))
     params = SamplingParams(
-      max_new_tokens=max_tokens or room,
-      temperature=body.temperature,
-      top_p=body.top_p,
-      top_k=None if body.top_k in (None, -1) else body.top_k,
+      max_new_tokens=min(max_tokens or room, room),
+      temperature=body.temperature if fixed is None else fixed.temperature,
+      top_p=body.top_p if fixed is None else fixed.top_p,
+      top_k=(None if body.top_k in (None, -1) else body.top_k) if fixed is None else fixed.top_k,
       eos_ids=self.eos_ids,
     )
-    if body.temperature == 0:
+    if params.temperature == 0:
       keys: list[jax.Array | None] = [None] * body.n
     else:
-      key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
+      if session is not None and fixed is not None:
+        key = fixed.key(session._next_turn())
+      else:
+        key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
       keys = [jax.random.fold_in(key, i) for i in range(body.n)]
     return _Prepared(prompt_ids, params, keys, session, False)
+
+  @staticmethod
+  def _budget_left(session: Session, fixed: SessionSampling, prompt: int) -> int:
+    """The tokens a training session's call may sample: its budget less what the calls added after
+    the first call's prompt (this prompt's tokens past it count as rendered); refused when none."""
+    if session._first_prompt is None:
+      session._first_prompt = prompt
+    if fixed.budget is None:
+      return 1 << 30
+    first = session._first_prompt
+    left = fixed.budget - max(prompt - first, 0)
+    if left < 1:
+      raise ApiError(
+        400,
+        f"this session's budget of {fixed.budget} tokens after its first prompt (max_response_length) is spent",
+        "messages",
+      )
+    return left
 
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
@@ -332,8 +382,21 @@ class OpenAIServer:
     else:
       calls = []
     reason = "tool_calls" if calls else ("stop" if done.stopped else "length")
-    if prepared.session is not None:
-      prepared.session._add(
+    session = prepared.session
+    if session is not None and prepared.messages is not None and len(prepared.keys) == 1:
+      # What the next call continues: the reply as the client sends it back, and its exact tokens (a
+      # reply cut by the length limit has no turn end, so the next call is rendered whole)
+      reply = text
+      for name, arguments in calls:
+        reply = self._with_call(reply, name, arguments)
+      continued = (
+        prepared.messages + [{"role": "assistant", "content": reply}],
+        list(prepared.prompt_ids) + done.tokens.tolist(),
+      )
+      with session._lock:
+        session._last = continued if done.stopped else None
+    if session is not None:
+      session._add(
         Call(
           np.asarray(prepared.prompt_ids, np.int32),
           done.tokens,
@@ -347,6 +410,14 @@ class OpenAIServer:
 
   def _render(self, body: ChatRequest | TokenizeRequest, tools: list[dict] | None) -> str:
     """The conversation as the model reads it, the assistant's turn opened."""
+    return self.chat.render(
+      self._messages(body, tools), add_generation_prompt=getattr(body, "add_generation_prompt", True)
+    )
+
+  def _messages(self, body: ChatRequest | TokenizeRequest, tools: list[dict] | None) -> list[dict]:
+    """The request's messages as the chat template takes them: each {role, content}, an assistant's
+    tool calls written into its content as the model writes them, the tools offered in the system
+    turn."""
     messages = []
     for m in body.messages or []:
       role, content = m.get("role"), m.get("content")
@@ -364,7 +435,7 @@ class OpenAIServer:
           arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
         except json.JSONDecodeError:
           pass  # the model wrote it so: render it as it was
-        text += ("\n" if text else "") + self.tool_format.call_text(function.get("name", ""), arguments)
+        text = self._with_call(text, function.get("name", ""), arguments)
       messages.append({"role": "system" if role == "developer" else role, "content": text})
     if tools:
       if self.tool_format is None:
@@ -375,7 +446,27 @@ class OpenAIServer:
         messages[0] = {"role": "system", "content": (system.rstrip() + "\n\n" + offer) if system else offer}
       else:
         messages.insert(0, {"role": "system", "content": offer})
-    return self.chat.render(messages, add_generation_prompt=getattr(body, "add_generation_prompt", True))
+    return messages
+
+  def _with_call(self, text: str, name: str, arguments: Any) -> str:
+    """An assistant message's text with one more tool call written after it."""
+    assert self.tool_format is not None
+    return text + ("\n" if text else "") + self.tool_format.call_text(name, arguments)
+
+  def _continued(self, session: Session, messages: list[dict]) -> list[int] | None:
+    """The prompt ids of a session's chat call whose messages extend its last call's messages and
+    reply: the exact tokens of that call's prompt and reply, the template's turn-end suffix, then the
+    new messages as the template renders them after it; None where they do not extend them (the
+    messages are then rendered whole)."""
+    with session._lock:
+      last = session._last
+    if last is None:
+      return None
+    before, stream = last
+    if len(messages) <= len(before) or messages[: len(before)] != before:
+      return None
+    added = self.chat.parse(messages[len(before) :], add_generation_prompt=True, is_first_msg=False)
+    return stream + self._encode(self.chat.turn_end_suffix + added, add_special_tokens=False)
 
   def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
     return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
@@ -386,9 +477,13 @@ class OpenAIServer:
     if body.top_logprobs:
       raise ApiError(400, "top_logprobs is not supported (the engine records the sampled token's only)", "top_logprobs")
     tools = body.tools if body.tools and body.tool_choice != "none" else None
-    ids = self._encode(self._render(body, tools), add_special_tokens=False)
+    messages = self._messages(body, tools)
+    ids = self._continued(session, messages) if session is not None else None
+    if ids is None:
+      ids = self._encode(self.chat.render(messages, add_generation_prompt=True), add_special_tokens=False)
     prepared = self._prepare(body, ids, session, body.max_completion_tokens or body.max_tokens)
     prepared.tools = tools is not None
+    prepared.messages = messages
     return prepared
 
   def _token_logprobs(self, tokens: np.ndarray, logprobs: np.ndarray) -> list[dict]:

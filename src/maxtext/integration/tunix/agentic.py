@@ -76,11 +76,14 @@ from tunix.rl.agentic import utils as agentic_utils
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
+from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.rewards import RewardSet
 from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
+from maxtext.integration.tunix import user_agent as user_agent_lib
 from maxtext.integration.tunix.algorithm import grpo_config
 from maxtext.integration.tunix.reward_manager import AgenticRewardManager
+from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
   agent_kwargs,
@@ -126,13 +129,16 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     dynamic_sampling_rounds: int = 1,
     reserve: Callable[[int], dict] | None = None,
     rewards: RewardSet,
+    user_agent: user_agent_lib.UserAgent | None = None,
+    model_name: str = "",
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
     steps (it may raise to stop training);
     dynamic_sampling_rounds > 1: dynamic sampling per slot (maxtext.rl.dynamic_sampling.Slots), with
     reserve(i), the i-th reserve batch; rewards: the run's reward functions and weights (its reward
-    manager's)."""
+    manager's); user_agent: rl.agent's, whose episodes replace the run's own agent's (served as
+    model_name, integration/tunix/user_agent.py)."""
     super().__init__(*args, reward_fns=list(rewards.functions), **kwargs)
     self.reward_manager = AgenticRewardManager(rewards, self.algo_config)
     if self.chat_parser is None:
@@ -148,6 +154,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._conversation_lock = threading.Lock()
     self._conversation_totals: dict[int, collections.Counter] = {}
     self._drop_unread_anchor()
+    self._user_agent, self._model_name = user_agent, model_name
+    self._episodes: user_agent_lib.Episodes | None = None
 
   # The training loop (training thread)
 
@@ -176,6 +184,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     data = itertools.chain([first], data)
     self._feed = PromptFeed(self._share, self._dynamic, first_step=self.rl_cluster.global_steps)
     self._groups = queue.Queue()
+    if self._user_agent is not None:
+      self._episodes = self._serve(self._user_agent)
     try:
       for _ in range(self.algo_config.off_policy_steps + 1):
         if not self._feed_next(data, batch_size):
@@ -184,6 +194,9 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       self._train_on(self._micro_batches(micro), data, batch_size, batch_size // micro, skip_jit)
     finally:
       self._feed.close()
+      if self._episodes is not None:
+        self._episodes.close()
+        self._episodes.server.stop()
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
     producer.result()  # the producer's own error (a reward function's InputError) is raised as it is
@@ -280,6 +293,42 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     version = self._engine.version
     return self.policy_version if version is None else version
 
+  def _serve(self, agent: user_agent_lib.UserAgent) -> user_agent_lib.Episodes:
+    """The policy served at 127.0.0.1 (a free port) from the batched engine's batcher, and what the
+    user's episodes share: sessions sample as the training rollouts do, each turn's key named by
+    (group, round, sample, turn) as the run's own agent's."""
+    engine = self._engine
+    batcher, keys = getattr(engine, "batcher", None), engine.keys
+    if batcher is None or keys is None:
+      raise ValueError(f"rl.agent is served from the batched engine's batcher; {type(engine).__name__} has none")
+    server = OpenAIServer(
+      batcher, self.chat_parser.tokenizer, self.chat_parser, self._model_name, keys, QwenToolFormat()
+    )
+    base_url = server.start("127.0.0.1", 0)
+    log.info("Serving the policy for rl.agent=%s at %s (a session per episode)", agent.spec, base_url)
+    config = self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN)
+
+    def sampling(env) -> SessionSampling:
+      group, pair = env.extra_kwargs["group_id"], env.extra_kwargs["pair_index"]
+      rnd = scalar(env.task.get(ROUND, 0))
+      return SessionSampling(
+        temperature=config.temperature,
+        top_p=config.top_p or 1.0,
+        top_k=config.top_k,
+        key=lambda turn: keys.for_request(group, rnd, pair, turn),
+        budget=self.algo_config.max_response_length,
+      )
+
+    return user_agent_lib.Episodes(
+      server=server,
+      base_url=base_url,
+      agent=agent,
+      model=self._model_name,
+      sampling=sampling,
+      budget=self.algo_config.max_response_length,
+      failures=user_agent_lib.Failures(agent),
+    )
+
   # The producer (Tunix's event loop and its executor's threads)
 
   async def _produce(self) -> None:
@@ -289,9 +338,12 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     nothing where it is dropped); across processes it goes as sampled, for the training thread.
     The end of the groups is queued whatever ends it."""
     generations = self.algo_config.num_generations
-    orchestrator = rollout_orchestrator.RolloutOrchestrator(
-      engine_cls=TrajectoryEngine,
-      engine_kwargs=dict(
+    if self._episodes is not None:
+      engine_cls: type = user_agent_lib.AgentEpisode
+      engine_kwargs: dict = dict(episodes=self._episodes)
+    else:
+      engine_cls = TrajectoryEngine
+      engine_kwargs = dict(
         model_call=self._model_turn,
         tokenizer=self.tokenizer,
         chat_parser=self.chat_parser,
@@ -299,7 +351,10 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         max_response_length=self.algo_config.max_response_length,
         overlong_filter=self.algo_config.overlong_filter,
         filter_statuses=self.algo_config.filter_statuses,
-      ),
+      )
+    orchestrator = rollout_orchestrator.RolloutOrchestrator(
+      engine_cls=engine_cls,
+      engine_kwargs=engine_kwargs,
       max_concurrency=self.algo_config.max_concurrency,
       rollout_sync_lock=self._sync_lock,
     )
@@ -472,12 +527,38 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     inputs = rl_utils.merge_micro_batches([traj["original_input"] for traj in trajectories])
     kwargs = {k: v for k, v in inputs.items() if k != "prompts"}
     kwargs["trajectory_rewards"] = [traj.get("trajectory_reward") for traj in trajectories]
-    rewards = self.reward_manager(
-      prompts=inputs["prompts"], completions=completions, mode=str(rl_cluster_lib.Mode.TRAIN), **kwargs
-    )
-    self._log(rewards["log_metrics"], step)
+    own = [traj.get("agent_reward") for traj in trajectories]
+    if self._user_agent is not None and all(r is not None for r in own):
+      values = np.asarray(own, np.float32)  # the agent's rewards alone: no reward function is called
+      self._log({"rewards/sum": (float(values.mean()), np.mean), "rewards/std": (float(values.std()), np.mean)}, step)
+    else:
+      rewards = self.reward_manager(
+        prompts=inputs["prompts"], completions=completions, mode=str(rl_cluster_lib.Mode.TRAIN), **kwargs
+      )
+      self._log(rewards["log_metrics"], step)
+      values = np.asarray(rewards["rewards"], np.float32)
+      if self._user_agent is not None:  # an agent's own reward where it returned one
+        values = np.asarray([v if r is None else r for v, r in zip(values, own)], np.float32)
+    if self._user_agent is not None:
+      self._log_agent(trajectories, values, step)
     estimator = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)
-    return estimator(rewards=rewards["rewards"], num_generations=self.algo_config.num_generations)
+    return estimator(rewards=values, num_generations=self.algo_config.num_generations)
+
+  def _log_agent(self, trajectories: list[dict], rewards: np.ndarray, step: int) -> None:
+    """agent/*: the group's failed episodes, calls left out of the trained conversation (mismatched
+    prefixes) and tokens cut past max_response_length (sums over the step), the calls an episode made
+    and the rewards trained on (means)."""
+    stats = [traj["agent"] for traj in trajectories]
+    self._log(
+      {
+        "agent/failed_episodes": (float(sum(s["failed"] for s in stats)), np.sum),
+        "agent/mismatched_calls": (float(sum(s["mismatched_calls"] for s in stats)), np.sum),
+        "agent/cut_tokens": (float(sum(s["cut_tokens"] for s in stats)), np.sum),
+        "agent/calls_per_episode": (float(np.mean([s["calls"] for s in stats])), np.mean),
+        "agent/reward": (float(rewards.mean()), np.mean),
+      },
+      step,
+    )
 
   def _shapes(self) -> group_scoring.Shapes:
     engine = self.rl_cluster.rollout
@@ -615,9 +696,14 @@ def build_learner(
   tool_map=None,
   before_step: Callable[[int], None] | None = None,
   reserve: Callable[[int], dict] | None = None,
+  user_agent: user_agent_lib.UserAgent | None = None,
+  model_name: str = "",
 ) -> AgenticGRPOLearner:
-  """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling)."""
+  """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling); user_agent:
+  rl.agent's (load), served as model_name."""
   return AgenticGRPOLearner(
+    user_agent=user_agent,
+    model_name=model_name,
     batch_size=train.batch_size,
     dynamic_sampling_rounds=dynamic_sampling.max_rounds(rl),
     reserve=reserve,

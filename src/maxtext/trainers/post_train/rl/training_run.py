@@ -38,7 +38,7 @@ from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
-from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories
+from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories, user_agent
 from maxtext.models.load import load_model
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
@@ -68,6 +68,7 @@ class TrainingRun:
     self.task = task = tasks.select(cfg.data.dataset_name)
     distributed.initialize()  # before anything asks JAX about its devices
     reward_set = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
+    self._user_agent = user_agent.load(cfg.agent) if agentic and cfg.agent.agent else None  # so does the agent
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
@@ -167,6 +168,8 @@ class TrainingRun:
       tool_map,
       before_step=self._between_steps,
       reserve=reserve,
+      user_agent=self._user_agent,
+      model_name=cfg.model.model_name,
     )
 
   def evaluate(self, desc: str) -> dict | None:

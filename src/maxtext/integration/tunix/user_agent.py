@@ -1,0 +1,265 @@
+"""A user's agent (rl.agent=PATH.py:NAME) trained by agentic GRPO through the policy's
+OpenAI-compatible endpoint.
+
+The learner serves the policy under training (inference/openai_server.py on the batched engine's
+continuous batcher, 127.0.0.1, a free port) while it trains. Each episode, one sample of a GRPO
+group, is an AgentEpisode run by Tunix's rollout orchestrator in place of trajectories.TrajectoryEngine:
+1. a session is opened that samples as the run's training rollouts do (temperature, top-p, top-k,
+   the episode's keys, max_response_length tokens after the first prompt), whatever its requests ask;
+2. in a worker process (utils/worker_pool.py: killed past rl.agent_timeout_s, nothing it does reaches
+   the trainer), `await NAME(client, model, example)` runs with an openai.AsyncOpenAI client whose
+   base URL is the session's, the served model's id and the example's fields;
+3. the session's calls become the trained conversation (rl.session_stitching.stitch), and the
+   function's float its reward (None: the run's reward functions judge its last reply).
+An episode fails where the function raises, returns something other than a number or None, runs past
+rl.agent_timeout_s or makes no call: it trains on nothing, counts in agent/failed_episodes, and the
+run stops with the first failure's traceback once more than rl.agent_max_failures have failed.
+Weights update between steps as for the run's own agent (the batcher tags each token with the version
+that sampled it); the orchestrator's back-pressure bounds staleness by rl.off_policy_steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import inspect
+import logging
+import math
+import numbers
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from maxtext.configs.sections import AgentSection
+from maxtext.inference.openai_server import OpenAIServer, SessionSampling
+from maxtext.rl import session_stitching
+from maxtext.rl.prompt_feed import ROUND, SLOT
+from maxtext.utils import errors, user_code, worker_pool
+
+log = logging.getLogger(__name__)
+
+KEY = "rl.agent"
+FORM = "expected `async def NAME(client, model, example)` returning a float reward or None"
+
+
+@dataclasses.dataclass(frozen=True)
+class UserAgent:
+  """rl.agent's file and function, checked (load), and its limits."""
+
+  path: str
+  name: str
+  timeout_s: float
+  max_failures: int
+
+  @property
+  def spec(self) -> str:
+    return f"{self.path}:{self.name}"
+
+
+def load(section: AgentSection) -> UserAgent:
+  """rl.agent checked here, before the model loads: the file runs, defines NAME, an async function
+  taking (client, model, example); an InputError naming the key otherwise."""
+  path, _, name = section.agent.rpartition(":")
+  module = user_code.load_file(path, KEY)
+  fn = getattr(module, name, None)
+  where = f"{KEY}={section.agent}"
+  if fn is None:
+    raise errors.InputError(f"{where}: {path} defines no {name}; {FORM}")
+  if not inspect.iscoroutinefunction(fn):
+    raise errors.InputError(f"{where}: {name} is not an async function; {FORM}")
+  try:
+    inspect.signature(fn).bind(None, None, None)
+  except TypeError as e:
+    raise errors.InputError(
+      f"{where}: {name}{inspect.signature(fn)} cannot take (client, model, example); {FORM}"
+    ) from e
+  return UserAgent(path, name, section.agent_timeout_s, section.agent_max_failures)
+
+
+def episode_runner(path: str, name: str) -> Callable[[str, str, dict, float], float | None]:
+  """What an agent worker runs (its WorkerPool `load`): rl.agent loaded in the worker; the handler
+  (base_url, model, example, timeout_s) runs one episode with a client of that base URL (no retries:
+  a retried request would be recorded twice) and returns its reward as a float, or None."""
+  module = user_code.load_file(path, KEY)
+  fn = getattr(module, name)
+
+  def run(base_url: str, model: str, example: dict, timeout_s: float) -> float | None:
+    import openai
+
+    async def episode():
+      async with openai.AsyncOpenAI(base_url=base_url, api_key="session", max_retries=0, timeout=timeout_s) as client:
+        return await fn(client, model, example)
+
+    reward = asyncio.run(episode())
+    if reward is None:
+      return None
+    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
+      raise TypeError(f"{name} returned {reward!r}; expected a finite float reward or None")
+    return float(reward)
+
+  return run
+
+
+class Failures:
+  """The run's failed episodes: counted, the first logged with its traceback, and past `limit` a
+  RolloutError-worthy stop (`add` raises AgentFailed)."""
+
+  def __init__(self, agent: UserAgent):
+    self._agent = agent
+    self._lock = threading.Lock()
+    self.count = 0
+    self.first: str | None = None
+
+  def add(self, why: str) -> None:
+    with self._lock:
+      self.count += 1
+      if self.first is None:
+        self.first = why
+        log.warning(
+          "%s=%s: an episode failed (more are counted in agent/failed_episodes): %s", KEY, self._agent.spec, why
+        )
+      if self.count > self._agent.max_failures:
+        raise AgentFailed(
+          f"{KEY}={self._agent.spec}: {self.count} episodes failed, more than rl.agent_max_failures="
+          f"{self._agent.max_failures}; the first (its traceback is logged above): {self.first.splitlines()[0]}"
+        )
+
+
+class AgentFailed(errors.InputError):
+  """More of the user's episodes failed than rl.agent_max_failures allows."""
+
+
+@dataclasses.dataclass
+class Episodes:
+  """What every AgentEpisode of a run shares: the server and its base URL, the agent's worker pool
+  and the threads that wait on it (one per episode in flight), the served model id, how sessions
+  sample, the response budget and the failures."""
+
+  server: OpenAIServer
+  base_url: str
+  agent: UserAgent
+  model: str
+  sampling: Callable[[Any], SessionSampling]  # how an episode's session samples (from its environment)
+  budget: int
+  failures: Failures
+  pool: worker_pool.WorkerPool = dataclasses.field(init=False)
+  threads: concurrent.futures.ThreadPoolExecutor = dataclasses.field(init=False)
+
+  def __post_init__(self):
+    self.pool = worker_pool.WorkerPool(
+      functools.partial(episode_runner, self.agent.path, self.agent.name),
+      self.agent.timeout_s,
+      f"rl.agent_timeout_s={self.agent.timeout_s:g}",
+    )
+    self.threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agent-episode")
+
+  def close(self) -> None:
+    self.threads.shutdown(wait=False, cancel_futures=True)
+    del self.pool  # its workers are killed as it goes
+
+
+# Fields of a prompt record that are the feed's and the learner's, not the example's.
+_INTERNAL = ("prompts", "user_content", "policy_version", SLOT, ROUND)
+
+
+def example_of(task: dict) -> dict[str, Any]:
+  """The example's fields as plain Python values (one prompt's: a batch-of-one array is its item),
+  the learner's bookkeeping left out."""
+  out = {}
+  for k, v in task.items():
+    if k.startswith("_") or k in _INTERNAL:
+      continue
+    if isinstance(v, np.ndarray):
+      v = v.tolist()
+      v = v[0] if isinstance(v, list) and len(v) == 1 else v
+    elif isinstance(v, np.generic):
+      v = v.item()
+    if isinstance(v, bytes):
+      v = v.decode("utf-8", "replace")
+    out[k] = v
+  return out
+
+
+class AgentEpisode:
+  """One episode of the user's agent for Tunix's rollout orchestrator (its `engine_cls`, built as
+  engine_cls(agent, env, **engine_kwargs); `agent` is unused, `env` carries the example and group):
+  `collect("Token")` returns the record the agentic learner trains on, as
+  TrajectoryEngine's, with `agent_reward` (the function's, or None) and `agent` (the calls it made,
+  those left out of the trained conversation, the tokens cut and whether it failed)."""
+
+  def __init__(self, agent, env, *, episodes: Episodes, **_):
+    del agent
+    self.env = env
+    self._episodes = episodes
+
+  async def collect(self, mode: str = "Token") -> dict[str, Any]:
+    if mode != "Token":
+      raise ValueError(f"AgentEpisode.collect: mode {mode!r}; expected Token")
+    e = self._episodes
+    task = self.env.task
+    session_id = e.server.open_session(e.sampling(self.env))
+    url = f"{e.base_url.removesuffix('/v1')}/sessions/{session_id}/v1"
+    failure, reward = None, None
+    loop = asyncio.get_running_loop()
+    try:
+      reward = await loop.run_in_executor(e.threads, e.pool.call, url, e.model, example_of(task), e.agent.timeout_s)
+    except worker_pool.CallRaised as raised:
+      failure = f"{raised.type_name}: {raised.message}\n{raised.trace}"
+    except worker_pool.CallFailed as failed:
+      failure = str(failed)
+    finally:
+      calls = e.server.close_session(session_id).calls
+    if failure is None and not calls:
+      failure = f"{e.agent.name} made no call to its client"
+    stitched = session_stitching.stitch(calls, e.budget) if calls else None
+    if failure is not None:
+      e.failures.add(failure)
+    return self._record(stitched, reward if failure is None else None, failure)
+
+  def _record(self, stitched: session_stitching.Stitched | None, reward: float | None, failure: str | None) -> dict:
+    task, extra = self.env.task, self.env.extra_kwargs
+    empty = np.zeros(0, np.int32)
+    tokens = stitched.tokens if stitched is not None else empty
+    masks = stitched.masks if stitched is not None and failure is None else np.zeros(len(tokens), np.int32)
+    last = ""
+    if stitched is not None and stitched.calls:
+      reply = stitched.tokens[stitched.masks == 1][-self._last_reply_length(stitched) :]
+      last = self._episodes.server.tokenizer.decode(reply.tolist(), skip_special_tokens=True)
+    return {
+      "conversation_text": [{"role": "assistant", "content": last}],
+      "prompt_tokens": stitched.prompt if stitched is not None else empty,
+      "conversation_tokens": tokens,
+      "conversation_masks": masks,
+      "status": "ERROR" if failure is not None else "SUCCEEDED",
+      "trajectory_reward": 0.0,
+      "agent_reward": reward,
+      "agent": {
+        "calls": stitched.calls + stitched.mismatched if stitched else 0,
+        "mismatched_calls": stitched.mismatched if stitched else 0,
+        "cut_tokens": stitched.cut if stitched else 0,
+        "failed": failure is not None,
+      },
+      "env_time": {},
+      "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0},
+      "old_logprobs": stitched.logprobs if stitched is not None else None,
+      "policy_version": stitched.version
+      if stitched is not None and stitched.version is not None
+      else task.get("policy_version"),
+      "original_input": task,
+      "group_id": extra.get("group_id"),
+    }
+
+  @staticmethod
+  def _last_reply_length(stitched: session_stitching.Stitched) -> int:
+    """The trained tokens of the conversation's last sampled run (its last reply)."""
+    run = 0
+    for m in stitched.masks[::-1]:
+      if m == 1:
+        run += 1
+      elif run:
+        break
+    return run
