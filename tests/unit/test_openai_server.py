@@ -11,12 +11,13 @@ import openai
 import pytest
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
-from maxtext.inference.openai_server import OpenAIServer
+from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.tokenizer import tokenizer_for
 from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.models import load
+from maxtext.rl.session_stitching import stitch
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -127,6 +128,45 @@ def test_sessions_record_each_call_and_stay_apart(served):
   server.close_session(a)
   with pytest.raises(openai.NotFoundError, match="unknown session"):
     client_a.completions.create(model="qwen3-tiny", prompt=[1, 2], max_tokens=2)
+
+
+def test_a_training_session_continues_the_conversation_with_its_exact_tokens(served, client, monkeypatch):
+  """A session opened with SessionSampling samples as it says (here greedy, whatever the request
+  asks); a chat call that sends back the conversation with the reply as it came continues the
+  previous call's exact tokens (the reply's own turn-end token, where re-rendering would write the
+  template's) with the added messages rendered after the turn-end suffix; a call that edits the
+  history is rendered whole; the session's budget of tokens after its first prompt is enforced."""
+  server, url = served
+  greedy = dict(
+    model="qwen3-tiny", messages=MESSAGES, temperature=0, max_tokens=1, extra_body={"return_token_ids": True}
+  )
+  (first_token,) = client.chat.completions.create(**greedy).choices[0].model_extra["token_ids"]
+  monkeypatch.setattr(server, "eos_ids", (*server.eos_ids, first_token))  # the greedy reply ends at once
+  session = server.open_session(SessionSampling(0.0, 1.0, None, key=jax.random.PRNGKey, budget=40))
+  agent = openai.OpenAI(base_url=f"{url.removesuffix('/v1')}/sessions/{session}/v1", api_key="unused", max_retries=0)
+  reply = agent.chat.completions.create(model="qwen3-tiny", messages=MESSAGES, temperature=1.5, max_tokens=5)
+  assert reply.choices[0].finish_reason == "stop" and reply.choices[0].message.content == ""
+  added = {"role": "user", "content": "And 4 + 4?"}
+  messages = [*MESSAGES, reply.choices[0].message, added]
+  agent.chat.completions.create(model="qwen3-tiny", messages=messages, max_tokens=3)
+  edited = [{"role": "user", "content": "What is 2 + 4?"}, reply.choices[0].message, added]
+  agent.chat.completions.create(model="qwen3-tiny", messages=edited, max_tokens=3)
+  first, second, third = server.session(session).calls
+  assert first.temperature == 0.0 and first.token_ids.tolist() == [first_token]
+  before = first.prompt_ids.tolist() + [first_token]
+  rendered = server.chat.turn_end_suffix + server.chat.parse([added], add_generation_prompt=True)
+  assert second.prompt_ids.tolist() == before + server.tokenizer(rendered, add_special_tokens=False).input_ids
+  whole = server.tokenizer.decode(third.prompt_ids)
+  assert whole == server.chat.render(
+    [edited[0], {"role": "assistant", "content": ""}, added], add_generation_prompt=True
+  )
+  stitched = stitch([first, second], budget=40)
+  assert (stitched.calls, stitched.mismatched) == (2, 0) and stitched.masks.tolist()[0] == 1
+  assert stitch([first, second, third], budget=40).mismatched == 1
+  long = [*messages, {"role": "user", "content": "count " * 60}]  # past the 40 tokens after the first prompt
+  with pytest.raises(openai.BadRequestError, match="budget of 40 tokens"):
+    agent.chat.completions.create(model="qwen3-tiny", messages=long, max_tokens=3)
+  server.close_session(session)
 
 
 def test_errors_are_openai_error_bodies(served, client):

@@ -197,6 +197,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       if self._episodes is not None:
         self._episodes.close()
         self._episodes.server.stop()
+    if isinstance(self._rollout_error, user_agent_lib.AgentFailed):
+      raise self._rollout_error  # the user's agent failed past its budget: one line, as other user code
     if self._rollout_error is not None:
       raise RolloutError(f"an agentic rollout failed: {self._rollout_error}") from self._rollout_error
     producer.result()  # the producer's own error (a reward function's InputError) is raised as it is
@@ -327,6 +329,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       sampling=sampling,
       budget=self.algo_config.max_response_length,
       failures=user_agent_lib.Failures(agent),
+      version=self._current_version,
+      stop=self._stop_rollouts,
     )
 
   # The producer (Tunix's event loop and its executor's threads)
@@ -427,10 +431,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
           "zeros); the batched engine returns them"
         )
     except Exception as e:
-      if self._rollout_error is None:
-        self._rollout_error = e
-      self._feed.close()
-      self._groups.put(None)
+      self._stop_rollouts(e)
       raise
     versions = rollout.versions_of(out)
     if env is not None and versions and len(versions[0]):
@@ -439,6 +440,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
         int(versions[0].min()), env.task.get(_OLDEST_VERSION, int(versions[0].min()))
       )
     return out
+
+  def _stop_rollouts(self, e: Exception) -> None:
+    """Keeps the first rollout failure for train() to raise, and stops the feed and the trainer's wait."""
+    if self._rollout_error is None:
+      self._rollout_error = e
+    self._feed.close()
+    self._groups.put(None)
 
   @property
   def _engine(self) -> rollout.Engine:

@@ -137,7 +137,8 @@ class AgentFailed(errors.InputError):
 class Episodes:
   """What every AgentEpisode of a run shares: the server and its base URL, the agent's worker pool
   and the threads that wait on it (one per episode in flight), the served model id, how sessions
-  sample, the response budget and the failures."""
+  sample, the response budget, the failures, the sampler's weights version and how to stop the
+  rollouts."""
 
   server: OpenAIServer
   base_url: str
@@ -146,6 +147,8 @@ class Episodes:
   sampling: Callable[[Any], SessionSampling]  # how an episode's session samples (from its environment)
   budget: int
   failures: Failures
+  version: Callable[[], int]  # the sampler's weights version now (an episode without calls is of it)
+  stop: Callable[[Exception], None]  # ends the rollouts and training with this error
   pool: worker_pool.WorkerPool = dataclasses.field(init=False)
   threads: concurrent.futures.ThreadPoolExecutor = dataclasses.field(init=False)
 
@@ -217,7 +220,11 @@ class AgentEpisode:
       failure = f"{e.agent.name} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
     if failure is not None:
-      e.failures.add(failure)
+      try:
+        e.failures.add(failure)
+      except AgentFailed as past_budget:
+        e.stop(past_budget)
+        raise
     return self._record(stitched, reward if failure is None else None, failure)
 
   def _record(self, stitched: session_stitching.Stitched | None, reward: float | None, failure: str | None) -> dict:
@@ -245,10 +252,10 @@ class AgentEpisode:
       },
       "env_time": {},
       "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0},
-      "old_logprobs": stitched.logprobs if stitched is not None else None,
-      "policy_version": stitched.version
-      if stitched is not None and stitched.version is not None
-      else task.get("policy_version"),
+      "old_logprobs": stitched.logprobs if stitched is not None else np.zeros(0, np.float32),
+      "policy_version": (
+        stitched.version if stitched is not None and stitched.version is not None else self._episodes.version()
+      ),
       "original_input": task,
       "group_id": extra.get("group_id"),
     }
