@@ -4,7 +4,7 @@ that mode builds or stops the config with an error naming the key and the mode."
 import pytest
 
 from maxtext.configs import pyconfig, sections
-from maxtext.integration.tunix import agentic, learner, tools, trajectories
+from maxtext.integration.tunix import agentic, learner, tools, trajectories, user_agent
 from maxtext.utils import errors
 from tests.conftest import make_config, parser_for
 
@@ -38,6 +38,9 @@ CHANGED = {
   "rl.overlong_buffer_length": 4,
   "rl.overlong_penalty": 0.5,
   "rl.mask_truncated_completions": True,
+  "rl.agent": "AGENT_FILE",
+  "rl.agent_timeout_s": 30.0,
+  "rl.agent_max_failures": 3,
 }
 # Where the standard learner's sample shaping (shaping.Shaping) shows a key.
 SHAPE_FIELDS = {
@@ -82,6 +85,7 @@ def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
       [],
       parser_for(cfg, tokenizer),
       tools.tool_map(cfg.tools),
+      user_agent=user_agent.load(cfg.agent) if cfg.agent.agent else None,
     )
   monkeypatch.setattr(learner, "GRPOLearner", record)
   return learner.build_learner(cfg.train, cfg.algorithm, cfg.sampling, None, [])
@@ -96,6 +100,8 @@ def _observed(key: str, kwargs: dict):
     return kwargs["dynamic_sampling_rounds"] > 1
   if key == "rl.tools":
     return list(kwargs.get("agent_kwargs", {}).get("tool_map", {}))
+  if key == "rl.agent" and kwargs.get("user_agent") is not None:
+    return kwargs["user_agent"].spec
   return "no consumer"
 
 
@@ -112,7 +118,9 @@ def test_each_rl_key_takes_effect_or_is_refused(key, agentic_mode, tmp_path, mon
   tools_file.write_text(
     "from maxtext.integration.tunix.tools import CalculatorTool\nTOOLS = {'mine': CalculatorTool}\n"
   )
-  value = str(tools_file) if CHANGED[key] == "TOOLS_FILE" else CHANGED[key]
+  agent_file = tmp_path / "my_agent.py"
+  agent_file.write_text("async def run(client, model, example):\n  return 1.0\n")
+  value = {"TOOLS_FILE": str(tools_file), "AGENT_FILE": f"{agent_file}:run"}.get(str(CHANGED[key]), CHANGED[key])
   arg = f"{key}=[{', '.join(value)}]" if isinstance(value, list) else f"{key}={value}"
   mode = "agentic GRPO" if agentic_mode else "standard GRPO"
   try:
@@ -138,10 +146,13 @@ def test_which_keys_each_mode_refuses():
 
   # set alone, a key that refines another one's setting is refused: it would change nothing
   refines = {"rl.dynamic_sampling_max_rounds", "rl.overlong_penalty", "rl.sampler_is_threshold"}
-  standard = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k))}
-  assert standard == set(sections.AGENTIC_ONLY_KEYS) - {"rl.tools_path"} | refines
-  agentic_refused = {k for k in CHANGED if k != "rl.tools_path" and refused(_arg(k), "rl.use_agentic_rollout=true")}
+  files = {"rl.tools_path", "rl.agent"}  # keys naming a file: tried above, with one
+  standard = {k for k in CHANGED if k not in files and refused(_arg(k))}
+  assert standard == set(sections.AGENTIC_ONLY_KEYS) - files | refines
+  agentic_refused = {k for k in CHANGED if k not in files and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
+    "rl.agent_timeout_s",  # without rl.agent
+    "rl.agent_max_failures",
     "rl.num_iterations",
     "rl.max_turns",
     "rl.tool_timeout_s",
