@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import functools
+import importlib.util
 import inspect
 import logging
 import math
@@ -61,9 +62,12 @@ class UserAgent:
 
 
 def load(section: AgentSection) -> UserAgent:
-  """rl.agent checked here, before the model loads: the file runs, defines NAME, an async function
-  taking (client, model, example); an InputError naming the key otherwise."""
+  """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
+  defines NAME, an async function taking (client, model, example); an InputError naming the key
+  otherwise."""
   path, _, name = section.agent.rpartition(":")
+  if importlib.util.find_spec("openai") is None:
+    raise errors.InputError(f"{KEY}={section.agent}: the openai package, whose client the agent gets, is not installed")
   module = user_code.load_file(path, KEY)
   fn = getattr(module, name, None)
   where = f"{KEY}={section.agent}"
