@@ -7,7 +7,9 @@ Every configuration trains the same prompts (same data order and seed), samples,
 sampling parameters through train_rl, each in its own process with no compilation cache: standard
 GRPO and agentic GRPO with rl.off_policy_steps 0 and 1, each with rollout_engine vanilla and batched
 (and, when --configs names agentic1split, off_policy_steps 1 with trainer and sampler on separate
-halves of the devices: two host devices on a CPU). An agentic run keeps one step's samples in flight
+halves of the devices: two host devices on a CPU; agentic1http, off_policy_steps 1 with the run's
+single turn made by benchmarks/agents/chat_agent.py, an `openai`-client agent trained through
+rl.agent: the policy served over HTTP, the agent in worker processes). An agentic run keeps one step's samples in flight
 (rl.max_concurrency); each run gets only the keys its mode reads.
 Per configuration it reports the training wall time (train_rl's "Trained steps A to B in X s", model
 loading and evaluation excluded) and the part of it spent compiling, rollout tokens/s (completion
@@ -54,6 +56,11 @@ CONFIGS = {  # --configs choice: (name in the table, extra arguments)
   "agentic1split": (
     "agentic off_policy=1, split devices",
     _AGENTIC1 + ["trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"],
+  ),
+  # the same single turn by an OpenAI-SDK agent in a worker process, through the served policy
+  "agentic1http": (
+    "agentic off_policy=1, rl.agent over HTTP",
+    _AGENTIC1 + [f"rl.agent={os.path.join(os.path.dirname(os.path.abspath(__file__)), 'agents', 'chat_agent.py')}:run"],
   ),
 }
 DEFAULT_CONFIGS = ("standard", "agentic0", "agentic1")

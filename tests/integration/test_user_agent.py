@@ -18,6 +18,7 @@ async def run(client, model, example):
   """Two chat calls, the second continuing the first; fails on purpose for one question in three."""
   if sum(map(ord, example["question"])) % 3 == 0:
     raise RuntimeError("planned failure of " + example["question"][:20])
+  assert example["question"] in example["prompt"]  # the user turn as the data template writes it
   messages = [{"role": "user", "content": "Question: " + example["question"]}]
   first = await client.chat.completions.create(model=model, messages=messages, max_tokens=6)
   messages += [first.choices[0].message, {"role": "user", "content": "Check it."}]

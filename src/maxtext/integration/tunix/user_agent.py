@@ -175,10 +175,11 @@ _INTERNAL = ("prompts", "user_content", "policy_version", SLOT, ROUND)
 
 def example_of(task: dict) -> dict[str, Any]:
   """The example's fields as plain Python values (one prompt's: a batch-of-one array is its item),
-  the learner's bookkeeping left out."""
+  the learner's bookkeeping left out, and `prompt`: the user turn as the run's data template writes
+  it."""
   out = {}
-  for k, v in task.items():
-    if k.startswith("_") or k in _INTERNAL:
+  for k, v in [*task.items(), ("prompt", task.get("prompts"))]:
+    if k.startswith("_") or k in _INTERNAL or v is None:
       continue
     if isinstance(v, np.ndarray):
       v = v.tolist()
