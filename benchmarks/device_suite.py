@@ -155,7 +155,7 @@ QUICK = Work(
   decode_rounds=1,
   agentic=("--quick", "--steps", "2", "--batch-size", "2", "--generations", "2", "--engines", "batched"),
   agentic_overrides=(),
-  times={"train": (15, 90), "decode": (20, 150), "agentic": (60, 300), "parity": (30, 200)},
+  times={"train": (15, 90), "decode": (20, 150), "agentic": (60, 300), "parity": (30, 300)},
 )
 
 

@@ -61,6 +61,7 @@ def test_a_users_openai_agent_trains_through_the_served_policy_and_its_failures_
   assert max(r["agent/reward"] for r in rows) >= 2
 
 
+@pytest.mark.slow  # a process of its own (45 s); the fast test above counts failures within the budget
 def test_more_failed_episodes_than_the_budget_stop_the_run_in_one_line(tmp_path):
   agent = tmp_path / "agent.py"
   agent.write_text("async def run(client, model, example):\n  raise ValueError('no luck')\n")
