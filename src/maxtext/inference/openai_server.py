@@ -223,6 +223,7 @@ class OpenAIServer:
     self.tool_format = tool_format
     self.context_length = batcher.cache_size
     self.eos_ids = tuple(dict.fromkeys(i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None))
+    self._turn_end = tokenizer.eos_token_id  # what the chat template writes at the end of a model turn
     self._sessions: dict[str, Session] = {}
     self._lock = threading.Lock()
     self._server: uvicorn.Server | None = None
@@ -384,17 +385,15 @@ class OpenAIServer:
     reason = "tool_calls" if calls else ("stop" if done.stopped else "length")
     session = prepared.session
     if session is not None and prepared.messages is not None and len(prepared.keys) == 1:
-      # What the next call continues: the reply as the client sends it back, and its exact tokens (a
-      # reply cut by the length limit has no turn end, so the next call is rendered whole)
+      # What the next call continues: the reply as the client sends it back, and its exact tokens
       reply = text
       for name, arguments in calls:
         reply = self._with_call(reply, name, arguments)
-      continued = (
-        prepared.messages + [{"role": "assistant", "content": reply}],
-        list(prepared.prompt_ids) + done.tokens.tolist(),
-      )
+      # a reply cut by the length limit gets the turn end the template writes after it
+      ended = done.tokens.tolist() + ([] if done.stopped else [self._turn_end])
+      continued = (prepared.messages + [{"role": "assistant", "content": reply}], list(prepared.prompt_ids) + ended)
       with session._lock:
-        session._last = continued if done.stopped else None
+        session._last = continued
     if session is not None:
       session._add(
         Call(
@@ -455,9 +454,10 @@ class OpenAIServer:
 
   def _continued(self, session: Session, messages: list[dict]) -> list[int] | None:
     """The prompt ids of a session's chat call whose messages extend its last call's messages and
-    reply: the exact tokens of that call's prompt and reply, the template's turn-end suffix, then the
-    new messages as the template renders them after it; None where they do not extend them (the
-    messages are then rendered whole)."""
+    reply: the exact tokens of that call's prompt and reply (a reply cut by the length limit followed
+    by the turn-end token the template writes), the template's turn-end suffix, then the new messages
+    as the template renders them after it; None where they do not extend them (the messages are then
+    rendered whole)."""
     with session._lock:
       last = session._last
     if last is None:

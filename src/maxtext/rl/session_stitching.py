@@ -6,9 +6,9 @@ The first call's prompt is the conversation's prompt. Each call's sampled tokens
 prompt and reply, token for token) adds the tokens in between, the messages the agent added (tool
 results, a user turn), as context (mask 0). The server builds such prompts itself where the agent
 sends back the conversation with the reply as it came (`OpenAIServer._continued`). A call whose
-prompt does not extend the conversation (the agent edited or dropped earlier turns, or the reply
-before it was cut by the length limit) ends it: that call and every later one are not trained on,
-and are counted (`mismatched`). Tokens past `budget` after the prompt are cut (`cut`)."""
+prompt does not extend the conversation (the agent edited or dropped earlier turns) ends it: that
+call and every later one are not trained on, and are counted (`mismatched`). Tokens past `budget`
+after the prompt are cut (`cut`)."""
 
 from __future__ import annotations
 
