@@ -331,6 +331,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       failures=user_agent_lib.Failures(agent),
       version=self._current_version,
       stop=self._stop_rollouts,
+      concurrency=self.algo_config.max_concurrency,
     )
 
   # The producer (Tunix's event loop and its executor's threads)

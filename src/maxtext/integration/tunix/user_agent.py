@@ -153,6 +153,7 @@ class Episodes:
   failures: Failures
   version: Callable[[], int]  # the sampler's weights version now (an episode without calls is of it)
   stop: Callable[[Exception], None]  # ends the rollouts and training with this error
+  concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
   pool: worker_pool.WorkerPool = dataclasses.field(init=False)
   threads: concurrent.futures.ThreadPoolExecutor = dataclasses.field(init=False)
 
@@ -162,7 +163,7 @@ class Episodes:
       self.agent.timeout_s,
       f"rl.agent_timeout_s={self.agent.timeout_s:g}",
     )
-    self.threads = concurrent.futures.ThreadPoolExecutor(thread_name_prefix="agent-episode")
+    self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
   def close(self) -> None:
     self.threads.shutdown(wait=False, cancel_futures=True)
@@ -221,6 +222,7 @@ class AgentEpisode:
       failure = str(failed)
     finally:
       calls = e.server.close_session(session_id).calls
+      await loop.run_in_executor(None, self.env.close)
     if failure is None and not calls:
       failure = f"{e.agent.name} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
