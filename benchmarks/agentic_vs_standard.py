@@ -87,6 +87,12 @@ def _common(args) -> list[str]:
   return work + args.overrides
 
 
+def runs_on(config: str, engines) -> list[str]:
+  """The engines of `engines` that `config` runs on: rl.agent (agentic1http) is served from the
+  batched engine only."""
+  return [e for e in engines if config != "agentic1http" or e == "batched"]
+
+
 def run_environment(config: str, environ) -> dict:
   """The environment of `config`'s run: `environ`, plus two host devices for the split."""
   env = dict(environ)
@@ -237,7 +243,7 @@ def main() -> None:
   results = []
   with tempfile.TemporaryDirectory() as out_dir:
     for config in args.configs:
-      for engine in args.engines:
+      for engine in runs_on(config, args.engines):
         results.append(_run_one(config, engine, common, out_dir))
         print(f"  done: {results[-1]['config']} / {engine}: {results[-1]['wall_s']:.1f} s", file=sys.stderr, flush=True)
   # jax only now: importing it before the runs would hold the GPU they need

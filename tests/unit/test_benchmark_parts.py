@@ -116,8 +116,9 @@ def test_every_configuration_and_engine_passes_the_config_checks(bench, mode, tm
 
   args = bench.parse_args([*mode, "--configs", *bench.CONFIGS])
   common = bench._common(args)
+  assert bench.runs_on("agentic1http", bench.ENGINES) == ["batched"]
   for config in bench.CONFIGS:
-    for engine in bench.ENGINES:
+    for engine in bench.runs_on(config, bench.ENGINES):
       values = pyconfig.initialize(["train_rl", *bench.train_rl_arguments(config, engine, common, str(tmp_path))])
       flat = values.flat()
       assert (flat["rl.use_agentic_rollout"], flat["rollout_engine"]) == (config != "standard", engine)
