@@ -265,25 +265,3 @@ def test_a_tiny_run_whose_reward_hangs_exits_2_with_one_line_naming_it(tmp_path)
     f"error: reward_functions_path={path}: reward function hang: no result within reward_timeout_s=3 s on a batch "
     "of 4 completions"
   )
-
-
-def _pid_handler():
-  """A worker's handler (WorkerPool's `load`): its process id."""
-  return os.getpid
-
-
-def test_prestarted_workers_answer_the_first_concurrent_calls():
-  import concurrent.futures
-  import functools
-
-  from maxtext.utils import worker_pool
-
-  pool = worker_pool.WorkerPool(functools.partial(_pid_handler), 60, "a limit")
-  pool.prestart(2)
-  started = {w.process.pid for w in pool._running}
-  assert len(started) == 2 and len(pool._idle) == 2
-  with concurrent.futures.ThreadPoolExecutor(2) as threads:
-    answered = set(threads.map(lambda _: pool.call(), range(2)))
-  assert answered <= started  # no call waited for a new interpreter
-  pool.prestart(2)  # already two: nothing more starts
-  assert {w.process.pid for w in pool._running} == started

@@ -140,21 +140,6 @@ class WorkerPool:
       raise CallRaised(*value)
     return value[0]
 
-  def prestart(self, count: int) -> None:
-    """Starts workers, one after another, until the pool holds `count`, so that the first `count`
-    concurrent calls do not each wait for an interpreter to start; stops at a worker that does not
-    start (the calls then report why)."""
-    while True:
-      with self._lock:
-        if len(self._running) >= count:
-          return
-      try:
-        worker = self._start()
-      except CallFailed:
-        return
-      with self._lock:
-        self._idle.append(worker)
-
   def _start(self) -> _Worker:
     worker = _Worker(self._load, self._bare)
     with self._lock:

@@ -164,8 +164,6 @@ class Episodes:
       f"rl.agent_timeout_s={self.agent.timeout_s:g}",
     )
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
-    # the workers start while the first step compiles, not when its episodes need them
-    threading.Thread(target=self.pool.prestart, args=(self.concurrency,), name="agent-workers", daemon=True).start()
 
   def close(self) -> None:
     self.threads.shutdown(wait=False, cancel_futures=True)
