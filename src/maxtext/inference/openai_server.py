@@ -118,6 +118,17 @@ class Session:
       self._turns += 1
       return self._turns - 1
 
+  def _budget_left(self, prompt: int) -> int | None:
+    """What a call with a `prompt`-token prompt may sample under the session's budget: the budget less
+    the tokens its calls added after the first call's prompt (None: no budget)."""
+    with self._lock:
+      if self._first_prompt is None:
+        self._first_prompt = prompt
+      first = self._first_prompt
+    if self.sampling is None or self.sampling.budget is None:
+      return None
+    return self.sampling.budget - max(prompt - first, 0)
+
   @property
   def calls(self) -> list[Call]:
     with self._lock:
@@ -329,8 +340,16 @@ class OpenAIServer:
     if body.top_k is not None and body.top_k < 1 and body.top_k != -1:
       raise ApiError(400, f"top_k must be -1 (off) or >= 1, got {body.top_k}", "top_k")
     fixed = session.sampling if session is not None else None
-    if session is not None and fixed is not None:
-      room = min(room, self._budget_left(session, fixed, len(prompt_ids)))
+    left = session._budget_left(len(prompt_ids)) if session is not None else None
+    if left is not None:
+      if left < 1:
+        budget = fixed.budget if fixed is not None else None
+        raise ApiError(
+          400,
+          f"this session's budget of {budget} tokens after its first prompt (max_response_length) is spent",
+          "messages",
+        )
+      room = min(room, left)
     params = SamplingParams(
       max_new_tokens=min(max_tokens or room, room),
       temperature=body.temperature if fixed is None else fixed.temperature,
@@ -347,24 +366,6 @@ class OpenAIServer:
         key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
       keys = [jax.random.fold_in(key, i) for i in range(body.n)]
     return _Prepared(prompt_ids, params, keys, session, False)
-
-  @staticmethod
-  def _budget_left(session: Session, fixed: SessionSampling, prompt: int) -> int:
-    """The tokens a training session's call may sample: its budget less what the calls added after
-    the first call's prompt (this prompt's tokens past it count as rendered); refused when none."""
-    if session._first_prompt is None:
-      session._first_prompt = prompt
-    if fixed.budget is None:
-      return 1 << 30
-    first = session._first_prompt
-    left = fixed.budget - max(prompt - first, 0)
-    if left < 1:
-      raise ApiError(
-        400,
-        f"this session's budget of {fixed.budget} tokens after its first prompt (max_response_length) is spent",
-        "messages",
-      )
-    return left
 
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
