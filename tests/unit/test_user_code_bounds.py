@@ -265,3 +265,22 @@ def test_a_tiny_run_whose_reward_hangs_exits_2_with_one_line_naming_it(tmp_path)
     f"error: reward_functions_path={path}: reward function hang: no result within reward_timeout_s=3 s on a batch "
     "of 4 completions"
   )
+
+
+def _pid_handler():
+  """A worker's handler (WorkerPool's `load`): its process id."""
+  return os.getpid
+
+
+def test_a_closed_pool_has_killed_its_workers():
+  import functools
+
+  from maxtext.utils import worker_pool
+
+  pool = worker_pool.WorkerPool(functools.partial(_pid_handler), 60, "a limit")
+  pid = pool.call()
+  (worker,) = pool._running
+  pool.close()
+  assert worker.process.poll() is not None and not pool._running  # killed and reaped
+  assert pool.call() != pid  # a later call starts a new worker
+  pool.close()

@@ -19,7 +19,7 @@ done. A WorkerPool runs each call in a worker process instead:
   exits or crashes, or one that did not start within START_S (not counted in a call's time limit)
   or whose `load` raised. A worker that failed is gone; later calls start new ones.
 - A call takes an idle worker or starts a new one, so concurrent calls never wait for each other.
-- Workers are killed when the pool is garbage-collected and when the trainer's interpreter exits
+- Workers are killed when the pool is closed or garbage-collected and when the trainer's interpreter exits
   (threads a call left running die with them); a worker whose trainer died, even by SIGKILL, exits on
   its own. Workers ignore SIGINT (Ctrl-C reaches the trainer, which kills them).
 """
@@ -113,7 +113,11 @@ class WorkerPool:
     self._lock = threading.Lock()
     self._idle: list[_Worker] = []
     self._running: set[_Worker] = set()
-    weakref.finalize(self, _stop_all, self._lock, self._running, self._idle)
+    self._finalizer = weakref.finalize(self, _stop_all, self._lock, self._running, self._idle)
+
+  def close(self) -> None:
+    """Kills every worker now (as garbage collection would); a call in flight fails with CallFailed."""
+    self._finalizer()
 
   def call(self, *args: Any) -> Any:
     """handler(*args) in a worker: its result; CallRaised or CallFailed (see the module docstring).

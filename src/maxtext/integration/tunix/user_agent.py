@@ -156,6 +156,7 @@ class Episodes:
   concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
   pool: worker_pool.WorkerPool = dataclasses.field(init=False)
   threads: concurrent.futures.ThreadPoolExecutor = dataclasses.field(init=False)
+  closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
 
   def __post_init__(self):
     self.pool = worker_pool.WorkerPool(
@@ -166,8 +167,11 @@ class Episodes:
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
   def close(self) -> None:
+    """Ends the episodes still in flight when training is over (their workers killed); their
+    failures are not the agent's and do not count."""
+    self.closed = True
     self.threads.shutdown(wait=False, cancel_futures=True)
-    del self.pool  # its workers are killed as it goes
+    self.pool.close()
 
 
 # Fields of a prompt record that are the feed's and the learner's, not the example's.
@@ -226,7 +230,7 @@ class AgentEpisode:
     if failure is None and not calls:
       failure = f"{e.agent.name} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
-    if failure is not None:
+    if failure is not None and not e.closed:
       try:
         e.failures.add(failure)
       except AgentFailed as past_budget:
