@@ -9,6 +9,7 @@ that needs the calculator (the calculator_products task: two demonstrated calls 
 EXAMPLES). Each training runs in a fresh Python process (as `python -m ...train_rl` does), so the
 suite's memory does not pile up across them."""
 
+import importlib.util
 import json
 import multiprocessing
 import re
@@ -175,13 +176,14 @@ def test_lora_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
   assert runs[-1.0]["after"] == 0.0
 
 
-def _learn_tool_use(folder) -> list[dict]:
+def _learn_tool_use(folder, agent: list[str]) -> list[dict]:
   """An agentic run of the calculator_products task: "What is a * b?" for four-digit a and two-digit b,
   rewarded when the reply's last number is the product, which SmolLM2-135M cannot compute itself.
   The task's template demonstrates two calculator calls, each with its result and the answer
   (EXAMPLES); with them about half of the sampled conversations call the calculator well and answer
-  with its result (15 of 32 in a probe at temperature 0.9; with one demonstration 1 of 16). Returns
-  metrics.jsonl's rows (no evaluation: train_rl's evaluation samples one turn without tools)."""
+  with its result (15 of 32 in a probe at temperature 0.9; with one demonstration 1 of 16). `agent`:
+  the settings that give the model the calculator. Returns metrics.jsonl's rows (no evaluation:
+  train_rl's evaluation samples one turn without tools)."""
   args = [
     "train_rl",
     "rl.yml",
@@ -191,8 +193,7 @@ def _learn_tool_use(folder) -> list[dict]:
     f"base_output_directory={folder}",
     "run_name=run",
     "rl.use_agentic_rollout=true",
-    "rl.tools=[calculator]",
-    "rl.max_turns=2",
+    *agent,
     "rl.off_policy_steps=1",
     "rl.max_concurrency=16",
     "max_prompt_length=440",
@@ -217,10 +218,29 @@ def _learn_tool_use(folder) -> list[dict]:
 def test_agentic_grpo_learns_to_call_the_calculator(tmp_path):
   """The share of conversations that call the calculator and answer with its result rises (sampled,
   per step: the mean of the last two steps against the first two)."""
-  rows = _in_fresh_process(_learn_tool_use, tmp_path)
+  rows = _in_fresh_process(_learn_tool_use, tmp_path, ["rl.tools=[calculator]", "rl.max_turns=2"])
   rewards = [r["rewards/mean"] for r in rows]
   calls = [r["tools/call_frequency"] for r in rows]
   failures = [r["tools/failure_frequency"] for r in rows]
   print(f"rewarded share per step {rewards}; tool-call share {calls}; failed-call share {failures}")
   assert sum(rewards[-2:]) / 2 >= sum(rewards[:2]) / 2 + 0.2
   assert sum(calls[-2:]) >= sum(calls[:2])
+
+
+@pytest.mark.slow
+def test_the_calculator_agent_written_against_the_openai_client_learns_through_the_served_policy(tmp_path):
+  """The same run with the calculator agent of src/maxtext/agents/calculator.py (rl.agent: function
+  calling through the `openai` client, the policy served over HTTP) instead of rl.tools: the rewarded
+  share rises as it does in process, and the log-probs the server recorded for the sampled tokens are
+  the trainer's for those tokens at step 1 (the weights that sampled them)."""
+  agent = importlib.util.find_spec("maxtext.agents.calculator").origin
+  rows = _in_fresh_process(_learn_tool_use, tmp_path, [f"rl.agent={agent}:run"])
+  rewards = [r["rewards/mean"] for r in rows]
+  calls = [r["agent/calls_per_episode"] for r in rows]
+  print(
+    f"rewarded share per step {rewards}; calls per episode {calls}; mismatch {rows[0]['sampler_trainer/logp_diff_max']}"
+  )
+  assert sum(rewards[-2:]) / 2 >= sum(rewards[:2]) / 2 + 0.2
+  assert sum(calls[-2:]) >= sum(calls[:2])
+  assert sum(r["agent/failed_episodes"] + r["agent/mismatched_calls"] for r in rows) == 0
+  assert rows[0]["staleness/max"] == 0 and rows[0]["sampler_trainer/logp_diff_max"] < 1e-3

@@ -6,15 +6,18 @@ import time
 
 import httpx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import openai
 import pytest
+from flax import nnx
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
 from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.tokenizer import tokenizer_for
+from maxtext.integration.tunix.rollout import per_token_logps
 from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.models import load
 from maxtext.rl.session_stitching import stitch
@@ -209,6 +212,71 @@ def test_a_client_that_leaves_a_stream_frees_its_slot(served):
     time.sleep(0.05)
   assert server.batcher.active() == 0
   assert server.batcher.decode_steps - before < 150  # it stopped before its budget
+
+
+def test_a_client_that_gives_up_on_a_reply_gives_up_its_request(served):
+  """Not streamed: the client's read times out and it closes the connection while its request waits
+  (the batcher paused); the request is dropped, so nothing is sampled for it after the pause."""
+  server, url = served
+  body = {"model": "qwen3-tiny", "prompt": [1, 2, 3], "max_tokens": 150, "temperature": 0}
+  whole = httpx.post(f"{url}/completions", json=body, timeout=120).json()
+  assert whole["usage"]["completion_tokens"] == 150  # left alone, it samples its whole budget
+  before = server.batcher.decode_steps
+  with server.batcher.paused():
+    with pytest.raises(httpx.ReadTimeout):
+      httpx.post(f"{url}/completions", json=body, timeout=httpx.Timeout(60, read=0.5))
+    time.sleep(0.5)  # the server sees the disconnect
+  time.sleep(1.0)
+  deadline = time.monotonic() + 60
+  while server.batcher.active() and time.monotonic() < deadline:
+    time.sleep(0.05)
+  assert server.batcher.decode_steps == before
+
+
+def test_weights_replaced_mid_request_pause_it_and_it_goes_on_with_them():
+  """A session's streamed request is in flight when the sampler's weights are replaced (the batcher
+  paused between chunks, as a weight sync does): it loses no token, its tokens before the pause are
+  stamped version 0 and sampled from the old weights (their log-probs are the old model's for them),
+  those after it version 1 and from the new weights alone (the keys and values of the tokens before
+  are computed again with them: the log-probs are the new model's for the whole sequence)."""
+  cfg = make_config("model_name=qwen3-tiny", "max_prompt_length=64", "max_response_length=960")
+  model = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
+  old = jax.tree.map(lambda x: x, nnx.state(model))
+  new = jax.tree.map(lambda x: x * 1.5 if x.dtype.kind == "f" else x, old)
+  version = [0]
+  batcher = ContinuousBatcher(model, 1024, 2, steps_per_dispatch=4, version=lambda: version[0])
+  tokenizer = tokenizer_for(cfg.model)
+  server = OpenAIServer(batcher, tokenizer, ConfigChatParser(tokenizer, ""), "qwen3-tiny", StepKeys(0), None)
+  url = server.start("127.0.0.1", 0)
+  try:
+    session = server.open_session()
+    client = openai.OpenAI(base_url=f"{url.removesuffix('/v1')}/sessions/{session}/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(model="qwen3-tiny", prompt=[1, 2, 3], max_tokens=900, seed=5, stream=True)
+    text = next(iter(stream)).choices[0].text  # sampling has begun
+    with batcher.paused():
+      sampled = batcher.decode_steps
+      nnx.update(model, new)
+      version[0] = 1
+      batcher.weights_changed()
+      time.sleep(0.3)
+      assert batcher.decode_steps == sampled  # no chunk runs while paused
+    text += "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+    (call,) = server.session(session).calls
+  finally:
+    server.stop()
+    batcher.close()
+  n = len(call.token_ids)  # 900, or fewer where EOS ends it (570 at seed 5)
+  assert text == tokenizer.decode(call.token_ids[: n - (call.finish_reason == "stop")].tolist())
+  switch = int(np.argmax(call.versions == 1))
+  assert 0 < switch < n and (call.versions[:switch] == 0).all() and (call.versions[switch:] == 1).all()
+  prompt, completion = jnp.asarray([[1, 2, 3]]), jnp.asarray(call.token_ids[None])
+  logps = {}
+  for name, weights in (("new", new), ("old", old)):
+    nnx.update(model, weights)
+    logps[name] = np.asarray(per_token_logps(model, prompt, completion, 0, -1, 1.0))[0]
+  np.testing.assert_allclose(call.logprobs[:switch], logps["old"][:switch], atol=2e-4)
+  np.testing.assert_allclose(call.logprobs[switch:], logps["new"][switch:], atol=2e-4)
+  assert np.abs(call.logprobs[switch:] - logps["old"][switch:]).max() > 0.1  # the two models differ
 
 
 class _ScriptedBatcher:

@@ -11,11 +11,17 @@ which slot, and which held or shared prompt prefix each reuses), prefills them (
 in chunks of at most `prefill_chunk` tokens; all of a prompt but its last token, which the request's
 first decode step feeds, so prefill computes no logits), releases finished requests (their slots
 keep the keys and values they hold for later requests), and grows or shrinks the cache as the
-table decides. Held prefixes are dropped when the weights version changes or `weights_changed()` is
-called. A completion keeps its EOS token and carries, per token, the log-probability under the
+table decides. When the weights version changes or `weights_changed()` is called, held prefixes are
+dropped and the keys and values of the requests in flight are computed again with the new weights
+(one prefill of everything they hold), so every token is sampled by the weights its version names,
+as a new request's would be. A completion keeps its EOS token and carries, per token, the log-probability under the
 temperature-scaled distribution (what a GRPO trainer recomputes) and the weights version that
 produced it; its tokens do not depend on which other requests shared its batch or on the chunk
 (see kv_programs).
+
+`paused()` holds the scheduler between chunks while its caller replaces the weights (a sampler on
+devices of its own taking the trainer's): requests in flight wait, none is dropped, and they go on
+with the new weights, their tokens tagged with the new version.
 
 A request's `on_tokens` callback (optional) gets each chunk's tokens and log-probs as they are
 recorded, on the scheduler thread (it must return at once and not raise), for callers that stream.
@@ -36,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -131,7 +138,11 @@ class ContinuousBatcher:
       self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
     self._table = Slots(max_batch_size, version())  # which request each slot decodes, what free ones hold
     self._waiting: collections.deque[Request] = collections.deque()
-    self._wake = threading.Condition()
+    lock = threading.Lock()
+    self._wake = threading.Condition(lock)  # the scheduler waits on it for work (or for a pause to end)
+    self._between = threading.Condition(lock)  # pause() waits on it for the scheduler to be between chunks
+    self._pauses = 0  # pause() bodies running: the scheduler does not start another round
+    self._working = False  # the scheduler is in a round (admitting, prefilling, decoding a chunk)
     self._closed = False
     self._failure: BaseException | None = None  # what stopped the scheduler, if it failed
     self._thread: threading.Thread | None = None
@@ -190,6 +201,23 @@ class ContinuousBatcher:
       self._wake.notify()
     return [r.future for r in requests]
 
+  @contextlib.contextmanager
+  def paused(self):
+    """The scheduler held between rounds while the body runs (to replace the weights it reads):
+    pause() returns once the round under way, if any, has ended; requests in flight wait, none is
+    dropped, new ones queue, and after the body all of them go on with the weights then held, their
+    tokens tagged with the version read then."""
+    with self._between:
+      self._pauses += 1
+      while self._working:
+        self._between.wait()
+    try:
+      yield
+    finally:
+      with self._wake:
+        self._pauses -= 1
+        self._wake.notify()
+
   def weights_changed(self) -> None:
     """The model's weights changed (whether or not version() did): held prefixes are dropped and a
     matmul_dtype copy is remade before the next decode step."""
@@ -229,10 +257,11 @@ class ContinuousBatcher:
         with self._wake:
           if self._copy is not None and not self._waiting and not self._table.busy():
             self._state = None  # idle: the copy's memory goes back until the next request
-          while not self._closed and not self._waiting and not self._table.busy():
+          while not self._closed and (self._pauses or (not self._waiting and not self._table.busy())):
             self._wake.wait()
           if self._closed:
             break
+          self._working = True
           self._drop_cancelled()
           changed = self._table.set_version(self._version_source(), self._stale)
           self._stale = False
@@ -241,6 +270,8 @@ class ContinuousBatcher:
         if self._copy is not None and (self._state is None or changed or starting):
           self._state = None  # the old copy goes before the new one is made
           self._state = self._copy.state()
+        if changed:
+          self._recompute_in_flight()
         if admitted:
           self._fit_rows(self._table.grown_rows(self.rows, admitted))
           self._prefill(admitted)
@@ -248,10 +279,15 @@ class ContinuousBatcher:
         if self._table.busy():
           self._step()
           self._shrink()
+        with self._between:
+          self._working = False
+          self._between.notify_all()
     except BaseException as e:
       log.exception("continuous batcher failed")
       with self._wake:
         self._failure = e
+        self._working = False
+        self._between.notify_all()
       self._fail_all(e)
       return
     self._fail_all(RuntimeError("the batcher was closed"))
@@ -315,7 +351,7 @@ class ContinuousBatcher:
     for _, r, reused, _ in admitted:
       self.prompt_tokens += len(r.prompt)
       self.reused_tokens += reused
-    self._feed([(slot, r, reused) for slot, r, reused, source in admitted if source is None])
+    self._feed([(slot, r.prompt, reused) for slot, r, reused, source in admitted if source is None])
     copies = [(source, slot, r, reused) for slot, r, reused, source in admitted if source is not None]
     if copies:
       n = _bucket(len(copies), self.max_batch_size)
@@ -323,30 +359,39 @@ class ContinuousBatcher:
         [[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)), np.int32
       )
       self._cache = _put_rows(self._cache, pairs[:, 1], _take_rows(self._cache, pairs[:, 0]))
-      self._feed([(slot, r, reused) for _, slot, r, reused in copies])
+      self._feed([(slot, r.prompt, reused) for _, slot, r, reused in copies])
 
-  def _feed(self, pending: list[tuple[int, Request, int]]) -> None:
-    """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens but the last,
+  def _feed(self, pending: list[tuple[int, np.ndarray, int]]) -> None:
+    """Feeds each (slot, token ids, ids already in the slot) row's remaining ids but the last,
     all rows together in chunks (see _chunk_width; rows padded to a power of two). A chunk that
-    would run past the cache starts earlier, feeding again prompt tokens the slot already holds."""
-    pending = [(slot, r, done) for slot, r, done in pending if done < len(r.prompt) - 1]
+    would run past the cache starts earlier, feeding again ids the slot already holds."""
+    pending = [(slot, ids, done) for slot, ids, done in pending if done < len(ids) - 1]
     while pending:
       width = _chunk_width(
-        max(len(r.prompt) - 1 - done for _, r, done in pending), min(self.prefill_chunk, self.cache_size)
+        max(len(ids) - 1 - done for _, ids, done in pending), min(self.prefill_chunk, self.cache_size)
       )
       n = _bucket(len(pending), self.max_batch_size)
       group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
       starts = np.array([min(done, self.cache_size - width) for _, _, done in group], np.int32)
       tokens = np.zeros((n, width), np.int32)
       ends = np.zeros(n, np.int32)
-      for i, (_, r, _) in enumerate(group):
-        part = r.prompt[starts[i] : min(starts[i] + width, len(r.prompt) - 1)]
+      for i, (_, ids, _) in enumerate(group):
+        part = ids[starts[i] : min(starts[i] + width, len(ids) - 1)]
         tokens[i, : len(part)] = part
         ends[i] = starts[i] + len(part)
       slots = np.array([slot for slot, _, _ in group], np.int32)
       rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts)
       self._cache = _put_rows(self._cache, slots, rows)
-      pending = [(slot, r, int(ends[i])) for i, (slot, r, _) in enumerate(pending) if ends[i] < len(r.prompt) - 1]
+      pending = [(slot, ids, int(ends[i])) for i, (slot, ids, _) in enumerate(pending) if ends[i] < len(ids) - 1]
+
+  def _recompute_in_flight(self) -> None:
+    """After the weights changed: the keys and values the requests in flight hold computed again with
+    the new weights (all a slot holds; its next decode step feeds its last token), so that what they
+    sample from now on is the new weights' as a new request's would be."""
+    busy = [(slot, r) for slot, r in enumerate(self._table.requests) if r is not None]
+    for _, r in busy:
+      r.version = self._table.version
+    self._feed([(slot, np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]), 0) for slot, r in busy])
 
   def _step(self) -> None:
     """Decodes a chunk of up to steps_per_dispatch tokens for every busy slot in one program, then

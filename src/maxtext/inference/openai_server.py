@@ -25,8 +25,8 @@ agent given one session's base URL cannot reach another's records, and no endpoi
 
 Errors are OpenAI-style bodies {"error": {"message", "type", "param", "code"}}: 400 for a body that
 is not valid JSON or not a valid request and for a prompt that does not fit the context, 404 for
-another model name or an unknown session. A streaming client that disconnects gives up its request
-(the engine slot is freed before the next decode chunk).
+another model name or an unknown session. A client that disconnects, streaming or not, gives up its
+request (the engine slot is freed before the next decode chunk).
 """
 
 from __future__ import annotations
@@ -498,7 +498,7 @@ class OpenAIServer:
     prepared = self._chat_prepared(body, request)
     if body.stream:
       return self._stream(prepared, body, chat=True)
-    done = await _gather(self._submit(prepared))
+    done = await _unless_gone(self._submit(prepared), request)
     created, choices = int(time.time()), []
     for i, c in enumerate(done):
       text, reason, calls = self._finish(prepared, c)
@@ -535,7 +535,7 @@ class OpenAIServer:
     prepared = self._prepare(body, ids, session, body.max_tokens)
     if body.stream:
       return self._stream(prepared, body, chat=False)
-    done = await _gather(self._submit(prepared))
+    done = await _unless_gone(self._submit(prepared), request)
     choices = []
     for i, c in enumerate(done):
       text, reason, _ = self._finish(prepared, c)
@@ -667,6 +667,10 @@ class OpenAIServer:
     async def api_error(_, e: ApiError):
       return _error_response(e.status, e.message, e.param)
 
+    @app.exception_handler(_ClientGone)
+    async def gone(_, e: _ClientGone):
+      return responses.Response(status_code=499)  # nobody reads it
+
     @app.exception_handler(fastapi.exceptions.RequestValidationError)
     async def invalid(_, e: fastapi.exceptions.RequestValidationError):
       problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
@@ -715,6 +719,23 @@ class OpenAIServer:
 async def _gather(futures: list[concurrent.futures.Future]) -> list[Completion]:
   """The completions, awaited without blocking the event loop (a cancelled await cancels them)."""
   return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+
+class _ClientGone(Exception):
+  """The client disconnected before its reply was ready."""
+
+
+async def _unless_gone(futures: list[concurrent.futures.Future], request: fastapi.Request) -> list[Completion]:
+  """The completions; _ClientGone where the client disconnects first, its requests cancelled (they
+  leave the queue, or their slots before the next decode chunk)."""
+  gathered = asyncio.ensure_future(_gather(futures))
+  while True:
+    done, _ = await asyncio.wait({gathered}, timeout=0.2)
+    if done:
+      return gathered.result()
+    if await request.is_disconnected():
+      gathered.cancel()
+      raise _ClientGone
 
 
 def _usage(prepared: _Prepared, done: list[Completion]) -> dict:

@@ -147,7 +147,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._dynamic = (
       dynamic_sampling.Slots(dynamic_sampling_rounds, reserve, batch_size) if dynamic_sampling_rounds > 1 else None
     )
-    self._sync_lock = agentic_utils.RolloutSyncLock()  # weight syncs wait for the rollouts under way
+    # weight syncs wait for the rollouts under way; a user agent's episodes do not hold them back
+    self._sync_lock = _EpisodesDoNotHoldSyncs() if user_agent is not None else agentic_utils.RolloutSyncLock()
     self._wire(before_step)
     if losses.mismatch_from_old(self.algo_config):
       self._log_loss_mismatch()
@@ -326,6 +327,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       base_url=base_url,
       agent=agent,
       model=self._model_name,
+      opening=self._opening(),
       sampling=sampling,
       budget=self.algo_config.max_response_length,
       failures=user_agent_lib.Failures(agent),
@@ -333,6 +335,14 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       stop=self._stop_rollouts,
       concurrency=self.algo_config.max_concurrency,
     )
+
+  def _opening(self) -> list[dict[str, str]]:
+    """The turns before the user turn as the run's own agent opens its conversations (without the
+    tools' descriptions, which a request's `tools` add): the system prompt's turn, where there is one,
+    and the data template's example turns."""
+    parser = self.chat_parser
+    system = [{"role": "system", "content": parser.system_prompt}] if parser.system_prompt else []
+    return [*system, *({"role": t["role"], "content": t["content"]} for t in parser.example_turns)]
 
   # The producer (Tunix's event loop and its executor's threads)
 
@@ -673,6 +683,22 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
+
+
+class _EpisodesDoNotHoldSyncs(agentic_utils.RolloutSyncLock):
+  """The rollout sync lock of rl.agent's runs. Tunix's orchestrator holds a rollout lock over each
+  whole episode, and a weight sync waits for every episode under way: a user's agent may take
+  minutes. Here episodes take no lock, and a sync pauses the batcher between decode chunks instead
+  (BatchedRolloutEngine.update_params): requests in flight wait for it and go on with the new
+  weights, their tokens tagged with the new version."""
+
+  def acquire_rollout(self):
+    pass
+
+  def release_rollout(self):
+    pass
+
+
 _TURNS = "model_turns_started"
 _TIMINGS = ("env_time", "reward_time")
 

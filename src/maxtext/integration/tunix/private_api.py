@@ -189,4 +189,22 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "agentic.py",
     "the reward manager is ours (reward_manager.py), as in standard GRPO",
   ),
+  PrivateDependency(
+    "tunix.rl.agentic.utils.RolloutSyncLock",
+    "acquire_rollout",
+    "override",
+    ("self",),
+    "agentic.py",
+    "rl.agent's episodes (a user's agent, minutes each) do not hold weight syncs back: the rollout "
+    "orchestrator takes this lock over each whole episode, and a sync waits for all of them; ours "
+    "takes none and the sync pauses the batcher between decode chunks instead",
+  ),
+  PrivateDependency(
+    "tunix.rl.agentic.utils.RolloutSyncLock",
+    "release_rollout",
+    "override",
+    ("self",),
+    "agentic.py",
+    "the other half of acquire_rollout's override",
+  ),
 )

@@ -355,11 +355,14 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     )
 
   def update_params(self, params, filter_types=None) -> None:
-    """New weights from the next decode step on (in-flight requests continue with them). On a shared
-    trainer/sampler mesh Tunix updates the model itself, which the batcher reads between steps."""
+    """New weights from the next decode chunk on: the batcher is paused between chunks while they are
+    replaced, and requests in flight go on with them (none is dropped). On a shared trainer/sampler
+    mesh Tunix updates the model itself, which the batcher reads between chunks."""
     with jax.transfer_guard("allow"):
-      nnx.update(self._model, _placed_like(self._model, params, filter_types))
-    self.batcher.weights_changed()
+      placed = _placed_like(self._model, params, filter_types)  # copied while decoding goes on
+      with self.batcher.paused():
+        nnx.update(self._model, placed)
+        self.batcher.weights_changed()
 
   def pad_id(self) -> int:
     return self._tokenizer.pad_id()

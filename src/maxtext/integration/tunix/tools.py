@@ -7,9 +7,7 @@ running. Every tool's output and error text is cut to rl.tool_output_max_chars (
 before it leaves the tool, so it is never tokenized or logged whole. A built-in tool is a Tunix
 BaseTool subclass and one BUILTIN_TOOLS entry, which names the rl.tool_* limits it reads besides
 those every tool reads.
-- calculator: arithmetic on numbers (+ - * / // % ** and parentheses), evaluated from the syntax
-  tree, never with eval; a power whose result would exceed MAX_RESULT_BITS is an error (a few
-  characters such as (9**999)**999 would otherwise keep a core busy for minutes).
+- calculator: arithmetic on numbers (+ - * / // % ** and parentheses), utils/arithmetic.py's.
 - python: the code runs in a fresh interpreter isolated by bubblewrap and seccomp (utils/sandbox.py), with
   wall-time, CPU-time, memory, file-size and disk limits, no new processes and no network. Where the
   sandbox cannot start, the tool refuses at start; rl.tool_sandbox=none runs the code unsandboxed on
@@ -28,14 +26,11 @@ those every tool reads.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import dataclasses
 import functools
 import inspect
 import logging
-import math
-import operator
 import os
 from collections.abc import Callable
 from typing import Any
@@ -43,49 +38,10 @@ from typing import Any
 from tunix.rl.agentic.tools import base_tool
 
 from maxtext.configs.sections import ToolsSection
-from maxtext.utils import sandbox, user_code, worker_pool
+from maxtext.utils import arithmetic, sandbox, user_code, worker_pool
 from maxtext.utils.errors import InputError
 
 log = logging.getLogger(__name__)
-
-_BINARY = {
-  ast.Add: operator.add,
-  ast.Sub: operator.sub,
-  ast.Mult: operator.mul,
-  ast.Div: operator.truediv,
-  ast.FloorDiv: operator.floordiv,
-  ast.Mod: operator.mod,
-  ast.Pow: operator.pow,
-}
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-_MAX_EXPONENT = 1000
-MAX_RESULT_BITS = 10_000
-
-
-def evaluate_arithmetic(expression: str) -> float | int:
-  """The value of an arithmetic expression; ValueError for anything else."""
-
-  def walk(node):
-    if isinstance(node, ast.Expression):
-      return walk(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-      return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-      left, right = walk(node.left), walk(node.right)
-      if isinstance(node.op, ast.Pow) and abs(right) > _MAX_EXPONENT:
-        raise ValueError(f"exponent {right} is too large")
-      if isinstance(node.op, ast.Pow) and right > 0 and math.log2(abs(left) or 1) * right > MAX_RESULT_BITS:
-        raise ValueError(f"the result of {left:.6g} ** {right} is too large")
-      return _BINARY[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-      return _UNARY[type(node.op)](walk(node.operand))
-    raise ValueError(f"unsupported syntax {type(node).__name__}")
-
-  try:
-    tree = ast.parse(expression.replace(",", "").replace("^", "**"), mode="eval")
-  except SyntaxError as e:
-    raise ValueError(f"not an arithmetic expression: {expression!r}") from e
-  return walk(tree)
 
 
 class _OneArgumentTool(base_tool.BaseTool):
@@ -125,12 +81,9 @@ class CalculatorTool(_OneArgumentTool):
 
   def run(self, value: str) -> base_tool.ToolOutput:
     try:
-      result = evaluate_arithmetic(value)
+      return base_tool.ToolOutput(name=self.name, output=arithmetic.result_text(value))
     except (ValueError, ArithmeticError, TypeError) as e:
       return base_tool.ToolOutput(name=self.name, error=f"{type(e).__name__}: {e}")
-    if isinstance(result, float) and result.is_integer():
-      result = int(result)
-    return base_tool.ToolOutput(name=self.name, output=str(result))
 
 
 def python_tool(rl: ToolsSection) -> type[base_tool.BaseTool]:

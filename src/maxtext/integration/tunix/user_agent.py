@@ -140,7 +140,8 @@ class AgentFailed(errors.InputError):
 @dataclasses.dataclass
 class Episodes:
   """What every AgentEpisode of a run shares: the server and its base URL, the agent's worker pool
-  and the threads that wait on it (one per episode in flight), the served model id, how sessions
+  and the threads that wait on it (one per episode in flight), the served model id, the turns that
+  open a conversation (the run's system prompt and the data template's example turns), how sessions
   sample, the response budget, the failures, the sampler's weights version and how to stop the
   rollouts."""
 
@@ -148,6 +149,7 @@ class Episodes:
   base_url: str
   agent: UserAgent
   model: str
+  opening: list[dict[str, str]]  # the turns before the user turn: system prompt, example turns
   sampling: Callable[[Any], SessionSampling]  # how an episode's session samples (from its environment)
   budget: int
   failures: Failures
@@ -178,11 +180,12 @@ class Episodes:
 _INTERNAL = ("prompts", "user_content", "policy_version", SLOT, ROUND)
 
 
-def example_of(task: dict) -> dict[str, Any]:
+def example_of(task: dict, opening: list[dict[str, str]]) -> dict[str, Any]:
   """The example's fields as plain Python values (one prompt's: a batch-of-one array is its item),
-  the learner's bookkeeping left out, and `prompt`: the user turn as the run's data template writes
-  it."""
-  out = {}
+  the learner's bookkeeping left out; `prompt`: the user turn as the run's data template writes it;
+  `messages`: the conversation's start as the run's own agent writes it, the `opening` turns (system
+  prompt, the data template's example turns) and that user turn."""
+  out: dict[str, Any] = {}
   for k, v in [*task.items(), ("prompt", task.get("prompts"))]:
     if k.startswith("_") or k in _INTERNAL or v is None:
       continue
@@ -194,6 +197,7 @@ def example_of(task: dict) -> dict[str, Any]:
     if isinstance(v, bytes):
       v = v.decode("utf-8", "replace")
     out[k] = v
+  out.setdefault("messages", [*map(dict, opening), {"role": "user", "content": out.get("prompt", "")}])
   return out
 
 
@@ -219,7 +223,9 @@ class AgentEpisode:
     failure, reward = None, None
     loop = asyncio.get_running_loop()
     try:
-      reward = await loop.run_in_executor(e.threads, e.pool.call, url, e.model, example_of(task), e.agent.timeout_s)
+      reward = await loop.run_in_executor(
+        e.threads, e.pool.call, url, e.model, example_of(task, e.opening), e.agent.timeout_s
+      )
     except worker_pool.CallRaised as raised:
       failure = f"{raised.type_name}: {raised.message}\n{raised.trace}"
     except worker_pool.CallFailed as failed:

@@ -1,0 +1,1 @@
+"""Agents written against the `openai` client, for rl.agent=PATH.py:NAME (integration/tunix/user_agent.py)."""
