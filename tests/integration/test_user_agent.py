@@ -3,9 +3,13 @@ the policy served over HTTP (integration/tunix/user_agent.py), on qwen3-tiny; it
 
 import json
 import logging
+import socket
 import subprocess
 import sys
+import time
 
+import httpx
+import openai
 import pytest
 
 from maxtext.configs import pyconfig
@@ -76,6 +80,66 @@ def test_more_failed_episodes_than_the_budget_stop_the_run_in_one_line(tmp_path)
   assert "raise ValueError('no luck')" in done.stderr  # the first failure's traceback, logged
 
 
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _drive(base: str, trainer: subprocess.Popen, deadline: float) -> dict[str, list]:
+  """A process of the user's (this test) driving rl.agent=http's episodes until training ends: one chat
+  call per episode with the example's messages, then the reward 2 + len(answer) posted; an error
+  posted for one question in three."""
+  seen: dict[str, list] = {"rewards": [], "errors": []}
+  while time.monotonic() < deadline and trainer.poll() is None:
+    try:
+      taken = httpx.post(f"{base}/episodes/next", json={"wait_s": 1}, timeout=30)
+    except httpx.TransportError:  # not serving yet, or no longer
+      time.sleep(0.5)
+      continue
+    if taken.status_code == 410:
+      break
+    if taken.status_code == 204:
+      continue
+    episode = taken.json()
+    example, url = episode["example"], f"{base}/sessions/{episode['session']}/reward"
+    if sum(map(ord, example["question"])) % 3 == 0:
+      httpx.post(url, json={"error": "planned failure"}, timeout=30).raise_for_status()
+      seen["errors"].append(example["question"])
+      continue
+    client = openai.OpenAI(base_url=episode["base_url"], api_key="x", max_retries=0, timeout=120)
+    client.chat.completions.create(model=episode["model"], messages=example["messages"], max_tokens=6)
+    reward = 2.0 + len(example["answer"])
+    httpx.post(url, json={"reward": reward}, timeout=30).raise_for_status()
+    seen["rewards"].append(reward)
+  return seen
+
+
+@pytest.mark.slow  # a training process of its own (about a minute)
+def test_processes_of_the_users_take_the_episodes_over_http_and_post_rewards(tmp_path):
+  port = _free_port()
+  args = [*TINY, "rl.agent=http", f"rl.agent_port={port}", "rl.agent_timeout_s=60", "run_name=http"]
+  command = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *args]
+  with open(tmp_path / "log.txt", "w", encoding="utf-8") as log_file:
+    trainer = subprocess.Popen(command + [f"base_output_directory={tmp_path}"], stdout=log_file, stderr=log_file)
+    try:
+      seen = _drive(f"http://127.0.0.1:{port}", trainer, time.monotonic() + 600)
+      assert trainer.wait(timeout=120) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    finally:
+      trainer.kill()
+  log = (tmp_path / "log.txt").read_text()
+  assert f"take episodes at POST http://127.0.0.1:{port}/episodes/next" in log
+  rows = _rows(tmp_path / "http" / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  assert sum(r["agent/failed_episodes"] for r in rows) == len(seen["errors"]) > 0
+  assert "its process posted an error: planned failure" in log  # the first failure, logged
+  # the last step's 4 episodes (none failed) trained on the rewards posted last
+  assert rows[-1]["agent/failed_episodes"] == 0
+  assert rows[-1]["agent/reward"] * 4 == pytest.approx(sum(seen["rewards"][-4:]))
+  for r in rows:
+    assert r["agent/calls_per_episode"] <= 1 and r["agent/reward"] == r["rewards/sum"]
+
+
 @pytest.mark.parametrize(
   "text, expected",
   [
@@ -98,10 +162,11 @@ def test_an_agent_that_is_not_the_form_we_take_is_refused_naming_it(tmp_path, te
 @pytest.mark.parametrize(
   "extra, expected",
   [
-    (["rl.agent=agent.txt"], "expected PATH.py:NAME"),
+    (["rl.agent=agent.txt"], "expected PATH.py:NAME, a Python file and the async function in it, or http"),
     (["rl.agent=missing.py:run"], "missing.py: file not found"),
     (["rl.agent={path}:run", "rollout_engine=vanilla"], "expected rollout_engine=batched"),
     (["rl.agent={path}:run", "rl.tools=[calculator]"], "expected rl.tools=[] and rl.tools_path empty"),
+    (["rl.agent=http", "rl.agent_port=70000"], "rl.agent_port=70000: expected a TCP port from 0 to 65535"),
   ],
 )
 def test_agent_settings_that_cannot_work_are_refused_at_start(tmp_path, extra, expected):

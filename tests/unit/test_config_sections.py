@@ -224,6 +224,7 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "rl.overlong_buffer_length": (-1,),
   "rl.max_concurrency": (0, -1),
   "rl.agent_max_failures": (-1,),
+  "rl.agent_port": (-1, 65536),
   "rl.off_policy_steps": (-1,),
   "rl.max_turns": (0,),
   "rl.tool_memory_mb": (0,),

@@ -40,6 +40,8 @@ CHANGED = {
   "rl.mask_truncated_completions": True,
   "rl.agent": "AGENT_FILE",
   "rl.agent_timeout_s": 30.0,
+  "rl.agent_host": "0.0.0.0",
+  "rl.agent_port": 8123,
   "rl.agent_max_failures": 3,
 }
 # Where the standard learner's sample shaping (shaping.Shaping) shows a key.
@@ -152,6 +154,8 @@ def test_which_keys_each_mode_refuses():
   agentic_refused = {k for k in CHANGED if k not in files and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
     "rl.agent_timeout_s",  # without rl.agent
+    "rl.agent_host",
+    "rl.agent_port",
     "rl.agent_max_failures",
     "rl.num_iterations",
     "rl.max_turns",

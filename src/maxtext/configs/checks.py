@@ -214,15 +214,15 @@ def _check_sampling(v: Mapping[str, Any]) -> None:
 
 
 def _check_agent(v: Mapping[str, Any]) -> None:
-  """A user's agent (rl.agent): PATH.py:NAME, on the batched engine (its sessions are served from the
+  """A user's agent (rl.agent): PATH.py:NAME or http, on the batched engine (its sessions are served from the
   engine's batcher), without the run's own tools (the agent brings its own)."""
   agent = v["rl.agent"]
   if not agent or not v["rl.use_agentic_rollout"]:
     return
   path, _, name = agent.rpartition(":")
-  if not path.endswith(".py") or not name.isidentifier():
-    raise ConfigError(f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it")
-  if not os.path.isfile(path):
+  if agent != "http" and (not path.endswith(".py") or not name.isidentifier()):
+    raise ConfigError(f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, or http")
+  if agent != "http" and not os.path.isfile(path):
     raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
   if v["rollout_engine"] != "batched":
     raise ConfigError(

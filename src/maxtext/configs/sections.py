@@ -125,6 +125,7 @@ LENGTH_ALIAS = Bound(lambda x: x > 0 or x == -1, "expected a positive length, or
 BELOW_ONE = Bound(lambda x: 0 <= x < 1, "expected a number from 0 to below 1", finite=True)
 NON_NEGATIVE = Bound(lambda x: x >= 0, "expected a finite number >= 0", finite=True)
 POSITIVE = Bound(lambda x: x > 0, "expected a finite number > 0", finite=True)
+PORT = Bound(lambda x: 0 <= x <= 65535, "expected a TCP port from 0 to 65535 (0: any free port)")
 AXIS_SIZE = Bound(lambda x: x > 0 or x == -1, "expected a positive mesh axis size, or -1 to fill the devices")
 
 
@@ -703,7 +704,6 @@ class SamplingSection:
     return self.max_prompt_length + self.max_response_length
 
 
-PORT = Bound(lambda x: 0 <= x <= 65535, "expected a TCP port from 0 to 65535 (0: any free port)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -905,23 +905,41 @@ class AgentSection:
       "openai.AsyncOpenAI client of its own session of the policy under training, the model id to ask for and "
       "the example's fields, talks to the policy as to any OpenAI endpoint (several calls, function calling) and "
       "returns a float reward, or None to have the run's reward functions judge its last reply. Every call of an "
-      "episode is recorded and trained as one conversation. Empty: the run's own conversation agent "
-      "(rl.tools). See docs/agentic-and-tools.md.",
+      "episode is recorded and trained as one conversation. http: processes of yours take the episodes over "
+      "HTTP (POST /episodes/next gives a session's base URL, the model id and the example; POST "
+      "/sessions/ID/reward ends it with a reward or None). Empty: the run's own conversation agent (rl.tools). "
+      "See docs/agentic-and-tools.md.",
       applies=(AGENTIC,),
     )
   )
   agent_timeout_s: float = dataclasses.field(
     metadata=key(
-      "rl.agent: wall time per episode; an episode past it is killed with its process and counts as failed.",
+      "rl.agent: wall time per episode (with http: from when a process takes it); an episode past it is killed "
+      "with its process and counts as failed.",
       bounds=POSITIVE,
+      applies=(AGENTIC, USER_AGENT),
+    )
+  )
+  agent_host: str = dataclasses.field(
+    metadata=key(
+      "rl.agent: the address the policy is served at while it trains (127.0.0.1: this machine only; 0.0.0.0: "
+      "every interface, for agents elsewhere that rl.agent=http serves).",
+      applies=(AGENTIC, USER_AGENT),
+    )
+  )
+  agent_port: int = dataclasses.field(
+    metadata=key(
+      "rl.agent: the port the policy is served at while it trains (0: a free one, which the log names).",
+      bounds=PORT,
       applies=(AGENTIC, USER_AGENT),
     )
   )
   agent_max_failures: int = dataclasses.field(
     metadata=key(
       "rl.agent: failed episodes (the function raised, returned something other than a number or None, ran "
-      "past rl.agent_timeout_s or made no call) the run trains through, each trained on nothing; one more "
-      "stops it with the first failure's traceback.",
+      "past rl.agent_timeout_s or made no call; with http: its process posted an error or no reward within "
+      "rl.agent_timeout_s of taking it, or made no call) the run trains through, each trained on nothing; one "
+      "more stops it with the first failure's traceback.",
       bounds=NON_NEGATIVE_INT,
       applies=(AGENTIC, USER_AGENT),
     )

@@ -138,7 +138,7 @@ class ContinuousBatcher:
       self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
     self._table = Slots(max_batch_size, version())  # which request each slot decodes, what free ones hold
     self._waiting: collections.deque[Request] = collections.deque()
-    lock = threading.Lock()
+    lock = threading.RLock()  # the version source may call weights_changed() under it
     self._wake = threading.Condition(lock)  # the scheduler waits on it for work (or for a pause to end)
     self._between = threading.Condition(lock)  # pause() waits on it for the scheduler to be between chunks
     self._pauses = 0  # pause() bodies running: the scheduler does not start another round

@@ -147,7 +147,7 @@ class ApiError(Exception):
     self.status, self.message, self.param = status, message, param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError"}
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 410: "GoneError"}
 
 
 def _error_response(status: int, message: str, param: str | None = None) -> responses.JSONResponse:
@@ -271,15 +271,16 @@ class OpenAIServer:
     return session
 
   # ------------------------------------------------------------------ running
-  def _bind(self, host: str, port: int) -> tuple[socket.socket, str]:
-    """A listening socket on host:port (port 0: any free port) and its base URL."""
+  def _bind(self, host: str, port: int, keys=("serve_host", "serve_port")) -> tuple[socket.socket, str]:
+    """A listening socket on host:port (port 0: any free port) and its base URL; `keys`: the settings
+    that name host and port, for the error where it cannot listen there."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
       sock.bind((host, port))
     except OSError as e:
       sock.close()
-      raise errors.InputError(f"serve_host={host} serve_port={port}: cannot listen there ({e.strerror})") from e
+      raise errors.InputError(f"{keys[0]}={host} {keys[1]}={port}: cannot listen there ({e.strerror})") from e
     bound_host, bound_port = sock.getsockname()[:2]
     return sock, f"http://{bound_host}:{bound_port}/v1"
 
@@ -298,10 +299,10 @@ class OpenAIServer:
         signal.signal(s, handler)
     log.info("stopped by %s", ", ".join(signal.Signals(s).name for s in stopped) or "the server")
 
-  def start(self, host: str = "127.0.0.1", port: int = 0) -> str:
+  def start(self, host: str = "127.0.0.1", port: int = 0, keys=("serve_host", "serve_port")) -> str:
     """Serves in a background thread; returns the base URL (http://host:port/v1). port 0: any free
-    port."""
-    sock, url = self._bind(host, port)
+    port; keys: the settings that name host and port."""
+    sock, url = self._bind(host, port, keys)
     self._server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", timeout_graceful_shutdown=5))
     self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
     self._thread.start()

@@ -297,7 +297,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     return self.policy_version if version is None else version
 
   def _serve(self, agent: user_agent_lib.UserAgent) -> user_agent_lib.Episodes:
-    """The policy served at 127.0.0.1 (a free port) from the batched engine's batcher, and what the
+    """The policy served at rl.agent_host:rl.agent_port from the batched engine's batcher, and what the
     user's episodes share: sessions sample as the training rollouts do, each turn's key named by
     (group, round, sample, turn) as the run's own agent's."""
     engine = self._engine
@@ -307,8 +307,17 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     server = OpenAIServer(
       batcher, self.chat_parser.tokenizer, self.chat_parser, self._model_name, keys, QwenToolFormat()
     )
-    base_url = server.start("127.0.0.1", 0)
-    log.info("Serving the policy for rl.agent=%s at %s (a session per episode)", agent.spec, base_url)
+    base_url = server.start(agent.host, agent.port, ("rl.agent_host", "rl.agent_port"))
+    if agent.over_http:
+      log.info(
+        "Serving the policy for rl.agent=http at %s: take episodes at POST %s/episodes/next, post rewards at "
+        "POST %s/sessions/ID/reward",
+        base_url,
+        base_url.removesuffix("/v1"),
+        base_url.removesuffix("/v1"),
+      )
+    else:
+      log.info("Serving the policy for rl.agent=%s at %s (a session per episode)", agent.spec, base_url)
     config = self.rl_cluster.get_rollout_config(rl_cluster_lib.Mode.TRAIN)
 
     def sampling(env) -> SessionSampling:

@@ -1,21 +1,26 @@
-"""A user's agent (rl.agent=PATH.py:NAME) trained by agentic GRPO through the policy's
+"""A user's agent (rl.agent=PATH.py:NAME, or http) trained by agentic GRPO through the policy's
 OpenAI-compatible endpoint.
 
 The learner serves the policy under training (inference/openai_server.py on the batched engine's
-continuous batcher, 127.0.0.1, a free port) while it trains. Each episode, one sample of a GRPO
-group, is an AgentEpisode run by Tunix's rollout orchestrator in place of trajectories.TrajectoryEngine:
+continuous batcher, at rl.agent_host:rl.agent_port, by default 127.0.0.1 and a free port) while it
+trains. Each episode, one sample of a GRPO group, is an AgentEpisode run by Tunix's rollout
+orchestrator in place of trajectories.TrajectoryEngine:
 1. a session is opened that samples as the run's training rollouts do (temperature, top-p, top-k,
    the episode's keys, max_response_length tokens after the first prompt), whatever its requests ask;
 2. in a worker process (utils/worker_pool.py: killed past rl.agent_timeout_s, nothing it does reaches
    the trainer), `await NAME(client, model, example)` runs with an openai.AsyncOpenAI client whose
-   base URL is the session's, the served model's id and the example's fields;
+   base URL is the session's, the served model's id and the example's fields; with http the episode
+   is handed to the process of the user's that asks for one (rl/episode_handouts.py), which posts
+   its reward;
 3. the session's calls become the trained conversation (rl.session_stitching.stitch), and the
-   function's float its reward (None: the run's reward functions judge its last reply).
+   function's (or posted) float its reward (None: the run's reward functions judge its last reply).
 An episode fails where the function raises, returns something other than a number or None, runs past
-rl.agent_timeout_s or makes no call: it trains on nothing, counts in agent/failed_episodes, and the
-run stops with the first failure's traceback once more than rl.agent_max_failures have failed.
-Weights update between steps as for the run's own agent (the batcher tags each token with the version
-that sampled it); the orchestrator's back-pressure bounds staleness by rl.off_policy_steps.
+rl.agent_timeout_s or makes no call (with http: its process posts an error or no reward within
+rl.agent_timeout_s of taking it): it trains on nothing, counts in agent/failed_episodes, and the run
+stops with the first failure's traceback once more than rl.agent_max_failures have failed.
+Weights update between steps while episodes run (agentic._EpisodesDoNotHoldSyncs: the batcher pauses
+between decode chunks and tags each token with the version that sampled it); the orchestrator's
+back-pressure bounds staleness by rl.off_policy_steps.
 """
 
 from __future__ import annotations
@@ -38,33 +43,45 @@ import numpy as np
 from maxtext.configs.sections import AgentSection
 from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.rl import session_stitching
+from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
 from maxtext.utils import errors, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
 KEY = "rl.agent"
+LIMIT = "rl.agent_timeout_s={:g}"
 FORM = "expected `async def NAME(client, model, example)` returning a float reward or None"
 
 
 @dataclasses.dataclass(frozen=True)
 class UserAgent:
-  """rl.agent's file and function, checked (load), and its limits."""
+  """rl.agent's file and function, checked (load), or none (http: processes of the user's take the
+  episodes over HTTP), its limits and where the policy is served."""
 
-  path: str
+  path: str  # "" with http
   name: str
   timeout_s: float
   max_failures: int
+  host: str
+  port: int
+
+  @property
+  def over_http(self) -> bool:
+    return not self.path
 
   @property
   def spec(self) -> str:
-    return f"{self.path}:{self.name}"
+    return "http" if self.over_http else f"{self.path}:{self.name}"
 
 
 def load(section: AgentSection) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
   defines NAME, an async function taking (client, model, example); an InputError naming the key
-  otherwise."""
+  otherwise. http needs no file."""
+  limits = (section.agent_timeout_s, section.agent_max_failures, section.agent_host, section.agent_port)
+  if section.agent == "http":
+    return UserAgent("", "", *limits)
   path, _, name = section.agent.rpartition(":")
   if importlib.util.find_spec("openai") is None:
     raise errors.InputError(f"{KEY}={section.agent}: the openai package, whose client the agent gets, is not installed")
@@ -81,7 +98,7 @@ def load(section: AgentSection) -> UserAgent:
     raise errors.InputError(
       f"{where}: {name}{inspect.signature(fn)} cannot take (client, model, example); {FORM}"
     ) from e
-  return UserAgent(path, name, section.agent_timeout_s, section.agent_max_failures)
+  return UserAgent(path, name, *limits)
 
 
 def episode_runner(path: str, name: str) -> Callable[[str, str, dict, float], float | None]:
@@ -156,24 +173,43 @@ class Episodes:
   version: Callable[[], int]  # the sampler's weights version now (an episode without calls is of it)
   stop: Callable[[Exception], None]  # ends the rollouts and training with this error
   concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
-  pool: worker_pool.WorkerPool = dataclasses.field(init=False)
-  threads: concurrent.futures.ThreadPoolExecutor = dataclasses.field(init=False)
+  pool: worker_pool.WorkerPool | None = dataclasses.field(init=False, default=None)  # the agent's function
+  threads: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(init=False, default=None)
+  handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # http: processes take them
   closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
 
   def __post_init__(self):
+    if self.agent.over_http:
+      self.handouts = EpisodeHandouts(self.server, self.model)
+      return
     self.pool = worker_pool.WorkerPool(
       functools.partial(episode_runner, self.agent.path, self.agent.name),
       self.agent.timeout_s,
-      f"rl.agent_timeout_s={self.agent.timeout_s:g}",
+      LIMIT.format(self.agent.timeout_s),
     )
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
+  async def run(self, base_url: str, session: str, example: dict) -> float | None:
+    """One episode on the session at base_url: the agent's function in a worker, or the process that
+    takes it over HTTP; its reward (None: the reward functions judge). worker_pool's CallRaised and
+    CallFailed, EpisodeFailed, or a CancelledError once training is over."""
+    if self.handouts is not None:
+      limit = LIMIT.format(self.agent.timeout_s)
+      return await asyncio.wrap_future(self.handouts.hand_out(session, example, self.agent.timeout_s, limit))
+    assert self.pool is not None and self.threads is not None
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(self.threads, self.pool.call, base_url, self.model, example, self.agent.timeout_s)
+
   def close(self) -> None:
-    """Ends the episodes still in flight when training is over (their workers killed); their
-    failures are not the agent's and do not count."""
+    """Ends the episodes still in flight when training is over (their workers killed, their handouts
+    cancelled); their failures are not the agent's and do not count."""
     self.closed = True
-    self.threads.shutdown(wait=False, cancel_futures=True)
-    self.pool.close()
+    if self.handouts is not None:
+      self.handouts.close()
+    if self.threads is not None:
+      self.threads.shutdown(wait=False, cancel_futures=True)
+    if self.pool is not None:
+      self.pool.close()
 
 
 # Fields of a prompt record that are the feed's and the learner's, not the example's.
@@ -223,18 +259,16 @@ class AgentEpisode:
     failure, reward = None, None
     loop = asyncio.get_running_loop()
     try:
-      reward = await loop.run_in_executor(
-        e.threads, e.pool.call, url, e.model, example_of(task, e.opening), e.agent.timeout_s
-      )
+      reward = await e.run(url, session_id, example_of(task, e.opening))
     except worker_pool.CallRaised as raised:
       failure = f"{raised.type_name}: {raised.message}\n{raised.trace}"
-    except worker_pool.CallFailed as failed:
+    except (worker_pool.CallFailed, EpisodeFailed) as failed:
       failure = str(failed)
     finally:
       calls = e.server.close_session(session_id).calls
       await loop.run_in_executor(None, self.env.close)
     if failure is None and not calls:
-      failure = f"{e.agent.name} made no call to its client"
+      failure = f"{e.agent.name or 'its process'} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
     if failure is not None and not e.closed:
       try:

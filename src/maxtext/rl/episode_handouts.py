@@ -1,0 +1,146 @@
+"""Episodes handed to processes of the user's over HTTP (rl.agent=http): any program, in any language
+and anywhere that can reach the server, takes an episode, talks to its session as to any OpenAI
+endpoint and posts the reward. Routes added to the OpenAIServer that serves the sessions:
+
+- POST /episodes/next {"wait_s": 10}: the next episode, {"session", "base_url", "model", "example"}:
+  the session's id, its OpenAI base URL (/sessions/ID/v1 at the address the request came to), the
+  model id to ask for and the example's fields; 204 when none was ready within wait_s (at most 60),
+  410 once training has ended;
+- POST /sessions/ID/reward {"reward": 1.0} ends the episode: a finite number is its reward, null (or no
+  reward) lets the run's reward functions judge its last reply, {"error": "..."} fails it; 404 for a
+  session that is not an episode taken and still open.
+
+Each handout (`hand_out`) is a Future that resolves to the posted reward, or fails with
+EpisodeFailed: an error posted, or no reward within the episode's time limit of its being taken.
+Episodes wait in arrival order until a process takes them (their time limit does not run while they
+wait); `close` ends the handouts: what waits is cancelled and /episodes/next answers 410.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import fastapi
+import pydantic
+from fastapi import responses
+
+from maxtext.inference.openai_server import ApiError, OpenAIServer
+
+MAX_WAIT_S = 60.0
+
+
+class EpisodeFailed(Exception):
+  """The process that took an episode posted an error, or no reward in time; the message says which."""
+
+
+class NextRequest(pydantic.BaseModel):
+  wait_s: float = pydantic.Field(10.0, ge=0.0, le=MAX_WAIT_S)
+
+
+class RewardRequest(pydantic.BaseModel):
+  reward: float | None = pydantic.Field(None, allow_inf_nan=False)
+  error: str | None = None
+
+
+@dataclasses.dataclass
+class _Handout:
+  session: str
+  example: dict[str, Any]
+  timeout_s: float
+  limit: str  # the time limit's name for messages, e.g. "rl.agent_timeout_s=600"
+  future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)
+  timer: threading.Timer | None = None
+
+
+class EpisodeHandouts:
+  """The episodes of a run that processes take over HTTP (see the module docstring), on `server`."""
+
+  def __init__(self, server: OpenAIServer, model: str):
+    self._model = model
+    self._lock = threading.Lock()
+    self._waiting: collections.deque[_Handout] = collections.deque()
+    self._taken: dict[str, _Handout] = {}
+    self._closed = False
+    server.app.post("/episodes/next")(self._next)
+    server.app.post("/sessions/{session_id}/reward")(self._reward)
+
+  def hand_out(self, session: str, example: dict, timeout_s: float, limit: str) -> concurrent.futures.Future:
+    """Queues an episode of `session`; a Future of its reward (a float or None), or EpisodeFailed."""
+    handout = _Handout(session, example, timeout_s, limit)
+    with self._lock:
+      if self._closed:
+        handout.future.cancel()
+      else:
+        self._waiting.append(handout)
+    return handout.future
+
+  def close(self) -> None:
+    """Training is over: waiting and taken episodes are cancelled; /episodes/next answers 410."""
+    with self._lock:
+      self._closed = True
+      handouts = [*self._waiting, *self._taken.values()]
+      self._waiting.clear()
+      self._taken.clear()
+    for h in handouts:
+      if h.timer is not None:
+        h.timer.cancel()
+      h.future.cancel()
+
+  def _take(self) -> _Handout | None:
+    with self._lock:
+      if self._closed:
+        raise ApiError(410, "training has ended: no more episodes")
+      while self._waiting:
+        handout = self._waiting.popleft()
+        if handout.future.cancelled():
+          continue
+        self._taken[handout.session] = handout
+        handout.timer = threading.Timer(handout.timeout_s, self._expire, (handout,))
+        handout.timer.daemon = True
+        handout.timer.start()
+        return handout
+    return None
+
+  def _expire(self, handout: _Handout) -> None:
+    self._end(handout.session, EpisodeFailed(f"no reward posted within {handout.limit} s of taking the episode"))
+
+  def _end(self, session: str, outcome: float | None | EpisodeFailed) -> bool:
+    """Resolves a taken episode; False where `session` is none (unknown, not taken, already ended)."""
+    with self._lock:
+      handout = self._taken.pop(session, None)
+    if handout is None:
+      return False
+    if handout.timer is not None:
+      handout.timer.cancel()
+    if isinstance(outcome, EpisodeFailed):
+      handout.future.set_exception(outcome)
+    else:
+      handout.future.set_result(outcome)
+    return True
+
+  async def _next(self, request: fastapi.Request, body: NextRequest | None = None):
+    deadline = time.monotonic() + (body or NextRequest()).wait_s
+    while True:
+      handout = self._take()
+      if handout is not None:
+        return {
+          "session": handout.session,
+          "base_url": f"{str(request.base_url).rstrip('/')}/sessions/{handout.session}/v1",
+          "model": self._model,
+          "example": handout.example,
+        }
+      if time.monotonic() >= deadline:
+        return responses.Response(status_code=204)
+      await asyncio.sleep(0.02)
+
+  def _reward(self, session_id: str, body: RewardRequest):
+    outcome = EpisodeFailed(f"its process posted an error: {body.error}") if body.error is not None else body.reward
+    if not self._end(session_id, outcome):
+      raise ApiError(404, f"session {session_id!r} is not an episode taken and still open", "session_id")
+    return {"session": session_id}
