@@ -704,8 +704,6 @@ class SamplingSection:
     return self.max_prompt_length + self.max_response_length
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class ServeSection:
   """The OpenAI-compatible server (python -m maxtext.inference.serve): where it listens."""
