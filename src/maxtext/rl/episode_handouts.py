@@ -125,7 +125,7 @@ class EpisodeHandouts:
     return True
 
   async def _next(self, request: fastapi.Request, body: NextRequest | None = None):
-    deadline = time.monotonic() + (body or NextRequest()).wait_s
+    deadline = time.monotonic() + (body.wait_s if body is not None else NextRequest.model_fields["wait_s"].default)
     while True:
       handout = self._take()
       if handout is not None:
