@@ -33,6 +33,7 @@ from fastapi import responses
 from maxtext.inference.openai_server import ApiError, OpenAIServer
 
 MAX_WAIT_S = 60.0
+DEFAULT_WAIT_S = 10.0  # without a body
 
 
 class EpisodeFailed(Exception):
@@ -40,7 +41,7 @@ class EpisodeFailed(Exception):
 
 
 class NextRequest(pydantic.BaseModel):
-  wait_s: float = pydantic.Field(10.0, ge=0.0, le=MAX_WAIT_S)
+  wait_s: float = pydantic.Field(DEFAULT_WAIT_S, ge=0.0, le=MAX_WAIT_S)
 
 
 class RewardRequest(pydantic.BaseModel):
@@ -125,7 +126,7 @@ class EpisodeHandouts:
     return True
 
   async def _next(self, request: fastapi.Request, body: NextRequest | None = None):
-    deadline = time.monotonic() + (body.wait_s if body is not None else NextRequest.model_fields["wait_s"].default)
+    deadline = time.monotonic() + (body.wait_s if body is not None else DEFAULT_WAIT_S)
     while True:
       handout = self._take()
       if handout is not None:
