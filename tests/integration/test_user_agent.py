@@ -60,8 +60,9 @@ def test_a_users_openai_agent_trains_through_the_served_policy_and_its_failures_
   assert "planned failure of" in caplog.text  # the first failure, with its traceback
   for r in rows:
     assert r["agent/calls_per_episode"] <= 2 and r["agent/cut_tokens"] == 0
-    # the rewards trained on are the agent's: 2 + len(answer) at least, where it did not fail
-    assert r["agent/reward"] == r["rewards/sum"]
+    # the rewards trained on are the agent's: 2 + len(answer) at least, where it did not fail (a failed
+    # episode takes its group's others' mean)
+    assert r["agent/failed_episodes"] > 0 or r["agent/reward"] == r["rewards/sum"]
   assert max(r["agent/reward"] for r in rows) >= 2
 
 
@@ -133,11 +134,14 @@ def test_processes_of_the_users_take_the_episodes_over_http_and_post_rewards(tmp
   assert [r["step"] for r in rows] == [1, 2]
   assert sum(r["agent/failed_episodes"] for r in rows) == len(seen["errors"]) > 0
   assert "its process posted an error: planned failure" in log  # the first failure, logged
+  for r in rows:  # a group whose episodes all failed has no baseline: its rewards are 0
+    assert r["agent/failed_episodes"] < 4 or r["agent/reward"] == 0
   # the last step's 4 episodes (none failed) trained on the rewards posted last
   assert rows[-1]["agent/failed_episodes"] == 0
   assert rows[-1]["agent/reward"] * 4 == pytest.approx(sum(seen["rewards"][-4:]))
   for r in rows:
-    assert r["agent/calls_per_episode"] <= 1 and r["agent/reward"] == r["rewards/sum"]
+    assert r["agent/calls_per_episode"] <= 1
+    assert r["agent/failed_episodes"] > 0 or r["agent/reward"] == r["rewards/sum"]
 
 
 @pytest.mark.parametrize(

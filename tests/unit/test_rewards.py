@@ -1,5 +1,6 @@
 """Reward functions on hand-written completions, with hand-computed scores."""
 
+import numpy as np
 import pytest
 
 from maxtext import tasks
@@ -171,3 +172,11 @@ def test_last_number_answer_format(completion, truth, expected):
   (reward,) = _reward_functions(cfg)
   assert reward.__name__ == "last_number_correct"
   assert reward(["q"], [completion], answer=[truth]) == [expected]
+
+
+def test_a_left_out_sample_gets_its_groups_others_mean():
+  """Hand-computed: groups of 3; the left-out samples take the mean of their group's others (0 where
+  the whole group is left out), so the others' baseline is theirs alone."""
+  values = np.array([1.0, -2.0, 4.0, 5.0, 6.0, 7.0])
+  left_out = np.array([False, True, False, True, True, True])
+  np.testing.assert_array_equal(rewards.others_mean_where(values, left_out, 3), [1.0, 2.5, 4.0, 0.0, 0.0, 0.0])

@@ -348,7 +348,14 @@ class RewardSet:
         "rewards/unscored counts such completions",
         _example(i, prompts, completions),
       )
-    groups, applied_groups = totals.reshape(-1, group_size), scored.reshape(-1, group_size)
-    counts = applied_groups.sum(axis=1, keepdims=True)
-    means = np.where(applied_groups, groups, 0.0).sum(axis=1, keepdims=True) / np.maximum(counts, 1)
-    return np.where(applied_groups, groups, means).reshape(-1), metrics
+    return others_mean_where(totals, ~scored, group_size), metrics
+
+
+def others_mean_where(values: np.ndarray, left_out: np.ndarray, group_size: int) -> np.ndarray:
+  """`values` (groups of group_size, one prompt's samples each) with those `left_out` replaced by
+  the mean of their group's others (0 where the whole group is left out): a left-out sample then has
+  advantage 0 and leaves its group's mean as the others set it."""
+  groups, kept = values.reshape(-1, group_size), ~left_out.reshape(-1, group_size)
+  counts = kept.sum(axis=1, keepdims=True)
+  means = np.where(kept, groups, 0.0).sum(axis=1, keepdims=True) / np.maximum(counts, 1)
+  return np.where(kept, groups, means).reshape(-1)

@@ -83,13 +83,19 @@ class _Worker:
     self.conn = connection.Connection(ours.detach())
     self.conn.send((sys.path, bare))
     self.conn.send(load)
+    self._stopping = threading.Lock()
+    self._ended: str | None = None
 
   def stop(self) -> str:
-    """Kills the process (if it still runs), reaps it and closes the socket; how the process ended."""
-    self.process.kill()
-    code = self.process.wait()
-    self.conn.close()
-    return f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+    """Kills the process (if it still runs), reaps it and closes the socket, once (a call's thread
+    and the pool's close may both stop it); how the process ended."""
+    with self._stopping:
+      if self._ended is None:
+        self.process.kill()
+        code = self.process.wait()
+        self.conn.close()
+        self._ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+      return self._ended
 
 
 def _stop_all(lock: threading.Lock, running: set[_Worker], idle: list[_Worker]) -> None:

@@ -78,7 +78,7 @@ from tunix.rl.agentic.pipeline import rollout_orchestrator
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
 from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
-from maxtext.input_pipeline.rewards import RewardSet
+from maxtext.input_pipeline.rewards import RewardSet, others_mean_where
 from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
 from maxtext.integration.tunix import user_agent as user_agent_lib
 from maxtext.integration.tunix.algorithm import grpo_config
@@ -558,7 +558,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     own = [traj.get("agent_reward") for traj in trajectories]
     if self._user_agent is not None and all(r is not None for r in own):
       values = np.asarray(own, np.float32)  # the agent's rewards alone: no reward function is called
-      self._log({"rewards/sum": (float(values.mean()), np.mean), "rewards/std": (float(values.std()), np.mean)}, step)
+      self._log(_reward_summaries(values), step)
     else:
       rewards = self.reward_manager(
         prompts=inputs["prompts"], completions=completions, mode=str(rl_cluster_lib.Mode.TRAIN), **kwargs
@@ -568,6 +568,10 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       if self._user_agent is not None:  # an agent's own reward where it returned one
         values = np.asarray([v if r is None else r for v, r in zip(values, own)], np.float32)
     if self._user_agent is not None:
+      # a failed episode trains on nothing, and its reward (the reward functions' for what it left)
+      # does not move its group's baseline: it gets the others' mean, as an unscored sample does
+      failed = np.array([traj["agent"]["failed"] for traj in trajectories])
+      values = others_mean_where(values, failed, self.algo_config.num_generations).astype(np.float32)
       self._log_agent(trajectories, values, step)
     estimator = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)
     return estimator(rewards=values, num_generations=self.algo_config.num_generations)
@@ -692,6 +696,18 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
+
+
+def _reward_summaries(values: np.ndarray) -> dict:
+  """rewards/sum, /std, /mean, /min and /max of a group rewarded by the user's agent alone (one
+  reward each, as one reward function's)."""
+  return {
+    "rewards/sum": (float(values.mean()), np.mean),
+    "rewards/std": (float(values.std()), np.mean),
+    "rewards/mean": (float(values.mean()), np.mean),
+    "rewards/min": (float(values.min()), np.min),
+    "rewards/max": (float(values.max()), np.max),
+  }
 
 
 class _EpisodesDoNotHoldSyncs(agentic_utils.RolloutSyncLock):

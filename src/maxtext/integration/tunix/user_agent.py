@@ -32,8 +32,6 @@ import functools
 import importlib.util
 import inspect
 import logging
-import math
-import numbers
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -45,11 +43,11 @@ from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.rl import session_stitching
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
-from maxtext.utils import errors, user_code, worker_pool
+from maxtext.utils import agent_runner, errors, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
-KEY = "rl.agent"
+KEY = agent_runner.KEY
 LIMIT = "rl.agent_timeout_s={:g}"
 FORM = "expected `async def NAME(client, model, example)` returning a float reward or None"
 
@@ -99,30 +97,6 @@ def load(section: AgentSection) -> UserAgent:
       f"{where}: {name}{inspect.signature(fn)} cannot take (client, model, example); {FORM}"
     ) from e
   return UserAgent(path, name, *limits)
-
-
-def episode_runner(path: str, name: str) -> Callable[[str, str, dict, float], float | None]:
-  """What an agent worker runs (its WorkerPool `load`): rl.agent loaded in the worker; the handler
-  (base_url, model, example, timeout_s) runs one episode with a client of that base URL (no retries:
-  a retried request would be recorded twice) and returns its reward as a float, or None."""
-  module = user_code.load_file(path, KEY)
-  fn = getattr(module, name)
-
-  def run(base_url: str, model: str, example: dict, timeout_s: float) -> float | None:
-    import openai
-
-    async def episode():
-      async with openai.AsyncOpenAI(base_url=base_url, api_key="session", max_retries=0, timeout=timeout_s) as client:
-        return await fn(client, model, example)
-
-    reward = asyncio.run(episode())
-    if reward is None:
-      return None
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
-      raise TypeError(f"{name} returned {reward!r}; expected a finite float reward or None")
-    return float(reward)
-
-  return run
 
 
 class Failures:
@@ -183,7 +157,7 @@ class Episodes:
       self.handouts = EpisodeHandouts(self.server, self.model)
       return
     self.pool = worker_pool.WorkerPool(
-      functools.partial(episode_runner, self.agent.path, self.agent.name),
+      functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name),
       self.agent.timeout_s,
       LIMIT.format(self.agent.timeout_s),
     )
