@@ -237,8 +237,9 @@ def test_weights_replaced_mid_request_pause_it_and_it_goes_on_with_them():
   """A session's streamed request is in flight when the sampler's weights are replaced (the batcher
   paused between chunks, as a weight sync does): it loses no token, its tokens before the pause are
   stamped version 0 and sampled from the old weights (their log-probs are the old model's for them),
-  those after it version 1 and from the new weights alone (the keys and values of the tokens before
-  are computed again with them: the log-probs are the new model's for the whole sequence)."""
+  those after it version 1 and sampled by the new weights over the keys and values computed before
+  (their log-probs are a reference's: the old model's cache of the tokens fed before the pause, the new
+  model's forward pass over the rest)."""
   cfg = make_config("model_name=qwen3-tiny", "max_prompt_length=64", "max_response_length=960")
   model = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
   old = jax.tree.map(lambda x: x, nnx.state(model))
@@ -269,14 +270,39 @@ def test_weights_replaced_mid_request_pause_it_and_it_goes_on_with_them():
   assert text == tokenizer.decode(call.token_ids[: n - (call.finish_reason == "stop")].tolist())
   switch = int(np.argmax(call.versions == 1))
   assert 0 < switch < n and (call.versions[:switch] == 0).all() and (call.versions[switch:] == 1).all()
+  nnx.update(model, old)
   prompt, completion = jnp.asarray([[1, 2, 3]]), jnp.asarray(call.token_ids[None])
-  logps = {}
-  for name, weights in (("new", new), ("old", old)):
+  np.testing.assert_allclose(
+    call.logprobs[:switch], per_token_logps(model, prompt, completion, 0, -1, 1.0)[0, :switch], atol=2e-4
+  )
+  ids = np.concatenate([[1, 2, 3], call.token_ids])
+  fed_before = 3 + switch - 1  # the prompt and the tokens before the last one sampled before the pause
+  after = _logps_over_a_cache_of(model, old, new, ids, fed_before)
+  np.testing.assert_allclose(call.logprobs[switch:], after, atol=2e-4)
+  nnx.update(model, new)
+  whole_new = np.asarray(per_token_logps(model, prompt, completion, 0, -1, 1.0))[0]
+  assert np.abs(call.logprobs[switch:] - whole_new[switch:]).max() > 1e-3  # not the new model's alone
+
+
+def _logps_over_a_cache_of(model, old, new, ids, fed_before: int) -> np.ndarray:
+  """Log-probs (temperature 1) of ids[fed_before + 1:], the keys and values of positions before
+  fed_before computed by the `old` weights and those from it on by the `new` ones, through the
+  model's own forward pass with a cache."""
+  size = len(ids)
+  cache = model.init_cache(1, size, jnp.float32)
+
+  def forward(weights, start, stop, cache):
     nnx.update(model, weights)
-    logps[name] = np.asarray(per_token_logps(model, prompt, completion, 0, -1, 1.0))[0]
-  np.testing.assert_allclose(call.logprobs[:switch], logps["old"][:switch], atol=2e-4)
-  np.testing.assert_allclose(call.logprobs[switch:], logps["new"][switch:], atol=2e-4)
-  assert np.abs(call.logprobs[switch:] - logps["old"][switch:]).max() > 0.1  # the two models differ
+    for layer in cache.values():
+      layer["end_index"] = jnp.asarray([start], jnp.int32)
+    positions = jnp.arange(start, stop)[None]
+    mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
+    return model(jnp.asarray(ids[None, start:stop]), positions, cache, mask)
+
+  _, cache = forward(old, 0, fed_before, cache)
+  logits, _ = forward(new, fed_before, size - 1, cache)
+  logps = jax.nn.log_softmax(np.asarray(logits[0], np.float32), axis=-1)
+  return np.asarray(logps[np.arange(size - 1 - fed_before), ids[fed_before + 1 :]])
 
 
 class _ScriptedBatcher:

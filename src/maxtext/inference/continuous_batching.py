@@ -11,17 +11,18 @@ which slot, and which held or shared prompt prefix each reuses), prefills them (
 in chunks of at most `prefill_chunk` tokens; all of a prompt but its last token, which the request's
 first decode step feeds, so prefill computes no logits), releases finished requests (their slots
 keep the keys and values they hold for later requests), and grows or shrinks the cache as the
-table decides. When the weights version changes or `weights_changed()` is called, held prefixes are
-dropped and the keys and values of the requests in flight are computed again with the new weights
-(one prefill of everything they hold), so every token is sampled by the weights its version names,
-as a new request's would be. A completion keeps its EOS token and carries, per token, the log-probability under the
+table decides. Held prefixes are dropped when the weights version changes or `weights_changed()` is
+called. A request in flight then goes on with the new weights over the keys and values it holds
+(computed by the weights before, as in vLLM's pause and resume and PipelineRL's in-flight updates):
+what it samples from then on is tagged with the new version, and its recorded log-probs are those it
+was sampled with. A completion keeps its EOS token and carries, per token, the log-probability under the
 temperature-scaled distribution (what a GRPO trainer recomputes) and the weights version that
 produced it; its tokens do not depend on which other requests shared its batch or on the chunk
 (see kv_programs).
 
 `paused()` holds the scheduler between chunks while its caller replaces the weights (a sampler on
-devices of its own taking the trainer's): requests in flight wait, none is dropped, and they go on
-with the new weights, their tokens tagged with the new version.
+devices of its own taking the trainer's): requests in flight wait, none is dropped, and none reads
+half-replaced weights.
 
 A request's `on_tokens` callback (optional) gets each chunk's tokens and log-probs as they are
 recorded, on the scheduler thread (it must return at once and not raise), for callers that stream.
@@ -270,8 +271,6 @@ class ContinuousBatcher:
         if self._copy is not None and (self._state is None or changed or starting):
           self._state = None  # the old copy goes before the new one is made
           self._state = self._copy.state()
-        if changed:
-          self._recompute_in_flight()
         if admitted:
           self._fit_rows(self._table.grown_rows(self.rows, admitted))
           self._prefill(admitted)
@@ -383,15 +382,6 @@ class ContinuousBatcher:
       rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts)
       self._cache = _put_rows(self._cache, slots, rows)
       pending = [(slot, ids, int(ends[i])) for i, (slot, ids, _) in enumerate(pending) if ends[i] < len(ids) - 1]
-
-  def _recompute_in_flight(self) -> None:
-    """After the weights changed: the keys and values the requests in flight hold computed again with
-    the new weights (all a slot holds; its next decode step feeds its last token), so that what they
-    sample from now on is the new weights' as a new request's would be."""
-    busy = [(slot, r) for slot, r in enumerate(self._table.requests) if r is not None]
-    for _, r in busy:
-      r.version = self._table.version
-    self._feed([(slot, np.concatenate([r.prompt, np.asarray(r.tokens, np.int32)]), 0) for slot, r in busy])
 
   def _step(self) -> None:
     """Decodes a chunk of up to steps_per_dispatch tokens for every busy slot in one program, then
