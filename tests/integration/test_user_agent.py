@@ -3,6 +3,7 @@ the policy served over HTTP (integration/tunix/user_agent.py), on qwen3-tiny; it
 
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
@@ -59,7 +60,7 @@ def test_a_users_openai_agent_trains_through_the_served_policy_and_its_failures_
   assert 0 < failed < 8  # some of the 8 episodes raised, and they did not stop the run
   assert "planned failure of" in caplog.text  # the first failure, with its traceback
   for r in rows:
-    assert r["agent/calls_per_episode"] <= 2 and r["agent/cut_tokens"] == 0
+    assert r["agent/calls_per_episode"] <= 2 and r["agent/cut_tokens"] == 0 and r["staleness/max"] == 0
     # the rewards trained on are the agent's: 2 + len(answer) at least, where it did not fail (a failed
     # episode takes its group's others' mean)
     assert r["agent/failed_episodes"] > 0 or r["agent/reward"] == r["rewards/sum"]
@@ -118,11 +119,17 @@ def _drive(base: str, trainer: subprocess.Popen, deadline: float) -> dict[str, l
 
 @pytest.mark.slow  # a training process of its own (about a minute)
 def test_processes_of_the_users_take_the_episodes_over_http_and_post_rewards(tmp_path):
+  """On a trainer and a sampler of their own (two host devices), one step off policy: the weight sync
+  after step 1 pauses the batcher while episodes of step 2 may be in flight."""
   port = _free_port()
   args = [*TINY, "rl.agent=http", f"rl.agent_port={port}", "rl.agent_timeout_s=60", "run_name=http"]
+  args += ["rl.off_policy_steps=1", "trainer_devices_fraction=0.5", "sampler_devices_fraction=0.5"]
   command = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl", "rl.yml", *args]
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
   with open(tmp_path / "log.txt", "w", encoding="utf-8") as log_file:
-    trainer = subprocess.Popen(command + [f"base_output_directory={tmp_path}"], stdout=log_file, stderr=log_file)
+    trainer = subprocess.Popen(
+      command + [f"base_output_directory={tmp_path}"], stdout=log_file, stderr=log_file, env=env
+    )
     try:
       seen = _drive(f"http://127.0.0.1:{port}", trainer, time.monotonic() + 600)
       assert trainer.wait(timeout=120) == 0, (tmp_path / "log.txt").read_text()[-3000:]
@@ -140,7 +147,7 @@ def test_processes_of_the_users_take_the_episodes_over_http_and_post_rewards(tmp
   assert rows[-1]["agent/failed_episodes"] == 0
   assert rows[-1]["agent/reward"] * 4 == pytest.approx(sum(seen["rewards"][-4:]))
   for r in rows:
-    assert r["agent/calls_per_episode"] <= 1
+    assert r["agent/calls_per_episode"] <= 1 and r["staleness/max"] <= 1
     assert r["agent/failed_episodes"] > 0 or r["agent/reward"] == r["rewards/sum"]
 
 

@@ -1,7 +1,8 @@
 """What a worker process of rl.agent runs (integration/tunix/user_agent.py): the user's agent loaded
 there, one episode per call. Kept apart from the trainer's modules so that a worker imports only
 this, the `openai` client and the agent's own imports (the trainer's would bring JAX and the server
-into every worker: seconds of start-up and hundreds of MB each)."""
+into every worker: seconds of start-up and hundreds of MB each); the workers are forked from a fork
+server that imported PRELOAD once."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from maxtext.utils import user_code
 
 KEY = "rl.agent"
+PRELOAD = ("openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
 
 
 def episode_runner(path: str, name: str) -> Callable[[str, str, dict, float], float | None]:

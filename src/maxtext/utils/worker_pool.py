@@ -7,9 +7,12 @@ code says so; a non-daemon thread it starts keeps the interpreter from exiting a
 done. A WorkerPool runs each call in a worker process instead:
 
 - A worker is a fresh interpreter (started with subprocess, not forked from the multi-threaded
-  trainer) that gets the trainer's sys.path, unpickles and runs the pool's `load` (a picklable
-  callable, such as a functools.partial of a module-level function) to get its handler, then answers
-  one call at a time over a socket with handler(*args), which must be picklable both ways. The
+  trainer), or, for a pool given `preload` (modules slow to import, such as `openai`), a process
+  forked from multiprocessing's fork server (a single-threaded interpreter that imported them once:
+  a worker then starts in milliseconds instead of seconds); either gets the trainer's sys.path,
+  unpickles and runs the pool's `load` (a picklable callable, such as a functools.partial of a
+  module-level function) to get its handler, then answers one call at a time over a socket with
+  handler(*args), which must be picklable both ways. The
   packages named in `bare` are imported there without their __init__ code (Tunix's imports its
   trainers and with them JAX, slow to start and large in memory in every worker, while tools need
   only subpackages whose __init__ files are empty).
@@ -27,6 +30,8 @@ done. A WorkerPool runs each call in a worker process instead:
 from __future__ import annotations
 
 import importlib.util
+import multiprocessing
+import multiprocessing.process
 import os
 import pickle
 import select
@@ -65,9 +70,24 @@ class CallRaised(Exception):
 
 
 class _Worker:
-  """A worker process and the trainer's end of its socket."""
+  """A worker process and the trainer's end of its socket: a fresh interpreter, or with `preload` a
+  process forked from multiprocessing's fork server."""
 
-  def __init__(self, load: Callable[[], Callable], bare: tuple[str, ...]):
+  def __init__(self, load: Callable[[], Callable], bare: tuple[str, ...], preload: tuple[str, ...] = ()):
+    self._stopping = threading.Lock()
+    self._ended: str | None = None
+    if preload:
+      context = multiprocessing.get_context("forkserver")
+      context.set_forkserver_preload(list(preload))  # takes effect where the fork server starts
+      self.conn, theirs = context.Pipe()
+      self.process: subprocess.Popen | multiprocessing.process.BaseProcess = context.Process(
+        target=serve_connection, args=(theirs,), daemon=True
+      )
+      self.process.start()
+      theirs.close()
+      self.conn.send((sys.path, bare))
+      self.conn.send(load)
+      return
     ours, theirs = socket.socketpair()
     with theirs:
       env = dict(os.environ)
@@ -83,8 +103,6 @@ class _Worker:
     self.conn = connection.Connection(ours.detach())
     self.conn.send((sys.path, bare))
     self.conn.send(load)
-    self._stopping = threading.Lock()
-    self._ended: str | None = None
 
   def stop(self) -> str:
     """Kills the process (if it still runs), reaps it and closes the socket, once (a call's thread
@@ -92,7 +110,11 @@ class _Worker:
     with self._stopping:
       if self._ended is None:
         self.process.kill()
-        code = self.process.wait()
+        if isinstance(self.process, subprocess.Popen):
+          code = self.process.wait()
+        else:
+          self.process.join()
+          code = self.process.exitcode
         self.conn.close()
         self._ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
       return self._ended
@@ -112,8 +134,15 @@ class WorkerPool:
   seconds, which `limit` names in its error (e.g. "rl.tool_timeout_s=5"); `bare`: packages the
   workers import without their __init__ code."""
 
-  def __init__(self, load: Callable[[], Callable], timeout_s: float, limit: str, bare: tuple[str, ...] = ()):
-    self._load, self._bare = load, bare
+  def __init__(
+    self,
+    load: Callable[[], Callable],
+    timeout_s: float,
+    limit: str,
+    bare: tuple[str, ...] = (),
+    preload: tuple[str, ...] = (),
+  ):
+    self._load, self._bare, self._preload = load, bare, preload
     self._timeout_s = timeout_s
     self._limit = limit
     self._lock = threading.Lock()
@@ -151,7 +180,7 @@ class WorkerPool:
     return value[0]
 
   def _start(self) -> _Worker:
-    worker = _Worker(self._load, self._bare)
+    worker = _Worker(self._load, self._bare, self._preload)
     with self._lock:
       self._running.add(worker)
     if not worker.conn.poll(START_S):
@@ -200,11 +229,15 @@ def _answer(handler: Callable, args: tuple) -> tuple[str, bytes]:
 
 
 def serve(fd: int) -> None:
-  """The worker's loop over the socket `fd` (WorkerPool starts it with `python -c`). It ends with
-  os._exit, so that no thread the calls started keeps it alive."""
+  """The worker's loop over the socket `fd` (WorkerPool starts it with `python -c`)."""
+  serve_connection(connection.Connection(fd))
+
+
+def serve_connection(conn: connection.Connection) -> None:
+  """The worker's loop over `conn` (a fork server's worker starts here). It ends with os._exit, so
+  that no thread the calls started keeps it alive."""
   signal.signal(signal.SIGINT, signal.SIG_IGN)
-  threading.Thread(target=_exit_with_trainer, args=(fd,), daemon=True).start()
-  conn = connection.Connection(fd)
+  threading.Thread(target=_exit_with_trainer, args=(conn.fileno(),), daemon=True).start()
   sys.path[:], bare = conn.recv()
   for name in bare:
     spec = importlib.util.find_spec(name)

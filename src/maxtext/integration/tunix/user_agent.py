@@ -160,6 +160,7 @@ class Episodes:
       functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name),
       self.agent.timeout_s,
       LIMIT.format(self.agent.timeout_s),
+      preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
     )
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
