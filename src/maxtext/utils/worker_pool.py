@@ -79,12 +79,12 @@ class _Worker:
     if preload:
       context = multiprocessing.get_context("forkserver")
       context.set_forkserver_preload(list(preload))  # takes effect where the fork server starts
-      self.conn, theirs = context.Pipe()
+      self.conn, child = context.Pipe()
       self.process: subprocess.Popen | multiprocessing.process.BaseProcess = context.Process(
-        target=serve_connection, args=(theirs,), daemon=True
+        target=serve_connection, args=(child,), daemon=True
       )
       self.process.start()
-      theirs.close()
+      child.close()
       self.conn.send((sys.path, bare))
       self.conn.send(load)
       return
@@ -114,7 +114,7 @@ class _Worker:
           code = self.process.wait()
         else:
           self.process.join()
-          code = self.process.exitcode
+          code = int(self.process.exitcode or 0)
         self.conn.close()
         self._ended = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
       return self._ended
