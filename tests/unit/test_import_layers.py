@@ -12,7 +12,7 @@ SRC = pathlib.Path(__file__).resolve().parents[2] / "src"
 LAYERS = [
   ("utilities", ["utils"]),
   ("file formats", ["checkpoint_conversion"]),
-  ("tasks", ["tasks"]),
+  ("tasks and agents", ["tasks", "agents"]),
   ("config", ["configs"]),
   ("models and data", ["models", "input_pipeline"]),
   ("engines", ["inference"]),
