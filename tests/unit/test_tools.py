@@ -482,3 +482,10 @@ def test_train_rl_exits_2_before_the_model_loads_for_an_untyped_tool_function(tm
     "(a tool function needs a type hint on every argument and a Google-style docstring: a description, then Args: "
     "with a line for each argument)"
   )
+
+
+def test_the_calculator_agent_offers_the_calculator_tool_as_the_run_s_own_agent_does():
+  """src/maxtext/agents/calculator.py's schema is the built-in tool's (its prompt is the same)."""
+  from maxtext.agents import calculator
+
+  assert tools.CalculatorTool("calculator", tools.CalculatorTool.__doc__).get_json_schema() == calculator.CALCULATOR

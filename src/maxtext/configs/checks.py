@@ -219,11 +219,14 @@ def _check_agent(v: Mapping[str, Any]) -> None:
   agent = v["rl.agent"]
   if not agent or not v["rl.use_agentic_rollout"]:
     return
-  path, _, name = agent.rpartition(":")
-  if agent != "http" and (not path.endswith(".py") or not name.isidentifier()):
-    raise ConfigError(f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, or http")
-  if agent != "http" and not os.path.isfile(path):
-    raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
+  if agent != "http":
+    path, _, name = agent.rpartition(":")
+    if not path.endswith(".py") or not name.isidentifier():
+      raise ConfigError(
+        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, or http"
+      )
+    if not os.path.isfile(path):
+      raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
   if v["rollout_engine"] != "batched":
     raise ConfigError(
       f"rl.agent={agent!r}, rollout_engine={v['rollout_engine']!r}: a user's agent is served from the batched "

@@ -350,7 +350,7 @@ class ContinuousBatcher:
     for _, r, reused, _ in admitted:
       self.prompt_tokens += len(r.prompt)
       self.reused_tokens += reused
-    self._feed([(slot, r.prompt, reused) for slot, r, reused, source in admitted if source is None])
+    self._feed([(slot, r, reused) for slot, r, reused, source in admitted if source is None])
     copies = [(source, slot, r, reused) for slot, r, reused, source in admitted if source is not None]
     if copies:
       n = _bucket(len(copies), self.max_batch_size)
@@ -358,30 +358,30 @@ class ContinuousBatcher:
         [[source, slot] for source, slot, _, _ in copies] + [copies[-1][:2]] * (n - len(copies)), np.int32
       )
       self._cache = _put_rows(self._cache, pairs[:, 1], _take_rows(self._cache, pairs[:, 0]))
-      self._feed([(slot, r.prompt, reused) for _, slot, r, reused in copies])
+      self._feed([(slot, r, reused) for _, slot, r, reused in copies])
 
-  def _feed(self, pending: list[tuple[int, np.ndarray, int]]) -> None:
-    """Feeds each (slot, token ids, ids already in the slot) row's remaining ids but the last,
+  def _feed(self, pending: list[tuple[int, Request, int]]) -> None:
+    """Feeds each (slot, request, tokens already in the slot) prompt's remaining tokens but the last,
     all rows together in chunks (see _chunk_width; rows padded to a power of two). A chunk that
-    would run past the cache starts earlier, feeding again ids the slot already holds."""
-    pending = [(slot, ids, done) for slot, ids, done in pending if done < len(ids) - 1]
+    would run past the cache starts earlier, feeding again prompt tokens the slot already holds."""
+    pending = [(slot, r, done) for slot, r, done in pending if done < len(r.prompt) - 1]
     while pending:
       width = _chunk_width(
-        max(len(ids) - 1 - done for _, ids, done in pending), min(self.prefill_chunk, self.cache_size)
+        max(len(r.prompt) - 1 - done for _, r, done in pending), min(self.prefill_chunk, self.cache_size)
       )
       n = _bucket(len(pending), self.max_batch_size)
       group = pending + [pending[-1]] * (n - len(pending))  # repeats rewrite the same slot with the same rows
       starts = np.array([min(done, self.cache_size - width) for _, _, done in group], np.int32)
       tokens = np.zeros((n, width), np.int32)
       ends = np.zeros(n, np.int32)
-      for i, (_, ids, _) in enumerate(group):
-        part = ids[starts[i] : min(starts[i] + width, len(ids) - 1)]
+      for i, (_, r, _) in enumerate(group):
+        part = r.prompt[starts[i] : min(starts[i] + width, len(r.prompt) - 1)]
         tokens[i, : len(part)] = part
         ends[i] = starts[i] + len(part)
       slots = np.array([slot for slot, _, _ in group], np.int32)
       rows = _extend(self._graphdef, self._state, _take_rows(self._cache, slots), tokens, starts)
       self._cache = _put_rows(self._cache, slots, rows)
-      pending = [(slot, ids, int(ends[i])) for i, (slot, ids, _) in enumerate(pending) if ends[i] < len(ids) - 1]
+      pending = [(slot, r, int(ends[i])) for i, (slot, r, _) in enumerate(pending) if ends[i] < len(r.prompt) - 1]
 
   def _step(self) -> None:
     """Decodes a chunk of up to steps_per_dispatch tokens for every busy slot in one program, then

@@ -326,12 +326,7 @@ class RewardSet:
     scored = applies.any(axis=1)
     metrics: Metrics = {"rewards/unscored": (float((~scored).sum()), np.sum)}
     if scored.any():
-      per_completion = values[scored]
-      metrics["rewards/sum"] = (float(totals[scored].mean()), np.mean)
-      metrics["rewards/std"] = (float(totals[scored].std()), np.mean)
-      metrics["rewards/mean"] = (float(np.nanmean(per_completion, axis=1).mean()), np.mean)
-      metrics["rewards/min"] = (float(np.nanmin(per_completion)), np.min)
-      metrics["rewards/max"] = (float(np.nanmax(per_completion)), np.max)
+      metrics.update(summaries(totals[scored], values[scored]))
     for fn, column, applied in zip(self.functions, values.T, applies.T):
       name = f"rewards/{fn.__name__}"
       metrics[f"{name}/nones"] = (float((~applied).sum()), np.sum)
@@ -349,6 +344,19 @@ class RewardSet:
         _example(i, prompts, completions),
       )
     return others_mean_where(totals, ~scored, group_size), metrics
+
+
+def summaries(totals: np.ndarray, values: np.ndarray) -> Metrics:
+  """rewards/sum and rewards/std of the completions' weighted sums `totals`; rewards/mean, /min and
+  /max of the functions' `values` [completions, functions] (NaN where one does not apply), each
+  completion's averaged for the mean. Every completion has a value."""
+  return {
+    "rewards/sum": (float(totals.mean()), np.mean),
+    "rewards/std": (float(totals.std()), np.mean),
+    "rewards/mean": (float(np.nanmean(values, axis=1).mean()), np.mean),
+    "rewards/min": (float(np.nanmin(values)), np.min),
+    "rewards/max": (float(np.nanmax(values)), np.max),
+  }
 
 
 def others_mean_where(values: np.ndarray, left_out: np.ndarray, group_size: int) -> np.ndarray:

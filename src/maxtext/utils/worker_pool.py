@@ -85,22 +85,20 @@ class _Worker:
       )
       self.process.start()
       child.close()
-      self.conn.send((sys.path, bare))
-      self.conn.send(load)
-      return
-    ours, theirs = socket.socketpair()
-    with theirs:
-      env = dict(os.environ)
-      env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(Path(maxtext.__file__).parents[1]), env.get("PYTHONPATH")) if p
-      )
-      self.process = subprocess.Popen(
-        [sys.executable, "-c", _SERVE.format(fd=theirs.fileno())],
-        pass_fds=(theirs.fileno(),),
-        stdin=subprocess.DEVNULL,
-        env=env,
-      )
-    self.conn = connection.Connection(ours.detach())
+    else:
+      ours, theirs = socket.socketpair()
+      with theirs:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+          p for p in (str(Path(maxtext.__file__).parents[1]), env.get("PYTHONPATH")) if p
+        )
+        self.process = subprocess.Popen(
+          [sys.executable, "-c", _SERVE.format(fd=theirs.fileno())],
+          pass_fds=(theirs.fileno(),),
+          stdin=subprocess.DEVNULL,
+          env=env,
+        )
+      self.conn = connection.Connection(ours.detach())
     self.conn.send((sys.path, bare))
     self.conn.send(load)
 

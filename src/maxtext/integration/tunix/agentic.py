@@ -79,6 +79,7 @@ from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingS
 from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.rewards import RewardSet, others_mean_where
+from maxtext.input_pipeline.rewards import summaries as reward_summaries
 from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
 from maxtext.integration.tunix import user_agent as user_agent_lib
 from maxtext.integration.tunix.algorithm import grpo_config
@@ -558,7 +559,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     own = [traj.get("agent_reward") for traj in trajectories]
     if self._user_agent is not None and all(r is not None for r in own):
       values = np.asarray(own, np.float32)  # the agent's rewards alone: no reward function is called
-      self._log(_reward_summaries(values), step)
+      self._log(reward_summaries(values, values[:, None]), step)  # one reward each, as one function's
     else:
       rewards = self.reward_manager(
         prompts=inputs["prompts"], completions=completions, mode=str(rl_cluster_lib.Mode.TRAIN), **kwargs
@@ -696,18 +697,6 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
 
 _OLDEST_VERSION = "oldest_token_policy_version"
-
-
-def _reward_summaries(values: np.ndarray) -> dict:
-  """rewards/sum, /std, /mean, /min and /max of a group rewarded by the user's agent alone (one
-  reward each, as one reward function's)."""
-  return {
-    "rewards/sum": (float(values.mean()), np.mean),
-    "rewards/std": (float(values.std()), np.mean),
-    "rewards/mean": (float(values.mean()), np.mean),
-    "rewards/min": (float(values.min()), np.min),
-    "rewards/max": (float(values.max()), np.max),
-  }
 
 
 class _EpisodesDoNotHoldSyncs(agentic_utils.RolloutSyncLock):
