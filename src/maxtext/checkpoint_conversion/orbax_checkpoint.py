@@ -22,7 +22,10 @@ from orbax.checkpoint._src.serialization import tensorstore_utils as ts_utils
 
 from maxtext.utils import distributed, errors, storage
 
-_ITEM = "model_params"
+PARAMS_ITEM = "model_params"  # the item Tunix's manager saves the model's parameters as
+# The items of arrays a step may hold beside the parameters: the optimizer's state and, in a PPO run,
+# the critic's parameters and optimizer state.
+OPTIONAL_ITEMS = ("optimizer_state", "critic_params", "critic_optimizer_state")
 
 # TensorStore's requests to GCS, in the contexts Orbax builds, give up as gcsfs's do (storage.py):
 # 5 retries backing off 1 to 16 s, rather than 32 retries backing off up to 32 s (some 15 minutes).
@@ -33,15 +36,19 @@ for _context in (ts_utils._BASE_TS_CONTEXT, ts_utils._DEFAULT_OCDBT_TS_CONTEXT):
 
 
 def uncompressed_manager(root_directory: str, options: ocp.CheckpointManagerOptions) -> ocp.CheckpointManager:
-  """An Orbax manager with Tunix's items (model_params, optimizer_state, custom_metadata) whose arrays
-  are written without zstd compression (read back like compressed ones), with OCDBT except on
-  Pathways (as Tunix's)."""
+  """An Orbax manager with Tunix's items (model_params, optimizer_state, custom_metadata) and a PPO
+  run's critic (critic_params, critic_optimizer_state), whose arrays are written without zstd
+  compression (read back like compressed ones), with OCDBT except on Pathways (as Tunix's)."""
   use_ocdbt = "proxy" not in os.getenv("JAX_PLATFORMS", "")
   arrays = lambda: ocp.PyTreeCheckpointHandler(use_ocdbt=use_ocdbt, use_compression=False)
   return ocp.CheckpointManager(
     root_directory,
     options=options,
-    item_handlers={_ITEM: arrays(), "optimizer_state": arrays(), "custom_metadata": ocp.JsonCheckpointHandler()},
+    item_handlers={
+      PARAMS_ITEM: arrays(),
+      **{item: arrays() for item in OPTIONAL_ITEMS},
+      "custom_metadata": ocp.JsonCheckpointHandler(),
+    },
   )
 
 
@@ -72,7 +79,7 @@ def save_params(root: str, model: nnx.Module, step: int = 0) -> str:
     check_room(directory, step, jax.tree.leaves(params))
   manager = uncompressed_manager(directory, ocp.CheckpointManagerOptions(max_to_keep=None))
   item = ocp.args.PyTreeSave(item=params, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), params))
-  manager.save(step, args=ocp.args.Composite(**{_ITEM: item}), custom_metadata={}, force=True)  # as Tunix saves
+  manager.save(step, args=ocp.args.Composite(**{PARAMS_ITEM: item}), custom_metadata={}, force=True)  # as Tunix saves
   manager.close()
   return str(_path(root) / str(step))
 
@@ -84,7 +91,9 @@ def steps(root: str) -> list[int]:
   if not folder.is_dir():
     return []
   return sorted(
-    int(d.name) for d in folder.iterdir() if d.name.isdigit() and (d / _ITEM).is_dir() and ocp.step.is_path_finalized(d)
+    int(d.name)
+    for d in folder.iterdir()
+    if d.name.isdigit() and (d / PARAMS_ITEM).is_dir() and ocp.step.is_path_finalized(d)
   )
 
 
@@ -111,10 +120,10 @@ def unusable(step_dir: str, batch_bytes: int = 1 << 30) -> str | None:
   finite. Reads on the host, a batch of arrays of at most batch_bytes (or one larger array) at a time,
   in this process alone (another process may be doing something else meanwhile)."""
   checkpointer = _process_local_checkpointer()
-  for item in (_ITEM, "optimizer_state"):
+  for item in (PARAMS_ITEM, *OPTIONAL_ITEMS):
     folder = _path(step_dir) / item
-    if item != _ITEM and not folder.is_dir():
-      continue  # a parameters-only checkpoint (to_maxtext's)
+    if item != PARAMS_ITEM and not folder.is_dir():
+      continue  # a parameters-only checkpoint (to_maxtext's), or a GRPO run's (no critic)
     try:
       leaves = jax.tree_util.tree_flatten_with_path(checkpointer.metadata(str(folder)).item_metadata.tree)[0]
       for batch in _batches(leaves, batch_bytes):
@@ -177,21 +186,23 @@ def remove_unfinished(root: str) -> None:
 
 def is_orbax_checkpoint(path: str) -> bool:
   folder = _path(path)
-  return folder.is_dir() and ((folder / _ITEM).is_dir() or bool(steps(str(folder))) or (folder / "actor").is_dir())
+  return folder.is_dir() and (
+    (folder / PARAMS_ITEM).is_dir() or bool(steps(str(folder))) or (folder / "actor").is_dir()
+  )
 
 
 def resolve(path: str) -> str:
   """The model_params folder of a step folder, or of the latest step under a checkpoint root
   (a run's checkpoints/ folder holds the policy under actor/)."""
   folder = _path(path)
-  if (folder / _ITEM).is_dir():
-    return str(folder / _ITEM)
+  if (folder / PARAMS_ITEM).is_dir():
+    return str(folder / PARAMS_ITEM)
   if (folder / "actor").is_dir():
     return resolve(str(folder / "actor"))
   saved = steps(str(folder))
   if not saved:
-    raise errors.MissingInputError(f"{folder}: no Orbax checkpoint (expected <step>/{_ITEM} folders)")
-  return str(folder / str(saved[-1]) / _ITEM)
+    raise errors.MissingInputError(f"{folder}: no Orbax checkpoint (expected <step>/{PARAMS_ITEM} folders)")
+  return str(folder / str(saved[-1]) / PARAMS_ITEM)
 
 
 def stacked_layers(path: str) -> bool | None:

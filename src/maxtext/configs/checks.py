@@ -54,6 +54,16 @@ def _check_paths(v: Mapping[str, Any]) -> None:
 def _check_algorithm(v: Mapping[str, Any]) -> None:
   """Refuses algorithm choices that would not do what they say together, a micro-batch that does not
   divide the batch, and overlong shaping out of range."""
+  if v["rl.algorithm"] == "grpo" and v["rl.num_generations"] < 2:
+    raise ConfigError(
+      f"rl.num_generations={v['rl.num_generations']} with rl.algorithm=grpo: expected at least 2 (GRPO compares "
+      "the samples of a prompt; rl.algorithm=ppo takes 1)"
+    )
+  if v["rl.algorithm"] == "ppo" and v["rl.use_agentic_rollout"]:
+    raise ConfigError(
+      "rl.algorithm='ppo' with rl.use_agentic_rollout=true: PPO trains in standard mode only (expected "
+      "rl.use_agentic_rollout=false, or rl.algorithm=grpo)"
+    )
   if v["rl.policy_loss_fn"] == "cispo" and v["rl.loss_algo"] != "grpo":
     raise ConfigError(
       f"rl.loss_algo={v['rl.loss_algo']!r} with rl.policy_loss_fn=cispo: the sequence-level ratio belongs to "
@@ -357,11 +367,12 @@ def check_modes(v: Mapping[str, Any], set_by: Mapping[str, str], layer: Mapping[
   wins and the key is reported as unused (set_by: key -> the layer's name; layer: key -> the index of
   the layer that set it). Likewise, with maxtext_compat=true, a key a file set
   (MaxText's configs set keys of every mode)."""
-  mode = (
-    "agentic GRPO (rl.use_agentic_rollout=true)"
-    if v["rl.use_agentic_rollout"]
-    else "standard GRPO (rl.use_agentic_rollout=false)"
-  )
+  if v["rl.algorithm"] == "ppo":
+    mode = "PPO (rl.algorithm=ppo)"
+  elif v["rl.use_agentic_rollout"]:
+    mode = "agentic GRPO (rl.use_agentic_rollout=true)"
+  else:
+    mode = "standard GRPO (rl.use_agentic_rollout=false)"
   ignored = sections.inapplicable(v)  # key -> (reason, the key whose value makes it ignored)
   for key in changed:
     if key not in ignored:

@@ -19,6 +19,7 @@ from maxtext.configs.sections import (
   AgenticSection,
   AgentSection,
   AlgorithmSection,
+  CriticSection,
   DataSection,
   EvalSection,
   MeshSection,
@@ -53,6 +54,7 @@ class RunConfig:
   serve: ServeSection
   eval: EvalSection
   algorithm: AlgorithmSection
+  critic: CriticSection
   agentic: AgenticSection
   agent: AgentSection
   tools: ToolsSection

@@ -53,6 +53,7 @@ LossAggMode = Literal[
   "sequence-mean-token-sum-norm",
 ]
 SamplerIS = Literal["", "token"]
+Algorithm = Literal["grpo", "ppo"]
 ToolSandbox = Literal["bwrap", "none"]
 
 
@@ -100,6 +101,8 @@ OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length=0 punishes nothing",
 )
 SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
+PPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "ppo", "only rl.algorithm=ppo has a critic and GAE")
+GRPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "grpo", "rl.algorithm=ppo's advantages are GAE's, per token")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -770,13 +773,33 @@ class EvalSection:
 
 @dataclasses.dataclass(frozen=True)
 class AlgorithmSection:
-  """GRPO and its variants: group size, advantages, the policy loss, KL, sampler correction, shaping."""
+  """GRPO and its variants, or PPO: group size, advantages, the policy loss, KL, sampler correction,
+  shaping."""
 
   PREFIX: ClassVar[str] = "rl."
+  algorithm: Algorithm = dataclasses.field(
+    metadata=key(
+      "grpo (advantages from each prompt's group of samples) or ppo (a learned critic's values and GAE give "
+      "every token its advantage; standard learner; the critic's keys are critic.*)."
+    )
+  )
   num_generations: int = dataclasses.field(
     metadata=key(
-      "Samples per prompt (G in GRPO).",
-      bounds=Bound(lambda x: x >= 2, "expected at least 2 (GRPO compares the samples of a prompt)"),
+      "Samples per prompt (G in GRPO; at least 2 there, PPO takes any, 1 being its usual).", bounds=POSITIVE_INT
+    )
+  )
+  gamma: float = dataclasses.field(
+    metadata=key(
+      "PPO: discount per token in GAE.",
+      bounds=Bound(lambda x: 0 <= x <= 1, "expected a discount from 0 to 1", finite=True),
+      applies=(PPO,),
+    )
+  )
+  gae_lambda: float = dataclasses.field(
+    metadata=key(
+      "PPO: GAE's lambda (1: the discounted return less the value; 0: one-step TD).",
+      bounds=Bound(lambda x: 0 <= x <= 1, "expected a lambda from 0 to 1", finite=True),
+      applies=(PPO,),
     )
   )
   num_iterations: int = dataclasses.field(
@@ -799,7 +822,8 @@ class AlgorithmSection:
   advantage_estimator: AdvantageEstimator = dataclasses.field(
     metadata=key(
       "grpo ((r - group mean) / group std), dr_grpo (r - group mean), rloo (r - mean of the group's other "
-      "rewards) or reinforce_pp (REINFORCE++: (r - batch mean) / batch std; standard learner only)."
+      "rewards) or reinforce_pp (REINFORCE++: (r - batch mean) / batch std; standard learner only).",
+      applies=(GRPO,),
     )
   )
   policy_loss_fn: PolicyLossFn = dataclasses.field(
@@ -837,7 +861,8 @@ class AlgorithmSection:
   dynamic_sampling: bool = dataclasses.field(
     metadata=key(
       "DAPO's dynamic sampling, sampling more groups until the step holds batch_size groups whose rewards "
-      "differ (agentic: per prompt slot, one process)."
+      "differ (agentic: per prompt slot, one process).",
+      applies=(GRPO.because("PPO's critic, not a group's spread, gives the learning signal"),),
     )
   )
   dynamic_sampling_max_rounds: int = dataclasses.field(
@@ -868,6 +893,45 @@ class AlgorithmSection:
   )
   filter_zero_variance_groups: bool = dataclasses.field(
     metadata=key("Agentic: mask groups whose rewards are all equal (no learning signal).", applies=(AGENTIC,))
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSection:
+  """PPO's critic (rl.algorithm=ppo): the policy's decoder with a float32 value head, initialised from
+  the policy's starting weights, trained by its own AdamW."""
+
+  PREFIX: ClassVar[str] = "critic."
+  learning_rate: float = dataclasses.field(
+    metadata=key(
+      "The critic's AdamW learning rate, constant after its warmup; -1: ten times learning_rate.",
+      bounds=Bound(lambda x: x > 0 or x == -1, "expected a finite number > 0, or -1 (ten times learning_rate)", True),
+      applies=(PPO,),
+    )
+  )
+  warmup_steps: int = dataclasses.field(
+    metadata=key(
+      "The first this many training steps train the critic alone (the policy's updates move nothing); the "
+      "critic's learning rate rises linearly over them.",
+      bounds=NON_NEGATIVE_INT,
+      applies=(PPO,),
+    )
+  )
+  clip_range_value: float = dataclasses.field(
+    metadata=key(
+      "Value clipping: a value moves at most this far from the one it had when sampled before its loss stops "
+      "pulling it (0: no clipping).",
+      bounds=NON_NEGATIVE,
+      applies=(PPO,),
+    )
+  )
+  micro_batch_size: int = dataclasses.field(
+    metadata=key(
+      "Completions per critic forward and backward pass, gradients accumulated over the step's batch (0: "
+      "train_micro_batch_size's completions, else the whole batch).",
+      bounds=NON_NEGATIVE_INT,
+      applies=(PPO,),
+    )
   )
 
 
@@ -1127,6 +1191,7 @@ SECTION_TYPES: dict[str, type] = {
   "serve": ServeSection,
   "eval": EvalSection,
   "algorithm": AlgorithmSection,
+  "critic": CriticSection,
   "agentic": AgenticSection,
   "agent": AgentSection,
   "tools": ToolsSection,

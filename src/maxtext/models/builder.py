@@ -142,7 +142,8 @@ def is_adapter(name: str) -> bool:
   return name.endswith(("_lora_a", "_lora_b"))
 
 
-def _mesh_of(model: Decoder) -> Mesh:
+def mesh_of(model: Decoder) -> Mesh:
+  """The mesh the model's parameters are laid out on."""
   return jax.tree.leaves(nnx.state(model))[0].sharding.mesh
 
 
@@ -163,7 +164,7 @@ def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
     lora_names.describe(mcfg.lora_module_path, mcfg.num_layers),
     mcfg.lora_module_path,
   )
-  mesh = _mesh_of(base)
+  mesh = mesh_of(base)
   graphdef, abstract, _ = _abstract(mcfg, mesh)
   lora_shardings = nnx.get_named_sharding(nnx.filter_state(abstract, nnx.LoRAParam), mesh)
 
@@ -180,7 +181,7 @@ def with_lora(base: Decoder, mcfg: ModelConfig, seed: int) -> Decoder:
 def base_of(model: Decoder) -> Decoder:
   """The frozen base of an adapted decoder: its base weights (the same arrays) without adapters."""
   mcfg = dataclasses.replace(model.config, lora_rank=0)
-  graphdef, _, _ = _abstract(mcfg, _mesh_of(model))
+  graphdef, _, _ = _abstract(mcfg, mesh_of(model))
   return nnx.merge(graphdef, nnx.state(model, nnx.Not(nnx.LoRAParam)))
 
 

@@ -62,8 +62,9 @@ class StepServices(Protocol):
     rewards are logged."""
     ...
 
-  def advantages(self, rewards: np.ndarray) -> np.ndarray:
-    """The algorithm's advantages of the rewards, in groups of num_generations rows."""
+  def advantages(self, rewards: np.ndarray) -> np.ndarray | None:
+    """The algorithm's advantages of the rewards, in groups of num_generations rows (None where the
+    learner computes them later, from more than the rewards)."""
     ...
 
   def log(self, values: dict[str, tuple[float, Callable]]) -> None:
@@ -95,15 +96,18 @@ class StepSettings:
 @dataclasses.dataclass(frozen=True)
 class StepBatch:
   """What a step trains on, one row per completion: the prompts' tokens (left-padded) and mask, the
-  completions' tokens (right-padded to the budget) and mask, the advantages, the reference's and old
-  policy's log-probs (None where not scored), the sampler's log-probs (host, None where the engine
-  returns none) and the sampler importance weights (None unless rl.sampler_is=token)."""
+  completions' tokens (right-padded to the budget) and mask, the rewards (host, as the reward
+  functions and shaping gave them), the advantages (None where the learner computes them from the
+  rewards itself: PPO's, per token), the reference's and old policy's log-probs (None where not scored),
+  the sampler's log-probs (host, None where the engine returns none) and the sampler importance weights
+  (None unless rl.sampler_is=token)."""
 
   prompt_ids: jax.Array
   prompt_mask: jax.Array
   completion_ids: jax.Array
   completion_mask: jax.Array
-  advantages: jax.Array
+  rewards: np.ndarray
+  advantages: jax.Array | None
   ref_logps: jax.Array | None = None
   old_logps: jax.Array | None = None
   sampler_logps: np.ndarray | None = None
@@ -191,7 +195,8 @@ class StandardStep:
       prompt_mask=prompt_ids != settings.pad,
       completion_ids=completion_ids,
       completion_mask=jnp.asarray(completions != settings.pad),
-      advantages=jax.device_put(advantages),
+      rewards=rewards,
+      advantages=None if advantages is None else jax.device_put(advantages),
       ref_logps=ref_logps,
       old_logps=old_logps,
       sampler_logps=sampler_logps,

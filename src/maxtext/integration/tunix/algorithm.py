@@ -1,4 +1,5 @@
-"""The GRPO algorithm config of either learner, every rl.* key it reads mapped to Tunix's names."""
+"""The algorithm config of each learner (standard or agentic GRPO, PPO), every rl.* key it reads mapped to
+Tunix's names."""
 
 from __future__ import annotations
 
@@ -23,14 +24,10 @@ class GRPOConfig(grpo_learner.GRPOConfig):
   epsilon_high: float
 
 
-def grpo_config(
-  rl: AlgorithmSection, sampling: SamplingSection, agentic: AgenticSection | None = None, system_prompt: str = ""
-) -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
-  """The learner's algorithm config: agentic GRPO's (with the conversations' system prompt) when
-  `agentic` says rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are
-  registered."""
+def _common(rl: AlgorithmSection) -> dict[str, Any]:
+  """The fields of every learner's config, with the estimator and loss they name registered."""
   losses.register()
-  common: dict[str, Any] = dict(
+  return dict(
     advantage_estimator=rl.advantage_estimator,
     policy_loss_fn=rl.policy_loss_fn,
     num_generations=rl.num_generations,
@@ -42,6 +39,33 @@ def grpo_config(
     loss_algo=rl.loss_algo,
     loss_agg_mode=rl.loss_agg_mode,
   )
+
+
+@dataclasses.dataclass(kw_only=True)
+class PPOConfig(GRPOConfig):
+  """The standard learner's config for PPO (rl.algorithm=ppo): GAE's discount and lambda; any number
+  of samples per prompt (Tunix's GRPOConfig refuses fewer than 2, which GRPO needs and PPO does not)."""
+
+  gamma: float
+  gae_lambda: float
+
+  def __post_init__(self):
+    pass  # the choices of every field were checked with the run's config
+
+
+def ppo_config(rl: AlgorithmSection) -> PPOConfig:
+  """PPO's algorithm config: the standard learner's fields (its advantage estimator unused) with
+  gamma and gae_lambda."""
+  return PPOConfig(**_common(rl), gamma=rl.gamma, gae_lambda=rl.gae_lambda)
+
+
+def grpo_config(
+  rl: AlgorithmSection, sampling: SamplingSection, agentic: AgenticSection | None = None, system_prompt: str = ""
+) -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
+  """The learner's algorithm config: agentic GRPO's (with the conversations' system prompt) when
+  `agentic` says rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are
+  registered."""
+  common = _common(rl)
   if agentic is None or not agentic.use_agentic_rollout:
     return GRPOConfig(**common)
   config = agentic_grpo_learner.GRPOConfig(

@@ -28,6 +28,7 @@ from maxtext.models.decoder import Decoder
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.utils import heap, storage
 from maxtext.utils import mesh as mesh_lib
+from maxtext.utils.errors import InputError
 from maxtext.utils.steps import Steps
 
 Role = rl_cluster_lib.Role
@@ -48,11 +49,17 @@ def optimizer(train: TrainSection, steps: Steps) -> optax.GradientTransformation
     decay_steps=max(updates, warmup + 1),
     end_value=0.0,
   )
+  return unless_without_signal(adamw(train, schedule))
+
+
+def adamw(train: TrainSection, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:
+  """AdamW with the run's betas and weight decay (of matrices and embeddings only, unless
+  adam_weight_decay_all) at `learning_rate`, after global-norm clipping at gradient_clipping_threshold."""
   mask = None if train.adam_weight_decay_all else (lambda params: jax.tree.map(lambda p: jnp.ndim(p) >= 2, params))
-  adamw = optax.adamw(schedule, b1=train.adam_b1, b2=train.adam_b2, weight_decay=train.adam_weight_decay, mask=mask)
+  tx = optax.adamw(learning_rate, b1=train.adam_b1, b2=train.adam_b2, weight_decay=train.adam_weight_decay, mask=mask)
   if train.gradient_clipping_threshold > 0:
-    adamw = optax.chain(optax.clip_by_global_norm(train.gradient_clipping_threshold), adamw)
-  return unless_without_signal(adamw)
+    tx = optax.chain(optax.clip_by_global_norm(train.gradient_clipping_threshold), tx)
+  return tx
 
 
 def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTransformation:
@@ -302,6 +309,7 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
     self._before_save = before_save
     self._root = root_directory
     self._checkpoint_manager = orbax_checkpoint.uncompressed_manager(root_directory, options)
+    self._items: Callable[[], dict[str, nnx.State]] = dict
 
   def saved_updates(self) -> list[int]:
     """The updates whose saves finished, as this manager knows them without reading the storage
@@ -309,14 +317,43 @@ class CheckpointManager(checkpoint_manager.CheckpointManager):
     return list(self._checkpoint_manager.all_steps())
 
   def save(self, step, model, optimizer=None, save_only_lora_params=False, force=False, custom_metadata=None):
-    """Tunix's save (same parameters), after before_save and the room check; every process of a job
-    calls it alike and gets process 0's answer."""
+    """Tunix's save (same parameters and items), after before_save and the room check, with the
+    items of `with_items` beside them; every process of a job calls it alike and gets process 0's
+    answer."""
     if self._before_save is not None:
       self._before_save(step, model, optimizer)
-    if not storage.is_url(self._root) and (force or self._checkpoint_manager.should_save(step)):
-      state = nnx.state(model, nnx.LoRAParam) if save_only_lora_params else nnx.state(model)
-      arrays = jax.tree.leaves(state)
-      if optimizer is not None:
-        arrays += jax.tree.leaves(nnx.state(optimizer, nnx.optimizer.OptState))
-      orbax_checkpoint.check_room(self._root, step, arrays)
-    return super().save(step, model, optimizer, save_only_lora_params, force, custom_metadata)
+    if not force and not self._checkpoint_manager.should_save(step):
+      return False
+    items = {
+      orbax_checkpoint.PARAMS_ITEM: nnx.state(model, nnx.LoRAParam) if save_only_lora_params else nnx.state(model)
+    }
+    if optimizer is not None:
+      items["optimizer_state"] = nnx.state(optimizer, nnx.optimizer.OptState)
+    items.update(self._items())
+    if not storage.is_url(self._root):
+      orbax_checkpoint.check_room(self._root, step, jax.tree.leaves(items))
+    saves = {
+      k: ocp.args.PyTreeSave(item=v, save_args=jax.tree.map(lambda _: ocp.SaveArgs(), v)) for k, v in items.items()
+    }
+    return self._checkpoint_manager.save(
+      step, args=ocp.args.Composite(**saves), custom_metadata=custom_metadata or {}, force=force
+    )
+
+  def with_items(self, items: Callable[[], dict[str, nnx.State]]) -> None:
+    """Every save also writes items() (item name -> state; orbax_checkpoint.OPTIONAL_ITEMS names them),
+    read back by restore_items."""
+    self._items = items
+
+  def restore_items(self, step: int, targets: dict[str, nnx.State]) -> dict[str, nnx.State]:
+    """The items of step `step` named in `targets` (item name -> a state of the arrays' shapes and
+    layout), read into that layout; a step without one of them raises an InputError naming it."""
+    held = self._checkpoint_manager.metadata(step).item_metadata
+    missing = [name for name in targets if held is None or name not in held or held[name] is None]
+    if missing:
+      raise InputError(f"{self._root}/{step}: holds no {', '.join(missing)} (a checkpoint of another algorithm's run)")
+    restores = {
+      k: ocp.args.PyTreeRestore(item=v, restore_args=ocp.checkpoint_utils.construct_restore_args(target=v))
+      for k, v in targets.items()
+    }
+    restored = self._checkpoint_manager.restore(step, args=ocp.args.Composite(**restores))
+    return {k: restored[k] for k in targets}

@@ -102,6 +102,12 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     fields = {f.name: getattr(example, f.name) for f in dataclasses.fields(example)}
     return losses.SampledExample(**fields, sampler_logps=jnp.asarray(batch.sampler_logps))
 
+  def _advantages(self, rewards: np.ndarray) -> np.ndarray | None:
+    """The advantages of a round's rewards (standard_step.StepServices.advantages): the estimator's."""
+    algo = self.algo_config
+    estimator = function_registry.get_advantage_estimator(algo.advantage_estimator)
+    return estimator(rewards=rewards, num_generations=algo.num_generations)
+
   def _step_settings(self) -> standard_step.StepSettings:
     """The step's settings from the algorithm, rollout and training configs: a sampling call takes
     rollout_micro_batch_size prompts, a scoring call compute_logps_micro_batch_size, each else
@@ -166,10 +172,8 @@ class _Services:
     self._cluster.buffer_metrics(info["log_metrics"], mode=TRAIN)
     return np.asarray(info["rewards"])
 
-  def advantages(self, rewards: np.ndarray) -> np.ndarray:
-    algo = self._learner.algo_config
-    estimator = function_registry.get_advantage_estimator(algo.advantage_estimator)
-    return estimator(rewards=rewards, num_generations=algo.num_generations)
+  def advantages(self, rewards: np.ndarray) -> np.ndarray | None:
+    return self._learner._advantages(rewards)
 
   def log(self, values: dict) -> None:
     self._learner._log(values)

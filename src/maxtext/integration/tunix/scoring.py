@@ -2,7 +2,8 @@
 the samplers' get_per_token_logps compute them: Tunix's layout of prompt and completion (its
 process_ids: left-padded prompts, positions and the causal mask over non-pad tokens), then the
 completion positions' hidden states through models/token_logps.py, so the [B, T, vocab] logits are
-never held whole."""
+never held whole; and the values of completion tokens under PPO's critic (`completion_values`), from
+the same layout."""
 
 from __future__ import annotations
 
@@ -30,3 +31,15 @@ def completion_logps(
     float(temperature or 1.0),
     model.config.precision,
   )
+
+
+def completion_values(
+  critic, prompt_tokens: jax.Array, completion_tokens: jax.Array, pad_id: int, eos_id: int
+) -> jax.Array:
+  """float32 values [B, C] of the states before each of completion_tokens [B, C] (the prompt and the
+  completion's earlier tokens) under `critic` (a models.critic.Critic): the hidden states at the
+  positions the log-probs are read from."""
+  tokens, positions, attention_mask, _ = common.process_ids(prompt_tokens, completion_tokens, pad_id, eos_id)
+  hidden, _ = critic.hidden_states(tokens, positions, None, attention_mask)
+  length = completion_tokens.shape[1]
+  return critic.values(hidden[:, -length - 1 : -1])

@@ -1,4 +1,4 @@
-"""One GRPO training run, in the order train_rl runs it: set up, evaluate, train, evaluate, save.
+"""One training run (GRPO or PPO), in the order train_rl runs it: set up, evaluate, train, evaluate, save.
 
 `TrainingRun(cfg)` sets up: the rewards (a user's reward file runs first, so its errors come at
 once), the run folder (refusing a rerun that changes the settings that shape training, or a folder
@@ -39,6 +39,8 @@ from maxtext.integration.tunix import agentic as agentic_lib
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import learner as learner_lib
 from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories, user_agent
+from maxtext.integration.tunix import ppo as ppo_lib
+from maxtext.models import critic as critic_lib
 from maxtext.models.load import load_model
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
@@ -104,6 +106,10 @@ class TrainingRun:
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
     actor = load_model(cfg.model, trainer_mesh)
+    # PPO's critic starts from the policy's starting weights (before a resumed run restores the actor's)
+    critic = (
+      critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1) if cfg.algorithm.algorithm == "ppo" else None
+    )
 
     resumed = folder.resume()
     if resumed:
@@ -141,16 +147,28 @@ class TrainingRun:
         )
       reserve = reserve_ds.__getitem__ if reserve_ds is not None else None
       with jax.set_mesh(trainer_mesh), shutdown.handlers_kept():
-        self.learner = self._build_learner(reward_set, reserve, agentic_parts)
+        self.learner = self._build_learner(reward_set, reserve, agentic_parts, critic, trainer_mesh)
     except BaseException:
       self.close()
       raise
     folder.write_config(cfg)  # the inputs it names have loaded and the checkpoint it resumes from fits
 
-  def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts):
+  def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts, critic, trainer_mesh):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
-    agentic GRPO, else None)."""
+    agentic GRPO, else None; critic: PPO's, on trainer_mesh, else None)."""
     cfg = self.cfg
+    if critic is not None:
+      return ppo_lib.build_learner(
+        cfg.train,
+        cfg.algorithm,
+        cfg.critic,
+        cfg.sampling,
+        self.cluster,
+        reward_set,
+        critic,
+        trainer_mesh,
+        self._before_step,
+      )
     if agentic_parts is None:
       return learner_lib.build_learner(
         cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_set, self._before_step, reserve

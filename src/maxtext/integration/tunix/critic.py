@@ -1,0 +1,124 @@
+"""PPO's critic in training (rl.algorithm=ppo): its values of a step's completions and its updates
+towards their returns, by an AdamW of its own (critic.learning_rate, constant; the run's betas, weight
+decay and gradient clipping), on the trainer's mesh.
+
+Tunix 0.1.7's critic role is not used: its trainer updates only LoRA parameters where the critic has
+adapters, so a new value head never trains, and it has no critic-only warmup (docs/decisions.md,
+"PPO's critic outside Tunix's trainer").
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from maxtext.configs.sections import CriticSection, TrainSection
+from maxtext.integration.tunix import cluster as cluster_lib
+from maxtext.integration.tunix import scoring
+from maxtext.models import critic as critic_lib
+from maxtext.rl import ppo
+from maxtext.utils import mesh as mesh_lib
+
+PARAMS, OPTIMIZER = "critic_params", "critic_optimizer_state"  # its checkpoint items
+
+
+def learning_rate(section: CriticSection, train: TrainSection) -> float:
+  """critic.learning_rate, or ten times the policy's learning_rate where it is -1."""
+  return section.learning_rate if section.learning_rate > 0 else 10.0 * train.learning_rate
+
+
+class CriticTrainer:
+  """The critic, its optimizer and the programs that score and train it, `rows` completions at a
+  time (None: the whole batch)."""
+
+  def __init__(
+    self,
+    critic: critic_lib.Critic,
+    section: CriticSection,
+    train: TrainSection,
+    mesh,
+    pad_id: int,
+    eos_id: int,
+    rows: int | None,
+  ):
+    self.critic = critic
+    self._trained = critic_lib.trained(critic)
+    with jax.set_mesh(mesh):
+      self.optimizer = nnx.Optimizer(critic, cluster_lib.adamw(train, learning_rate(section, train)), wrt=self._trained)
+    self._mesh, self._pad, self._eos, self._rows = mesh, pad_id, eos_id, rows
+    self._clip = section.clip_range_value
+
+  def _parts(self, arrays: tuple) -> list[tuple]:
+    """The arrays as global arrays on the mesh, in row slices of `rows`."""
+    arrays = mesh_lib.global_batch(tuple(arrays), self._mesh)
+    size = self._rows or len(arrays[0])
+    return [tuple(a[i : i + size] for a in arrays) for i in range(0, len(arrays[0]), size)]
+
+  def values(self, prompt_ids, completion_ids) -> jax.Array:
+    """float32 values [B, C] of each completion token's state (scoring.completion_values)."""
+    graphdef, state = nnx.split(self.critic)
+    with jax.set_mesh(self._mesh):
+      parts = self._parts((prompt_ids, completion_ids))
+      return jnp.concatenate([_values(graphdef, state, p, c, self._pad, self._eos) for p, c in parts], axis=0)
+
+  def train(self, prompt_ids, completion_ids, mask, old_values, returns) -> dict[str, float]:
+    """One update towards `returns` [B, C] from the values it had when the batch was scored
+    (`old_values`) under PPO's clipped value loss over the live tokens of `mask` (ppo.value_loss), the
+    gradients summed over the micro-batches; returns the update's metrics: value loss, clip fraction,
+    values' and returns' means over live tokens, explained variance and the gradient's norm."""
+    graphdef, trained, rest = nnx.split(self.critic, self._trained, ...)  # type: ignore[misc]
+    live = float(np.asarray(jax.device_get(jnp.sum(mask))))
+    grads, loss, clipped = None, 0.0, 0.0
+    with jax.set_mesh(self._mesh):
+      for part in self._parts((prompt_ids, completion_ids, mask, old_values, returns)):
+        weight = float(np.asarray(jax.device_get(jnp.sum(part[2])))) / max(live, 1.0)
+        g, (part_loss, part_clipped) = _grads(graphdef, trained, rest, *part, weight, self._pad, self._eos, self._clip)
+        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+        loss, clipped = loss + weight * float(part_loss), clipped + weight * float(part_clipped)
+      self.optimizer.update(self.critic, grads)
+    m = jnp.asarray(mask, jnp.float32)
+    count = jnp.maximum(m.sum(), 1.0)
+    return {
+      "critic/value_loss": loss,
+      "critic/vf_clipfrac": clipped,
+      "critic/values_mean": float((old_values * m).sum() / count),
+      "critic/returns_mean": float((returns * m).sum() / count),
+      "critic/explained_variance": float(ppo.explained_variance(old_values, returns, mask)),
+      "critic/grad_norm": float(_norm(grads)),
+    }
+
+  def items(self) -> dict[str, nnx.State]:
+    """Its checkpoint items: the parameters it trains and its optimizer's state."""
+    return {PARAMS: nnx.state(self.critic, self._trained), OPTIMIZER: nnx.state(self.optimizer, nnx.optimizer.OptState)}
+
+  def restore(self, items: dict[str, nnx.State]) -> None:
+    """Sets the parameters and optimizer state of `items` (as `items` returns them)."""
+    nnx.update(self.critic, items[PARAMS])
+    nnx.update(self.optimizer, items[OPTIMIZER])
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos"))
+def _values(graphdef, state, prompt_ids, completion_ids, pad, eos):
+  return scoring.completion_values(nnx.merge(graphdef, state), prompt_ids, completion_ids, pad, eos)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos", "clip"))
+def _grads(graphdef, trained, rest, prompt_ids, completion_ids, mask, old_values, returns, weight, pad, eos, clip):
+  """The gradient of weight x the micro-batch's value loss, with (its loss, its clip fraction)."""
+
+  def loss_fn(trained):
+    values = scoring.completion_values(nnx.merge(graphdef, trained, rest), prompt_ids, completion_ids, pad, eos)
+    loss, clipped = ppo.value_loss(values, old_values, returns, mask, clip)
+    return weight * loss, (loss, clipped)
+
+  grads, aux = jax.grad(loss_fn, has_aux=True)(trained)
+  return grads, aux
+
+
+@jax.jit
+def _norm(tree) -> jax.Array:
+  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
