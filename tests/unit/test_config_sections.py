@@ -161,7 +161,19 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
   [
     ("learning_rate=.nan", "learning_rate=nan: expected a finite number > 0"),
     ("adam_b2=1.0", "adam_b2=1.0: expected a number from 0 to below 1"),
-    ("rl.num_generations=1", "rl.num_generations=1: expected at least 2 (GRPO compares the samples of a prompt)"),
+    (
+      "rl.num_generations=1",
+      "rl.num_generations=1 with rl.algorithm=grpo: expected at least 2 (GRPO compares the samples of a prompt; "
+      "rl.algorithm=ppo takes 1)",
+    ),
+    (
+      "critic.learning_rate=0",
+      "critic.learning_rate=0.0: expected a finite number > 0, or -1 (ten times learning_rate)",
+    ),
+    (
+      "critic.learning_rate=.inf",
+      "critic.learning_rate=inf: expected a finite number > 0, or -1 (ten times learning_rate)",
+    ),
     ("math_verify_timeout=.nan", "math_verify_timeout=nan: expected a positive number of seconds"),
   ],
 )
@@ -218,7 +230,7 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "eval_batch_size": (0, -2),  # -1 is MaxText's batch_size
   "num_eval_passes": (0,),
   "eval_interval": (-1,),
-  "rl.num_generations": (1,),
+  "rl.num_generations": (0,),  # 1 is refused with rl.algorithm=grpo alone (PPO takes it)
   "rl.num_iterations": (0, -1),
   "rl.dynamic_sampling_max_rounds": (1,),
   "rl.overlong_buffer_length": (-1,),
@@ -229,6 +241,8 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "rl.max_turns": (0,),
   "rl.tool_memory_mb": (0,),
   "rl.tool_output_max_chars": (0,),
+  "critic.warmup_steps": (-1,),
+  "critic.mini_batch_size": (-1,),
 }
 
 
@@ -253,6 +267,7 @@ def test_an_integer_key_out_of_range_stops_the_start_naming_it(key, value):
   """In the mode that reads the key (agentic keys with rl.use_agentic_rollout=true and a tool):
   key=value and what is expected."""
   mode = ["rl.use_agentic_rollout=true", "rl.tools=[python]"] if key in sections.AGENTIC_ONLY_KEYS else []
+  mode += ["rl.algorithm=ppo"] if key in sections.PPO_ONLY_KEYS else []
   with pytest.raises(pyconfig.ConfigError) as raised:
     make_config(*mode, f"{key}={value}")
   lines = [line.strip() for line in str(raised.value).splitlines()]

@@ -1,15 +1,20 @@
 """Every key of base.yml's rl: section, set alone in standard and in agentic GRPO, either reaches what
 that mode builds or stops the config with an error naming the key and the mode."""
 
+import types
+
 import pytest
 
 from maxtext.configs import pyconfig, sections
-from maxtext.integration.tunix import agentic, learner, tools, trajectories, user_agent
+from maxtext.integration.tunix import agentic, algorithm, learner, ppo, tools, trajectories, user_agent
 from maxtext.utils import errors
 from tests.conftest import make_config, parser_for
 
 # A value away from the default for every rl.* key, and where each mode's learner shows it.
 CHANGED = {
+  "rl.algorithm": "ppo",
+  "rl.gamma": 0.9,
+  "rl.gae_lambda": 0.8,
   "rl.num_generations": 3,
   "rl.num_iterations": 2,
   "rl.grpo_beta": 0.01,
@@ -53,6 +58,8 @@ SHAPE_FIELDS = {
   "rl.mask_truncated_completions": lambda shape: shape.mask_truncated_completions,
 }
 ALGO_FIELDS = {
+  "rl.gamma": "gamma",
+  "rl.gae_lambda": "gae_lambda",
   "rl.num_generations": "num_generations",
   "rl.num_iterations": "num_iterations",
   "rl.grpo_beta": "beta",
@@ -89,11 +96,18 @@ def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
       tools.tool_map(cfg.tools),
       user_agent=user_agent.load(cfg.agent) if cfg.agent.agent else None,
     )
+  if cfg.algorithm.algorithm == "ppo":
+    monkeypatch.setattr(ppo, "PPOLearner", record)
+    monkeypatch.setattr(ppo, "CriticTrainer", lambda *args: args)
+    cluster = types.SimpleNamespace(rollout=types.SimpleNamespace(pad_id=lambda: 0, eos_id=lambda: 1))
+    return ppo.build_learner(cfg.train, cfg.algorithm, cfg.critic, cfg.sampling, cluster, [], None, None)
   monkeypatch.setattr(learner, "GRPOLearner", record)
   return learner.build_learner(cfg.train, cfg.algorithm, cfg.sampling, None, [])
 
 
 def _observed(key: str, kwargs: dict):
+  if key == "rl.algorithm":
+    return "ppo" if isinstance(kwargs["algo_config"], algorithm.PPOConfig) else "grpo"
   if "shape" in kwargs and key in SHAPE_FIELDS:
     return SHAPE_FIELDS[key](kwargs["shape"])
   if key in ALGO_FIELDS:
@@ -150,7 +164,9 @@ def test_which_keys_each_mode_refuses():
   refines = {"rl.dynamic_sampling_max_rounds", "rl.overlong_penalty", "rl.sampler_is_threshold"}
   files = {"rl.tools_path", "rl.agent"}  # keys naming a file: tried above, with one
   standard = {k for k in CHANGED if k not in files and refused(_arg(k))}
-  assert standard == set(sections.AGENTIC_ONLY_KEYS) - files | refines
+  assert standard == set(sections.AGENTIC_ONLY_KEYS) - files | refines | {
+    k for k in sections.PPO_ONLY_KEYS if k.startswith("rl.")
+  }
   agentic_refused = {k for k in CHANGED if k not in files and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
     "rl.agent_timeout_s",  # without rl.agent
@@ -164,6 +180,8 @@ def test_which_keys_each_mode_refuses():
     "rl.tool_output_max_chars",
     "rl.tool_sandbox",
     *sections.STANDARD_ONLY_KEYS,
+    *(k for k in sections.PPO_ONLY_KEYS if k.startswith("rl.")),
+    "rl.algorithm",  # PPO trains in standard mode
     *refines,
   }
   assert not refused("rl.dynamic_sampling=true", "rl.dynamic_sampling_max_rounds=3", "rl.overlong_buffer_length=4")

@@ -61,8 +61,8 @@ def _check_algorithm(v: Mapping[str, Any]) -> None:
     )
   if v["rl.algorithm"] == "ppo" and v["rl.use_agentic_rollout"]:
     raise ConfigError(
-      "rl.algorithm='ppo' with rl.use_agentic_rollout=true: PPO trains in standard mode only (expected "
-      "rl.use_agentic_rollout=false, or rl.algorithm=grpo)"
+      "rl.algorithm='ppo' with rl.use_agentic_rollout=true: agentic GRPO has no critic; PPO trains in standard "
+      "mode (expected rl.use_agentic_rollout=false, or rl.algorithm=grpo)"
     )
   if v["rl.policy_loss_fn"] == "cispo" and v["rl.loss_algo"] != "grpo":
     raise ConfigError(

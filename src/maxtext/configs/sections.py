@@ -911,8 +911,8 @@ class CriticSection:
   )
   warmup_steps: int = dataclasses.field(
     metadata=key(
-      "The first this many training steps train the critic alone (the policy's updates move nothing); the "
-      "critic's learning rate rises linearly over them.",
+      "The first this many training steps train the critic alone: the policy trains on no token, so its "
+      "updates move nothing.",
       bounds=NON_NEGATIVE_INT,
       applies=(PPO,),
     )
@@ -925,10 +925,11 @@ class CriticSection:
       applies=(PPO,),
     )
   )
-  micro_batch_size: int = dataclasses.field(
+  mini_batch_size: int = dataclasses.field(
     metadata=key(
-      "Completions per critic forward and backward pass, gradients accumulated over the step's batch (0: "
-      "train_micro_batch_size's completions, else the whole batch).",
+      "Completions per critic update: each step the critic makes one update per this many of the batch's "
+      "completions, in rl.num_iterations passes (0: train_micro_batch_size's completions, else the whole batch, "
+      "one update). Value clipping acts from a step's second update on.",
       bounds=NON_NEGATIVE_INT,
       applies=(PPO,),
     )
@@ -1200,5 +1201,7 @@ SECTION_TYPES: dict[str, type] = {
 # Keys only agentic GRPO reads (rl.use_agentic_rollout=true), which standard GRPO refuses; and the reverse.
 AGENTIC_ONLY_KEYS = keys_only_under(AGENTIC)
 STANDARD_ONLY_KEYS = keys_only_under(STANDARD)
+# Keys only PPO reads (rl.algorithm=ppo), which GRPO refuses.
+PPO_ONLY_KEYS = keys_only_under(PPO)
 # Keys naming a file or folder the program reads or writes, with os-level file access.
 PATH_KEYS = path_keys()

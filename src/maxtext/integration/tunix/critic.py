@@ -32,8 +32,8 @@ def learning_rate(section: CriticSection, train: TrainSection) -> float:
 
 
 class CriticTrainer:
-  """The critic, its optimizer and the programs that score and train it, `rows` completions at a
-  time (None: the whole batch)."""
+  """The critic, its optimizer and the programs that score and train it: `rows` completions at a time
+  (None: the whole batch), one update per `rows` completions, `passes` passes over a step's batch."""
 
   def __init__(
     self,
@@ -44,12 +44,13 @@ class CriticTrainer:
     pad_id: int,
     eos_id: int,
     rows: int | None,
+    passes: int = 1,
   ):
     self.critic = critic
     self._trained = critic_lib.trained(critic)
     with jax.set_mesh(mesh):
       self.optimizer = nnx.Optimizer(critic, cluster_lib.adamw(train, learning_rate(section, train)), wrt=self._trained)
-    self._mesh, self._pad, self._eos, self._rows = mesh, pad_id, eos_id, rows
+    self._mesh, self._pad, self._eos, self._rows, self._passes = mesh, pad_id, eos_id, rows, passes
     self._clip = section.clip_range_value
 
   def _parts(self, arrays: tuple) -> list[tuple]:
@@ -66,29 +67,31 @@ class CriticTrainer:
       return jnp.concatenate([_values(graphdef, state, p, c, self._pad, self._eos) for p, c in parts], axis=0)
 
   def train(self, prompt_ids, completion_ids, mask, old_values, returns) -> dict[str, float]:
-    """One update towards `returns` [B, C] from the values it had when the batch was scored
-    (`old_values`) under PPO's clipped value loss over the live tokens of `mask` (ppo.value_loss), the
-    gradients summed over the micro-batches; returns the update's metrics: value loss, clip fraction,
-    values' and returns' means over live tokens, explained variance and the gradient's norm."""
-    graphdef, trained, rest = nnx.split(self.critic, self._trained, ...)  # type: ignore[misc]
-    live = float(np.asarray(jax.device_get(jnp.sum(mask))))
-    grads, loss, clipped = None, 0.0, 0.0
+    """Updates towards `returns` [B, C] under PPO's clipped value loss (ppo.value_loss) over the live
+    tokens of `mask`, clipped around the values the batch was scored with (`old_values`): one update
+    per `rows` completions, `passes` passes. Returns the metrics: the updates' mean value loss, clip
+    fraction and gradient norm, and the old values' and returns' means and explained variance over
+    the live tokens."""
+    losses, clipped, norms = [], [], []
     with jax.set_mesh(self._mesh):
-      for part in self._parts((prompt_ids, completion_ids, mask, old_values, returns)):
-        weight = float(np.asarray(jax.device_get(jnp.sum(part[2])))) / max(live, 1.0)
-        g, (part_loss, part_clipped) = _grads(graphdef, trained, rest, *part, weight, self._pad, self._eos, self._clip)
-        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
-        loss, clipped = loss + weight * float(part_loss), clipped + weight * float(part_clipped)
-      self.optimizer.update(self.critic, grads)
+      parts = self._parts((prompt_ids, completion_ids, mask, old_values, returns))
+      for _ in range(self._passes):
+        for part in parts:
+          graphdef, trained, rest = nnx.split(self.critic, self._trained, ...)  # type: ignore[misc]
+          grads, (loss, clip) = _grads(graphdef, trained, rest, *part, self._pad, self._eos, self._clip)
+          self.optimizer.update(self.critic, grads)
+          losses.append(loss)
+          clipped.append(clip)
+          norms.append(_norm(grads))
     m = jnp.asarray(mask, jnp.float32)
     count = jnp.maximum(m.sum(), 1.0)
     return {
-      "critic/value_loss": loss,
-      "critic/vf_clipfrac": clipped,
+      "critic/value_loss": float(np.mean(jax.device_get(losses))),
+      "critic/vf_clipfrac": float(np.mean(jax.device_get(clipped))),
+      "critic/grad_norm": float(np.mean(jax.device_get(norms))),
       "critic/values_mean": float((old_values * m).sum() / count),
       "critic/returns_mean": float((returns * m).sum() / count),
       "critic/explained_variance": float(ppo.explained_variance(old_values, returns, mask)),
-      "critic/grad_norm": float(_norm(grads)),
     }
 
   def items(self) -> dict[str, nnx.State]:
@@ -107,16 +110,15 @@ def _values(graphdef, state, prompt_ids, completion_ids, pad, eos):
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos", "clip"))
-def _grads(graphdef, trained, rest, prompt_ids, completion_ids, mask, old_values, returns, weight, pad, eos, clip):
-  """The gradient of weight x the micro-batch's value loss, with (its loss, its clip fraction)."""
+def _grads(graphdef, trained, rest, prompt_ids, completion_ids, mask, old_values, returns, pad, eos, clip):
+  """The gradient of the part's value loss, with (the loss, its clip fraction)."""
 
   def loss_fn(trained):
     values = scoring.completion_values(nnx.merge(graphdef, trained, rest), prompt_ids, completion_ids, pad, eos)
     loss, clipped = ppo.value_loss(values, old_values, returns, mask, clip)
-    return weight * loss, (loss, clipped)
+    return loss, (loss, clipped)
 
-  grads, aux = jax.grad(loss_fn, has_aux=True)(trained)
-  return grads, aux
+  return jax.grad(loss_fn, has_aux=True)(trained)
 
 
 @jax.jit

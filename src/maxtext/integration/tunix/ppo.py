@@ -4,7 +4,8 @@ Each step, after the standard step's batch is sampled and rewarded (maxtext.rl.s
 critic scores the completions (the values the batch was sampled with), each row's reward is placed
 on its last live token, GAE gives every token its advantage and return (rl.gamma, rl.gae_lambda:
 maxtext.rl.ppo), the advantages are whitened over the batch's live tokens, and the critic makes one
-update towards the returns (integration/tunix/critic.py), logged as critic/*. The policy then trains
+update per critic.mini_batch_size completions towards the returns (integration/tunix/critic.py),
+logged as critic/*. The policy then trains
 on the per-token advantages with the run's policy loss. In the first critic.warmup_steps steps the
 policy trains on no token (its update moves nothing: cluster.unless_without_signal), so the critic
 learns the returns of the starting policy first.
@@ -81,9 +82,9 @@ def build_learner(
   before_step=None,
 ) -> PPOLearner:
   """The PPO learner on `cluster` with `critic` (models.critic.from_policy's, laid out on the trainer's
-  `mesh`), scoring and training critic.micro_batch_size completions at a time (0:
-  train_micro_batch_size's, else all)."""
-  rows = section.micro_batch_size or (train.train_micro_batch_size * rl.num_generations) or None
+  `mesh`), scoring critic.mini_batch_size completions at a time (0: train_micro_batch_size's, else
+  all) and updating on as many, rl.num_iterations passes a step."""
+  rows = section.mini_batch_size or (train.train_micro_batch_size * rl.num_generations) or None
   rollout = cluster.rollout
   return PPOLearner(
     rl_cluster=cluster,
@@ -92,6 +93,6 @@ def build_learner(
     steps=Steps.of(train, rl),
     before_step=before_step,
     shape=shaping.Shaping.from_config(rl, sampling),
-    critic=CriticTrainer(critic, section, train, mesh, rollout.pad_id(), rollout.eos_id(), rows),
+    critic=CriticTrainer(critic, section, train, mesh, rollout.pad_id(), rollout.eos_id(), rows, rl.num_iterations),
     warmup_steps=section.warmup_steps,
   )
