@@ -100,3 +100,62 @@ def test_a_refused_rerun_leaves_config_yml_as_it_was(tmp_path, capsys):
   assert train_rl.main(["train_rl", *args, "scan_layers=false"]) == 2
   assert "scan_layers=false: the run's checkpoints hold the decoder layers stacked" in capsys.readouterr().err
   assert not config.exists()
+
+
+# Fractional rewards that differ between completions, so the critic has returns to fit.
+SPREAD_REWARD = (
+  "def spread(prompts, completions, **kwargs):\n"
+  "  return [float(sum((i + 1) * ord(ch) for i, ch in enumerate(c)) % 1000) / 1000 for c in completions]\n"
+)
+TIMING = (
+  "step_time_s",
+  "compile_s",
+  "trainer/idle_fraction",
+  "rollout/prefix_reuse_fraction",
+  "rollout/decode_tokens_per_s",
+  "rollout/decode_gb_per_s",
+)
+
+
+def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopped(tmp_path, caplog):
+  """PPO (one sample per prompt, two critic updates a step, one critic-only warmup step): killed with
+  SIGKILL as soon as step 2's checkpoint lands, the rerun restores the critic with the actor and
+  logs what a run that never stopped logs, critic metrics included."""
+  (tmp_path / "reward.py").write_text(SPREAD_REWARD)
+  args = [
+    *TINY,
+    "num_batches=3",
+    "batch_size=4",
+    "rl.algorithm=ppo",
+    "rl.num_generations=1",
+    "critic.mini_batch_size=2",
+    "critic.warmup_steps=1",
+    "learning_rate=1e-3",
+    "warmup_steps_fraction=0",
+    f"reward_functions_path={tmp_path / 'reward.py'}",
+    "reward_functions=[spread]",
+    f"base_output_directory={tmp_path}",
+  ]
+  killed = str(tmp_path / "killed")
+  _kill_when([*args, "run_name=killed"], os.path.join(killed, "checkpoints", "actor", "2", "_CHECKPOINT_METADATA"))
+  assert 2 in orbax_checkpoint.steps(os.path.join(killed, "checkpoints", "actor"))
+  assert os.path.isdir(os.path.join(killed, "checkpoints", "actor", "2", "critic_params"))
+  with caplog.at_level("INFO"):
+    assert train_rl.main(["train_rl", *args, "run_name=killed"]) == 0
+  assert "Restored the critic from the checkpoint of update 2" in caplog.text
+  assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
+  resumed, straight = _rows(killed), _rows(str(tmp_path / "straight"))
+  assert [r["step"] for r in resumed] == [1, 2, 3]
+  untimed = lambda row: {k: v for k, v in row.items() if k not in TIMING}
+  for a, b in zip(resumed[:2], straight[:2]):  # the killed run's rows (a late scalar may be missing)
+    assert untimed(a) == {k: v for k, v in untimed(b).items() if k in a}
+  assert untimed(resumed[2]) == untimed(straight[2])  # trained after the resume
+  assert straight[0]["loss"] == 0.0 and straight[1]["loss"] != 0.0  # step 1 trains the critic alone
+  for row in straight:
+    assert {"critic/value_loss", "critic/vf_clipfrac", "critic/explained_variance", "pg_clipfrac", "entropy"} <= set(row)
+  assert straight[-1]["critic/value_loss"] < straight[0]["critic/value_loss"]
+
+
+def _rows(run) -> list[dict]:
+  with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
+    return [json.loads(line) for line in f]

@@ -16,6 +16,14 @@ NOT_APPLICABLE = (
     "Metadata file does not exist",
     "Orbax reading the checkpoints Tunix writes without that file; they resume whole (run_folder.py checks them)",
   ),
+  *(
+    (
+      "absl",
+      f'Item "{item}" was found in the checkpoint, but could not be restored',
+      "Tunix restoring the actor from a PPO run's checkpoint; the PPO learner restores the critic's items",
+    )
+    for item in ("critic_params", "critic_optimizer_state")
+  ),
 )
 
 

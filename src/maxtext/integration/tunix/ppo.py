@@ -6,7 +6,7 @@ on its last live token, GAE gives every token its advantage and return (rl.gamma
 maxtext.rl.ppo), the advantages are whitened over the batch's live tokens, and the critic makes one
 update per critic.mini_batch_size completions towards the returns (integration/tunix/critic.py),
 logged as critic/*. The policy then trains
-on the per-token advantages with the run's policy loss. In the first critic.warmup_steps steps the
+on the per-token advantages with the run's policy loss, and logs its entropy beside GRPO's metrics. In the first critic.warmup_steps steps the
 policy trains on no token (its update moves nothing: cluster.unless_without_signal), so the critic
 learns the returns of the starting policy first.
 
@@ -43,6 +43,7 @@ class PPOLearner(learner_lib.GRPOLearner):
     self._critic = critic
     self._warmup_steps = warmup_steps
     trainer = self.rl_cluster.actor_trainer
+    trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, "entropy": np.mean})
     trainer.checkpoint_manager.with_items(critic.items)
     if trainer.train_steps:  # the actor resumed from this checkpoint: the critic resumes with it
       critic.restore(trainer.checkpoint_manager.restore_items(trainer.train_steps, critic.items()))
@@ -60,9 +61,9 @@ class PPOLearner(learner_lib.GRPOLearner):
     advantages, returns = ppo.gae(rewards, values, mask, algo.gamma, algo.gae_lambda)
     trained = self._critic.train(batch.prompt_ids, batch.completion_ids, mask, values, returns)
     self._log({name: (value, np.mean) for name, value in trained.items()})
+    advantages = ppo.whiten(advantages, mask)
     if self.rl_cluster.global_steps < self._warmup_steps:
       mask = jnp.zeros_like(mask)  # the critic's warmup: the policy trains on no token
-    advantages = ppo.whiten(advantages, mask)
     return super()._example(dataclasses.replace(batch, advantages=advantages, completion_mask=mask))
 
   def _zero_signal(self, advantages) -> tuple[int, int]:
