@@ -152,7 +152,9 @@ def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopp
   assert untimed(resumed[2]) == untimed(straight[2])  # trained after the resume
   assert straight[0]["loss"] == 0.0 and straight[1]["loss"] != 0.0  # step 1 trains the critic alone
   for row in straight:
-    assert {"critic/value_loss", "critic/vf_clipfrac", "critic/explained_variance", "pg_clipfrac", "entropy"} <= set(row)
+    assert {"critic/value_loss", "critic/vf_clipfrac", "critic/explained_variance", "pg_clipfrac", "entropy"} <= set(
+      row
+    )
   assert straight[-1]["critic/value_loss"] < straight[0]["critic/value_loss"]
 
 
