@@ -1,14 +1,16 @@
-"""Each RL algorithm variant on the default task: held-out gain, its interval, wall time.
+"""Each RL algorithm variant on the default task: held-out gain, its interval, wall time, peak memory.
 
     python benchmarks/algorithms.py [--variants V ...] [--seeds N] [--output F [--append]] [key=value ...]
 
 Every variant trains the default demo (rl_times_table.yml: SmolLM2-135M-Instruct learning the times
 table, 8 steps of 8 prompts x 8 samples) through train_rl, one process per run, once per rollout seed
 (decode_seed 0..N-1; the data order and the held-out questions stay the same, so every run is scored on
-the same 200 questions). Per run it reads the run's eval.json (greedy accuracy before and after, the
-gain and its paired-bootstrap 95% interval) and train_rl's "Trained N steps in X s". The table gives,
-per variant, the mean gain over seeds with each seed's gain and interval, the mean training wall time,
-and the gain per step and per training minute. The load average over each run is recorded, since a
+the same 200 questions); `ppo` is its recipe, rl_ppo_times_table.yml (PPO with a learned critic at
+the same 64 samples a step: 64 prompts x 1). Per run it reads the run's eval.json (greedy accuracy
+before and after, the gain and its paired-bootstrap 95% interval) and train_rl's "Trained N steps in X
+s" and "Peak memory (RSS)" lines. The table gives, per variant, the mean gain over seeds with each
+seed's gain and interval, the mean training wall time, the highest peak memory, and the gain per step
+and per training minute. The load average over each run is recorded, since a
 run sharing the CPU with other work takes longer. Extra key=value arguments reach every run.
 Prints the table and writes benchmarks/results/algorithms.json (or --output); --append adds to it.
 """
@@ -38,7 +40,9 @@ VARIANTS = {  # name: the settings that select it (on top of rl_times_table.yml)
   "cispo": ["rl.policy_loss_fn=cispo", "rl.epsilon_high=4.0"],
   "gspo": ["rl.loss_algo=gspo-token", "rl.loss_agg_mode=sequence-mean-token-mean"],
   "dapo": ["rl.dynamic_sampling=true", "rl.epsilon_high=0.28", "rl.loss_agg_mode=token-mean"],
+  "ppo": [],  # its own recipe (RECIPES)
 }
+RECIPES = {"ppo": "rl_ppo_times_table.yml"}  # variants trained from a recipe of their own
 
 
 def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
@@ -47,7 +51,7 @@ def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
     sys.executable,
     "-m",
     "maxtext.trainers.post_train.rl.train_rl",
-    "rl_times_table.yml",
+    RECIPES.get(variant, "rl_times_table.yml"),
     f"decode_seed={seed}",
     f"base_output_directory={out_dir}",
     f"run_name={run_name}",
@@ -70,6 +74,7 @@ def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
     "seed": seed,
     "steps": steps,
     "train_s": train_s,
+    "peak_gb": run_log.peak_gb(proc.stderr),
     "before": evaluation["before"]["accuracy"],
     "after": evaluation["after"]["accuracy"],
     "gain": gain["gain"],
@@ -97,6 +102,7 @@ def summarize(results: list[dict]) -> list[dict]:
         "seed_gains": [(r["gain"], r["ci95_low"], r["ci95_high"]) for r in runs],
         "significant_seeds": sum(r["ci95_low"] > 0 for r in runs),
         "mean_train_s": train_s,
+        "peak_gb": max((r["peak_gb"] for r in runs if "peak_gb" in r), default=None),  # older results lack it
         "gain_per_step": gain / runs[0]["steps"],
         "gain_per_minute": gain / (train_s / 60),
       }
@@ -107,14 +113,15 @@ def summarize(results: list[dict]) -> list[dict]:
 def table(rows: list[dict]) -> str:
   lines = [
     "| variant | mean gain | gain [95% interval] per seed | seeds with interval > 0 | mean training s "
-    "| gain per step | gain per training minute |",
-    "| --- | --- | --- | --- | --- | --- | --- |",
+    "| peak GB | gain per step | gain per training minute |",
+    "| --- | --- | --- | --- | --- | --- | --- | --- |",
   ]
   for r in rows:
     seeds = "; ".join(f"{g:+.3f} [{lo:+.3f}, {hi:+.3f}]" for g, lo, hi in r["seed_gains"])
     lines.append(
       f"| {r['variant']} | {r['mean_gain']:+.3f} | {seeds} | {r['significant_seeds']}/{r['seeds']} "
-      f"| {fmt(r['mean_train_s'], '.0f')} | {r['gain_per_step']:+.4f} | {r['gain_per_minute']:+.3f} |"
+      f"| {fmt(r['mean_train_s'], '.0f')} | {fmt(r['peak_gb'], '.2f')} | {r['gain_per_step']:+.4f} "
+      f"| {r['gain_per_minute']:+.3f} |"
     )
   return "\n".join(lines)
 

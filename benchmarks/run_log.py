@@ -1,4 +1,4 @@
-"""What the benchmarks read off a train_rl run's console: the line training_run.TrainingRun logs
+"""What the benchmarks read off a train_rl run's console: the lines training_run.TrainingRun logs
 when training ends."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 _TRAINED = re.compile(r"Trained steps (\d+) to (\d+) in ([\d.]+) s \(([\d.]+) s of it compiling\)")
+_PEAK = re.compile(r"Peak memory \(RSS\) ([\d.]+) GB")
 
 
 def trained(stderr: str) -> tuple[int, float, float]:
@@ -18,3 +19,12 @@ def trained(stderr: str) -> tuple[int, float, float]:
     )
   first, last, wall, compiling = found.groups()
   return int(last) - int(first) + 1, float(wall), float(compiling)
+
+
+def peak_gb(stderr: str) -> float:
+  """The run's peak resident memory in GB from train_rl's `Peak memory (RSS) X GB` line; ValueError
+  when the output has none."""
+  found = _PEAK.search(stderr)
+  if found is None:
+    raise ValueError(f"train_rl's output has no 'Peak memory (RSS) X GB' line:\n{stderr[-2000:]}")
+  return float(found.group(1))

@@ -167,6 +167,11 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
       "rl.algorithm=ppo takes 1)",
     ),
     (
+      "rl.algorithm=ppo critic.mini_batch_size=3",
+      "critic.mini_batch_size=3: expected 0 or a multiple of rl.num_generations=4 that divides the step's 8 "
+      "completions (batch_size x rl.num_generations)",
+    ),
+    (
       "critic.learning_rate=0",
       "critic.learning_rate=0.0: expected a finite number > 0, or -1 (ten times learning_rate)",
     ),
@@ -179,7 +184,7 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
 )
 def test_a_value_out_of_its_fields_bounds_is_refused_naming_the_key(arg, message):
   with pytest.raises(pyconfig.ConfigError, match=f"^{re.escape(message)}$"):
-    make_config(arg)
+    make_config(*arg.split())
 
 
 def test_a_key_its_mode_ignores_is_refused_with_its_fields_first_failing_condition():

@@ -58,6 +58,28 @@ def test_values_are_a_float32_head_on_the_hidden_state_before_each_completion_to
     np.testing.assert_allclose(values[row][live], (before_each @ score)[:, 0][live], rtol=2e-4, atol=2e-4)
 
 
+def test_groups_sharing_a_prompt_score_it_once_for_the_same_values_and_gradients():
+  """rl.num_generations > 1: SharedPrefixCritic gives the values and gradients of whole sequences."""
+  cfg, mesh, policy = _policy("weight_dtype=float32", "dtype=float32", "learning_rate=1e-3")
+  prompt_ids, completion_ids, mask = _batch(rows=4)
+  prompt_ids, completion_ids, mask = (jnp.repeat(a, 2, axis=0) for a in (prompt_ids, completion_ids, mask))
+  completion_ids = completion_ids.at[1, 2:].set(PAD)  # a group's samples differ
+  mask = completion_ids != PAD
+  returns = _returns(mask)
+  params = []
+  for group in (1, 2):
+    trainer = CriticTrainer(critic_lib.from_policy(policy, 1), cfg.critic, cfg.train, mesh, PAD, EOS, None, 1, group)
+    trainer.critic.score[...] = jnp.full((policy.config.emb_dim, 1), 0.01, jnp.float32)
+    old = trainer.values(prompt_ids, completion_ids)
+    params.append((old, trainer.train(prompt_ids, completion_ids, mask, old, returns), trainer.items()))
+  live = np.asarray(mask)
+  np.testing.assert_allclose(params[0][0][live], params[1][0][live], rtol=1e-4, atol=1e-5)
+  assert params[0][1]["critic/value_loss"] == pytest.approx(params[1][1]["critic/value_loss"], rel=1e-4)
+  # after one AdamW step (lr 1e-3, which moves every weight by about lr) the parameters agree to a tenth of it
+  for a, b in zip(jax.tree.leaves(params[0][2]), jax.tree.leaves(params[1][2]), strict=True):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
+
+
 def test_the_head_and_values_stay_float32_under_a_bfloat16_policy():
   cfg, _, policy = _policy("weight_dtype=bfloat16", "dtype=bfloat16")
   critic = critic_lib.from_policy(policy, seed=1)

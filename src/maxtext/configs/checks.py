@@ -79,6 +79,12 @@ def _check_algorithm(v: Mapping[str, Any]) -> None:
       "rl.advantage_estimator='reinforce_pp' with rl.use_agentic_rollout=true: agentic GRPO scores one "
       "group at a time, so there is no batch to normalise over (expected grpo, dr_grpo or rloo)"
     )
+  group, mini = v["rl.num_generations"], v["critic.mini_batch_size"]
+  if v["rl.algorithm"] == "ppo" and mini and (mini % group or (v["batch_size"] * group) % mini):
+    raise ConfigError(
+      f"critic.mini_batch_size={mini}: expected 0 or a multiple of rl.num_generations={group} that divides the "
+      f"step's {v['batch_size'] * group} completions (batch_size x rl.num_generations)"
+    )
   micro = v["train_micro_batch_size"]
   if micro and v["batch_size"] % micro:
     raise ConfigError(

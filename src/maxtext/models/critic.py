@@ -14,6 +14,7 @@ from flax import nnx
 
 from maxtext.models import builder
 from maxtext.models.decoder import Decoder, ModelConfig
+from maxtext.models.shared_prefix import SharedPrefix
 
 
 class Critic(nnx.Module):
@@ -34,6 +35,22 @@ class Critic(nnx.Module):
   @property
   def config(self) -> ModelConfig:
     return self.trunk.config
+
+
+class SharedPrefixCritic:
+  """A critic for batches whose rows come in groups of `group_size` sharing their first
+  `prompt_length` tokens: its hidden_states are SharedPrefix's over the trunk (each group's prompt
+  computed once; positions prompt_length - 1 and later), its values the critic's."""
+
+  def __init__(self, critic: Critic, prompt_length: int, group_size: int):
+    self._critic = critic
+    self._shared = SharedPrefix(critic.trunk, prompt_length, group_size)
+
+  def hidden_states(self, input_tokens, positions, cache, attention_mask):
+    return self._shared.hidden_states(input_tokens, positions, cache, attention_mask)
+
+  def values(self, hidden: jax.Array) -> jax.Array:
+    return self._critic.values(hidden)
 
 
 def from_policy(policy: Decoder, seed: int) -> Critic:

@@ -142,8 +142,9 @@ def training_config(
     data_sharding_axis=(mesh_lib.DATA_AXES,),  # the batch dimension, split over both
     mini_batch_size=train.batch_size,
     train_micro_batch_size=train.train_micro_batch_size or None,
-    # dynamic sampling fills the whole step's batch with groups that have signal: one call per step
-    rollout_micro_batch_size=train.batch_size if algorithm.dynamic_sampling else None,
+    # dynamic sampling fills the whole step's batch with groups that have signal, and PPO whitens its
+    # advantages over the step's batch and updates its critic in mini-batches of it: one call per step
+    rollout_micro_batch_size=train.batch_size if algorithm.dynamic_sampling or algorithm.algorithm == "ppo" else None,
   )
 
 

@@ -14,6 +14,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import nnx
 
 from maxtext.configs.sections import CriticSection, TrainSection
@@ -21,6 +22,7 @@ from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import scoring
 from maxtext.models import critic as critic_lib
 from maxtext.rl import ppo
+from maxtext.utils import distributed
 from maxtext.utils import mesh as mesh_lib
 
 PARAMS, OPTIMIZER = "critic_params", "critic_optimizer_state"  # its checkpoint items
@@ -33,7 +35,9 @@ def learning_rate(section: CriticSection, train: TrainSection) -> float:
 
 class CriticTrainer:
   """The critic, its optimizer and the programs that score and train it: `rows` completions at a time
-  (None: the whole batch), one update per `rows` completions, `passes` passes over a step's batch."""
+  (None: the whole batch), one update per `rows` completions, `passes` passes over a step's batch;
+  with `group` > 1 the rows come in groups of that many sharing their prompt, computed once a group
+  (models.critic.SharedPrefixCritic)."""
 
   def __init__(
     self,
@@ -45,12 +49,14 @@ class CriticTrainer:
     eos_id: int,
     rows: int | None,
     passes: int = 1,
+    group: int = 1,
   ):
     self.critic = critic
     self._trained = critic_lib.trained(critic)
     with jax.set_mesh(mesh):
       self.optimizer = nnx.Optimizer(critic, cluster_lib.adamw(train, learning_rate(section, train)), wrt=self._trained)
     self._mesh, self._pad, self._eos, self._rows, self._passes = mesh, pad_id, eos_id, rows, passes
+    self._group = group
     self._clip = section.clip_range_value
 
   def _parts(self, arrays: tuple) -> list[tuple]:
@@ -59,12 +65,14 @@ class CriticTrainer:
     size = self._rows or len(arrays[0])
     return [tuple(a[i : i + size] for a in arrays) for i in range(0, len(arrays[0]), size)]
 
-  def values(self, prompt_ids, completion_ids) -> jax.Array:
-    """float32 values [B, C] of each completion token's state (scoring.completion_values)."""
+  def values(self, prompt_ids, completion_ids) -> np.ndarray:
+    """float32 values [B, C] of each completion token's state (scoring.completion_values), on the host
+    (every process holds them all)."""
     graphdef, state = nnx.split(self.critic)
     with jax.set_mesh(self._mesh):
       parts = self._parts((prompt_ids, completion_ids))
-      return jnp.concatenate([_values(graphdef, state, p, c, self._pad, self._eos) for p, c in parts], axis=0)
+      values = [_values(graphdef, state, p, c, self._pad, self._eos, self._group) for p, c in parts]
+      return distributed.host_array(jnp.concatenate(values, axis=0))
 
   def train(self, prompt_ids, completion_ids, mask, old_values, returns) -> dict[str, float]:
     """Updates towards `returns` [B, C] under PPO's clipped value loss (ppo.value_loss) over the live
@@ -77,12 +85,12 @@ class CriticTrainer:
       parts = self._parts((prompt_ids, completion_ids, mask, old_values, returns))
       for _ in range(self._passes):
         for part in parts:
-          graphdef, trained, rest = nnx.split(self.critic, self._trained, ...)  # type: ignore[misc]
-          grads, (loss, clip) = _grads(graphdef, trained, rest, *part, self._pad, self._eos, self._clip)
-          self.optimizer.update(self.critic, grads)
+          loss, clip, norm = _update(
+            self.optimizer, self.critic, *part, self._pad, self._eos, self._clip, self._group, self._trained
+          )
           losses.append(loss)
           clipped.append(clip)
-          norms.append(_norm(grads))
+          norms.append(norm)
     m = jnp.asarray(mask, jnp.float32)
     count = jnp.maximum(m.sum(), 1.0)
     return {
@@ -104,23 +112,26 @@ class CriticTrainer:
     nnx.update(self.optimizer, items[OPTIMIZER])
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos"))
-def _values(graphdef, state, prompt_ids, completion_ids, pad, eos):
-  return scoring.completion_values(nnx.merge(graphdef, state), prompt_ids, completion_ids, pad, eos)
+def _scored(critic: critic_lib.Critic, prompt_ids, completion_ids, pad, eos, group) -> jax.Array:
+  model = critic_lib.SharedPrefixCritic(critic, prompt_ids.shape[1], group) if group > 1 else critic
+  return scoring.completion_values(model, prompt_ids, completion_ids, pad, eos)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos", "clip"))
-def _grads(graphdef, trained, rest, prompt_ids, completion_ids, mask, old_values, returns, pad, eos, clip):
-  """The gradient of the part's value loss, with (the loss, its clip fraction)."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "pad", "eos", "group"))
+def _values(graphdef, state, prompt_ids, completion_ids, pad, eos, group):
+  return _scored(nnx.merge(graphdef, state), prompt_ids, completion_ids, pad, eos, group)
 
-  def loss_fn(trained):
-    values = scoring.completion_values(nnx.merge(graphdef, trained, rest), prompt_ids, completion_ids, pad, eos)
+
+@nnx.jit(static_argnames=("pad", "eos", "clip", "group", "trained"))
+def _update(optimizer, critic, prompt_ids, completion_ids, mask, old_values, returns, pad, eos, clip, group, trained):
+  """One optimizer update on the part's value loss; returns (the loss, its clip fraction, the
+  gradient's global norm)."""
+
+  def loss_fn(model):
+    values = _scored(model, prompt_ids, completion_ids, pad, eos, group)
     loss, clipped = ppo.value_loss(values, old_values, returns, mask, clip)
     return loss, (loss, clipped)
 
-  return jax.grad(loss_fn, has_aux=True)(trained)
-
-
-@jax.jit
-def _norm(tree) -> jax.Array:
-  return jnp.sqrt(sum(jnp.sum(jnp.square(x.astype(jnp.float32))) for x in jax.tree.leaves(tree)))
+  grads, (loss, clipped) = nnx.grad(loss_fn, argnums=nnx.DiffState(0, trained), has_aux=True)(critic)
+  optimizer.update(critic, grads)
+  return loss, clipped, optax.global_norm(grads)

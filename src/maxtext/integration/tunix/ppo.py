@@ -83,7 +83,7 @@ def build_learner(
 ) -> PPOLearner:
   """The PPO learner on `cluster` with `critic` (models.critic.from_policy's, laid out on the trainer's
   `mesh`), scoring critic.mini_batch_size completions at a time (0: train_micro_batch_size's, else
-  all) and updating on as many, rl.num_iterations passes a step."""
+  all) and updating on as many, rl.num_iterations passes a step, each group's prompt computed once."""
   rows = section.mini_batch_size or (train.train_micro_batch_size * rl.num_generations) or None
   rollout = cluster.rollout
   return PPOLearner(
@@ -93,6 +93,8 @@ def build_learner(
     steps=Steps.of(train, rl),
     before_step=before_step,
     shape=shaping.Shaping.from_config(rl, sampling),
-    critic=CriticTrainer(critic, section, train, mesh, rollout.pad_id(), rollout.eos_id(), rows, rl.num_iterations),
+    critic=CriticTrainer(
+      critic, section, train, mesh, rollout.pad_id(), rollout.eos_id(), rows, rl.num_iterations, rl.num_generations
+    ),
     warmup_steps=section.warmup_steps,
   )
