@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax.typing import ArrayLike
 
 _EPS = 1e-8
 
 
-def token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
+def token_rewards(rewards: ArrayLike, mask: ArrayLike) -> jax.Array:
   """float32 [B, T]: each row's scalar reward at its last live token, 0 elsewhere (rewards [B], as
   the reward functions returned them; a row with no live token gets none)."""
   mask = jnp.asarray(mask) > 0
@@ -27,7 +28,7 @@ def token_rewards(rewards: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def gae(
-  rewards: jax.Array, values: jax.Array, mask: jax.Array, gamma: float, lam: float
+  rewards: ArrayLike, values: ArrayLike, mask: ArrayLike, gamma: float, lam: float
 ) -> tuple[jax.Array, jax.Array]:
   """(advantages, returns), float32 [B, T], by generalised advantage estimation (Schulman et al. 2016)
   over each row's live tokens: delta_t = r_t + gamma * V_next - V_t, A_t = delta_t + gamma * lam * A_next,
@@ -48,7 +49,7 @@ def gae(
   return advantages, jnp.where(live, advantages + values, 0.0)
 
 
-def whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
+def whiten(x: ArrayLike, mask: ArrayLike) -> jax.Array:
   """x less its mean over the live tokens, over their standard deviation; 0 where the mask is 0."""
   m = jnp.asarray(mask, jnp.float32)
   count = jnp.maximum(m.sum(), 1.0)
@@ -58,11 +59,12 @@ def whiten(x: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def value_loss(
-  values: jax.Array, old_values: jax.Array, returns: jax.Array, mask: jax.Array, clip: float
+  values: ArrayLike, old_values: ArrayLike, returns: ArrayLike, mask: ArrayLike, clip: float
 ) -> tuple[jax.Array, jax.Array]:
   """(loss, clip fraction): PPO's clipped value loss, the mean over live tokens of
   0.5 * max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2), and the share of live tokens
   where the clipped term is the larger; clip 0 takes 0.5 * (V - R)^2 alone (fraction 0)."""
+  values, old_values, returns = (jnp.asarray(a, jnp.float32) for a in (values, old_values, returns))
   m = jnp.asarray(mask, jnp.float32)
   count = jnp.maximum(m.sum(), 1.0)
   plain = jnp.square(values - returns)
@@ -74,7 +76,7 @@ def value_loss(
   return 0.5 * (loss * m).sum() / count, (fraction * m).sum() / count
 
 
-def explained_variance(values: jax.Array, returns: jax.Array, mask: jax.Array) -> jax.Array:
+def explained_variance(values: ArrayLike, returns: ArrayLike, mask: ArrayLike) -> jax.Array:
   """1 - Var(R - V) / Var(R) over the live tokens (1: the values predict the returns; 0: no better
   than their mean, and 0 where the returns do not vary)."""
   m = jnp.asarray(mask, jnp.float32)
@@ -84,5 +86,6 @@ def explained_variance(values: jax.Array, returns: jax.Array, mask: jax.Array) -
     mean = (x * m).sum() / count
     return (jnp.square(x - mean) * m).sum() / count
 
+  values, returns = jnp.asarray(values, jnp.float32), jnp.asarray(returns, jnp.float32)
   total = var(returns)
   return jnp.where(total > 0, 1.0 - var(returns - values) / jnp.where(total > 0, total, 1.0), 0.0)

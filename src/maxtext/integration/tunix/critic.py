@@ -85,7 +85,7 @@ class CriticTrainer:
       parts = self._parts((prompt_ids, completion_ids, mask, old_values, returns))
       for _ in range(self._passes):
         for part in parts:
-          loss, clip, norm = _update(
+          loss, clip, norm = _update(  # type: ignore[call-arg]
             self.optimizer, self.critic, *part, self._pad, self._eos, self._clip, self._group, self._trained
           )
           losses.append(loss)
