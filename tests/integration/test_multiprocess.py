@@ -30,6 +30,8 @@ TINY = [
 ]
 # Agentic GRPO, each step sampled from the weights the previous one left (so runs compare step by step).
 AGENTIC = ["rl.use_agentic_rollout=true", "rl.off_policy_steps=0", "batch_size=4"]
+# PPO, one sample per prompt, two critic updates a step.
+PPO = ["rl.algorithm=ppo", "rl.num_generations=1", "batch_size=4", "critic.mini_batch_size=2"]
 TRAIN_RL = [sys.executable, "-m", "maxtext.trainers.post_train.rl.train_rl"]
 _ENV = dict(os.environ, JAX_PLATFORMS="cpu")
 _ENV.pop("XLA_FLAGS", None)
@@ -261,13 +263,15 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1"])
+@pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1", "ppo_2x2"])
 def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   """LoRA across 2 processes x 2 devices, and full fine-tuning across 4 processes x 1 device, in
-  standard and agentic GRPO, against 1 process x 4 devices: the same rewards and lengths, the loss
-  within float tolerance."""
+  standard and agentic GRPO, and PPO (its critic sharded like the actor) across 2 x 2, against 1
+  process x 4 devices: the same rewards and lengths, the loss (and the critic's) within float
+  tolerance."""
   extra = ["lora_rank=4", "lora_alpha=8"] if "lora" in layout else []
   extra += AGENTIC if layout.startswith("agentic") else []
+  extra += PPO if layout.startswith("ppo") else []
   processes, devices = (2, 2) if layout.endswith("2x2") else (4, 1)
   args = [
     *TINY,
@@ -279,6 +283,9 @@ def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   ]
   _, one, other = _multi_and_single(tmp_path, args, processes, devices, timeout=900)
   assert_same_training(one, other)
+  for a, b in zip(one, other, strict=True):
+    for key in ("critic/value_loss", "critic/values_mean", "critic/returns_mean") if layout.startswith("ppo") else ():
+      assert np.isclose(a[key], b[key], rtol=1e-3, atol=1e-6), key
 
 
 def test_split_meshes_and_unequal_agentic_shares_are_refused_across_processes(tmp_path):

@@ -197,6 +197,11 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
       "train_micro_batch_size=0, lora_rank",
       False,
     ),
+    "PPO's critic (weights, AdamW moments, gradient)": (
+      (0 if lora else n * weight_bytes) + 4 * trained * trained_bytes if cfg.algorithm.algorithm == "ppo" else 0,
+      "rl.algorithm=grpo, lora_rank (the critic shares the base), weight_dtype=bfloat16",
+      False,
+    ),
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": (
       rows * sampling.kv_cache_size * kv,
       "rollout_max_batch_size, rl.max_concurrency, batch_size, rl.num_generations, eval_batch_size, "
@@ -234,11 +239,12 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
 
 def checkpoint_bytes(cfg: RunConfig) -> int:
   """Bytes of one of the run's checkpoints: the trained parameters (all weights, or the LoRA
-  adapters, which are float32) and AdamW's two moments of each, in the parameters' dtype."""
+  adapters, which are float32) and AdamW's two moments of each, in the parameters' dtype; twice that
+  with PPO's critic."""
   model = cfg.model
   lora = adapter_count(model)
   trained, trained_bytes = (lora, 4) if lora else (parameter_count(model), 2 if model.weight_dtype == "bfloat16" else 4)
-  return 3 * trained * trained_bytes
+  return 3 * trained * trained_bytes * (2 if cfg.algorithm.algorithm == "ppo" else 1)
 
 
 def peak_rss_bytes() -> float:
