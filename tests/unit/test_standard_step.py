@@ -160,3 +160,19 @@ def test_sampler_importance_weights_and_truncated_completions():
   # p1's completion [3, 4] fills the budget of 2 tokens without EOS: truncated, masked
   assert np.asarray(batch.completion_mask).tolist() == [[0, 0]] * 2
   assert sampler.logged["completions/masked_truncated_fraction"] == 1.0
+
+
+def test_a_learner_that_computes_its_own_advantages_gets_the_rewards_as_the_functions_returned_them():
+  """PPO's learner (its advantages come later, from a critic: services.advantages gives None): the
+  batch carries each completion's reward unrounded, fractional ones included."""
+
+  class Fractional(_Sampler):
+    def rewards(self, prompts, completions, fields):
+      return np.array([0.37, -1.25, 2.5e-3, 7.0], np.float64)
+
+    def advantages(self, rewards):
+      return None
+
+  batch = _step(_shape(), Fractional()).batch(_prompts("p0", "p1"), step=0)
+  assert batch.advantages is None
+  assert batch.rewards.tolist() == [0.37, -1.25, 2.5e-3, 7.0]

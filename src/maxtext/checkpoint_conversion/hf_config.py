@@ -67,6 +67,15 @@ def _rope(
   }
 
 
+def architectures(path: str) -> list[str]:
+  """The model classes `<path>/config.json` names (its `architectures`)."""
+  where = _config_json(path)
+  try:
+    return list(json.loads(where.read_text()).get("architectures") or [])
+  except (OSError, json.JSONDecodeError, AttributeError) as e:
+    raise errors.InputError(f"{where}: cannot read the model config ({e})") from e
+
+
 def architecture(path: str) -> dict[str, Any]:
   """Our architecture keys read from `<path>/config.json`."""
   where = _config_json(path)

@@ -899,9 +899,18 @@ class AlgorithmSection:
 @dataclasses.dataclass(frozen=True)
 class CriticSection:
   """PPO's critic (rl.algorithm=ppo): the policy's decoder with a float32 value head, initialised from
-  the policy's starting weights, trained by its own AdamW."""
+  the policy's starting weights or a reward model's, trained by its own AdamW."""
 
   PREFIX: ClassVar[str] = "critic."
+  load_parameters_path: str = dataclasses.field(
+    metadata=key(
+      "A reward model whose weights start the critic: an HF *ForSequenceClassification checkpoint (config.json + "
+      "*.safetensors) of the policy's architecture with a one-output score head. Empty: the policy's starting "
+      "weights and a value head at zero.",
+      applies=(PPO,),
+      path="input",
+    )
+  )
   learning_rate: float = dataclasses.field(
     metadata=key(
       "The critic's AdamW learning rate, constant after its warmup; -1: ten times learning_rate.",

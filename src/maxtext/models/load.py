@@ -1,5 +1,6 @@
 """Builds the decoder for a run from load_parameters_path (GGUF file, HF checkpoint directory or
-Orbax checkpoint), the model's embedded default, or a seeded random init."""
+Orbax checkpoint), the model's embedded default, or a seeded random init; and PPO's critic from a
+reward model's HF checkpoint (critic.load_parameters_path)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import logging
 import math
 import os
 
+import jax
 import numpy as np
 import yaml
 from etils import epath
@@ -17,6 +19,7 @@ from maxtext import assets
 from maxtext.checkpoint_conversion import gguf_reader, hf_checkpoint, hf_config, orbax_checkpoint
 from maxtext.configs.sections import ModelSection
 from maxtext.models import builder, hf_layout
+from maxtext.models.critic import Critic
 from maxtext.models.decoder import Decoder, ModelConfig
 from maxtext.utils import errors, heap, storage
 
@@ -138,3 +141,40 @@ def load_model(model: ModelSection, mesh: Mesh) -> Decoder:
       )
   heap.release()  # the pages of the host arrays read and converted
   return decoder
+
+
+def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Critic:
+  """PPO's critic from the HF *ForSequenceClassification checkpoint at `path` (critic.load_parameters_path):
+  its decoder (of the policy's architecture, `model`) as the trunk, without an output layer, and its
+  one-output `score` head as the value head; with lora_rank, adapters of its own on that trunk. A
+  checkpoint of another kind, of another shape than the policy's or with a head of more than one
+  output is an InputError naming the key."""
+  key = f"critic.load_parameters_path={path}"
+  if not hf_config.is_hf_checkpoint(path):
+    raise errors.InputError(
+      f"{key}: expected an HF *ForSequenceClassification checkpoint (config.json + *.safetensors)"
+    )
+  kinds = hf_config.architectures(path)
+  if not any(kind.endswith("ForSequenceClassification") for kind in kinds):
+    raise errors.InputError(f"{key}: config.json's architectures are {kinds}; expected a *ForSequenceClassification")
+  theirs = hf_config.architecture(path)
+  diffs = [f"{k}={getattr(model, k)!r} but config.json has {v!r}" for k, v in theirs.items() if getattr(model, k) != v]
+  if diffs:
+    raise errors.InputError(
+      f"{key}: a critic of another shape than the policy ({model.model_name}): " + "; ".join(diffs)
+    )
+  state = hf_checkpoint.read_state_dict(path)
+  score = state.pop("score.weight", None)
+  if score is None or score.shape != (1, model.emb_dim):
+    shape = "no score.weight" if score is None else f"score.weight of shape {list(score.shape)}"
+    raise errors.InputError(f"{key}: {shape}; expected a head of one output, [1, {model.emb_dim}]")
+  mcfg = ModelConfig.from_config(model)
+  trunk_cfg = dataclasses.replace(mcfg, lora_rank=0, tie_embeddings=True)  # the critic has no output layer
+  log.info("PPO's critic from the reward model %s", path)
+  trunk = builder.from_arrays(trunk_cfg, mesh, hf_layout.hf_to_maxtext(state, trunk_cfg), path)
+  if mcfg.lora_rank:
+    trunk = builder.with_lora(trunk, dataclasses.replace(mcfg, tie_embeddings=True), model.init_weights_seed + 1)
+  critic = Critic(trunk)
+  critic.score[...] = jax.device_put(np.asarray(score, np.float32).T, critic.score[...].sharding)
+  heap.release()
+  return critic

@@ -41,7 +41,7 @@ from maxtext.integration.tunix import learner as learner_lib
 from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories, user_agent
 from maxtext.integration.tunix import ppo as ppo_lib
 from maxtext.models import critic as critic_lib
-from maxtext.models.load import load_model
+from maxtext.models import load
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
@@ -105,11 +105,8 @@ class TrainingRun:
       else []
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
-    actor = load_model(cfg.model, trainer_mesh)
-    # PPO's critic starts from the policy's starting weights (before a resumed run restores the actor's)
-    critic = (
-      critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1) if cfg.algorithm.algorithm == "ppo" else None
-    )
+    actor = load.load_model(cfg.model, trainer_mesh)
+    critic = self._critic(actor, trainer_mesh)
 
     resumed = folder.resume()
     if resumed:
@@ -152,6 +149,16 @@ class TrainingRun:
       self.close()
       raise
     folder.write_config(cfg)  # the inputs it names have loaded and the checkpoint it resumes from fits
+
+  def _critic(self, actor, mesh) -> critic_lib.Critic | None:
+    """PPO's critic (None for GRPO): critic.load_parameters_path's reward model, else the policy's
+    starting weights (taken before a resumed run restores the actor's)."""
+    cfg = self.cfg
+    if cfg.algorithm.algorithm != "ppo":
+      return None
+    if cfg.critic.load_parameters_path:
+      return load.critic_from_reward_model(cfg.critic.load_parameters_path, cfg.model, mesh)
+    return critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1)
 
   def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts, critic, trainer_mesh):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
