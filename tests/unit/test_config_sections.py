@@ -172,6 +172,11 @@ def test_every_field_says_what_its_key_means_and_help_shows_it(monkeypatch, caps
       "completions (batch_size x rl.num_generations)",
     ),
     (
+      "rl.algorithm=ppo num_batches=3 critic.warmup_steps=3",
+      "critic.warmup_steps=3: expected fewer than num_batches=3 (the policy trains on no token in the critic's "
+      "warmup steps)",
+    ),
+    (
       "critic.learning_rate=0",
       "critic.learning_rate=0.0: expected a finite number > 0, or -1 (ten times learning_rate)",
     ),

@@ -4,6 +4,7 @@ never apply to these runs kept off it (and only those)."""
 import inspect
 import logging
 
+from orbax.checkpoint._src.handlers import composite_checkpoint_handler
 from orbax.checkpoint._src.metadata import checkpoint as orbax_metadata
 from tunix.rl.agentic.environments import task_environment, tool_environment
 from tunix.sft import utils as tunix_sft_utils
@@ -45,7 +46,7 @@ def test_only_the_records_that_never_apply_are_dropped():
 
 def test_the_filtered_messages_are_still_the_libraries_own():
   """Each filtered message is still written by the library it is filtered for, so none goes stale."""
-  modules = (tunix_sft_utils, tool_environment, task_environment, orbax_metadata)
+  modules = (tunix_sft_utils, tool_environment, task_environment, orbax_metadata, composite_checkpoint_handler)
   sources = "".join(inspect.getsource(m) for m in modules)
   for _, start, _ in log_filters.NOT_APPLICABLE:
     assert start in sources, start

@@ -8,13 +8,19 @@
   its clip fraction, a 1x3 case worked by hand, and its gradient in V against the analytic derivative
   (itself checked by central finite differences of the numpy loss in float64).
 - explained_variance: 1 - Var(R - V) / Var(R), population variances over the live tokens.
+- the policy loss on per-token advantages (losses.py's ppo_clip, as PPO trains with it): the clipped
+  surrogate of Schulman et al. 2017 and its clip fraction.
 """
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from tunix.rl.grpo import grpo_learner
 
+from maxtext.integration.tunix import algorithm, losses
 from maxtext.rl import ppo
+from tests.conftest import make_config
+from tests.unit.test_grpo_loss import EOS, PAD, Categorical
 
 # Right-padded, all-zero, holes, fully live, holes with a leading zero.
 MASK = np.array(
@@ -180,3 +186,38 @@ def test_explained_variance():
   assert float(ppo.explained_variance(jnp.asarray(ret), jnp.asarray(ret), MASK)) == 1.0
   constant = np.where(MASK > 0, 1.5, rng.normal(size=MASK.shape)).astype(np.float32)  # constant where live
   assert float(ppo.explained_variance(jnp.asarray(v), jnp.asarray(constant), MASK)) == 0.0
+
+
+def test_the_policy_loss_on_per_token_advantages_is_ppos_clipped_objective():
+  """PPO's policy loss (losses.py's ppo_clip with [B, T] advantages, as rl.algorithm=ppo gives it) on a
+  context-free categorical policy, against the clipped surrogate of Schulman et al. 2017 written here:
+  mean over live tokens of max(-A r, -A clip(r, 1 - eps, 1 + eps)), r = p / p_old; old log-probs away
+  from the policy's so that some tokens clip."""
+  rng = np.random.default_rng(7)
+  logits = rng.normal(size=6).astype(np.float32)
+  completions = np.array([[2, 3, 4], [5, 2, PAD], [3, 3, 2]], np.int32)
+  mask = completions != PAD
+  advantages = rng.normal(size=completions.shape).astype(np.float32) * mask
+  logp = logits - np.log(np.exp(logits).sum())
+  old = logp[completions] + rng.normal(scale=0.4, size=completions.shape).astype(np.float32)
+  example = grpo_learner.TrainExample(
+    prompt_ids=jnp.full((3, 1), 2, jnp.int32),
+    prompt_mask=jnp.ones((3, 1), bool),
+    completion_ids=jnp.asarray(completions),
+    completion_mask=jnp.asarray(mask),
+    advantages=jnp.asarray(advantages),
+    ref_per_token_logps=None,
+    old_per_token_logps=jnp.asarray(old),
+  )
+  cfg = make_config("rl.algorithm=ppo", "rl.num_generations=1", "rl.grpo_beta=0", "rl.loss_agg_mode=token-mean")
+  config = algorithm.ppo_config(cfg.algorithm)
+  config.temperature = 1.0
+  loss, aux = losses.POLICY_LOSSES["ppo_clip"](Categorical(logits), example, config, pad_id=PAD, eos_id=EOS)
+
+  ratio = np.exp(logp[completions] - old)
+  eps = cfg.algorithm.grpo_epsilon
+  per_token = np.maximum(-advantages * ratio, -advantages * np.clip(ratio, 1 - eps, 1 + eps))
+  clipped = (-advantages * np.clip(ratio, 1 - eps, 1 + eps)) > (-advantages * ratio)
+  assert clipped[mask].any() and not clipped[mask].all()
+  np.testing.assert_allclose(float(loss), per_token[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(aux["pg_clipfrac"]), clipped[mask].mean(), rtol=1e-6)

@@ -85,6 +85,11 @@ def _check_algorithm(v: Mapping[str, Any]) -> None:
       f"critic.mini_batch_size={mini}: expected 0 or a multiple of rl.num_generations={group} that divides the "
       f"step's {v['batch_size'] * group} completions (batch_size x rl.num_generations)"
     )
+  if v["rl.algorithm"] == "ppo" and v["critic.warmup_steps"] >= v["num_batches"]:
+    raise ConfigError(
+      f"critic.warmup_steps={v['critic.warmup_steps']}: expected fewer than num_batches={v['num_batches']} (the "
+      "policy trains on no token in the critic's warmup steps)"
+    )
   micro = v["train_micro_batch_size"]
   if micro and v["batch_size"] % micro:
     raise ConfigError(

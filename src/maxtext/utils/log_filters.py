@@ -1,7 +1,8 @@
 """Libraries' log records that never apply to this program's runs, kept off the console.
 
-Each entry is (logger, the message's start, why it does not apply). A record is dropped only where
-both match; every other record, these libraries' other warnings included, is shown as logged.
+Each entry is (logger, the message's start or its %-template's start, why it does not apply). A record
+is dropped only where both match; every other record, these libraries' other warnings included, is
+shown as logged.
 """
 
 from __future__ import annotations
@@ -16,13 +17,11 @@ NOT_APPLICABLE = (
     "Metadata file does not exist",
     "Orbax reading the checkpoints Tunix writes without that file; they resume whole (run_folder.py checks them)",
   ),
-  *(
-    (
-      "absl",
-      f'Item "{item}" was found in the checkpoint, but could not be restored',
-      "Tunix restoring the actor from a PPO run's checkpoint; the PPO learner restores the critic's items",
-    )
-    for item in ("critic_params", "critic_optimizer_state")
+  (
+    "absl",
+    'Item "%s" was found in the checkpoint, but could not',
+    "Tunix's checkpoint manager, restoring the actor from a PPO run's checkpoint, has no handler for the "
+    "critic's items (critic_params, critic_optimizer_state), which the PPO learner restores",
   ),
 )
 
@@ -31,8 +30,10 @@ class NotApplicable(logging.Filter):
   """Drops the records NOT_APPLICABLE names."""
 
   def filter(self, record: logging.LogRecord) -> bool:
-    message = record.getMessage()
-    return not any(record.name == name and message.startswith(start) for name, start, _ in NOT_APPLICABLE)
+    texts = (record.getMessage(), str(record.msg))
+    return not any(
+      record.name == name and any(text.startswith(start) for text in texts) for name, start, _ in NOT_APPLICABLE
+    )
 
 
 def install() -> None:

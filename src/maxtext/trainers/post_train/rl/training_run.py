@@ -41,7 +41,7 @@ from maxtext.integration.tunix import learner as learner_lib
 from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectories, user_agent
 from maxtext.integration.tunix import ppo as ppo_lib
 from maxtext.models import critic as critic_lib
-from maxtext.models import load
+from maxtext.models.load import critic_from_reward_model, load_model
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
@@ -105,7 +105,7 @@ class TrainingRun:
       else []
     )
     self.score = evaluate_rl.scorer(task, cfg.task)
-    actor = load.load_model(cfg.model, trainer_mesh)
+    actor = load_model(cfg.model, trainer_mesh)
     critic = self._critic(actor, trainer_mesh)
 
     resumed = folder.resume()
@@ -157,7 +157,7 @@ class TrainingRun:
     if cfg.algorithm.algorithm != "ppo":
       return None
     if cfg.critic.load_parameters_path:
-      return load.critic_from_reward_model(cfg.critic.load_parameters_path, cfg.model, mesh)
+      return critic_from_reward_model(cfg.critic.load_parameters_path, cfg.model, mesh)
     return critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1)
 
   def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts, critic, trainer_mesh):
