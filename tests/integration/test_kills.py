@@ -15,6 +15,7 @@ import pytest
 
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.trainers.post_train.rl import train_rl
+from tests.integration.test_shutdown import _rows, untimed
 
 TINY = [
   "rl.yml",
@@ -107,14 +108,6 @@ SPREAD_REWARD = (
   "def spread(prompts, completions, **kwargs):\n"
   "  return [float(sum((i + 1) * ord(ch) for i, ch in enumerate(c)) % 1000) / 1000 for c in completions]\n"
 )
-TIMING = (
-  "step_time_s",
-  "compile_s",
-  "trainer/idle_fraction",
-  "rollout/prefix_reuse_fraction",
-  "rollout/decode_tokens_per_s",
-  "rollout/decode_gb_per_s",
-)
 
 
 def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopped(tmp_path, caplog):
@@ -146,7 +139,6 @@ def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopp
   assert train_rl.main(["train_rl", *args, "run_name=straight"]) == 0
   resumed, straight = _rows(killed), _rows(str(tmp_path / "straight"))
   assert [r["step"] for r in resumed] == [1, 2, 3]
-  untimed = lambda row: {k: v for k, v in row.items() if k not in TIMING}
   for a, b in zip(resumed[:2], straight[:2]):  # the killed run's rows (a late scalar may be missing)
     assert untimed(a) == {k: v for k, v in untimed(b).items() if k in a}
   assert untimed(resumed[2]) == untimed(straight[2])  # trained after the resume
@@ -156,8 +148,3 @@ def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopp
       row
     )
   assert straight[-1]["critic/value_loss"] < straight[0]["critic/value_loss"]
-
-
-def _rows(run) -> list[dict]:
-  with open(os.path.join(run, "metrics.jsonl"), encoding="utf-8") as f:
-    return [json.loads(line) for line in f]

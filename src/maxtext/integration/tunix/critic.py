@@ -69,7 +69,7 @@ class CriticTrainer:
     """float32 values [B, C] of each completion token's state (scoring.completion_values), on the host
     (every process holds them all)."""
     graphdef, state = nnx.split(self.critic)
-    with jax.set_mesh(self._mesh):
+    with self._mesh:  # as cluster.global_token_logps scores: jax.set_mesh would lay the slices out on the mesh
       parts = self._parts((prompt_ids, completion_ids))
       values = [_values(graphdef, state, p, c, self._pad, self._eos, self._group) for p, c in parts]
       return distributed.host_array(jnp.concatenate(values, axis=0))
@@ -81,7 +81,7 @@ class CriticTrainer:
     fraction and gradient norm, and the old values' and returns' means and explained variance over
     the live tokens."""
     losses, clipped, norms = [], [], []
-    with jax.set_mesh(self._mesh):
+    with self._mesh:
       parts = self._parts((prompt_ids, completion_ids, mask, old_values, returns))
       for _ in range(self._passes):
         for part in parts:
