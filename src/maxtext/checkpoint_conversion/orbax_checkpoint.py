@@ -25,7 +25,8 @@ from maxtext.utils import distributed, errors, storage
 PARAMS_ITEM = "model_params"  # the item Tunix's manager saves the model's parameters as
 # The items of arrays a step may hold beside the parameters: the optimizer's state and, in a PPO run,
 # the critic's parameters and optimizer state.
-OPTIONAL_ITEMS = ("optimizer_state", "critic_params", "critic_optimizer_state")
+CRITIC_ITEMS = ("critic_params", "critic_optimizer_state")  # its parameters, its optimizer state
+OPTIONAL_ITEMS = ("optimizer_state", *CRITIC_ITEMS)
 
 # TensorStore's requests to GCS, in the contexts Orbax builds, give up as gcsfs's do (storage.py):
 # 5 retries backing off 1 to 16 s, rather than 32 retries backing off up to 32 s (some 15 minutes).

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs.sections import CriticSection, TrainSection
 from maxtext.integration.tunix import cluster as cluster_lib
 from maxtext.integration.tunix import scoring
@@ -25,7 +26,7 @@ from maxtext.rl import ppo
 from maxtext.utils import distributed
 from maxtext.utils import mesh as mesh_lib
 
-PARAMS, OPTIMIZER = "critic_params", "critic_optimizer_state"  # its checkpoint items
+PARAMS, OPTIMIZER = orbax_checkpoint.CRITIC_ITEMS  # its checkpoint items
 
 
 def learning_rate(section: CriticSection, train: TrainSection) -> float:
