@@ -300,6 +300,12 @@ def check_job(v: Mapping[str, Any], mesh: sections.MeshSection, job: distributed
       )
   if agentic and job.processes > 1:
     _check_agentic_processes(v, job.processes)
+    if v["reward_model.load_parameters_path"]:
+      raise ConfigError(
+        f"reward_model.load_parameters_path with rl.use_agentic_rollout=true across {job.processes} processes: "
+        "each process scores its own episodes, and the reward model runs on the mesh every process shares "
+        "(expected one process, or standard mode)"
+      )
   if v["attention"] == "cudnn_flash" and not job.nvidia:
     raise ConfigError(
       f"attention=cudnn_flash: cuDNN flash attention needs an NVIDIA GPU, but JAX's backend is {job.backend}; "

@@ -24,6 +24,7 @@ from maxtext.configs.sections import (
   EvalSection,
   MeshSection,
   ModelSection,
+  RewardModelSection,
   RunSection,
   SamplingSection,
   ServeSection,
@@ -55,6 +56,7 @@ class RunConfig:
   eval: EvalSection
   algorithm: AlgorithmSection
   critic: CriticSection
+  reward_model: RewardModelSection
   agentic: AgenticSection
   agent: AgentSection
   tools: ToolsSection

@@ -103,6 +103,11 @@ OVERLONG_BUFFER = When(
 SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
 PPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "ppo", "only rl.algorithm=ppo has a critic and GAE")
 GRPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "grpo", "rl.algorithm=ppo's advantages are GAE's, per token")
+REWARD_MODEL = When(
+  "reward_model.load_parameters_path",
+  lambda v: bool(v["reward_model.load_parameters_path"]),
+  "reward_model.load_parameters_path is empty: no reward model scores the completions",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -946,6 +951,43 @@ class CriticSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class RewardModelSection:
+  """A learned reward model among the run's rewards: an HF *ForSequenceClassification checkpoint scoring
+  each prompt and completion, re-rendered through its own tokenizer's chat template, on the trainer's
+  mesh (GRPO and PPO)."""
+
+  PREFIX: ClassVar[str] = "reward_model."
+  load_parameters_path: str = dataclasses.field(
+    metadata=key(
+      "An HF *ForSequenceClassification checkpoint (config.json + *.safetensors + its tokenizer with a chat "
+      "template; a llama, qwen3 or gemma3 decoder with a one-output score head) whose score of each "
+      "conversation, read at its last token, is a reward (rewards/reward_model). Its architecture is its "
+      "config.json's, not the policy's. Empty: no reward model.",
+      path="input",
+    )
+  )
+  weight: float = dataclasses.field(
+    metadata=key(
+      "The reward model's weight in each completion's reward, beside the rule rewards' (reward_weights).",
+      bounds=Bound(lambda x: True, "expected a finite number", True),
+      applies=(REWARD_MODEL,),
+    )
+  )
+  alone: bool = dataclasses.field(
+    metadata=key(
+      "The reward model's score is the whole reward: the rule rewards (the task's, or reward_functions') are "
+      "still computed and logged as rewards/<name>, with weight 0.",
+      applies=(REWARD_MODEL,),
+    )
+  )
+  micro_batch_size: int = dataclasses.field(
+    metadata=key(
+      "Conversations the reward model scores per forward pass.", bounds=POSITIVE_INT, applies=(REWARD_MODEL,)
+    )
+  )
+
+
+@dataclasses.dataclass(frozen=True)
 class AgenticSection:
   """Which learner runs, and the agentic learner's concurrency, staleness and system prompt."""
 
@@ -1202,6 +1244,7 @@ SECTION_TYPES: dict[str, type] = {
   "eval": EvalSection,
   "algorithm": AlgorithmSection,
   "critic": CriticSection,
+  "reward_model": RewardModelSection,
   "agentic": AgenticSection,
   "agent": AgentSection,
   "tools": ToolsSection,

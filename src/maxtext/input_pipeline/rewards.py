@@ -93,7 +93,7 @@ def required_fields(fn: Callable) -> tuple[str, ...]:
   )
 
 
-def _is_conversation(x: Any) -> bool:
+def is_conversation(x: Any) -> bool:
   """x is a list of {"role", "content"} messages (a list, tuple or array of mappings with a role)."""
   return (
     isinstance(x, (list, tuple, np.ndarray)) and len(x) > 0 and all(isinstance(m, Mapping) and "role" in m for m in x)
@@ -105,7 +105,7 @@ def as_messages(prompts: list, completions: list, fields: dict[str, Any]) -> tup
   are those message lists (the field itself is then not passed again) and each completion is
   [{"role": "assistant", "content": text}]; otherwise the batch as it is."""
   conversations = fields.get("prompt")
-  if conversations is None or len(conversations) == 0 or not _is_conversation(conversations[0]):
+  if conversations is None or len(conversations) == 0 or not is_conversation(conversations[0]):
     return prompts, completions, fields
   prompts = [[dict(m) for m in c] for c in conversations]
   completions = [[{"role": "assistant", "content": c}] for c in completions]
@@ -290,6 +290,14 @@ class RewardSet:
   required: tuple[tuple[str, ...], ...]
   source: str = ""
   _warned: bool = dataclasses.field(default=False, repr=False)
+
+  def with_function(self, fn: RewardFn, weight: float, alone: bool) -> RewardSet:
+    """This set with `fn` (a checked reward function, needing no field of the data) added at `weight`;
+    `alone`: the others kept at weight 0 (computed and logged, paying nothing)."""
+    weights = tuple(0.0 for _ in self.weights) if alone else self.weights
+    return dataclasses.replace(
+      self, functions=[*self.functions, fn], weights=(*weights, weight), required=(*self.required, ())
+    )
 
   def check_fields(self, fields: Collection[str]) -> None:
     """An InputError naming the first function that requires a parameter which is neither one every

@@ -68,3 +68,16 @@ def trained(critic: Critic) -> nnx.filterlib.Filter:
   if critic.config.lora_rank:
     return nnx.Any(nnx.LoRAParam, nnx.PathContains("score"))
   return nnx.Param
+
+
+def last_token_scores(critic: Critic, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
+  """float32 [B]: each row's value at its last token, as transformers' *ForSequenceClassification pools
+  a reward model's score. tokens [B, T] hold each row's lengths[b] tokens from position 0 (right-padded);
+  every row has at least one."""
+  width = tokens.shape[1]
+  live = jnp.arange(width)[None, :] < lengths[:, None]
+  positions = jnp.broadcast_to(jnp.arange(width), tokens.shape)
+  mask = jnp.tril(jnp.ones((width, width), bool))[None] & live[:, None, :]
+  hidden, _ = critic.hidden_states(tokens, positions, None, mask)
+  values = critic.values(hidden)
+  return jnp.take_along_axis(values, (lengths - 1)[:, None], axis=1)[:, 0]

@@ -1,6 +1,7 @@
 """Builds the decoder for a run from load_parameters_path (GGUF file, HF checkpoint directory or
 Orbax checkpoint), the model's embedded default, or a seeded random init; and PPO's critic from a
-reward model's HF checkpoint (critic.load_parameters_path)."""
+reward model's HF checkpoint (critic.load_parameters_path); and a learned reward model
+(reward_model.load_parameters_path)."""
 
 from __future__ import annotations
 
@@ -143,13 +144,11 @@ def load_model(model: ModelSection, mesh: Mesh) -> Decoder:
   return decoder
 
 
-def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Critic:
-  """PPO's critic from the HF *ForSequenceClassification checkpoint at `path` (critic.load_parameters_path):
-  its decoder (of the policy's architecture, `model`) as the trunk, without an output layer, and its
-  one-output `score` head as the value head; with lora_rank, adapters of its own on that trunk. A
-  checkpoint of another kind, of another shape than the policy's or with a head of more than one
-  output is an InputError naming the key."""
-  key = f"critic.load_parameters_path={path}"
+def _sequence_classifier(path: str, key: str, model: ModelSection, mesh: Mesh, what: str) -> Critic:
+  """The HF *ForSequenceClassification checkpoint at `path` (of the architecture `model` states) as a
+  Critic: its decoder as the trunk, without an output layer, and its one-output `score` head; with
+  `model`'s lora_rank, adapters of its own on that trunk. A checkpoint of another kind, or with a head of
+  more than one output, is an InputError naming `key`."""
   if not hf_config.is_hf_checkpoint(path):
     raise errors.InputError(
       f"{key}: expected an HF *ForSequenceClassification checkpoint (config.json + *.safetensors)"
@@ -157,20 +156,14 @@ def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Crit
   kinds = hf_config.architectures(path)
   if not any(kind.endswith("ForSequenceClassification") for kind in kinds):
     raise errors.InputError(f"{key}: config.json's architectures are {kinds}; expected a *ForSequenceClassification")
-  theirs = hf_config.architecture(path)
-  diffs = [f"{k}={getattr(model, k)!r} but config.json has {v!r}" for k, v in theirs.items() if getattr(model, k) != v]
-  if diffs:
-    raise errors.InputError(
-      f"{key}: a critic of another shape than the policy ({model.model_name}): " + "; ".join(diffs)
-    )
   state = hf_checkpoint.read_state_dict(path)
   score = state.pop("score.weight", None)
   if score is None or score.shape != (1, model.emb_dim):
     shape = "no score.weight" if score is None else f"score.weight of shape {list(score.shape)}"
     raise errors.InputError(f"{key}: {shape}; expected a head of one output, [1, {model.emb_dim}]")
   mcfg = ModelConfig.from_config(model)
-  trunk_cfg = dataclasses.replace(mcfg, lora_rank=0, tie_embeddings=True)  # the critic has no output layer
-  log.info("PPO's critic from the reward model %s", path)
+  trunk_cfg = dataclasses.replace(mcfg, lora_rank=0, tie_embeddings=True)  # no output layer
+  log.info("%s from the reward model %s", what, path)
   trunk = builder.from_arrays(trunk_cfg, mesh, hf_layout.hf_to_maxtext(state, trunk_cfg), path)
   if mcfg.lora_rank:
     trunk = builder.with_lora(trunk, dataclasses.replace(mcfg, tie_embeddings=True), model.init_weights_seed + 1)
@@ -178,3 +171,39 @@ def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Crit
   critic.score[...] = jax.device_put(np.asarray(score, np.float32).T, critic.score[...].sharding)
   heap.release()
   return critic
+
+
+def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Critic:
+  """PPO's critic from the HF *ForSequenceClassification checkpoint at `path` (critic.load_parameters_path),
+  which must have the policy's architecture (`model`); see _sequence_classifier. A checkpoint of another
+  shape than the policy's is an InputError naming the key."""
+  key = f"critic.load_parameters_path={path}"
+  if hf_config.is_hf_checkpoint(path):
+    theirs = hf_config.architecture(path)
+    diffs = [
+      f"{k}={getattr(model, k)!r} but config.json has {v!r}" for k, v in theirs.items() if getattr(model, k) != v
+    ]
+    if diffs:
+      raise errors.InputError(
+        f"{key}: a critic of another shape than the policy ({model.model_name}): " + "; ".join(diffs)
+      )
+  return _sequence_classifier(path, key, model, mesh, "PPO's critic")
+
+
+def reward_model_section(path: str, policy: ModelSection) -> ModelSection:
+  """The model section of the reward model at `path` (reward_model.load_parameters_path): the
+  architecture its config.json states, the policy's settings of precision, attention and layout, no
+  adapters."""
+  if not hf_config.is_hf_checkpoint(path):
+    raise errors.InputError(
+      f"reward_model.load_parameters_path={path}: expected an HF *ForSequenceClassification checkpoint "
+      "(config.json + *.safetensors)"
+    )
+  return dataclasses.replace(policy, **hf_config.architecture(path), load_parameters_path=path, lora_rank=0)
+
+
+def reward_model(path: str, policy: ModelSection, mesh: Mesh) -> Critic:
+  """The reward model at `path` (reward_model.load_parameters_path) on `mesh`, of its own architecture
+  (reward_model_section); see _sequence_classifier."""
+  model = reward_model_section(path, policy)
+  return _sequence_classifier(path, f"reward_model.load_parameters_path={path}", model, mesh, "The reward model")

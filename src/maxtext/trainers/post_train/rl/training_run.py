@@ -42,6 +42,7 @@ from maxtext.integration.tunix import metrics, rollout_setup, tools, trajectorie
 from maxtext.integration.tunix import ppo as ppo_lib
 from maxtext.models import critic as critic_lib
 from maxtext.models.load import critic_from_reward_model, load_model
+from maxtext.rl import reward_model
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
@@ -107,6 +108,9 @@ class TrainingRun:
     self.score = evaluate_rl.scorer(task, cfg.task)
     actor = load_model(cfg.model, trainer_mesh)
     critic = self._critic(actor, trainer_mesh)
+    if cfg.reward_model.load_parameters_path:
+      scorer = reward_model.load_reward_model(cfg.reward_model, cfg.model, template, trainer_mesh)
+      reward_set = reward_set.with_function(scorer.reward_function(), cfg.reward_model.weight, cfg.reward_model.alone)
 
     resumed = folder.resume()
     if resumed:
