@@ -3,6 +3,7 @@ sections are frozen; and only the entrypoints and the config package hold the wh
 
 import ast
 import dataclasses
+import os
 import pathlib
 import re
 import types
@@ -30,6 +31,7 @@ WHOLE_CONFIG = {
   "trainers/post_train/rl/train_rl.py",
   "trainers/post_train/rl/training_run.py",
   "trainers/post_train/rl/evaluate_rl.py",
+  "trainers/post_train/rl/train_reward_model.py",
   "trainers/post_train/rl/run_folder.py",
   "trainers/post_train/rl/footprint.py",
 }
@@ -253,6 +255,12 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "rl.tool_output_max_chars": (0,),
   "critic.warmup_steps": (-1,),
   "critic.mini_batch_size": (-1,),
+  "reward_model.micro_batch_size": (0,),
+  "reward_training.num_prompts": (0,),
+  "reward_training.samples_per_prompt": (1,),
+  "reward_training.max_pairs_per_prompt": (0,),
+  "reward_training.num_steps": (0,),
+  "reward_training.pairs_per_step": (0,),
 }
 
 
@@ -278,6 +286,7 @@ def test_an_integer_key_out_of_range_stops_the_start_naming_it(key, value):
   key=value and what is expected."""
   mode = ["rl.use_agentic_rollout=true", "rl.tools=[python]"] if key in sections.AGENTIC_ONLY_KEYS else []
   mode += ["rl.algorithm=ppo"] if key in sections.PPO_ONLY_KEYS else []
+  mode += [f"reward_model.load_parameters_path={os.path.dirname(__file__)}"] if key.startswith("reward_model.") else []
   with pytest.raises(pyconfig.ConfigError) as raised:
     make_config(*mode, f"{key}={value}")
   lines = [line.strip() for line in str(raised.value).splitlines()]

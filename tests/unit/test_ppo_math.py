@@ -221,3 +221,24 @@ def test_the_policy_loss_on_per_token_advantages_is_ppos_clipped_objective():
   assert clipped[mask].any() and not clipped[mask].all()
   np.testing.assert_allclose(float(loss), per_token[mask].mean(), rtol=1e-5)
   np.testing.assert_allclose(float(aux["pg_clipfrac"]), clipped[mask].mean(), rtol=1e-6)
+
+
+def test_the_kl_penalty_inside_the_reward_matches_each_estimate():
+  rng = np.random.default_rng(3)
+  logps = -rng.exponential(size=MASK.shape).astype(np.float32)
+  ref = -rng.exponential(size=MASK.shape).astype(np.float32)
+  d = logps.astype(np.float64) - ref
+  estimates = {"kl": d, "mse_kl": 0.5 * d**2, "low_var_kl": np.exp(-d) - 1 + d}  # k1, k2, k3 of Schulman's note
+  for method, kl in estimates.items():
+    got = np.asarray(ppo.kl_penalty(logps, ref, MASK, 0.05, method))
+    np.testing.assert_allclose(got, np.where(MASK > 0, -0.05 * kl, 0.0), rtol=1e-5, atol=1e-7)
+  # With the reward at the last token, GAE (gamma = lam = 1, V = 0) gives each token the reward less the
+  # penalties from that token on: the KL of later tokens is charged to earlier ones, as in PPO for RLHF.
+  rewards = np.array([1.0, 0.0, 0.5, -1.0, 2.0], np.float32)
+  total = ppo.token_rewards(rewards, MASK) + ppo.kl_penalty(logps, ref, MASK, 0.05, "kl")
+  advantages, _ = ppo.gae(total, np.zeros(MASK.shape, np.float32), MASK, gamma=1.0, lam=1.0)
+  for b in range(MASK.shape[0]):
+    live = [t for t in range(MASK.shape[1]) if MASK[b, t]]
+    for k, t in enumerate(live):
+      want = rewards[b] - 0.05 * sum(d[b, u] for u in live[k:])
+      np.testing.assert_allclose(float(advantages[b, t]), want, rtol=1e-5, atol=1e-6)

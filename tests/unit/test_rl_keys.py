@@ -15,6 +15,8 @@ CHANGED = {
   "rl.algorithm": "ppo",
   "rl.gamma": 0.9,
   "rl.gae_lambda": 0.8,
+  "rl.kl_in_reward_coef": 0.1,
+  "rl.kl_in_reward_method": "mse_kl",
   "rl.num_generations": 3,
   "rl.num_iterations": 2,
   "rl.grpo_beta": 0.01,
@@ -60,6 +62,8 @@ SHAPE_FIELDS = {
 ALGO_FIELDS = {
   "rl.gamma": "gamma",
   "rl.gae_lambda": "gae_lambda",
+  "rl.kl_in_reward_coef": "kl_in_reward_coef",
+  "rl.kl_in_reward_method": "kl_in_reward_method",
   "rl.num_generations": "num_generations",
   "rl.num_iterations": "num_iterations",
   "rl.grpo_beta": "beta",

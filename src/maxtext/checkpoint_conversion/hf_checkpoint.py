@@ -43,10 +43,13 @@ def read_state_dict(path: str) -> dict[str, np.ndarray]:
   return out
 
 
-def write(path: str, state: dict[str, np.ndarray], model: ModelSection, tokenizer=None) -> None:
-  """config.json, model.safetensors and (when given) the tokenizer files with their chat template."""
+def write(
+  path: str, state: dict[str, np.ndarray], model: ModelSection, tokenizer=None, sequence_classifier: bool = False
+) -> None:
+  """config.json (of a causal LM, or with `sequence_classifier` of a one-output *ForSequenceClassification),
+  model.safetensors and (when given) the tokenizer files with their chat template."""
   os.makedirs(path, exist_ok=True)
-  hf_config.to_hf_config(model, tokenizer).save_pretrained(path)
+  hf_config.to_hf_config(model, tokenizer, sequence_classifier).save_pretrained(path)
   safetensors_np.save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
   if tokenizer is not None:
     tokenizer.save_pretrained(path)

@@ -181,8 +181,10 @@ def _gemma3_architecture(hf: dict[str, Any], where) -> dict[str, Any]:
   }
 
 
-def to_hf_config(model: ModelSection, tokenizer=None):
-  """A transformers config object for the run config's architecture (weights dtype included)."""
+def to_hf_config(model: ModelSection, tokenizer=None, sequence_classifier: bool = False):
+  """A transformers config object for the run config's architecture (weights dtype included): of a
+  causal LM, or with `sequence_classifier` of a *ForSequenceClassification with one output (a reward
+  model)."""
   import transformers  # heavy; only the exporter needs it
 
   rope: dict[str, Any] = {"rope_type": "default", "rope_theta": model.rope_max_timescale}
@@ -203,6 +205,8 @@ def to_hf_config(model: ModelSection, tokenizer=None):
     rope_parameters=rope,
     dtype=model.weight_dtype,
   )
+  if sequence_classifier:
+    kwargs["num_labels"] = 1
   if tokenizer is not None:
     kwargs.update(
       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
@@ -219,6 +223,8 @@ def to_hf_config(model: ModelSection, tokenizer=None):
       query_pre_attn_scalar=model.query_pre_attn_scalar,
       hidden_activation="gelu_pytorch_tanh",
     )
-    return transformers.Gemma3TextConfig(architectures=["Gemma3ForCausalLM"], **kwargs)
+    kind = "Gemma3TextForSequenceClassification" if sequence_classifier else "Gemma3ForCausalLM"
+    return transformers.Gemma3TextConfig(architectures=[kind], **kwargs)
   cls = transformers.Qwen3Config if model.decoder_family == "qwen3" else transformers.LlamaConfig
-  return cls(architectures=[cls.__name__.replace("Config", "ForCausalLM")], **kwargs)
+  head = "ForSequenceClassification" if sequence_classifier else "ForCausalLM"
+  return cls(architectures=[cls.__name__.replace("Config", head)], **kwargs)

@@ -20,20 +20,29 @@ from maxtext.configs.sections import ModelSection
 log = logging.getLogger(__name__)
 
 
-def export(decoder, model: ModelSection, tokenizer, path: str) -> None:
+def export(decoder, model: ModelSection, tokenizer, path: str, score=None) -> None:
   """Writes a decoder (any sharding) and its tokenizer as an HF checkpoint directory (local or
-  gs://): every process gathers the weights, process 0 writes them."""
+  gs://): every process gathers the weights, process 0 writes them. With `score` (a value head
+  [emb_dim, 1]) it is a reward model: a one-output *ForSequenceClassification whose `score.weight` is
+  that head, without an output layer."""
+  import numpy as np
+
   from maxtext.checkpoint_conversion import hf_checkpoint
   from maxtext.models import builder, hf_layout
   from maxtext.utils import distributed, storage
 
   state = hf_layout.maxtext_to_hf(builder.to_arrays(decoder), decoder.config)
+  if score is not None:
+    state = {k: v for k, v in state.items() if not k.startswith("lm_head.")}
+    head = np.asarray(distributed.host_array(score)).T
+    state["score.weight"] = head.astype(np.float32)  # float32, as the head trains
+  classifier = score is not None
   if distributed.is_main() and storage.is_url(path):
     with tempfile.TemporaryDirectory() as local:
-      hf_checkpoint.write(local, state, model, tokenizer)
+      hf_checkpoint.write(local, state, model, tokenizer, classifier)
       storage.upload(local, path)
   elif distributed.is_main():
-    hf_checkpoint.write(path, state, model, tokenizer)
+    hf_checkpoint.write(path, state, model, tokenizer, classifier)
   distributed.barrier("hf_export")
   log.info("Wrote HF checkpoint %s", path)
 

@@ -271,6 +271,7 @@ def _check_mesh(v: Mapping[str, Any]) -> None:
 PROGRAM_RULES: dict[str, tuple[str, str]] = {
   "evaluate_rl": ("num_test_batches", "evaluate_rl has nothing to evaluate; expected a positive integer"),
   "to_huggingface": ("hf_output_path", "required (the folder to write the HF checkpoint to)"),
+  "train_reward_model": ("reward_training.output_path", "required (the folder to write the reward model to)"),
 }
 
 

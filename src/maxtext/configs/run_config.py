@@ -25,6 +25,7 @@ from maxtext.configs.sections import (
   MeshSection,
   ModelSection,
   RewardModelSection,
+  RewardTrainingSection,
   RunSection,
   SamplingSection,
   ServeSection,
@@ -57,6 +58,7 @@ class RunConfig:
   algorithm: AlgorithmSection
   critic: CriticSection
   reward_model: RewardModelSection
+  reward_training: RewardTrainingSection
   agentic: AgenticSection
   agent: AgentSection
   tools: ToolsSection

@@ -103,6 +103,9 @@ OVERLONG_BUFFER = When(
 SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
 PPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "ppo", "only rl.algorithm=ppo has a critic and GAE")
 GRPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "grpo", "rl.algorithm=ppo's advantages are GAE's, per token")
+KL_IN_REWARD = When(
+  "rl.kl_in_reward_coef", lambda v: v["rl.kl_in_reward_coef"] != 0, "rl.kl_in_reward_coef=0 puts no KL in the reward"
+)
 REWARD_MODEL = When(
   "reward_model.load_parameters_path",
   lambda v: bool(v["reward_model.load_parameters_path"]),
@@ -807,6 +810,22 @@ class AlgorithmSection:
       applies=(PPO,),
     )
   )
+  kl_in_reward_coef: float = dataclasses.field(
+    metadata=key(
+      "PPO: the KL penalty inside the reward (verl's use_kl_in_reward): each completion token's reward less this "
+      "times its KL estimate (rl.kl_in_reward_method) between the policy that sampled it and the reference, "
+      "before GAE; 0: none. rl.grpo_beta is the penalty in the loss.",
+      bounds=NON_NEGATIVE,
+      applies=(PPO,),
+    )
+  )
+  kl_in_reward_method: KlLossMode = dataclasses.field(
+    metadata=key(
+      "PPO: the KL estimate of rl.kl_in_reward_coef's penalty, per token: kl (k1, logp - ref), mse_kl (k2) or "
+      "low_var_kl (k3).",
+      applies=(PPO, KL_IN_REWARD),
+    )
+  )
   num_iterations: int = dataclasses.field(
     metadata=key(
       "Policy updates per batch (mu in GRPO).",
@@ -900,6 +919,11 @@ class AlgorithmSection:
     metadata=key("Agentic: mask groups whose rewards are all equal (no learning signal).", applies=(AGENTIC,))
   )
 
+  @property
+  def reference(self) -> bool:
+    """Whether the run keeps the KL reference: a KL penalty in the loss (grpo_beta) or in PPO's reward."""
+    return self.grpo_beta != 0 or (self.algorithm == "ppo" and self.kl_in_reward_coef != 0)
+
 
 @dataclasses.dataclass(frozen=True)
 class CriticSection:
@@ -983,6 +1007,50 @@ class RewardModelSection:
   micro_batch_size: int = dataclasses.field(
     metadata=key(
       "Conversations the reward model scores per forward pass.", bounds=POSITIVE_INT, applies=(REWARD_MODEL,)
+    )
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardTrainingSection:
+  """maxtext.trainers.post_train.rl.train_reward_model: a reward model trained by Bradley-Terry on
+  preference pairs of the policy's own samples, ordered by the task's rule rewards."""
+
+  PREFIX: ClassVar[str] = "reward_training."
+  output_path: str = dataclasses.field(
+    metadata=key(
+      "train_reward_model: the folder the reward model is written to, as an HF *ForSequenceClassification "
+      "checkpoint with the policy's tokenizer (what reward_model.load_parameters_path and critic.load_parameters_path "
+      "read).",
+      path="output",
+    )
+  )
+  num_prompts: int = dataclasses.field(
+    metadata=key("train_reward_model: training questions sampled for pairs.", bounds=POSITIVE_INT)
+  )
+  samples_per_prompt: int = dataclasses.field(
+    metadata=key(
+      "train_reward_model: completions sampled per question (at temperature); every two with different rule "
+      "rewards make a pair, the higher chosen.",
+      bounds=Bound(lambda x: x >= 2, "expected an integer >= 2"),
+    )
+  )
+  max_pairs_per_prompt: int = dataclasses.field(
+    metadata=key("train_reward_model: at most this many pairs of one question.", bounds=POSITIVE_INT)
+  )
+  held_out_fraction: float = dataclasses.field(
+    metadata=key(
+      "train_reward_model: the share of questions whose pairs are held out to measure the pair accuracy.",
+      bounds=BELOW_ONE,
+    )
+  )
+  num_steps: int = dataclasses.field(metadata=key("train_reward_model: Bradley-Terry updates.", bounds=POSITIVE_INT))
+  pairs_per_step: int = dataclasses.field(
+    metadata=key("train_reward_model: preference pairs per update.", bounds=POSITIVE_INT)
+  )
+  learning_rate: float = dataclasses.field(
+    metadata=key(
+      "train_reward_model: AdamW's learning rate (constant; the run's betas and weight decay).", bounds=POSITIVE
     )
   )
 
@@ -1245,6 +1313,7 @@ SECTION_TYPES: dict[str, type] = {
   "algorithm": AlgorithmSection,
   "critic": CriticSection,
   "reward_model": RewardModelSection,
+  "reward_training": RewardTrainingSection,
   "agentic": AgenticSection,
   "agent": AgentSection,
   "tools": ToolsSection,

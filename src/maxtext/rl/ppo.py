@@ -1,4 +1,5 @@
-"""PPO's arithmetic over a batch of completions, free of Tunix: the reward placed on the tokens, GAE,
+"""PPO's arithmetic over a batch of completions, free of Tunix: the reward placed on the tokens (and
+the KL penalty inside it), GAE,
 whitening, the clipped value loss and explained variance (rl.algorithm=ppo; the learner that uses them
 is integration/tunix/ppo.py).
 
@@ -25,6 +26,22 @@ def token_rewards(rewards: ArrayLike, mask: ArrayLike) -> jax.Array:
   last = mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
   at_last = (jnp.arange(mask.shape[1])[None, :] == last[:, None]) & mask
   return jnp.where(at_last, jnp.asarray(rewards, jnp.float32)[:, None], 0.0)
+
+
+def kl_penalty(logps: ArrayLike, ref_logps: ArrayLike, mask: ArrayLike, coef: float, method: str) -> jax.Array:
+  """float32 [B, T]: the KL penalty inside the reward, -coef * KL_t on each live token, KL_t the per-token
+  estimate `method` of the sampling policy's log-probs `logps` against the reference's: kl (k1,
+  logp - ref), mse_kl (k2, (logp - ref)^2 / 2) or low_var_kl (k3, exp(ref - logp) - (ref - logp) - 1)."""
+  diff = jnp.asarray(logps, jnp.float32) - jnp.asarray(ref_logps, jnp.float32)
+  if method == "kl":
+    kl = diff
+  elif method == "mse_kl":
+    kl = 0.5 * diff**2
+  elif method == "low_var_kl":
+    kl = jnp.expm1(-diff) + diff
+  else:
+    raise ValueError(f"unknown KL estimate {method!r}")
+  return jnp.where(jnp.asarray(mask) > 0, -coef * kl, 0.0)
 
 
 def gae(

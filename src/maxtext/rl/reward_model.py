@@ -37,7 +37,7 @@ from maxtext.utils import mesh as mesh_lib
 log = logging.getLogger(__name__)
 
 NAME = "reward_model"  # its rewards/<name> metrics
-PAD_MULTIPLE = 64
+PAD_MULTIPLE = 16
 
 
 class RewardModel:
@@ -49,7 +49,6 @@ class RewardModel:
   ):
     self.model, self.tokenizer, self._template, self._mesh = model, tokenizer, template, mesh
     self._rows = micro_batch_size
-    self._graphdef, self._state = nnx.split(model)
 
   def conversation(self, prompt: str, fields: Mapping[str, Any]) -> list[dict] | None:
     """The prompt's turns as the policy was given them: a conversational prompt's own messages, or the
@@ -79,12 +78,13 @@ class RewardModel:
   def scores(self, texts: list[str]) -> np.ndarray:
     """float32 scores [len(texts)] of the texts (tokenized as they are, no special tokens added)."""
     ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+    graphdef, state = nnx.split(self.model)
     out = []
     with self._mesh:  # as the critic scores: every process places its rows of the same batch
       for start in range(0, len(ids), self._rows):
         tokens, lengths = padded(ids[start : start + self._rows], self._rows, self.tokenizer.pad_token_id)
         tokens, lengths = mesh_lib.global_batch((tokens, lengths), self._mesh)
-        values = distributed.host_array(_scores(self._graphdef, self._state, tokens, lengths))
+        values = distributed.host_array(_scores(graphdef, state, tokens, lengths))
         out.append(values[: min(self._rows, len(ids) - start)])
     return np.concatenate(out).astype(np.float32) if out else np.zeros(0, np.float32)
 

@@ -43,11 +43,14 @@ def _common(rl: AlgorithmSection) -> dict[str, Any]:
 
 @dataclasses.dataclass(kw_only=True)
 class PPOConfig(GRPOConfig):
-  """The standard learner's config for PPO (rl.algorithm=ppo): GAE's discount and lambda; any number
+  """The standard learner's config for PPO (rl.algorithm=ppo): GAE's discount and lambda, the KL penalty
+  inside the reward (its coefficient, 0 for none, and KL estimate); any number
   of samples per prompt (Tunix's GRPOConfig refuses fewer than 2, which GRPO needs and PPO does not)."""
 
   gamma: float
   gae_lambda: float
+  kl_in_reward_coef: float = 0.0
+  kl_in_reward_method: str = "kl"
 
   def __post_init__(self):
     pass  # the choices of every field were checked with the run's config
@@ -55,8 +58,14 @@ class PPOConfig(GRPOConfig):
 
 def ppo_config(rl: AlgorithmSection) -> PPOConfig:
   """PPO's algorithm config: the standard learner's fields (its advantage estimator unused) with
-  gamma and gae_lambda."""
-  return PPOConfig(**_common(rl), gamma=rl.gamma, gae_lambda=rl.gae_lambda)
+  gamma, gae_lambda and the KL penalty inside the reward."""
+  return PPOConfig(
+    **_common(rl),
+    gamma=rl.gamma,
+    gae_lambda=rl.gae_lambda,
+    kl_in_reward_coef=rl.kl_in_reward_coef,
+    kl_in_reward_method=rl.kl_in_reward_method,
+  )
 
 
 def grpo_config(

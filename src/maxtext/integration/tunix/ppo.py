@@ -2,7 +2,8 @@
 
 Each step, after the standard step's batch is sampled and rewarded (maxtext.rl.standard_step), the
 critic scores the completions (the values the batch was sampled with), each row's reward is placed
-on its last live token, GAE gives every token its advantage and return (rl.gamma, rl.gae_lambda:
+on its last live token (less rl.kl_in_reward_coef times each token's KL estimate between the policy
+that sampled it and the reference, logged as rewards/kl_penalty, the mean per completion), GAE gives every token its advantage and return (rl.gamma, rl.gae_lambda:
 maxtext.rl.ppo), the advantages are whitened over the batch's live tokens, and the critic makes one
 update per critic.mini_batch_size completions towards the returns (integration/tunix/critic.py),
 logged as critic/*. The policy then trains on the per-token advantages with the run's policy loss,
@@ -57,6 +58,11 @@ class PPOLearner(learner_lib.GRPOLearner):
     mask = batch.completion_mask
     values = self._critic.values(batch.prompt_ids, batch.completion_ids)
     rewards = ppo.token_rewards(jnp.asarray(batch.rewards, jnp.float32), mask)
+    if algo.kl_in_reward_coef:
+      penalty = ppo.kl_penalty(batch.old_logps, batch.ref_logps, mask, algo.kl_in_reward_coef, algo.kl_in_reward_method)
+      rewards = rewards + penalty
+      per_row = np.asarray(penalty.sum(axis=1))
+      self._log({"rewards/kl_penalty": (float(per_row.mean()), np.mean)})
     advantages, returns = ppo.gae(rewards, values, mask, algo.gamma, algo.gae_lambda)
     trained = self._critic.train(batch.prompt_ids, batch.completion_ids, mask, values, returns)
     self._log({name: (value, np.mean) for name, value in trained.items()})
@@ -64,6 +70,14 @@ class PPOLearner(learner_lib.GRPOLearner):
     if self.rl_cluster.global_steps < self._warmup_steps:
       mask = jnp.zeros_like(mask)  # the critic's warmup: the policy trains on no token
     return super()._example(dataclasses.replace(batch, advantages=advantages, completion_mask=mask))
+
+  def _step_settings(self) -> standard_step.StepSettings:
+    """The standard step's settings; with a KL penalty inside the reward the reference and the policy
+    that sampled (the trainer's log-probs before the step's updates) score every completion."""
+    settings = super()._step_settings()
+    if not self.algo_config.kl_in_reward_coef:
+      return settings
+    return dataclasses.replace(settings, reference=True, old=True)
 
   def _zero_signal(self, advantages) -> tuple[int, int]:
     """(groups whose every token's advantage is zero, groups)."""

@@ -2,7 +2,7 @@
 anything, logged at start so a user knows whether it fits; and the process's peak memory, logged at
 the end beside the estimate.
 
-Counted: the weights; the KL reference's copy (none at rl.grpo_beta=0, none with LoRA, whose
+Counted: the weights; a learned reward model's weights (reward_model.*); the KL reference's copy (none at rl.grpo_beta=0 without rl.kl_in_reward_coef, none with LoRA, whose
 reference is the frozen base); where agentic GRPO's trainer recomputes the old policy's log-probs
 (the vanilla engine, or rl.sampler_is=token), Tunix's per-step snapshot of the policy
 (RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the learners drop it
@@ -75,6 +75,18 @@ def parameter_count(model: ModelSection) -> int:
   per_layer = sum(i * o for i, o in (f(model) for f in _PROJECTIONS.values()))
   head = 0 if model.logits_via_embedding else e * model.vocab_size
   return model.vocab_size * e + layers * per_layer + _norm_scale_count(model) + head
+
+
+def _reward_model_bytes(cfg: RunConfig, weight_bytes: int) -> int:
+  """The weights of reward_model.load_parameters_path's reward model (its own architecture, without an
+  output layer); 0 without one."""
+  from maxtext.models.load import reward_model_section
+
+  path = cfg.reward_model.load_parameters_path
+  if not path:
+    return 0
+  section = dataclasses.replace(reward_model_section(path, cfg.model), logits_via_embedding=True)
+  return parameter_count(section) * weight_bytes
 
 
 def _norm_scale_count(model: ModelSection) -> int:
@@ -177,8 +189,8 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
       False,
     ),
     "KL reference copy": (
-      n * weight_bytes if cfg.algorithm.grpo_beta != 0 and not lora else 0,
-      "rl.grpo_beta=0, lora_rank",
+      n * weight_bytes if cfg.algorithm.reference and not lora else 0,
+      "rl.grpo_beta=0, rl.kl_in_reward_coef=0, lora_rank",
       False,
     ),
     "policy snapshot (Tunix, host; agentic)": (
@@ -200,6 +212,11 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
     "PPO's critic (weights, AdamW moments, gradient)": (
       (0 if lora else n * weight_bytes) + 4 * trained * trained_bytes if cfg.algorithm.algorithm == "ppo" else 0,
       "rl.algorithm=grpo, lora_rank (the critic shares the base), weight_dtype=bfloat16",
+      False,
+    ),
+    "reward model (weights)": (
+      _reward_model_bytes(cfg, weight_bytes),
+      "reward_model.load_parameters_path (a smaller reward model), weight_dtype=bfloat16",
       False,
     ),
     f"sampler KV cache ({rows} rows x {sampling.kv_cache_size})": (
