@@ -148,7 +148,7 @@ def _sequence_classifier(path: str, key: str, model: ModelSection, mesh: Mesh, w
   """The HF *ForSequenceClassification checkpoint at `path` (of the architecture `model` states) as a
   Critic: its decoder as the trunk, without an output layer, and its one-output `score` head; with
   `model`'s lora_rank, adapters of its own on that trunk. A checkpoint of another kind, or with a head of
-  more than one output, is an InputError naming `key`."""
+  more than one output, is an InputError naming `key`. Logs `what` and the path."""
   if not hf_config.is_hf_checkpoint(path):
     raise errors.InputError(
       f"{key}: expected an HF *ForSequenceClassification checkpoint (config.json + *.safetensors)"
@@ -163,7 +163,7 @@ def _sequence_classifier(path: str, key: str, model: ModelSection, mesh: Mesh, w
     raise errors.InputError(f"{key}: {shape}; expected a head of one output, [1, {model.emb_dim}]")
   mcfg = ModelConfig.from_config(model)
   trunk_cfg = dataclasses.replace(mcfg, lora_rank=0, tie_embeddings=True)  # no output layer
-  log.info("%s from the reward model %s", what, path)
+  log.info("%s %s", what, path)
   trunk = builder.from_arrays(trunk_cfg, mesh, hf_layout.hf_to_maxtext(state, trunk_cfg), path)
   if mcfg.lora_rank:
     trunk = builder.with_lora(trunk, dataclasses.replace(mcfg, tie_embeddings=True), model.init_weights_seed + 1)
@@ -187,7 +187,7 @@ def critic_from_reward_model(path: str, model: ModelSection, mesh: Mesh) -> Crit
       raise errors.InputError(
         f"{key}: a critic of another shape than the policy ({model.model_name}): " + "; ".join(diffs)
       )
-  return _sequence_classifier(path, key, model, mesh, "PPO's critic")
+  return _sequence_classifier(path, key, model, mesh, "PPO's critic from the reward model")
 
 
 def reward_model_section(path: str, policy: ModelSection) -> ModelSection:
@@ -206,4 +206,6 @@ def reward_model(path: str, policy: ModelSection, mesh: Mesh) -> Critic:
   """The reward model at `path` (reward_model.load_parameters_path) on `mesh`, of its own architecture
   (reward_model_section); see _sequence_classifier."""
   model = reward_model_section(path, policy)
-  return _sequence_classifier(path, f"reward_model.load_parameters_path={path}", model, mesh, "The reward model")
+  return _sequence_classifier(
+    path, f"reward_model.load_parameters_path={path}", model, mesh, "Loading the reward model"
+  )

@@ -54,7 +54,7 @@ class RewardModel:
     """The prompt's turns as the policy was given them: a conversational prompt's own messages, or the
     template's turns around the example's question; None where the TEMPLATE is the whole prompt."""
     given = fields.get("prompt")
-    if rewards.is_conversation(given):
+    if given is not None and rewards.is_conversation(given):
       return [dict(m) for m in given]
     if self._template.turn_markers or "question" not in fields:
       return None

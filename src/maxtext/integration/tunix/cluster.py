@@ -84,10 +84,10 @@ def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:
 
 
 def reference_model(algorithm: AlgorithmSection, actor: Decoder, max_prompt_length: int) -> nnx.Module | None:
-  """The KL reference (none without a KL penalty: AlgorithmSection.reference): with LoRA the frozen base, the actor's own base
-  weights (no copy; Tunix sees the shared backbone); else a copy of the initial actor. It scores each
-  group's prompt once (SharedPrefix over the first max_prompt_length tokens, which the group's samples
-  share: both learners pad prompts to at least that length)."""
+  """The KL reference (none without a KL penalty: AlgorithmSection.reference): with LoRA the frozen
+  base, the actor's own base weights (no copy; Tunix sees the shared backbone); else a copy of the
+  initial actor. It scores each group's prompt once (SharedPrefix over the first max_prompt_length
+  tokens, which the group's samples share: both learners pad prompts to at least that length)."""
   if not algorithm.reference:
     return None
   base = builder.base_of(actor) if actor.config.lora_rank else nnx.clone(actor)

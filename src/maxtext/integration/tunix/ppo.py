@@ -1,15 +1,15 @@
 """PPO (rl.algorithm=ppo): the standard learner, whose step's advantages come from a learned critic.
 
 Each step, after the standard step's batch is sampled and rewarded (maxtext.rl.standard_step), the
-critic scores the completions (the values the batch was sampled with), each row's reward is placed
-on its last live token (less rl.kl_in_reward_coef times each token's KL estimate between the policy
-that sampled it and the reference, logged as rewards/kl_penalty, the mean per completion), GAE gives every token its advantage and return (rl.gamma, rl.gae_lambda:
-maxtext.rl.ppo), the advantages are whitened over the batch's live tokens, and the critic makes one
-update per critic.mini_batch_size completions towards the returns (integration/tunix/critic.py),
-logged as critic/*. The policy then trains on the per-token advantages with the run's policy loss,
-and logs its entropy beside GRPO's metrics. In the first critic.warmup_steps steps the policy trains
-on no token (its update moves nothing: cluster.unless_without_signal), so the critic learns the
-returns of the starting policy first.
+critic scores the completions (the values the batch was sampled with) and each row's reward is placed
+on its last live token, less rl.kl_in_reward_coef times each token's KL estimate between the policy
+that sampled it and the reference (rewards/kl_penalty logs its mean per completion). GAE gives every
+token its advantage and return (rl.gamma, rl.gae_lambda: maxtext.rl.ppo), the advantages are whitened
+over the batch's live tokens, and the critic makes one update per critic.mini_batch_size completions
+towards the returns (integration/tunix/critic.py), logged as critic/*. The policy then trains on the
+per-token advantages with the run's policy loss, and logs its entropy beside GRPO's metrics. In the
+first critic.warmup_steps steps the policy trains on no token (its update moves nothing:
+cluster.unless_without_signal), so the critic learns the returns of the starting policy first.
 
 The critic's parameters and optimizer state are saved in the actor's checkpoints (items
 critic_params, critic_optimizer_state) and restored with them."""
@@ -59,6 +59,7 @@ class PPOLearner(learner_lib.GRPOLearner):
     values = self._critic.values(batch.prompt_ids, batch.completion_ids)
     rewards = ppo.token_rewards(jnp.asarray(batch.rewards, jnp.float32), mask)
     if algo.kl_in_reward_coef:
+      assert batch.old_logps is not None and batch.ref_logps is not None  # _step_settings asks for both
       penalty = ppo.kl_penalty(batch.old_logps, batch.ref_logps, mask, algo.kl_in_reward_coef, algo.kl_in_reward_method)
       rewards = rewards + penalty
       per_row = np.asarray(penalty.sum(axis=1))

@@ -2,7 +2,8 @@
 anything, logged at start so a user knows whether it fits; and the process's peak memory, logged at
 the end beside the estimate.
 
-Counted: the weights; a learned reward model's weights (reward_model.*); the KL reference's copy (none at rl.grpo_beta=0 without rl.kl_in_reward_coef, none with LoRA, whose
+Counted: the weights; a learned reward model's weights (reward_model.*); the KL reference's copy
+(none without a KL penalty, rl.grpo_beta=0 and rl.kl_in_reward_coef=0; none with LoRA, whose
 reference is the frozen base); where agentic GRPO's trainer recomputes the old policy's log-probs
 (the vanilla engine, or rl.sampler_is=token), Tunix's per-step snapshot of the policy
 (RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the learners drop it

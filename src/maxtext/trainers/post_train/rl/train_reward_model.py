@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def preference_pairs(totals: np.ndarray, group: int, most: int, rng: np.random.Generator) -> list[tuple[int, int]]:
   """(chosen, rejected) indices of completions in groups of `group` (one question's each): every two of a
   group whose `totals` differ, the higher chosen; at most `most` a group, drawn with `rng`."""
-  pairs = []
+  pairs: list[tuple[int, int]] = []
   for start in range(0, len(totals), group):
     mine = [
       (i, j) if totals[i] > totals[j] else (j, i)
