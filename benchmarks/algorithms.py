@@ -6,7 +6,10 @@ Every variant trains the default demo (rl_times_table.yml: SmolLM2-135M-Instruct
 table, 8 steps of 8 prompts x 8 samples) through train_rl, one process per run, once per rollout seed
 (decode_seed 0..N-1; the data order and the held-out questions stay the same, so every run is scored on
 the same 200 questions); `ppo` is its recipe, rl_ppo_times_table.yml (PPO with a learned critic at
-the same 64 samples a step: 64 prompts x 1). Per run it reads the run's eval.json (greedy accuracy
+the same 64 samples a step: 64 prompts x 1); `ppo_reward_model` is rl_ppo_times_table_reward_model.yml
+(that PPO rewarded by a learned reward model alone), whose reward model train_reward_model trains first,
+once, with its defaults (its time, peak memory and held-out pair accuracy are recorded beside the
+runs). Per run it reads the run's eval.json (greedy accuracy
 before and after, the gain and its paired-bootstrap 95% interval) and train_rl's "Trained N steps in X
 s" and "Peak memory (RSS)" lines. The table gives, per variant, the mean gain over seeds with each
 seed's gain and interval, the mean training wall time, the highest peak memory, and the gain per step
@@ -25,6 +28,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 
 import run_log
 from model_benchmark import fmt
@@ -41,11 +45,37 @@ VARIANTS = {  # name: the settings that select it (on top of rl_times_table.yml)
   "gspo": ["rl.loss_algo=gspo-token", "rl.loss_agg_mode=sequence-mean-token-mean"],
   "dapo": ["rl.dynamic_sampling=true", "rl.epsilon_high=0.28", "rl.loss_agg_mode=token-mean"],
   "ppo": [],  # its own recipe (RECIPES)
+  "ppo_reward_model": [],  # its own recipe, with the reward model trained first (train_reward_model)
 }
-RECIPES = {"ppo": "rl_ppo_times_table.yml"}  # variants trained from a recipe of their own
+RECIPES = {  # variants trained from a recipe of their own
+  "ppo": "rl_ppo_times_table.yml",
+  "ppo_reward_model": "rl_ppo_times_table_reward_model.yml",
+}
+
+
+def train_reward_model(out_dir: str) -> dict:
+  """train_reward_model with its defaults on the default demo's task into out_dir/reward_model: its
+  summary line, training wall time and peak memory."""
+  path = os.path.join(out_dir, "reward_model")
+  cmd = [
+    sys.executable,
+    "-m",
+    "maxtext.trainers.post_train.rl.train_reward_model",
+    "rl_times_table.yml",
+    f"reward_training.output_path={path}",
+    f"base_output_directory={out_dir}",
+  ]
+  start = time.monotonic()
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+  if proc.returncode != 0:
+    raise RuntimeError(f"train_reward_model failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+  summary = json.loads(proc.stdout.strip().splitlines()[-1])
+  return {**summary, "wall_s": time.monotonic() - start, "peak_gb": run_log.peak_gb(proc.stderr)}
 
 
 def run_one(variant: str, seed: int, extra: list[str], out_dir: str) -> dict:
+  if variant == "ppo_reward_model":
+    extra = [f"reward_model.load_parameters_path={os.path.join(out_dir, 'reward_model')}", *extra]
   run_name = f"{variant}_seed{seed}"
   cmd = [
     sys.executable,
@@ -141,7 +171,11 @@ def main() -> None:
       raise SystemExit(f"--append: {args.output} was measured with {old['arguments']}, this run with {extra}")
     previous = [r for r in old["results"] if r["variant"] not in args.variants]
   results = []
+  reward_model = None
   with tempfile.TemporaryDirectory() as out_dir:
+    if "ppo_reward_model" in args.variants:
+      reward_model = train_reward_model(out_dir)
+      print(json.dumps({"reward_model": reward_model}), flush=True)
     for variant in args.variants:
       for seed in range(args.seeds):
         result = run_one(variant, seed, extra, out_dir)
@@ -156,6 +190,8 @@ def main() -> None:
     "results": results,
     "summary": rows,
   }
+  if reward_model is not None:
+    report["reward_model"] = reward_model
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)

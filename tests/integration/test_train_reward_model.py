@@ -1,7 +1,8 @@
 """The Bradley-Terry command (train_reward_model) and the reward model in a run: pairs are ordered by
 the rule rewards; training lowers the Bradley-Terry loss; the checkpoint it writes is an HF
 *ForSequenceClassification that transformers loads and scores as reward_model.load_parameters_path does;
-GRPO and PPO runs pay its score (reward_model.weight, alone) as rewards/reward_model."""
+GRPO (standard and agentic) and PPO runs pay its score (reward_model.weight, alone) as
+rewards/reward_model."""
 
 import json
 import os
@@ -65,13 +66,18 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
   assert np.ptp(expected) > 0
   np.testing.assert_allclose(scorer.scores(texts), expected, rtol=1e-4, atol=1e-4)
 
-  # GRPO and PPO pay its score alone, at its weight; the rule rewards are still logged.
-  for algorithm in ("grpo", "ppo"):
+  # GRPO (standard and agentic) and PPO pay its score alone, at its weight; the rule rewards are still logged.
+  modes = {
+    "grpo": ["rl.algorithm=grpo"],
+    "agentic": ["rl.algorithm=grpo", "rl.use_agentic_rollout=true", "rl.max_concurrency=4"],
+    "ppo": ["rl.algorithm=ppo"],
+  }
+  for algorithm, mode in modes.items():
     run = [
       *TINY,
+      *mode,
       "batch_size=2",
       "num_batches=1",
-      f"rl.algorithm={algorithm}",
       "rl.num_generations=2",
       f"reward_model.load_parameters_path={out}",
       "reward_model.weight=2.0",

@@ -7,24 +7,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 
 from maxtext.models import load
 from maxtext.utils.errors import InputError
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
-from tests.unit.test_hf_parity import SHAPES, write_hf_model
+from tests.unit.test_hf_parity import write_hf_model
+from tests.unit.test_reward_model import write_reward_model
 
 
 def _write_reward_model(path, shape, seed=1, **changes):
-  """A randomly initialised *ForSequenceClassification of one of test_hf_parity's shapes."""
-  cls, kwargs = SHAPES[shape]
-  torch.manual_seed(seed)
-  settings = dict(vocab_size=256, max_position_embeddings=512, initializer_range=0.2, num_labels=1, pad_token_id=0)
-  config = cls(**{**settings, **kwargs, **changes})
-  model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
-  model.save_pretrained(path)
-  return model
+  """A randomly initialised *ForSequenceClassification of one of test_hf_parity's shapes, of the policy's
+  vocabulary (256)."""
+  return write_reward_model(path, shape, seed, tokenizer=False, vocab_size=256, pad_token_id=0, **changes)
 
 
 def _config(policy_dir, reward_dir, *overrides):

@@ -15,7 +15,8 @@ critic.load_parameters_path) read:
    others under -log sigmoid(score(chosen) - score(rejected)), each text the conversation as
    rl/reward_model.py renders it for scoring.
 4. It is written with the policy's tokenizer. The last stdout line is a JSON summary: the pairs, the
-   held-out pair accuracy before and after (ties count half), and the loss of the first and last updates.
+   held-out pair accuracy before and after (ties count half), and the loss of the first and last updates;
+   the log ends with the peak memory.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
   from maxtext.models import critic as critic_lib
   from maxtext.models.load import load_model
   from maxtext.rl import reward_model
+  from maxtext.trainers.post_train.rl import footprint
   from maxtext.utils import columns, distributed
   from maxtext.utils import mesh as mesh_lib
 
@@ -166,6 +168,7 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
   after = held_accuracy() if held else None
   to_huggingface.export(policy, cfg.model, tokenizer, section.output_path, score=model.score[...])
   log.info("Wrote the reward model to %s", section.output_path)
+  log.info("Peak memory (RSS) %.2f GB", footprint.peak_rss_bytes() / footprint.GB)
   return [
     {
       "reward_model": section.output_path,
