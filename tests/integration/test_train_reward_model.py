@@ -38,6 +38,8 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
     "reward_functions=[longer]",
     f"reward_training.output_path={out}",
     "reward_training.num_prompts=16",
+    "reward_training.samples_per_prompt=4",
+    "reward_training.max_pairs_per_prompt=4",
     "reward_training.num_steps=20",
     "reward_training.learning_rate=1e-3",
     f"base_output_directory={tmp_path}",
