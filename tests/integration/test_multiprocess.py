@@ -59,14 +59,17 @@ def _launch(
   return subprocess.run(command, env=env or _ENV, capture_output=True, text=True, timeout=timeout, check=False)
 
 
-def assert_same_training(one: list[dict], other: list[dict]) -> None:
+def assert_same_training(one: list[dict], other: list[dict], rewards_rtol: float = 1e-12) -> None:
   """metrics.jsonl rows of two runs of the same job: equal rewards, advantages and lengths (up to the
-  order in which a step's groups are averaged: agentic groups arrive as they finish), the loss and
-  gradient norm within float tolerance."""
-  exact = ("rewards/", "completions/", "generation/completions/")
+  order in which a step's groups are averaged: agentic groups arrive as they finish; rewards within
+  rewards_rtol, where a model computes them), the loss and gradient norm within float tolerance."""
+  exact = ("completions/", "generation/completions/")
   for a, b in zip(one, other, strict=True):
     mine = {k: v for k, v in a.items() if k.startswith(exact)}
     assert mine == pytest.approx({k: v for k, v in b.items() if k.startswith(exact)}, rel=1e-12, abs=1e-15)
+    mine = {k: v for k, v in a.items() if k.startswith("rewards/")}
+    theirs = {k: v for k, v in b.items() if k.startswith("rewards/")}
+    assert mine == pytest.approx(theirs, rel=rewards_rtol, abs=max(1e-15, rewards_rtol * 1e-3))
     assert np.isclose(a["loss"], b["loss"], rtol=1e-4, atol=1e-6)
     assert np.isclose(a["grad_norm"], b["grad_norm"], rtol=1e-3)
 
@@ -263,15 +266,45 @@ def test_sigterm_to_the_launcher_checkpoints_and_exits_143(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1", "ppo_2x2"])
+def _reward_model_dir(tmp_path) -> str:
+  """A random Qwen3ForSequenceClassification of qwen3-tiny's shape, with the Qwen3 tokenizer beside it."""
+  import torch
+  import transformers
+
+  from maxtext import assets
+
+  path = tmp_path / "reward_model"
+  torch.manual_seed(0)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(assets.qwen3_tokenizer_dir())
+  config = transformers.Qwen3Config(
+    vocab_size=151936,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=128,
+    num_labels=1,
+    pad_token_id=tokenizer.pad_token_id,
+    initializer_range=0.2,
+  )
+  transformers.AutoModelForSequenceClassification.from_config(config).save_pretrained(path)
+  tokenizer.save_pretrained(path)
+  return str(path)
+
+
+@pytest.mark.parametrize(
+  "layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1", "ppo_2x2", "reward_model_2x2"]
+)
 def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   """LoRA across 2 processes x 2 devices, and full fine-tuning across 4 processes x 1 device, in
-  standard and agentic GRPO, and PPO (its critic sharded like the actor) across 2 x 2, against 1
-  process x 4 devices: the same rewards and lengths, the loss (and the critic's) within float
-  tolerance."""
+  standard and agentic GRPO, PPO (its critic sharded like the actor) across 2 x 2, and GRPO paying a
+  reward model's score beside the rule across 2 x 2, against 1 process x 4 devices: the same rewards
+  and lengths, the loss (and the critic's) within float tolerance."""
   extra = ["lora_rank=4", "lora_alpha=8"] if "lora" in layout else []
   extra += AGENTIC if layout.startswith("agentic") else []
   extra += PPO if layout.startswith("ppo") else []
+  extra += [f"reward_model.load_parameters_path={_reward_model_dir(tmp_path)}"] if layout.startswith("reward") else []
   processes, devices = (2, 2) if layout.endswith("2x2") else (4, 1)
   args = [
     *TINY,
@@ -282,7 +315,7 @@ def test_multiprocess_layouts_match_one_process(tmp_path, layout):
     f"base_output_directory={tmp_path}",
   ]
   _, one, other = _multi_and_single(tmp_path, args, processes, devices, timeout=900)
-  assert_same_training(one, other)
+  assert_same_training(one, other, 1e-5 if layout.startswith("reward") else 1e-12)
   for a, b in zip(one, other, strict=True):
     for key in ("critic/value_loss", "critic/values_mean", "critic/returns_mean") if layout.startswith("ppo") else ():
       assert np.isclose(a[key], b[key], rtol=1e-3, atol=1e-6), key
