@@ -4,6 +4,8 @@ updates fit the returns (in mini-batches, clipped around the old values); with L
 adapters train and the base it shares with the policy does not; and it is saved and restored with
 the actor's checkpoints."""
 
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +14,8 @@ import pytest
 from flax import nnx
 
 from maxtext.integration.tunix import cluster, scoring
-from maxtext.integration.tunix.critic import CriticTrainer, learning_rate
+from maxtext.integration.tunix import ppo as ppo_learner
+from maxtext.integration.tunix.critic import CriticTrainer, learning_rate, schedule
 from maxtext.models import critic as critic_lib
 from maxtext.models import load
 from maxtext.rl import ppo
@@ -130,6 +133,43 @@ def test_mini_batches_are_updates_in_turn_and_clipping_holds_values_near_the_old
     fractions[clip] = metrics["critic/vf_clipfrac"]
   assert fractions[0.0] == 0.0 and fractions[0.01] > 0.2
   assert moved[0.01] < 0.85 * moved[0.0]
+
+
+def test_the_critics_learning_rate_follows_critic_lr_schedule_over_its_updates(monkeypatch):
+  """constant: critic.learning_rate at every update; warmup_cosine: from 0 over warmup_steps_fraction of the
+  critic's updates, then a cosine decay to 0 (values written here), so the first update moves nothing. The
+  learner gives the schedule the run's critic updates: num_batches x rl.num_iterations x the step's
+  completions over critic.mini_batch_size."""
+  cfg, mesh, policy = _policy("learning_rate=1e-4", "critic.lr_schedule=warmup_cosine", "warmup_steps_fraction=0.5")
+  rates = schedule(cfg.critic, cfg.train, 4)
+  assert [float(rates(i)) for i in range(4)] == pytest.approx([0.0, 5e-4, 1e-3, 5e-4])
+  constant = _policy("learning_rate=1e-4")[0]
+  assert schedule(constant.critic, constant.train, 4) == pytest.approx(1e-3)
+
+  batch = _batch()
+  moved = {}
+  for name, run in (("warmup_cosine", cfg), ("constant", constant)):
+    trainer = CriticTrainer(critic_lib.from_policy(policy, 1), run.critic, run.train, mesh, PAD, EOS, None, updates=4)
+    before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(trainer.critic, nnx.Param))]
+    moved[name] = []
+    for _ in range(2):
+      _fit(trainer, batch, _returns(batch[2]), 1)
+      after = [np.asarray(x) for x in jax.tree.leaves(nnx.state(trainer.critic, nnx.Param))]
+      moved[name].append(max(float(np.abs(a - b).max()) for a, b in zip(after, before, strict=True)))
+      before = after
+  assert moved["warmup_cosine"][0] == 0.0 and moved["warmup_cosine"][1] > 0.0
+  assert moved["constant"][0] > 0.0
+
+  built = make_config(
+    "rl.algorithm=ppo", "batch_size=2", "rl.num_generations=4", "critic.mini_batch_size=4", "rl.num_iterations=2"
+  )
+  monkeypatch.setattr(ppo_learner, "PPOLearner", lambda **kwargs: kwargs)
+  monkeypatch.setattr(ppo_learner, "CriticTrainer", lambda *args, **kwargs: kwargs)
+  cluster_ = types.SimpleNamespace(rollout=types.SimpleNamespace(pad_id=lambda: 0, eos_id=lambda: 1))
+  kwargs = ppo_learner.build_learner(
+    built.train, built.algorithm, built.critic, built.sampling, cluster_, [], None, None
+  )
+  assert kwargs["critic"]["updates"] == built.train.num_batches * 2 * (8 // 4)
 
 
 def test_mini_batches_of_the_whole_batch_are_one_update():

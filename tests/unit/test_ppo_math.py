@@ -242,3 +242,72 @@ def test_the_kl_penalty_inside_the_reward_matches_each_estimate():
     for k, t in enumerate(live):
       want = rewards[b] - 0.05 * sum(d[b, u] for u in live[k:])
       np.testing.assert_allclose(float(advantages[b, t]), want, rtol=1e-5, atol=1e-6)
+
+
+def _loss_of(logits, completions, advantages, old, *overrides):
+  mask = completions != PAD
+  example = grpo_learner.TrainExample(
+    prompt_ids=jnp.full((len(completions), 1), 2, jnp.int32),
+    prompt_mask=jnp.ones((len(completions), 1), bool),
+    completion_ids=jnp.asarray(completions),
+    completion_mask=jnp.asarray(mask),
+    advantages=jnp.asarray(advantages),
+    ref_per_token_logps=None,
+    old_per_token_logps=jnp.asarray(old),
+  )
+  cfg = make_config(
+    "rl.algorithm=ppo", "rl.num_generations=1", "rl.grpo_beta=0", "rl.loss_agg_mode=token-mean", *overrides
+  )
+  config = algorithm.ppo_config(cfg.algorithm)
+  config.temperature = 1.0
+
+  def loss(z):
+    return losses.POLICY_LOSSES["ppo_clip"](Categorical(z), example, config, pad_id=PAD, eos_id=EOS)
+
+  (value, aux), grad = jax.value_and_grad(lambda z: loss(z), has_aux=True)(jnp.asarray(logits))
+  return float(value), aux, np.asarray(grad, np.float64)
+
+
+def test_dual_clip_bounds_the_loss_of_negative_advantages_at_epsilon_c():
+  """rl.epsilon_c (dual-clip PPO, Ye et al. 2020): where A < 0 the per-token loss is
+  min(max(-A r, -A clip(r, 1 - eps, 1 + eps)), -c A), and pg_clipfrac_lower is the share of live tokens
+  where -c A is the smaller; old log-probs far below the policy's give ratios past c = 3."""
+  rng = np.random.default_rng(11)
+  logits = rng.normal(size=6).astype(np.float32)
+  completions = np.array([[2, 3, 4], [5, 2, PAD], [3, 3, 2], [4, 5, 5]], np.int32)
+  mask = completions != PAD
+  advantages = (rng.normal(size=completions.shape) * mask).astype(np.float32)
+  logp = logits - np.log(np.exp(logits).sum())
+  old = (logp[completions] - rng.uniform(0.0, 2.5, size=completions.shape)).astype(np.float32)  # ratios 1 to 12
+  loss, aux, _ = _loss_of(logits, completions, advantages, old, "rl.epsilon_c=3.0")
+
+  ratio = np.exp(logp[completions] - old)
+  eps = 0.2
+  clipped = np.maximum(-advantages * ratio, -advantages * np.clip(ratio, 1 - eps, 1 + eps))
+  lower = (advantages < 0) & (clipped > -3.0 * advantages)
+  per_token = np.where(advantages < 0, np.minimum(clipped, -3.0 * advantages), clipped)
+  assert lower[mask].any() and not lower[mask].all()
+  np.testing.assert_allclose(loss, per_token[mask].mean(), rtol=1e-5)
+  np.testing.assert_allclose(float(aux["pg_clipfrac_lower"]), lower[mask].mean(), rtol=1e-6)
+  plain, plain_aux, _ = _loss_of(logits, completions, advantages, old)  # epsilon_c=0: no bound
+  np.testing.assert_allclose(plain, clipped[mask].mean(), rtol=1e-5)
+  assert float(plain_aux["pg_clipfrac_lower"]) == 0.0 and plain > loss
+
+
+def test_the_entropy_bonus_is_the_loss_less_entropy_coef_times_the_entropy_with_its_gradient():
+  """rl.entropy_coef: the loss less coef * H over the live tokens (token-mean), H = -sum p log p of the
+  policy's next-token distribution, and its gradient the plain loss's plus coef * p (log p + H) (the
+  derivative of -H in the logits, written here)."""
+  rng = np.random.default_rng(5)
+  logits = rng.normal(size=6).astype(np.float32)
+  completions = np.array([[2, 3, 4], [5, 2, PAD]], np.int32)
+  advantages = (rng.normal(size=completions.shape) * (completions != PAD)).astype(np.float32)
+  logp = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
+  old = logp[completions].astype(np.float32)
+  plain, _, plain_grad = _loss_of(logits, completions, advantages, old)
+  bonus, aux, bonus_grad = _loss_of(logits, completions, advantages, old, "rl.entropy_coef=0.3")
+  p = np.exp(logp)
+  entropy = -(p * logp).sum()
+  np.testing.assert_allclose(float(aux["entropy"]), entropy, rtol=1e-5)
+  np.testing.assert_allclose(bonus, plain - 0.3 * entropy, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(bonus_grad, plain_grad + 0.3 * p * (logp + entropy), rtol=1e-4, atol=1e-6)

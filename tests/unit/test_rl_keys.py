@@ -27,6 +27,8 @@ CHANGED = {
   "rl.loss_algo": "gspo-token",
   "rl.loss_agg_mode": "token-mean",
   "rl.epsilon_high": 0.28,
+  "rl.epsilon_c": 3.0,
+  "rl.entropy_coef": 0.01,
   "rl.max_concurrency": 5,
   "rl.off_policy_steps": 1,
   "rl.system_prompt": "Be brief.",
@@ -74,6 +76,8 @@ ALGO_FIELDS = {
   "rl.loss_algo": "loss_algo",
   "rl.loss_agg_mode": "loss_agg_mode",
   "rl.epsilon_high": "epsilon_high",
+  "rl.epsilon_c": "epsilon_c",
+  "rl.entropy_coef": "entropy_coef",
   "rl.max_concurrency": "max_concurrency",
   "rl.off_policy_steps": "off_policy_steps",
   "rl.system_prompt": "system_prompt",
@@ -102,7 +106,7 @@ def _learner_kwargs(cfg, monkeypatch, tokenizer) -> dict:
     )
   if cfg.algorithm.algorithm == "ppo":
     monkeypatch.setattr(ppo, "PPOLearner", record)
-    monkeypatch.setattr(ppo, "CriticTrainer", lambda *args: args)
+    monkeypatch.setattr(ppo, "CriticTrainer", lambda *args, **kwargs: args)
     cluster = types.SimpleNamespace(rollout=types.SimpleNamespace(pad_id=lambda: 0, eos_id=lambda: 1))
     return ppo.build_learner(cfg.train, cfg.algorithm, cfg.critic, cfg.sampling, cluster, [], None, None)
   monkeypatch.setattr(learner, "GRPOLearner", record)
@@ -237,6 +241,10 @@ def test_tool_limits_take_effect_with_the_python_tool():
     (["answer_format=last_number", "penalty_incorrect_format=-1"], "penalty_incorrect_format"),
     (["rl.kl_loss_mode=k3"], "expected one of low_var_kl, mse_kl, kl"),
     (["decode_sampling_top_k=-1"], "decode_sampling_top_k=-1: expected an integer >= 0"),
+    (["rl.epsilon_c=1.0"], r"rl.epsilon_c=1.0: expected 0 \(off\) or a number > 1"),
+    (["rl.epsilon_c=3", "rl.policy_loss_fn=cispo"], "rl.epsilon_c.*rl.policy_loss_fn=cispo has no clipped ratio"),
+    (["rl.entropy_coef=-0.1"], "rl.entropy_coef=-0.1: expected a finite number >= 0"),
+    (["rl.algorithm=ppo", "rl.num_generations=1", "critic.lr_schedule=cosine"], "critic.lr_schedule"),
   ],
 )
 def test_settings_that_cannot_take_effect_are_refused(args, message):

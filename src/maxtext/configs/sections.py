@@ -40,6 +40,7 @@ RolloutDtype = Literal["model", "bfloat16"]
 EvalStrategy = Literal["greedy", "standard", "liberal"]
 EvalMode = Literal["pass", "maj", "pass_at_1"]
 KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
+CriticSchedule = Literal["constant", "warmup_cosine"]
 # The algorithm's registries (integration/tunix/losses.py) hold one entry per choice.
 AdvantageEstimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"]
 PolicyLossFn = Literal["ppo_clip", "cispo"]
@@ -101,6 +102,11 @@ OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length=0 punishes nothing",
 )
 SAMPLER_IS = When("rl.sampler_is", lambda v: bool(v["rl.sampler_is"]), "rl.sampler_is is off")
+PPO_CLIP = When(
+  "rl.policy_loss_fn",
+  lambda v: v["rl.policy_loss_fn"] == "ppo_clip",
+  "rl.policy_loss_fn=cispo has no clipped ratio to bound",
+)
 PPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "ppo", "only rl.algorithm=ppo has a critic and GAE")
 GRPO = When("rl.algorithm", lambda v: v["rl.algorithm"] == "grpo", "rl.algorithm=ppo's advantages are GAE's, per token")
 KL_IN_REWARD = When(
@@ -868,6 +874,22 @@ class AlgorithmSection:
   epsilon_high: float = dataclasses.field(
     metadata=key("Upper clipping epsilon of the policy ratio (DAPO clip-higher); -1 means grpo_epsilon.")
   )
+  epsilon_c: float = dataclasses.field(
+    metadata=key(
+      "Dual-clip PPO (Ye et al. 2020; Tunix's PPOConfig epsilon_c): a token whose advantage A is negative loses at "
+      "most -epsilon_c * A, however far its ratio has grown past 1 + epsilon_high (logged as pg_clipfrac_lower); "
+      "0: off.",
+      bounds=Bound(lambda x: x == 0 or x > 1, "expected 0 (off) or a number > 1", finite=True),
+      applies=(PPO_CLIP,),
+    )
+  )
+  entropy_coef: float = dataclasses.field(
+    metadata=key(
+      "Entropy bonus (Tunix's PPOConfig entropy_coef): the loss less this times the policy's entropy over the "
+      "completion tokens, aggregated as rl.loss_agg_mode; 0: none (the entropy is still logged).",
+      bounds=NON_NEGATIVE,
+    )
+  )
   sampler_is: SamplerIS = dataclasses.field(
     metadata=key(
       'Sampler importance correction: "" (off) or token (each token\'s loss weighted by min(p_trainer / '
@@ -942,8 +964,15 @@ class CriticSection:
   )
   learning_rate: float = dataclasses.field(
     metadata=key(
-      "The critic's AdamW learning rate, constant after its warmup; -1: ten times learning_rate.",
+      "The critic's AdamW learning rate (the peak of critic.lr_schedule); -1: ten times learning_rate.",
       bounds=Bound(lambda x: x > 0 or x == -1, "expected a finite number > 0, or -1 (ten times learning_rate)", True),
+      applies=(PPO,),
+    )
+  )
+  lr_schedule: CriticSchedule = dataclasses.field(
+    metadata=key(
+      "The critic's learning rate over its updates: constant, or warmup_cosine (the policy's shape: from 0 over "
+      "warmup_steps_fraction of the critic's updates, then a cosine decay to 0 at its last).",
       applies=(PPO,),
     )
   )

@@ -19,9 +19,20 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(kw_only=True)
 class GRPOConfig(grpo_learner.GRPOConfig):
   """Tunix's standard GRPO config with the upper clipping epsilon its loss reads when present
-  (docs/decisions.md, "Clip-higher in standard GRPO")."""
+  (docs/decisions.md, "Clip-higher in standard GRPO"), and the dual-clip bound and entropy bonus our
+  losses read (losses.py)."""
 
   epsilon_high: float
+  epsilon_c: float = 0.0
+  entropy_coef: float = 0.0
+
+
+@dataclasses.dataclass(kw_only=True)
+class AgenticGRPOConfig(agentic_grpo_learner.GRPOConfig):
+  """Tunix's agentic GRPO config with the dual-clip bound and entropy bonus our losses read (losses.py)."""
+
+  epsilon_c: float = 0.0
+  entropy_coef: float = 0.0
 
 
 def _common(rl: AlgorithmSection) -> dict[str, Any]:
@@ -38,6 +49,8 @@ def _common(rl: AlgorithmSection) -> dict[str, Any]:
     epsilon_high=rl.grpo_epsilon if rl.epsilon_high < 0 else rl.epsilon_high,
     loss_algo=rl.loss_algo,
     loss_agg_mode=rl.loss_agg_mode,
+    epsilon_c=rl.epsilon_c,
+    entropy_coef=rl.entropy_coef,
   )
 
 
@@ -70,14 +83,14 @@ def ppo_config(rl: AlgorithmSection) -> PPOConfig:
 
 def grpo_config(
   rl: AlgorithmSection, sampling: SamplingSection, agentic: AgenticSection | None = None, system_prompt: str = ""
-) -> GRPOConfig | agentic_grpo_learner.GRPOConfig:
+) -> GRPOConfig | AgenticGRPOConfig:
   """The learner's algorithm config: agentic GRPO's (with the conversations' system prompt) when
   `agentic` says rl.use_agentic_rollout, else standard GRPO's; the estimator and loss it names are
   registered."""
   common = _common(rl)
   if agentic is None or not agentic.use_agentic_rollout:
     return GRPOConfig(**common)
-  config = agentic_grpo_learner.GRPOConfig(
+  config = AgenticGRPOConfig(
     **{**common, "num_iterations": 1},  # agentic GRPO trains each batch once (rl.num_iterations: standard only)
     system_prompt=system_prompt,
     max_concurrency=agentic.max_concurrency,

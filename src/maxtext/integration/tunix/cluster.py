@@ -40,16 +40,18 @@ def optimizer(train: TrainSection, steps: Steps) -> optax.GradientTransformation
   one-dimensional parameters, are not decayed), unless adam_weight_decay_all. An update whose
   gradient is zero (no sample of the step carries a learning signal) does not move the weights
   (unless_without_signal)."""
-  updates = steps.updates
-  warmup = int(train.warmup_steps_fraction * updates)
-  schedule = optax.warmup_cosine_decay_schedule(
-    init_value=0.0,
-    peak_value=train.learning_rate,
-    warmup_steps=warmup,
-    decay_steps=max(updates, warmup + 1),
-    end_value=0.0,
+  return unless_without_signal(
+    adamw(train, warmup_cosine(train.learning_rate, train.warmup_steps_fraction, steps.updates))
   )
-  return unless_without_signal(adamw(train, schedule))
+
+
+def warmup_cosine(peak: float, warmup_fraction: float, updates: int) -> optax.Schedule:
+  """The learning rate of each of `updates` updates: from 0 linearly to `peak` over the first
+  int(warmup_fraction * updates), then a cosine decay to 0 at the last."""
+  warmup = int(warmup_fraction * updates)
+  return optax.warmup_cosine_decay_schedule(
+    init_value=0.0, peak_value=peak, warmup_steps=warmup, decay_steps=max(updates, warmup + 1), end_value=0.0
+  )
 
 
 def adamw(train: TrainSection, learning_rate: optax.ScalarOrSchedule) -> optax.GradientTransformation:

@@ -1,6 +1,6 @@
 """PPO's critic in training (rl.algorithm=ppo): its values of a step's completions and its updates
-towards their returns, by an AdamW of its own (critic.learning_rate, constant; the run's betas, weight
-decay and gradient clipping), on the trainer's mesh.
+towards their returns, by an AdamW of its own (critic.learning_rate on critic.lr_schedule; the run's
+betas, weight decay and gradient clipping), on the trainer's mesh.
 
 Tunix 0.1.7's critic role is not used: its trainer updates only LoRA parameters where the critic has
 adapters, so a new value head never trains, and it has no critic-only warmup (docs/decisions.md,
@@ -34,11 +34,22 @@ def learning_rate(section: CriticSection, train: TrainSection) -> float:
   return section.learning_rate if section.learning_rate > 0 else 10.0 * train.learning_rate
 
 
+def schedule(section: CriticSection, train: TrainSection, updates: int) -> optax.ScalarOrSchedule:
+  """The critic's learning rate over its `updates` updates of the run: learning_rate's constant, or with
+  critic.lr_schedule=warmup_cosine the policy's shape (warmup over warmup_steps_fraction of them, then a
+  cosine decay to 0)."""
+  peak = learning_rate(section, train)
+  if section.lr_schedule == "constant":
+    return peak
+  return cluster_lib.warmup_cosine(peak, train.warmup_steps_fraction, updates)
+
+
 class CriticTrainer:
   """The critic, its optimizer and the programs that score and train it: `rows` completions at a time
   (None: the whole batch), one update per `rows` completions, `passes` passes over a step's batch;
   with `group` > 1 the rows come in groups of that many sharing their prompt, computed once a group
-  (models.critic.SharedPrefixCritic)."""
+  (models.critic.SharedPrefixCritic); `updates`: its updates in the whole run, which its learning-rate
+  schedule spans."""
 
   def __init__(
     self,
@@ -51,11 +62,14 @@ class CriticTrainer:
     rows: int | None,
     passes: int = 1,
     group: int = 1,
+    updates: int = 1,
   ):
     self.critic = critic
     self._trained = critic_lib.trained(critic)
     with jax.set_mesh(mesh):
-      self.optimizer = nnx.Optimizer(critic, cluster_lib.adamw(train, learning_rate(section, train)), wrt=self._trained)
+      self.optimizer = nnx.Optimizer(
+        critic, cluster_lib.adamw(train, schedule(section, train, updates)), wrt=self._trained
+      )
     self._mesh, self._pad, self._eos, self._rows, self._passes = mesh, pad_id, eos_id, rows, passes
     self._group = group
     self._clip = section.clip_range_value

@@ -65,6 +65,7 @@ class _Terms:
   clipped: jax.Array
   unclipped: jax.Array
   clipped_loss: jax.Array
+  clipped_lower: jax.Array | None = None  # where dual clip bounded the loss (ppo_clip's epsilon_c)
 
 
 def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
@@ -74,7 +75,11 @@ def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
   return {
     "pg_clipfrac": algo_core.masked_mean(terms.clipped.astype(jnp.float32), mask),
     "ppo_kl": algo_core.masked_mean(-token_log_ratio, mask),
-    "pg_clipfrac_lower": jnp.float32(0.0),
+    "pg_clipfrac_lower": (
+      jnp.float32(0.0)
+      if terms.clipped_lower is None
+      else algo_core.masked_mean(terms.clipped_lower.astype(jnp.float32), mask)
+    ),
     "is_ratio/mean": algo_core.masked_mean(terms.ratio, mask),
     "is_ratio/max": jnp.max(jnp.where(live, terms.ratio, 0.0)),
     "is_ratio/min": jnp.min(jnp.where(live, terms.ratio, jnp.inf)),
@@ -89,7 +94,8 @@ def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
 
 
 def _ppo_clip(logps, log_ratio, adv, mask, algo_config) -> _Terms:
-  """PPO's clipped surrogate, per token: max(-A * r, -A * clip(r, 1 - epsilon, 1 + epsilon_high)).
+  """PPO's clipped surrogate, per token: max(-A * r, -A * clip(r, 1 - epsilon, 1 + epsilon_high)),
+  and with dual clip (epsilon_c > 0, Ye et al. 2020) at most -epsilon_c * A where A < 0.
   rl.loss_algo=gspo-token (GSPO) takes the sequence's ratio, the geometric mean of its tokens'
   ratios, at every token (the gradient still flows through each token's log-prob)."""
   if algo_config.loss_algo == "gspo-token":
@@ -98,7 +104,14 @@ def _ppo_clip(logps, log_ratio, adv, mask, algo_config) -> _Terms:
   ratio = jnp.exp(log_ratio)
   unclipped = -adv * ratio
   clipped = -adv * jnp.clip(ratio, 1.0 - algo_config.epsilon, 1.0 + algo_config.epsilon_high)
-  return _Terms(jnp.maximum(unclipped, clipped), log_ratio, ratio, clipped > unclipped, unclipped, clipped)
+  loss = jnp.maximum(unclipped, clipped)
+  lower = jnp.zeros_like(loss, bool)
+  epsilon_c = getattr(algo_config, "epsilon_c", 0.0)
+  if epsilon_c:
+    bound = -epsilon_c * adv
+    lower = (adv < 0) & (loss > bound)
+    loss = jnp.where(lower, bound, loss)
+  return _Terms(loss, log_ratio, ratio, clipped > unclipped, unclipped, clipped, lower)
 
 
 def _cispo(logps, log_ratio, adv, mask, algo_config) -> _Terms:
@@ -135,6 +148,11 @@ MISMATCH_METRICS: dict[str, Callable[..., Any]] = {
 }
 
 
+# The loss's terms every learner logs beside Tunix's: the policy's entropy (rl.entropy_coef's bonus) and
+# where dual clip bounded the loss (rl.epsilon_c).
+LOSS_TERM_METRICS: dict[str, Callable[..., Any]] = {"entropy": np.mean, "pg_clipfrac_lower": np.mean}
+
+
 def mismatch_from_old(algo_config) -> bool:
   """Whether the old log-probs a loss receives are the sampler's and it reports the sampler/trainer
   mismatch from them (MISMATCH_METRICS): agentic GRPO on the batched engine (use_rollout_logps),
@@ -154,8 +172,9 @@ class SampledExample(common.TrainExample):
 
 def _policy_loss(surrogate):
   """A policy loss from a per-token surrogate(logps, log_ratio, adv, mask, algo_config) -> _Terms,
-  log_ratio being log p - log p_old clipped to [-20, 20]: the KL penalty, the aggregation
-  (rl.loss_agg_mode), the sampler importance weights and the diagnostics are common to every loss."""
+  log_ratio being log p - log p_old clipped to [-20, 20]: the KL penalty, the entropy bonus
+  (rl.entropy_coef), the aggregation (rl.loss_agg_mode), the sampler importance weights and the
+  diagnostics are common to every loss."""
 
   def loss_fn(model, train_example, algo_config, pad_id, eos_id, **kwargs):
     del kwargs
@@ -193,7 +212,11 @@ def _policy_loss(surrogate):
       aux["kl_loss"] = common.aggregate_loss(kl, mask, algo_config.loss_agg_mode)
       if algo_config.beta:
         loss = loss + algo_config.beta * aux["kl_loss"]
-    aux["entropy"] = common.aggregate_loss(jax.lax.stop_gradient(entropy), mask, algo_config.loss_agg_mode)
+    entropy_loss = common.aggregate_loss(entropy.astype(jnp.float32), mask, algo_config.loss_agg_mode)
+    entropy_coef = getattr(algo_config, "entropy_coef", 0.0)
+    if entropy_coef:
+      loss = loss - entropy_coef * entropy_loss
+    aux["entropy"] = jax.lax.stop_gradient(entropy_loss)
     return loss, aux
 
   loss_fn.__name__ = surrogate.__name__.lstrip("_")

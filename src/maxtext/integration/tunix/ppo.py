@@ -7,7 +7,7 @@ that sampled it and the reference (rewards/kl_penalty logs its mean per completi
 token its advantage and return (rl.gamma, rl.gae_lambda: maxtext.rl.ppo), the advantages are whitened
 over the batch's live tokens, and the critic makes one update per critic.mini_batch_size completions
 towards the returns (integration/tunix/critic.py), logged as critic/*. The policy then trains on the
-per-token advantages with the run's policy loss, and logs its entropy beside GRPO's metrics. In the
+per-token advantages with the run's policy loss. In the
 first critic.warmup_steps steps the policy trains on no token (its update moves nothing:
 cluster.unless_without_signal), so the critic learns the returns of the starting policy first.
 
@@ -43,7 +43,6 @@ class PPOLearner(learner_lib.GRPOLearner):
     self._critic = critic
     self._warmup_steps = warmup_steps
     trainer = self.rl_cluster.actor_trainer
-    trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, "entropy": np.mean})
     trainer.checkpoint_manager.with_items(critic.items)
     if trainer.train_steps:  # the actor resumed from this checkpoint: the critic resumes with it
       critic.restore(trainer.checkpoint_manager.restore_items(trainer.train_steps, critic.items()))
@@ -98,8 +97,10 @@ def build_learner(
 ) -> PPOLearner:
   """The PPO learner on `cluster` with `critic` (models.critic.from_policy's, laid out on the trainer's
   `mesh`), scoring critic.mini_batch_size completions at a time (0: train_micro_batch_size's, else
-  all) and updating on as many, rl.num_iterations passes a step, each group's prompt computed once."""
+  all) and updating on as many, rl.num_iterations passes a step, each group's prompt computed once; its
+  learning-rate schedule spans the run's critic updates."""
   rows = section.mini_batch_size or (train.train_micro_batch_size * rl.num_generations) or None
+  per_pass = (train.batch_size * rl.num_generations) // rows if rows else 1
   rollout = cluster.rollout
   return PPOLearner(
     rl_cluster=cluster,
@@ -109,7 +110,16 @@ def build_learner(
     before_step=before_step,
     shape=shaping.Shaping.from_config(rl, sampling),
     critic=CriticTrainer(
-      critic, section, train, mesh, rollout.pad_id(), rollout.eos_id(), rows, rl.num_iterations, rl.num_generations
+      critic,
+      section,
+      train,
+      mesh,
+      rollout.pad_id(),
+      rollout.eos_id(),
+      rows,
+      rl.num_iterations,
+      rl.num_generations,
+      updates=train.num_batches * rl.num_iterations * per_pass,
     ),
     warmup_steps=section.warmup_steps,
   )

@@ -1,9 +1,9 @@
 """What both learners add to Tunix's in the same way (a mixin placed before Tunix's learner class):
 a hook before each global step, the policy loss with each group's prompt scored once
 (prefix_sharing), the check of every batch's group layout, the trainer's idle clock and the
-per-step metrics both log (trainer/idle_fraction, frac_reward_zero_std, the rollout rates, and the
-loss's sampler/trainer mismatch where the learner gives the loss the sampler's log-probs:
-`_log_loss_mismatch`).
+per-step metrics both log (trainer/idle_fraction, frac_reward_zero_std, the rollout rates, the
+policy's entropy and dual clip's fraction: losses.LOSS_TERM_METRICS, and the loss's sampler/trainer
+mismatch where the learner gives the loss the sampler's log-probs: `_log_loss_mismatch`).
 
 A learner calls `_wire(before_step)` in its __init__ after Tunix's, `_step_starts(steps_done)` where
 a global step begins, `_check_batch(prompt_ids)` on each batch it trains, and logs through `_log`:
@@ -32,6 +32,8 @@ class LearnerWiring:
     self._before_step = before_step
     self._idle = step_metrics.IdleClock()
     prefix_sharing.install(self.rl_cluster.actor_trainer, self._group)
+    trainer = self.rl_cluster.actor_trainer
+    trainer.with_rl_metrics_to_log({**trainer.rl_metrics_to_log, **losses.LOSS_TERM_METRICS})
 
   @property
   def _anchor(self):
