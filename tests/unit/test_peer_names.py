@@ -11,6 +11,7 @@ import trl
 from tunix.rl import rl_cluster
 from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.grpo import grpo_learner
+from tunix.rl.ppo import ppo_learner
 from tunix.rl.rollout import base_rollout
 
 from maxtext.configs import config_yml, maxtext_keys, peer_names, pyconfig
@@ -29,6 +30,7 @@ def test_each_peer_key_is_the_peers_and_not_ours():
     "Tunix": _fields(
       grpo_learner.GRPOConfig,
       agentic_grpo_learner.GRPOConfig,
+      ppo_learner.PPOConfig,
       base_rollout.RolloutConfig,
       rl_cluster.RLTrainingConfig,
     ),

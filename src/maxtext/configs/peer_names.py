@@ -2,7 +2,7 @@
 spell it is refused with what it is here, found by meaning rather than by spelling.
 
 PEER_NAMES maps a peer's key to what it is here, per peer: TRL (its GRPOConfig, with the transformers
-TrainingArguments it extends, and ModelConfig), Tunix (GRPOConfig, RolloutConfig, RLTrainingConfig) and MaxText's run
+TrainingArguments it extends, and ModelConfig), Tunix (GRPOConfig, PPOConfig, RolloutConfig, RLTrainingConfig) and MaxText's run
 scripts (keys of MaxText's pre-training config that its RL commands set). A value is either one of
 this program's dotted keys (base.yml's) or, where no single key is the peer's setting, a clause that
 says what to set instead. A peer key that is also one of ours is not listed: it is ours.
@@ -78,6 +78,14 @@ PEER_NAMES: dict[str, dict[str, str]] = {
     "degenerate_group_masking": "rl.filter_zero_variance_groups",
     "max_concurrency": "rl.max_concurrency",
     "off_policy_steps": "rl.off_policy_steps",
+    "epsilon_low": "rl.grpo_epsilon",
+    "gamma": "rl.gamma",
+    "gae_lambda": "rl.gae_lambda",
+    "epsilon_c": "rl.epsilon_c",
+    "entropy_coef": "rl.entropy_coef",
+    "clip_range_value": "critic.clip_range_value",
+    "kl_method": "rl.kl_in_reward_method (PPO's KL inside the reward, at rl.kl_in_reward_coef; rl.kl_loss_mode is the "
+    "loss's)",
   },
   "MaxText": {
     "steps": "num_batches (training steps)",
