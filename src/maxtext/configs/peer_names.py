@@ -4,8 +4,9 @@ spell it is refused with what it is here, found by meaning rather than by spelli
 PEER_NAMES maps a peer's key to what it is here, per peer: TRL (its GRPOConfig, with the transformers
 TrainingArguments it extends, and ModelConfig), Tunix (GRPOConfig, PPOConfig, RolloutConfig,
 RLTrainingConfig) and MaxText's run scripts (keys of MaxText's pre-training config that its RL commands
-set). A value is either one of this program's dotted keys (base.yml's) or, where no single key is the peer's setting, a clause that
-says what to set instead. A peer key that is also one of ours is not listed: it is ours.
+set). A value is either one of this program's dotted keys (base.yml's) or, where no single key is the
+peer's setting, a clause that says what to set instead. A peer key that is also one of ours is not
+listed: it is ours.
 """
 
 from __future__ import annotations
