@@ -84,12 +84,14 @@ def test_layouts_match_one_device_and_shard_parameters():
 
 
 @pytest.mark.parametrize(
-  "scan", ["false", pytest.param("true", marks=pytest.mark.slow)]
+  "scan, algorithm", [("false", "grpo"), ("false", "ppo"), pytest.param("true", "grpo", marks=pytest.mark.slow)]
 )  # scanned: also in test_scan_layers
-def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path, scan):
+def test_grpo_and_ppo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path, scan, algorithm):
+  """PPO's critic is laid out on the trainer's devices (the first 4), as the actor is."""
   args = [
     "model_name=qwen3-tiny",
     f"scan_layers={scan}",
+    f"rl.algorithm={algorithm}",
     "num_batches=2",
     "batch_size=2",
     "rl.num_generations=2",
@@ -114,6 +116,10 @@ def test_grpo_on_trainer_and_sampler_4_of_8_devices_each(tmp_path, scan):
   assert proc.returncode == 0, proc.stderr[-3000:]
   assert "trainer mesh {'data': 1, 'fsdp': 2, 'tensor': 2}" in proc.stderr
   assert "sampler mesh {'data': 1, 'fsdp': 2, 'tensor': 2}" in proc.stderr
+  if algorithm == "ppo":
+    assert "PPO's critic laid out on the trainer mesh {'data': 1, 'fsdp': 2, 'tensor': 2}, devices [0, 1, 2, 3]" in (
+      proc.stderr
+    )
   with open(tmp_path / "split" / "metrics.jsonl", encoding="utf-8") as f:
     assert [json.loads(line)["step"] for line in f] == [1, 2]
 

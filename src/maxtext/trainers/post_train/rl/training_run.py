@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import jax
+from flax import nnx
 
 from maxtext import tasks
 from maxtext.checkpoint_conversion import to_huggingface
@@ -161,8 +162,12 @@ class TrainingRun:
     if cfg.algorithm.algorithm != "ppo":
       return None
     if cfg.critic.load_parameters_path:
-      return critic_from_reward_model(cfg.critic.load_parameters_path, cfg.model, mesh)
-    return critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1)
+      critic = critic_from_reward_model(cfg.critic.load_parameters_path, cfg.model, mesh)
+    else:
+      critic = critic_lib.from_policy(actor, cfg.model.init_weights_seed + 1)
+    devices = sorted({d.id for x in jax.tree.leaves(nnx.state(critic)) for d in x.sharding.device_set})
+    log.info("PPO's critic laid out on the trainer mesh %s, devices %s", dict(mesh.shape), devices)
+    return critic
 
   def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts, critic, trainer_mesh):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
