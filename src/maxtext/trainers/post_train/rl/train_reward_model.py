@@ -15,8 +15,8 @@ critic.load_parameters_path) read:
    others under -log sigmoid(score(chosen) - score(rejected)), each text the conversation as
    rl/reward_model.py renders it for scoring.
 4. It is written with the policy's tokenizer. The last stdout line is a JSON summary: the pairs, the
-   held-out pair accuracy before and after (ties count half), and the loss of the first and last updates;
-   the log ends with the peak memory.
+   held-out pair accuracy before and after (ties count half), the first update's loss and the mean loss
+   of the last tenth of the updates; the log ends with the peak memory.
 """
 
 from __future__ import annotations
@@ -77,6 +77,8 @@ def _update(optimizer, model, tokens, lengths):
 
 
 def train_reward_model(cfg: RunConfig) -> list[dict]:
+  """The command's work (the module's steps 1-4) on a checked config; returns its summary row."""
+  # Heavy imports after config validation, so config errors come back at once.
   from maxtext import tasks
   from maxtext.checkpoint_conversion import to_huggingface
   from maxtext.input_pipeline import datasets, rewards, templates
