@@ -42,6 +42,7 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
     "reward_training.max_pairs_per_prompt=4",
     "reward_training.num_steps=20",
     "reward_training.learning_rate=1e-3",
+    "reward_training.micro_batch_size=8",
     f"base_output_directory={tmp_path}",
   ]
   assert train_reward_model.main(["train_reward_model", *args]) == 0

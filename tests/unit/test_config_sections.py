@@ -261,6 +261,7 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "reward_training.max_pairs_per_prompt": (0,),
   "reward_training.num_steps": (0,),
   "reward_training.pairs_per_step": (0,),
+  "reward_training.micro_batch_size": (0,),
 }
 
 

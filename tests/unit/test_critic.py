@@ -172,6 +172,21 @@ def test_the_critics_learning_rate_follows_critic_lr_schedule_over_its_updates(m
   assert kwargs["critic"]["updates"] == built.train.num_batches * 2 * (8 // 4)
 
 
+def test_an_untied_output_layer_is_neither_trained_nor_saved_with_the_critic():
+  """No value reads lm_head: the critic's AdamW holds no moments of it, leaves it as it was (weight
+  decay included) and its checkpoint items lack it; the rest of the trunk trains."""
+  cfg, mesh, policy = _policy("logits_via_embedding=false", "learning_rate=1e-3", "adam_weight_decay=0.1")
+  trainer = CriticTrainer(critic_lib.from_policy(policy, 1), cfg.critic, cfg.train, mesh, PAD, EOS, rows=None)
+  head, embed = np.asarray(trainer.critic.trunk.lm_head[...]), np.asarray(trainer.critic.trunk.embed[...])
+  batch = _batch()
+  _fit(trainer, batch, _returns(batch[2]), 2)
+  np.testing.assert_array_equal(np.asarray(trainer.critic.trunk.lm_head[...]), head)
+  assert not np.array_equal(np.asarray(trainer.critic.trunk.embed[...]), embed)
+  for item in trainer.items().values():
+    paths = ["/".join(map(str, path)) for path, _ in nnx.to_flat_state(item)]
+    assert paths and not [p for p in paths if "lm_head" in p]
+
+
 def test_mini_batches_of_the_whole_batch_are_one_update():
   """rows equal to the batch and rows=None make the same single update."""
   batch = _batch()

@@ -178,6 +178,6 @@ def test_the_task_template_gives_the_conversation_the_policy_saw(tmp_path, smoll
   cfg = _config(tmp_path / "policy", tmp_path / "reward")
   scorer, template = _load(cfg, smollm2_tokenizer)
   conversation = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-  assert scorer.conversation("any", {"prompt": conversation}) == conversation
-  assert scorer.conversation("any", {"question": "What is 2 * 3?"}) == template.messages("What is 2 * 3?")
+  assert scorer.conversation({"prompt": conversation}) == conversation
+  assert scorer.conversation({"question": "What is 2 * 3?"}) == template.messages("What is 2 * 3?")
   assert tasks.select(cfg.data.dataset_name).template

@@ -1082,6 +1082,11 @@ class RewardTrainingSection:
       "train_reward_model: AdamW's learning rate (constant; the run's betas and weight decay).", bounds=POSITIVE
     )
   )
+  micro_batch_size: int = dataclasses.field(
+    metadata=key(
+      "train_reward_model: texts scored per forward pass to measure the held-out pairs.", bounds=POSITIVE_INT
+    )
+  )
 
 
 @dataclasses.dataclass(frozen=True)

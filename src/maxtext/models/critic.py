@@ -63,11 +63,12 @@ def from_policy(policy: Decoder, seed: int) -> Critic:
 
 
 def trained(critic: Critic) -> nnx.filterlib.Filter:
-  """The critic's parameters its optimizer trains: every one, or with LoRA its adapters and its head
-  (the head is new, so it always trains)."""
+  """The critic's parameters its optimizer trains: every one but an untied output layer (`lm_head`,
+  which no value reads), or with LoRA its adapters and its head (the head is new, so it always
+  trains)."""
   if critic.config.lora_rank:
     return nnx.Any(nnx.LoRAParam, nnx.PathContains("score"))
-  return nnx.Param
+  return nnx.All(nnx.Param, nnx.Not(nnx.PathContains("lm_head")))
 
 
 def last_token_scores(critic: Critic, tokens: jax.Array, lengths: jax.Array) -> jax.Array:

@@ -6,7 +6,9 @@ data template's system, example and user turns, or a conversational prompt's own
 completion as the assistant's reply, rendered through the reward model's own tokenizer and chat
 template, as TRL renders a conversation for a reward model, whatever the policy's template is. Where the
 prompt is no conversation (a TEMPLATE holding the chat's turn markers is the whole prompt), the text is
-the policy's prompt followed by the completion. Its score is the value head at the text's last token.
+the policy's prompt followed by the completion, tokenized by the reward model's tokenizer as it is (no
+special tokens added: a reward model whose tokenizer wants its own BOS there gets none). Its score is the
+value head at the text's last token.
 
 It runs in the trainer's process on the trainer's mesh, micro_batch_size texts a forward pass, each
 batch padded to a multiple of PAD_MULTIPLE tokens (one compiled program per length bucket); every
@@ -16,7 +18,6 @@ process scores the whole batch alike, as every process samples it.
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,8 +35,6 @@ from maxtext.tasks.task import RewardFn
 from maxtext.utils import distributed, errors
 from maxtext.utils import mesh as mesh_lib
 
-log = logging.getLogger(__name__)
-
 NAME = "reward_model"  # its rewards/<name> metrics
 PAD_MULTIPLE = 16
 
@@ -50,7 +49,7 @@ class RewardModel:
     self.model, self.tokenizer, self._template, self._mesh = model, tokenizer, template, mesh
     self._rows = micro_batch_size
 
-  def conversation(self, prompt: str, fields: Mapping[str, Any]) -> list[dict] | None:
+  def conversation(self, fields: Mapping[str, Any]) -> list[dict] | None:
     """The prompt's turns as the policy was given them: a conversational prompt's own messages, or the
     template's turns around the example's question; None where the TEMPLATE is the whole prompt."""
     given = fields.get("prompt")
@@ -66,7 +65,7 @@ class RewardModel:
     prefix = self._template.answer_prefix
     out = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
-      turns = self.conversation(str(prompt), {k: v[i] for k, v in fields.items() if _per_completion(v, len(prompts))})
+      turns = self.conversation({k: v[i] for k, v in fields.items() if _per_completion(v, len(prompts))})
       if turns is None:
         text = str(prompt)
         out.append((text[: len(text) - len(prefix)] if prefix and text.endswith(prefix) else text) + completion)

@@ -69,11 +69,13 @@ class PPOLearner(learner_lib.GRPOLearner):
     advantages = ppo.whiten(advantages, mask)
     if self.rl_cluster.global_steps < self._warmup_steps:
       mask = jnp.zeros_like(mask)  # the critic's warmup: the policy trains on no token
+    if algo.num_iterations == 1:  # old log-probs scored for the penalty alone: the loss's ratio stays exactly 1
+      batch = dataclasses.replace(batch, old_logps=None)
     return super()._example(dataclasses.replace(batch, advantages=advantages, completion_mask=mask))
 
   def _step_settings(self) -> standard_step.StepSettings:
-    """The standard step's settings; with a KL penalty inside the reward the reference and the policy
-    that sampled (the trainer's log-probs before the step's updates) score every completion."""
+    """The standard step's settings; with a KL penalty inside the reward the reference and the weights
+    that sampled (the old policy) score every completion."""
     settings = super()._step_settings()
     if not self.algo_config.kl_in_reward_coef:
       return settings

@@ -59,10 +59,10 @@ def pair_accuracy(scores: np.ndarray, pairs: list[tuple[int, int]]) -> float | N
   return float(np.mean((c > r) + 0.5 * (c == r)))
 
 
-@nnx.jit
-def _update(optimizer, model, tokens, lengths):
-  """One AdamW update on the Bradley-Terry loss of a batch whose first half are the chosen texts and
-  second half the rejected; returns (loss, pair accuracy)."""
+@nnx.jit(static_argnames=("trained",))
+def _update(optimizer, model, tokens, lengths, trained):
+  """One AdamW update of the `trained` parameters on the Bradley-Terry loss of a batch whose first half
+  are the chosen texts and second half the rejected; returns (loss, pair accuracy)."""
   from maxtext.models.critic import last_token_scores
   from maxtext.rl.reward_model import bradley_terry_loss
 
@@ -71,7 +71,7 @@ def _update(optimizer, model, tokens, lengths):
     half = scores.shape[0] // 2
     return bradley_terry_loss(scores[:half], scores[half:])
 
-  (loss, accuracy), grads = nnx.value_and_grad(loss_fn, has_aux=True)(model)
+  (loss, accuracy), grads = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, trained), has_aux=True)(model)
   optimizer.update(model, grads)
   return loss, accuracy
 
@@ -117,7 +117,10 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
   for start in range(0, len(prompts), chunk):
     completions += engine.generate(prompts[start : start + chunk], config[rollout_setup.Mode.TRAIN]).text
     log.info("Sampled %d of %d completions", len(completions), len(prompts))
-  del engine
+  batcher = getattr(engine, "batcher", None)  # the batched engine's scheduler thread holds its KV cache
+  if batcher is not None:
+    batcher.close()
+  del engine, batcher
   fields = {k: columns.as_array([ex[k] for ex in rows]) for k in rows[0] if k != "prompts"}
   totals, _ = reward_set.score(prompts, completions, fields, group)
 
@@ -142,7 +145,7 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
     )
 
   model = critic_lib.Critic(policy)  # the policy's weights as the trunk, the score head at zero
-  scorer = reward_model.RewardModel(model, tokenizer, template, mesh, cfg.reward_model.micro_batch_size)
+  scorer = reward_model.RewardModel(model, tokenizer, template, mesh, section.micro_batch_size)
   texts = scorer.texts(prompts, [template.answer_prefix + c for c in completions], fields)
   ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
   held_texts = sorted({i for p in held for i in p})
@@ -154,7 +157,8 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
 
   before = held_accuracy() if held else None
   with jax.set_mesh(mesh):
-    optimizer = nnx.Optimizer(model, cluster.adamw(cfg.train, section.learning_rate), wrt=nnx.Param)
+    trained = critic_lib.trained(model)
+    optimizer = nnx.Optimizer(model, cluster.adamw(cfg.train, section.learning_rate), wrt=trained)
   losses = []
   with mesh:
     for step in range(section.num_steps):
@@ -164,7 +168,7 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
       order = [c for c, _ in batch] + [r for _, r in batch]
       tokens, lengths = reward_model.padded([ids[i] for i in order], len(order), tokenizer.pad_token_id)
       tokens, lengths = mesh_lib.global_batch((tokens, lengths), mesh)
-      loss, accuracy = _update(optimizer, model, tokens, lengths)
+      loss, accuracy = _update(optimizer, model, tokens, lengths, trained)  # type: ignore[call-arg]
       losses.append(float(loss))
       log.info("step %d/%d: loss %.4f, pair accuracy %.3f", step + 1, section.num_steps, losses[-1], float(accuracy))
   after = held_accuracy() if held else None
