@@ -142,7 +142,9 @@ def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopp
   for a, b in zip(resumed[:2], straight[:2]):  # the killed run's rows (a late scalar may be missing)
     assert untimed(a) == {k: v for k, v in untimed(b).items() if k in a}
   assert untimed(resumed[2]) == untimed(straight[2])  # trained after the resume
-  assert straight[0]["loss"] == 0.0 and straight[1]["loss"] != 0.0  # step 1 trains the critic alone
+  # step 1 trains the critic alone: the policy's loss has no gradient until step 2 (whose loss is about 0:
+  # at ratio 1 it is the mean of whitened advantages)
+  assert straight[0]["grad_norm"] == 0.0 and straight[1]["grad_norm"] > 0.1
   for row in straight:
     assert {"critic/value_loss", "critic/vf_clipfrac", "critic/explained_variance", "pg_clipfrac", "entropy"} <= set(
       row

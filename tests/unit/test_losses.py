@@ -98,11 +98,15 @@ def test_cispo_keeps_the_kl_penalty_and_the_diagnostics_tunix_logs():
 
 @pytest.mark.parametrize("loss_algo", ["grpo", "gspo-token"])
 @pytest.mark.parametrize("shift", [0.0, 0.1, 0.6, -0.6])
-def test_ppo_clip_is_tunixs_grpo_loss(loss_algo, shift):
+@pytest.mark.parametrize("epsilon_c", [0.0, 1.5])
+def test_ppo_clip_is_tunixs_grpo_loss(loss_algo, shift, epsilon_c):
   """Our ppo_clip against Tunix's grpo_loss_fn (the loss it replaces) on two sequences of three tokens:
   the same loss, gradient and diagnostics, inside and outside the clip range, per token and per
-  sequence, with a KL term and sampler importance weights."""
-  cfg = make_config("rl.grpo_beta=0.3", f"rl.loss_algo={loss_algo}", "rl.epsilon_high=0.28")
+  sequence, with a KL term and sampler importance weights, without and with dual clip (rl.epsilon_c:
+  shift 0.6 takes the negative advantage's ratio past 1.5)."""
+  cfg = make_config(
+    "rl.grpo_beta=0.3", f"rl.loss_algo={loss_algo}", "rl.epsilon_high=0.28", f"rl.epsilon_c={epsilon_c}"
+  )
   config = algorithm.grpo_config(cfg.algorithm, cfg.sampling)
   config.temperature = 1.0
   tokens = jnp.asarray([[2, 3, 4], [5, 2, 1]], jnp.int32)
@@ -129,6 +133,8 @@ def test_ppo_clip_is_tunixs_grpo_loss(loss_algo, shift):
   assert np.abs(theirs[2]).max() > 1e-3
   for key, value in theirs[1].items():
     np.testing.assert_allclose(float(ours[1][key]), float(value), rtol=1e-5, atol=1e-7, err_msg=key)
+  if epsilon_c and shift == 0.6 and loss_algo == "grpo":
+    assert float(ours[1]["pg_clipfrac_lower"]) > 0
 
 
 def test_the_loss_reports_the_sampler_trainer_mismatch_from_its_forward_pass():

@@ -23,7 +23,7 @@ class GRPOConfig(grpo_learner.GRPOConfig):
   losses read (losses.py)."""
 
   epsilon_high: float
-  epsilon_c: float = 0.0
+  epsilon_c: float | None = None  # None: no dual clip, as Tunix's losses read it
   entropy_coef: float = 0.0
 
 
@@ -31,7 +31,7 @@ class GRPOConfig(grpo_learner.GRPOConfig):
 class AgenticGRPOConfig(agentic_grpo_learner.GRPOConfig):
   """Tunix's agentic GRPO config with the dual-clip bound and entropy bonus our losses read (losses.py)."""
 
-  epsilon_c: float = 0.0
+  epsilon_c: float | None = None  # None: no dual clip, as Tunix's losses read it
   entropy_coef: float = 0.0
 
 
@@ -49,7 +49,7 @@ def _common(rl: AlgorithmSection) -> dict[str, Any]:
     epsilon_high=rl.grpo_epsilon if rl.epsilon_high < 0 else rl.epsilon_high,
     loss_algo=rl.loss_algo,
     loss_agg_mode=rl.loss_agg_mode,
-    epsilon_c=rl.epsilon_c,
+    epsilon_c=rl.epsilon_c or None,
     entropy_coef=rl.entropy_coef,
   )
 

@@ -68,8 +68,9 @@ class _Terms:
   clipped_lower: jax.Array | None = None  # where dual clip bounded the loss (ppo_clip's epsilon_c)
 
 
-def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
-  """The diagnostics Tunix's learners log, as its GRPO loss computes them."""
+def _aux(terms: _Terms, token_log_ratio, adv, mask, agg_mode: str) -> dict[str, jax.Array]:
+  """The diagnostics Tunix's learners log, as its GRPO loss computes them (pg_clipfrac_lower aggregated
+  as the loss is, rl.loss_agg_mode)."""
   adv = jnp.broadcast_to(adv, mask.shape)
   live = mask > 0
   return {
@@ -78,7 +79,7 @@ def _aux(terms: _Terms, token_log_ratio, adv, mask) -> dict[str, jax.Array]:
     "pg_clipfrac_lower": (
       jnp.float32(0.0)
       if terms.clipped_lower is None
-      else algo_core.masked_mean(terms.clipped_lower.astype(jnp.float32), mask)
+      else common.aggregate_loss(terms.clipped_lower.astype(jnp.float32), mask, agg_mode)
     ),
     "is_ratio/mean": algo_core.masked_mean(terms.ratio, mask),
     "is_ratio/max": jnp.max(jnp.where(live, terms.ratio, 0.0)),
@@ -106,8 +107,8 @@ def _ppo_clip(logps, log_ratio, adv, mask, algo_config) -> _Terms:
   clipped = -adv * jnp.clip(ratio, 1.0 - algo_config.epsilon, 1.0 + algo_config.epsilon_high)
   loss = jnp.maximum(unclipped, clipped)
   lower = jnp.zeros_like(loss, bool)
-  epsilon_c = getattr(algo_config, "epsilon_c", 0.0)
-  if epsilon_c:
+  epsilon_c = getattr(algo_config, "epsilon_c", None)
+  if epsilon_c is not None:
     bound = -epsilon_c * adv
     lower = (adv < 0) & (loss > bound)
     loss = jnp.where(lower, bound, loss)
@@ -193,7 +194,7 @@ def _policy_loss(surrogate):
     if sampler_is is not None:
       per_token_loss = per_token_loss * sampler_is.astype(jnp.float32)
     loss = common.aggregate_loss(per_token_loss, mask, algo_config.loss_agg_mode)
-    aux = _aux(terms, logps - old, adv, mask)
+    aux = _aux(terms, logps - old, adv, mask, algo_config.loss_agg_mode)
     aux.update(pg_loss=loss, kl=jnp.float32(0.0), kl_loss=jnp.float32(0.0))
     aux["sampler_is/weight_mean"] = jnp.float32(1.0) if sampler_is is None else algo_core.masked_mean(sampler_is, mask)
     aux["sampler_is/weight_min"] = (
