@@ -131,6 +131,7 @@ def test_a_run_on_a_bucket_holds_what_a_local_run_holds(gcs, tmp_path):
     np.testing.assert_allclose(exported[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
 
 
+@pytest.mark.slow  # make test: a whole run on the bucket
 def test_an_hf_export_on_the_bucket_loads_back_as_training_weights(gcs, tmp_path):
   """A run exports to the bucket; a second run loads its weights and tokenizer from there and
   evaluates them exactly as the first run's final evaluation did."""

@@ -56,6 +56,7 @@ def test_real_weights_give_transformers_logits_from_our_export(tmp_path):
   assert nll < 2.0, nll
 
 
+@pytest.mark.slow  # the real weights' parity with transformers stays in make test
 def test_a_short_grpo_run_on_gemma3_trains_evaluates_and_saves(tmp_path):
   args = [
     "train_rl",

@@ -294,7 +294,11 @@ def _reward_model_dir(tmp_path) -> str:
 
 
 @pytest.mark.parametrize(
-  "layout", ["lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1", "ppo_2x2", "reward_model_2x2"]
+  "layout",
+  [  # make test-slow; make test has test_two_processes_train_as_one_process_does
+    pytest.param(layout, marks=pytest.mark.slow)
+    for layout in ("lora_2x2", "full_4x1", "agentic_lora_2x2", "agentic_full_4x1", "ppo_2x2", "reward_model_2x2")
+  ],
 )
 def test_multiprocess_layouts_match_one_process(tmp_path, layout):
   """LoRA across 2 processes x 2 devices, and full fine-tuning across 4 processes x 1 device, in

@@ -144,6 +144,7 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert ours["token_ids"] == hf_greedy_tokens(run / "hf", "What is 2+3?", 8)
 
 
+@pytest.mark.slow  # make test: test_scan_layers.py's logits, cache, decode and gradients
 def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
   """scan_layers=true: the same seeded weights, samples and rewards in each step, and the same loss,
   KL and gradient norm within 1e-4, as the unrolled decoder's run. A rerun that changes scan_layers

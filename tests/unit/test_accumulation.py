@@ -101,7 +101,11 @@ def _first_update_gradient_norms(model, batches, trained) -> tuple[float, float]
 
 
 @pytest.mark.parametrize(
-  "overrides", [("model_name=qwen3-tiny",), ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8")]
+  "overrides",
+  [
+    ("model_name=qwen3-tiny",),
+    pytest.param(("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"), marks=pytest.mark.slow),
+  ],
 )
 def test_same_training_as_multisteps_with_one_weight_write_per_step(overrides, tmp_path):
   multi, multi_seen, multi_norms, (accumulated, micro_mean) = _train(overrides, False, tmp_path)

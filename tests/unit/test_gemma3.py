@@ -80,7 +80,7 @@ def test_the_checkpoints_config_reads_as_gemma3_keys(hf_dir):
   assert "lm_head" not in builder.to_arrays(ours)
 
 
-@pytest.mark.parametrize("scan", ["false", "true"])
+@pytest.mark.parametrize("scan", [pytest.param("false", marks=pytest.mark.slow), "true"])
 def test_logits_and_greedy_tokens_match_transformers(hf_dir, scan):
   path, hf = hf_dir
   _, ours = load_ours(path, f"scan_layers={scan}")
@@ -170,6 +170,7 @@ def _randomize_norms(model):
       var.set_value(jnp.asarray(rng.normal(0, 0.5, var.get_value().shape), var.get_value().dtype))
 
 
+@pytest.mark.slow  # make test: test_scan_layers.py on qwen3 and llama, the scanned gemma3 against transformers
 def test_scanned_decoder_equals_unrolled_in_logits_cache_decode_and_gradients():
   _, unrolled = _tiny("scan_layers=false")
   _randomize_norms(unrolled)

@@ -472,7 +472,9 @@ def _op_types(lowered, op: str) -> set[str]:
   return {re.sub(r"tensor<(?:\d+x)*(\w+)>", r"\1", line.rsplit(" : ", 1)[1]) for line in lines}
 
 
-@pytest.mark.parametrize("model", ["qwen3-tiny", "llama-tiny", "gemma3-tiny"])
+@pytest.mark.parametrize(
+  "model", ["qwen3-tiny", *(pytest.param(m, marks=pytest.mark.slow) for m in ("llama-tiny", "gemma3-tiny"))]
+)
 def test_mixed_precision_trains_float32_weights_with_bfloat16_matmuls(model):
   """weight_dtype=float32 with dtype=bfloat16 is MaxText's mixed precision. A training step (the loss's
   scoring through SharedPrefix, the run's AdamW) keeps the weights, their gradient and AdamW's moments

@@ -59,10 +59,10 @@ def _loss(cfg, shared: bool):
   "overrides",
   [
     ("model_name=qwen3-tiny",),
-    ("model_name=llama-tiny", "remat_policy=full"),
-    ("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"),
+    pytest.param(("model_name=llama-tiny", "remat_policy=full"), marks=pytest.mark.slow),
+    pytest.param(("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"), marks=pytest.mark.slow),
     ("model_name=llama-tiny", "scan_layers=false"),  # the others scanned, the default
-    ("model_name=gemma3-tiny",),
+    pytest.param(("model_name=gemma3-tiny",), marks=pytest.mark.slow),
   ],
 )
 def test_same_logits_loss_and_gradients_as_whole_sequences(overrides):
