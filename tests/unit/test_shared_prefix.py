@@ -61,7 +61,7 @@ def _loss(cfg, shared: bool):
     ("model_name=qwen3-tiny",),
     pytest.param(("model_name=llama-tiny", "remat_policy=full"), marks=pytest.mark.slow),
     pytest.param(("model_name=qwen3-tiny", "lora_rank=4", "lora_alpha=8"), marks=pytest.mark.slow),
-    ("model_name=llama-tiny", "scan_layers=false"),  # the others scanned, the default
+    pytest.param(("model_name=llama-tiny", "scan_layers=false"), marks=pytest.mark.slow),  # others scanned
     pytest.param(("model_name=gemma3-tiny",), marks=pytest.mark.slow),
   ],
 )
