@@ -106,7 +106,7 @@ def _ppo_clip(logps, log_ratio, adv, mask, algo_config) -> _Terms:
   unclipped = -adv * ratio
   clipped = -adv * jnp.clip(ratio, 1.0 - algo_config.epsilon, 1.0 + algo_config.epsilon_high)
   loss = jnp.maximum(unclipped, clipped)
-  lower = jnp.zeros_like(loss, bool)
+  lower = None
   epsilon_c = getattr(algo_config, "epsilon_c", None)
   if epsilon_c is not None:
     bound = -epsilon_c * adv
