@@ -43,6 +43,46 @@ TINY = [
 ]
 
 
+MIXED = '''
+import hashlib, os
+
+MARKS = {marks!r}
+
+
+def _nth(example):
+  """How many episodes of this question started before this one (0, 1, 2), across worker processes."""
+  key = hashlib.sha1(example["question"].encode()).hexdigest()
+  for i in range(3):
+    try:
+      os.close(os.open(os.path.join(MARKS, f"{{key}}.{{i}}"), os.O_CREAT | os.O_EXCL))
+      return i
+    except FileExistsError:
+      pass
+  raise AssertionError("more than 3 episodes of one question")
+
+
+async def run(client, model, example):
+  """Of each question's three episodes: the first raises before its first call; the second asks with
+  the example's messages; the third adds a line to the user turn, so its group's first prompts differ
+  near their end. The first question asked at all gets a long line there: a prompt over
+  max_prompt_length."""
+  nth = _nth(example)
+  if nth == 0:
+    raise RuntimeError("planned failure before the first call")
+  messages = [dict(m) for m in example["messages"]]
+  if nth == 2:
+    line = " Be brief."
+    try:
+      os.close(os.open(os.path.join(MARKS, "long"), os.O_CREAT | os.O_EXCL))
+      line = " Be brief." * 35
+    except FileExistsError:
+      pass
+    messages[-1]["content"] += line
+  reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=4)
+  return float(reply.usage.completion_tokens)
+'''
+
+
 def _rows(path):
   with open(path, encoding="utf-8") as f:
     return [json.loads(line) for line in f]
@@ -65,6 +105,48 @@ def test_a_users_openai_agent_trains_through_the_served_policy_and_its_failures_
     # episode takes its group's others' mean)
     assert r["agent/failed_episodes"] > 0 or r["agent/reward"] == r["rewards/sum"]
   assert max(r["agent/reward"] for r in rows) >= 2
+
+
+def test_a_group_with_a_failed_episode_and_first_prompts_that_differ_trains(tmp_path, caplog):
+  """One episode of every group raises before its first call, another's first prompt differs from its
+  sibling's near its end, and one is over max_prompt_length: the run trains both steps, each failure
+  counted with its reason, each trained episode scored under its own context (episodes.jsonl shows
+  all of it)."""
+  (tmp_path / "marks").mkdir()
+  agent = tmp_path / "agent.py"
+  agent.write_text(MIXED.format(marks=str(tmp_path / "marks")))
+  args = [a for a in TINY if not a.startswith("max_response_length=")] + ["max_response_length=64"]
+  args += ["rl.num_generations=3", "max_prompt_length=160", f"rl.agent={agent}:run", "rl.agent_max_failures=8"]
+  args += ["rl.sampler_is=token"]  # the trainer rescores every trained token: sampler_trainer/* compare
+  with caplog.at_level(logging.WARNING):
+    assert train_rl.main(["train_rl", "rl.yml", *args, f"base_output_directory={tmp_path}", "run_name=mixed"]) == 0
+  rows = _rows(tmp_path / "mixed" / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2]
+  # every trained token rescored by the trainer in its row as laid out has the sampler's log-prob: each
+  # was scored after exactly the tokens it was sampled after (with the context tokens replaced, it fails)
+  assert all(r["sampler_trainer/logp_diff_max"] < 1e-4 for r in rows)
+  # two groups a step, one raising episode each, and one episode over the prompt budget in the run
+  assert [r["agent/failed_episodes"] for r in rows] in ([3, 2], [2, 3])
+  episodes = _rows(tmp_path / "mixed" / "episodes.jsonl")
+  assert len(episodes) == 12 and sorted({e["step"] for e in episodes}) == [1, 2]
+  failed = [e for e in episodes if e["status"] == "failed"]
+  assert sum("planned failure before the first call" in e["failure"] for e in failed) == 4
+  [long] = [e for e in failed if "max_prompt_length" in e["failure"]]
+  assert "more than max_prompt_length=160" in long["failure"] and long["trained_tokens"] == 0
+  assert all(e["trained_tokens"] == 0 and e["completion_tokens"] == 0 for e in failed)
+  trained = [e for e in episodes if e["status"] == "trained"]
+  assert len(trained) == 7 and all(0 < e["trained_tokens"] <= 4 for e in trained)
+  # in the three groups where two trained, the prompts part where the third's added line begins: the
+  # rest of each one's prompt is context in its completion, the added line in the third's only
+  with_context = [e for e in trained if e["completion_tokens"] > e["trained_tokens"]]
+  assert len(with_context) == 6
+  assert sum("Be brief." in e["tokens"].split("«")[0] for e in with_context) == 3
+  assert all(e["messages"][-1]["role"] == "assistant" and e["calls"]["calls"] == 1 for e in trained)
+  for e in trained:  # the reward trained on is the agent's own: its sampled tokens
+    assert e["reward"] == e["trained_tokens"]
+  report = (tmp_path / "mixed" / "report.md").read_text()
+  assert "| agent/failed_episodes |" in report and "episodes.jsonl" in report
+  assert "planned failure before the first call" in caplog.text
 
 
 @pytest.mark.slow  # a process of its own (45 s); the fast test above counts failures within the budget

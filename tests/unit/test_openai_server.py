@@ -164,8 +164,8 @@ def test_a_training_session_continues_the_conversation_with_its_exact_tokens(ser
     [edited[0], {"role": "assistant", "content": ""}, added], add_generation_prompt=True
   )
   stitched = stitch([first, second], budget=40)
-  assert (stitched.calls, stitched.mismatched) == (2, 0) and stitched.masks.tolist()[0] == 1
-  assert stitch([first, second, third], budget=40).mismatched == 1
+  assert (stitched.counts.calls, stitched.counts.mismatched) == (2, 0) and stitched.masks.tolist()[0] == 1
+  assert stitch([first, second, third], budget=40).counts.mismatched == 1
   cut = agent.chat.completions.create(model="qwen3-tiny", messages=edited, max_tokens=2)  # greedy: no turn end
   assert cut.choices[0].finish_reason == "length"
   agent.chat.completions.create(model="qwen3-tiny", messages=[*edited, cut.choices[0].message, added], max_tokens=1)
@@ -175,7 +175,7 @@ def test_a_training_session_continues_the_conversation_with_its_exact_tokens(ser
     fifth.prompt_ids.tolist()[: len(fourth.prompt_ids) + 3]
     == fourth.prompt_ids.tolist() + fourth.token_ids.tolist() + turn_end
   )
-  assert stitch([fourth, fifth], budget=40).mismatched == 0
+  assert stitch([fourth, fifth], budget=40).counts.mismatched == 0
   long = [*messages, {"role": "user", "content": "count " * 60}]  # past the 40 tokens after the first prompt
   with pytest.raises(openai.BadRequestError, match="budget of 40 tokens"):
     agent.chat.completions.create(model="qwen3-tiny", messages=long, max_tokens=3)

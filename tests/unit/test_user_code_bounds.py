@@ -22,6 +22,7 @@ from maxtext import tasks
 from maxtext.input_pipeline import datasets, rewards
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.integration.tunix import tools, trajectories
+from maxtext.rl.episode import Episode
 from maxtext.utils import errors
 from tests.conftest import make_config, template_for
 
@@ -180,10 +181,10 @@ def test_a_tool_returning_50_mb_is_cut_before_it_is_tokenized_and_logged(tmp_pat
     chat_parser=parser,
   )
   record = _within(60, lambda: asyncio.run(engine.collect(mode="Token")))
-  assert isinstance(record, dict), record
-  [tool_turn] = [m["content"] for m in record["conversation_text"] if m["role"] == "tool"]
+  assert isinstance(record, Episode), record
+  [tool_turn] = [m["content"] for m in record.conversation if m["role"] == "tool"]
   assert "[output truncated: 50000000 characters]" in tool_turn and len(tool_turn) < cap + 100
-  assert len(record["conversation_tokens"]) < 3000
+  assert len(record.completion_ids) < 3000
   assert len(pickle.dumps(record)) < 100_000
 
 

@@ -75,15 +75,21 @@ class ToolFormat(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class Call:
-  """One sampled completion of a session: the prompt's token ids, the sampled ids (EOS kept), each
-  token's log-prob under softmax(logits / temperature) and the weights version that sampled it."""
+  """One sampled completion of a session: the request it answers (the session's requests numbered from
+  0 in the order they arrived; n > 1 completions share one), the prompt's token ids, the sampled ids
+  (EOS kept), each token's log-prob under softmax(logits / temperature) and the weights version that
+  sampled it; a chat call's messages as the template rendered them and its reply's text (its tool
+  calls written in as the model writes them)."""
 
+  request: int
   prompt_ids: np.ndarray
   token_ids: np.ndarray
   logprobs: np.ndarray
   versions: np.ndarray
   temperature: float
   finish_reason: str  # stop, length or tool_calls
+  messages: list[dict] | None = None  # None: a completions call
+  reply: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +116,7 @@ class Session:
     self._calls: list[Call] = []
     self._lock = threading.Lock()
     self._turns = 0
+    self._requests = 0
     self._first_prompt: int | None = None  # the first call's prompt length
     self._last: tuple[list[dict], list[int]] | None = None
 
@@ -117,6 +124,11 @@ class Session:
     with self._lock:
       self._turns += 1
       return self._turns - 1
+
+  def _next_request(self) -> int:
+    with self._lock:
+      self._requests += 1
+      return self._requests - 1
 
   def _budget_left(self, prompt: int) -> int | None:
     """What a call with a `prompt`-token prompt may sample under the session's budget: the budget less
@@ -209,6 +221,7 @@ class _Prepared:
   keys: list[jax.Array | None]
   session: Session | None
   tools: bool  # parse tool calls out of the replies
+  request: int = 0  # its number among its session's requests
   messages: list[dict] | None = None  # a chat call's messages as rendered (a session's next call continues them)
 
 
@@ -366,7 +379,7 @@ class OpenAIServer:
       else:
         key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
       keys = [jax.random.fold_in(key, i) for i in range(body.n)]
-    return _Prepared(prompt_ids, params, keys, session, False)
+    return _Prepared(prompt_ids, params, keys, session, False, session._next_request() if session is not None else 0)
 
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
@@ -386,11 +399,11 @@ class OpenAIServer:
       calls = []
     reason = "tool_calls" if calls else ("stop" if done.stopped else "length")
     session = prepared.session
+    reply = text
+    for name, arguments in calls:
+      reply = self._with_call(reply, name, arguments)
     if session is not None and prepared.messages is not None and len(prepared.keys) == 1:
       # What the next call continues: the reply as the client sends it back, and its exact tokens
-      reply = text
-      for name, arguments in calls:
-        reply = self._with_call(reply, name, arguments)
       # a reply cut by the length limit gets the turn end the template writes after it
       ended = done.tokens.tolist() + ([] if done.stopped else [self._turn_end])
       continued = (prepared.messages + [{"role": "assistant", "content": reply}], list(prepared.prompt_ids) + ended)
@@ -399,12 +412,15 @@ class OpenAIServer:
     if session is not None:
       session._add(
         Call(
+          prepared.request,
           np.asarray(prepared.prompt_ids, np.int32),
           done.tokens,
           done.logprobs,
           done.versions,
           prepared.params.temperature,
           reason,
+          prepared.messages,
+          reply,
         )
       )
     return text, reason, calls

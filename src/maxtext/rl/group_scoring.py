@@ -1,17 +1,32 @@
-"""The model-free part of scoring one agentic GRPO group (the num_generations conversations of one
-prompt): padding its samples to the trainer's fixed shapes, choosing the old policy's log-probs,
-the sampler importance weights, masking a group without signal, and the group's metrics.
+"""The model-free part of scoring one agentic GRPO group (the num_generations episodes of one
+prompt, rl/episode.py's records from whichever producer): laying the group out under one prompt
+(`layout`), padding it to the trainer's fixed shapes (`pad`), choosing the old policy's log-probs, the
+sampler importance weights, masking a group without signal, and the group's metrics.
 
 What needs the model or the data (rewards, advantages, the trainer's and the reference's log-probs)
 is computed by the caller between `pad` and `score`: `pad` gives the arrays those passes take, and
 `score` takes their results. Metrics are {name: (value, reduction)}, the reduction combining a
 step's values over its groups.
+
+The layout (`layout`): the shared-prefix loss scores each group's prompt once, so every row of a group
+has the same prompt ids, and no prompt is cut:
+1. an episode whose first prompt is over max_prompt_length fails (it is never scored under a shorter
+   context than it was sampled after);
+2. the group's prompt is the longest common prefix of as many trained episodes' first prompts as can
+   share it (`_shared_prompt`: those with the most common first prompt, then each other one whose
+   joining keeps every one's completion within max_response_length once 3. is done);
+3. a trained episode whose first prompt is longer than that keeps the rest as context (mask 0) at the
+   start of its completion: it is scored under exactly the tokens it was sampled after; one whose
+   first prompt does not begin with the group's prompt, or whose completion that takes over
+   max_response_length, fails;
+4. a failed episode's row is that prompt and no completion (without a trained episode, the first
+   episode's prompt, its last max_prompt_length tokens): it trains nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -19,22 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.rl import shaping
+from maxtext.rl.episode import Episode
 
 Metrics = dict[str, tuple[Any, Callable]]  # {name: (a number, its reduction over a step's groups)}
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-  """One conversation as sampled. completion_tokens are every token after the prompt (the model's
-  and the environment's), completion_mask marks the model's (1) from the environment's (0), and
-  sampler_logps are the sampler's log-probs of them (None: the engine returned none). timings are
-  the conversation's timing dicts by kind (env_time, reward_time: {sub-key: seconds})."""
-
-  prompt_tokens: np.ndarray
-  completion_tokens: np.ndarray
-  completion_mask: np.ndarray
-  sampler_logps: np.ndarray | None
-  timings: Mapping[str, Mapping[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,14 +51,13 @@ class Shapes:
 
 @dataclasses.dataclass(frozen=True)
 class PaddedGroup:
-  """A group's samples padded to the trainer's shapes, one row per sample: prompts left-padded
-  with pad_id (a longer prompt keeps its last max_prompt_length tokens), completions right-padded
-  with pad_id, masks with 0 and sampler log-probs with 0.0 (a longer completion keeps its first
-  max_response_length). sampler_logps is None unless asked for; a sample without them has a row of
+  """A group's episodes, laid out (`layout`), padded to the trainer's shapes, one row per episode:
+  prompts left-padded with pad_id, completions right-padded with pad_id, masks with 0 and sampler
+  log-probs with 0.0. sampler_logps is None unless asked for; an episode without them has a row of
   zeros. clipped counts the samples that have at least max_response_length tokens and whose mask's
   last entry is not eos_id (the mask entry, not the token, as Tunix 0.1.7 counts them: with an
-  eos_id other than 0 and 1 that is every sample reaching the budget). prompt_length is the first
-  sample's prompt length as sampled."""
+  eos_id other than 0 and 1 that is every sample reaching the budget). prompt_length is the group's
+  prompt's length."""
 
   prompt_ids: np.ndarray  # [G, max_prompt_length] int32
   completion_ids: np.ndarray  # [G, max_response_length] int32
@@ -66,7 +67,7 @@ class PaddedGroup:
   prompt_length: int
 
   def prompt_metrics(self) -> Metrics:
-    """generation/prompts/{mean,max,min}_length: the first sample's prompt length."""
+    """generation/prompts/{mean,max,min}_length: the group's prompt's length."""
     n = self.prompt_length
     return {
       "generation/prompts/mean_length": (n, np.mean),
@@ -115,31 +116,129 @@ def right_pad(x, length: int, pad, dtype=np.int32) -> np.ndarray:
   return np.concatenate([x, np.full(length - x.size, pad, dtype)])
 
 
-def pad(samples: Sequence[Sample], shapes: Shapes, sampler_logps: bool) -> PaddedGroup:
-  """The group padded to `shapes` (PaddedGroup), with the sampler's log-probs when asked for."""
+def layout(episodes: Sequence[Episode], shapes: Shapes) -> list[Episode]:
+  """The group's episodes laid out under one prompt (the module docstring's rule), in their order;
+  those it fails carry their reason (Episode.failure), for the caller to count."""
+  budget, length = shapes.max_response_length, shapes.max_prompt_length
+  out = [
+    e.failing(f"its first prompt has {len(e.prompt_ids)} tokens, more than max_prompt_length={length}")
+    if not e.failed and len(e.prompt_ids) > length
+    else e
+    for e in episodes
+  ]
+  prompt = _shared_prompt([e for e in out if not e.failed], budget)
+  if prompt is None:
+    prompt = np.asarray(next((e.prompt_ids for e in out if len(e.prompt_ids)), np.zeros(0, np.int32)))[-length:]
+    return [_row(e, prompt) for e in out]
+  return [_row(e, prompt) if e.failed else _under(e, prompt, budget) for e in out]
+
+
+def _shared_prompt(trained: Sequence[Episode], budget: int) -> np.ndarray | None:
+  """The group's prompt: the longest prefix of the trained episodes' first prompts that the most of
+  them share with the rest of their prompt and their completion fitting `budget` (episodes whose
+  whole first prompt is the most common come first, then the shorter; each next one joins where every
+  episode taken so far still fits); None without a trained episode."""
+  if not trained:
+    return None
+  counts: dict[bytes, int] = {}
+  for e in trained:
+    key = np.asarray(e.prompt_ids, np.int32).tobytes()
+    counts[key] = counts.get(key, 0) + 1
+  ordered = sorted(trained, key=lambda e: (-counts[np.asarray(e.prompt_ids, np.int32).tobytes()], len(e.prompt_ids)))
+  prompt = np.asarray(ordered[0].prompt_ids)
+  taken = [ordered[0]]
+  for e in ordered[1:]:
+    shorter = prompt[: _common_prefix([prompt, np.asarray(e.prompt_ids)])]
+    if len(shorter) and all(len(t.prompt_ids) - len(shorter) + len(t.completion_ids) <= budget for t in [*taken, e]):
+      prompt, taken = shorter, [*taken, e]
+  return prompt
+
+
+def _common_prefix(prompts: Sequence[np.ndarray]) -> int:
+  """The length of the longest prefix all `prompts` share."""
+  n = min(len(p) for p in prompts)
+  first = np.asarray(prompts[0])[:n]
+  for p in prompts[1:]:
+    differs = np.flatnonzero(np.asarray(p)[:n] != first)
+    n = int(differs[0]) if len(differs) else n
+    first = first[:n]
+  return n
+
+
+def _row(e: Episode, prompt: np.ndarray) -> Episode:
+  """A failed episode's row: the group's prompt and no completion; a trained one as it is."""
+  if not e.failed:
+    return e
+  empty = np.zeros(0, np.int32)
+  return dataclasses.replace(
+    e,
+    prompt_ids=prompt,
+    completion_ids=empty,
+    completion_mask=empty,
+    logprobs=None if e.logprobs is None else np.zeros(0, np.float32),
+    versions=None if e.versions is None else empty,
+  )
+
+
+def _under(e: Episode, prompt: np.ndarray, budget: int) -> Episode:
+  """A trained episode under the group's `prompt`: the rest of its own first prompt as context before
+  its completion; failed where its first prompt does not begin with `prompt` or that is over `budget`."""
+  own = np.asarray(e.prompt_ids)
+  shared = _common_prefix([prompt, own])
+  rest = own[len(prompt) :]
+  if shared == len(prompt) and not len(rest):
+    return e
+  if shared < len(prompt) or len(rest) + len(e.completion_ids) > budget:
+    failed = e.failing(
+      f"its first prompt of {len(own)} tokens differs from its group's after {shared}: the rest of its prompt "
+      f"and its {len(e.completion_ids)} completion tokens do not fit in max_response_length={budget} "
+      f"beside its group's (their context is trained as completion tokens, masked)"
+    )
+    return _row(failed, prompt)
+  zeros = np.zeros(len(rest))
+  return dataclasses.replace(
+    e,
+    prompt_ids=prompt,
+    completion_ids=np.concatenate([rest, e.completion_ids]).astype(np.int32),
+    completion_mask=np.concatenate([zeros, e.completion_mask]).astype(np.int32),
+    logprobs=None if e.logprobs is None else np.concatenate([zeros, e.logprobs]).astype(np.asarray(e.logprobs).dtype),
+    versions=None if e.versions is None else np.concatenate([zeros - 1, e.versions]).astype(np.int32),
+  )
+
+
+def pad(episodes: Sequence[Episode], shapes: Shapes, sampler_logps: bool) -> PaddedGroup:
+  """The group, laid out (`layout`), padded to `shapes` (PaddedGroup), with the sampler's log-probs
+  when asked for; a ValueError where it is not laid out (prompts that differ or are over
+  max_prompt_length, a completion over max_response_length): nothing is cut here."""
   budget = shapes.max_response_length
+  prompt = np.asarray(episodes[0].prompt_ids)
+  for e in episodes:
+    if not np.array_equal(e.prompt_ids, prompt) or len(prompt) > shapes.max_prompt_length:
+      raise ValueError(
+        f"group_scoring.pad: a group not laid out under one prompt of at most {shapes.max_prompt_length}"
+      )
+    if len(e.completion_ids) > budget:
+      raise ValueError(f"group_scoring.pad: a completion of {len(e.completion_ids)} tokens, more than {budget}")
   logps = None
   if sampler_logps:
     logps = np.stack(
       [
-        np.zeros(budget, np.float32)
-        if s.sampler_logps is None
-        else right_pad(s.sampler_logps, budget, 0.0, s.sampler_logps.dtype)
-        for s in samples
+        np.zeros(budget, np.float32) if e.logprobs is None else right_pad(e.logprobs, budget, 0.0, e.logprobs.dtype)
+        for e in episodes
       ]
     )
   return PaddedGroup(
-    prompt_ids=np.stack([left_pad(s.prompt_tokens, shapes.max_prompt_length, shapes.pad_id) for s in samples]),
-    completion_ids=np.stack([right_pad(s.completion_tokens, budget, shapes.pad_id) for s in samples]),
-    completion_mask=np.stack([right_pad(s.completion_mask, budget, 0) for s in samples]),
+    prompt_ids=np.stack([left_pad(e.prompt_ids, shapes.max_prompt_length, shapes.pad_id) for e in episodes]),
+    completion_ids=np.stack([right_pad(e.completion_ids, budget, shapes.pad_id) for e in episodes]),
+    completion_mask=np.stack([right_pad(e.completion_mask, budget, 0) for e in episodes]),
     sampler_logps=logps,
-    clipped=sum(bool(len(s.completion_tokens) >= budget and s.completion_mask[-1] != shapes.eos_id) for s in samples),
-    prompt_length=len(samples[0].prompt_tokens),
+    clipped=sum(bool(len(e.completion_ids) >= budget and e.completion_mask[-1] != shapes.eos_id) for e in episodes),
+    prompt_length=len(prompt),
   )
 
 
 def score(
-  samples: Sequence[Sample], padded: PaddedGroup, advantages, trainer_logps: jax.Array | None, options: Options
+  episodes: Sequence[Episode], padded: PaddedGroup, advantages, trainer_logps: jax.Array | None, options: Options
 ) -> ScoredGroup:
   """The group's ScoredGroup from its advantages [G] and the trainer's log-probs [G, R] of its
   completions (None: not recomputed). Its metrics: the completions' lengths (tokens the model
@@ -159,7 +258,7 @@ def score(
     if options.sampler_is:
       weights, is_metrics = sampler_is_weights(sampler, trainer_logps, mask, options.sampler_is_threshold)
       metrics.update(is_metrics)
-  metrics.update(timing_metrics(samples))
+  metrics.update(timing_metrics(episodes))
   return ScoredGroup(completion_mask=mask, old_logps=old, sampler_is_weights=weights, metrics=metrics)
 
 
@@ -222,12 +321,12 @@ def sampler_is_weights(
   }
 
 
-def timing_metrics(samples: Sequence[Sample]) -> Metrics:
-  """trajectory/<kind>/<sub-key>/{mean,max,min} over the samples, for every sub-key any sample has
-  (0 for a sample without it)."""
+def timing_metrics(episodes: Sequence[Episode]) -> Metrics:
+  """trajectory/<kind>/<sub-key>/{mean,max,min} over the episodes, for every sub-key any episode has
+  (0 for an episode without it)."""
   metrics: Metrics = {}
-  for kind in dict.fromkeys(k for s in samples for k in s.timings):
-    times = [s.timings.get(kind, {}) for s in samples]
+  for kind in dict.fromkeys(k for e in episodes for k in e.timings):
+    times = [e.timings.get(kind, {}) for e in episodes]
     for sub_key in dict.fromkeys(k for t in times for k in t):
       values = [t.get(sub_key, 0.0) for t in times]
       prefix = f"trajectory/{kind}/{sub_key}"

@@ -93,6 +93,7 @@ from maxtext.integration.tunix.trajectories import (
 )
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.rl import dynamic_sampling, group_scoring
+from maxtext.rl.episode import Episode, EpisodeLog
 from maxtext.rl.prompt_feed import ROUND, SLOT, ProcessShare, PromptFeed, scalar
 from maxtext.utils import distributed
 
@@ -132,6 +133,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     rewards: RewardSet,
     user_agent: user_agent_lib.UserAgent | None = None,
     model_name: str = "",
+    episode_log: str | None = None,
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
@@ -158,6 +160,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._drop_unread_anchor()
     self._user_agent, self._model_name = user_agent, model_name
     self._episodes: user_agent_lib.Episodes | None = None
+    self._episode_log = EpisodeLog(episode_log, self.chat_parser.tokenizer.decode) if episode_log else None
+    self._layout_failures = 0
 
   # The training loop (training thread)
 
@@ -500,25 +504,34 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
 
   def _score(self, group: list) -> list:
     """A group's TrainExamples, as Tunix's GRPO scoring builds them (one example of the whole group,
-    its metrics at the group's step), after what ours adds: the anchor on a shared mesh, the tool
-    and turn metrics, example turns left out and every assistant turn in the rewarded completion
-    (Tunix rewards the first). The model-free work is maxtext.rl.group_scoring's; here the rewards
-    (the reward manager), advantages (Tunix's estimator), the trainer's log-probs (_trainer_logps,
-    where _trainer_recomputes) and the reference's (with rl.grpo_beta != 0)."""
+    its metrics at the group's step), after what ours adds: the anchor on a shared mesh, the group
+    laid out under one prompt (group_scoring.layout; the episodes it fails are counted), the tool and
+    turn metrics, example turns left out and every assistant turn in the rewarded completion (Tunix
+    rewards the first), and each episode's line in the episode log. The model-free work is
+    maxtext.rl.group_scoring's; here the rewards (the reward manager), advantages (Tunix's
+    estimator), the trainer's log-probs (_trainer_logps, where _trainer_recomputes) and the
+    reference's (with rl.grpo_beta != 0)."""
     step = self._share.step_of(group[0].group_id)
     # On a shared mesh the samples came from the live weights: they are the anchor.
     if self._trainer_recomputes() and not self.should_sync_weights:
       self._anchor = rl_utils.put_params_on_memory_kind(nnx.state(self.rl_cluster.actor_trainer.model), "pinned_host")
-    trajectories = self._logged_trajectories(group, step)
-    samples = [_sample(traj) for traj in trajectories]
     shapes = self._shapes()
-    padded = group_scoring.pad(samples, shapes, self.algo_config.use_rollout_logps)
+    sampled: list[Episode] = [item.traj for item in group]
+    episodes = group_scoring.layout(sampled, shapes)
+    for before, after in zip(sampled, episodes):
+      if after.failed and not before.failed:
+        self._count_failure(after.failure or "")
+    self._log_conversations([without_examples(e.conversation) for e in episodes], step)
+    padded = group_scoring.pad(episodes, shapes, self.algo_config.use_rollout_logps)
     prompt_ids, completion_ids = jnp.asarray(padded.prompt_ids), jnp.asarray(padded.completion_ids)
     trainer_logps = self._trainer_logps(prompt_ids, completion_ids) if self._trainer_recomputes() else None
     ref_logps = self._reference_logps(prompt_ids, completion_ids) if self.algo_config.beta != 0.0 else None
     self._log(padded.prompt_metrics(), step)
-    advantages = self._advantages(trajectories, step)
-    scored = group_scoring.score(samples, padded, advantages, trainer_logps, self._scoring_options())
+    rewards = self._rewards(episodes, step)
+    self._log_episodes(episodes, rewards, step)
+    estimator = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)
+    advantages = estimator(rewards=rewards, num_generations=self.algo_config.num_generations)
+    scored = group_scoring.score(episodes, padded, advantages, trainer_logps, self._scoring_options())
     self._log(scored.metrics, step)
     example = agentic_grpo_learner.TrainExample(
       prompt_ids=prompt_ids,
@@ -528,35 +541,31 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       ref_per_token_logps=ref_logps,
       advantages=advantages,
       old_per_token_logps=scored.old_logps,
-      policy_version=np.array([traj["policy_version"] for traj in trajectories], dtype=np.int32),
+      policy_version=np.array([e.version for e in episodes], dtype=np.int32),
       sampler_is_weights=scored.sampler_is_weights,
     )
     return [example]
 
-  def _logged_trajectories(self, group: list, step: int) -> list[dict]:
-    """The group's trajectory records with their conversations as rewarded (example turns left out,
-    every assistant turn's text in the first assistant message), after logging the tool and turn
-    metrics at `step` and the records to Tunix's trajectory log (where its learner keeps one)."""
-    conversations = [without_examples(item.traj.get("conversation_text") or []) for item in group]
-    self._log_conversations(conversations, step)
-    trajectories = [
-      {**item.traj, "conversation_text": joined_assistant_turns(c)} for item, c in zip(group, conversations)
-    ]
-    if self._trajectory_logger:
-      for traj in trajectories:
-        self._trajectory_logger.log_item_async(traj)
-    return trajectories
+  def _count_failure(self, why: str) -> None:
+    """An episode its group's layout failed: counted with the user agent's failures (which may stop
+    the run: AgentFailed), else logged the first time."""
+    if self._episodes is not None:
+      self._episodes.count(why)
+    elif not self._layout_failures:
+      log.warning("an episode trains nothing (more are counted in agent/failed_episodes): %s", why)
+    self._layout_failures += 1
 
-  def _advantages(self, trajectories: list[dict], step: int):
-    """The group's advantages (the configured estimator) from its rewards: the reward manager judges
-    each conversation's first assistant message, given the prompt's other fields and the
-    trajectories' own rewards as keyword arguments, as Tunix's scoring calls it; its log_metrics are
-    logged at `step`."""
-    completions = [_first_assistant_text(traj["conversation_text"]) for traj in trajectories]
-    inputs = rl_utils.merge_micro_batches([traj["original_input"] for traj in trajectories])
+  def _rewards(self, episodes: list[Episode], step: int) -> np.ndarray:
+    """The group's rewards: the reward manager judges each episode's completion (every assistant
+    turn's text joined; a user agent's last reply) given the prompt's other fields and the
+    environments' own rewards as keyword arguments, as Tunix's scoring calls it (its log_metrics are
+    logged at `step`), or where a user agent returned one its own. A failed episode's reward is its
+    group's others' mean, so it does not move their baseline (an unscored sample's rule)."""
+    completions = [_completion(e) for e in episodes]
+    inputs = rl_utils.merge_micro_batches([e.example for e in episodes])
     kwargs = {k: v for k, v in inputs.items() if k != "prompts"}
-    kwargs["trajectory_rewards"] = [traj.get("trajectory_reward") for traj in trajectories]
-    own = [traj.get("agent_reward") for traj in trajectories]
+    kwargs["trajectory_rewards"] = [e.trajectory_reward for e in episodes]
+    own = [e.reward for e in episodes]
     if self._user_agent is not None and all(r is not None for r in own):
       values = np.asarray(own, np.float32)  # the agent's rewards alone: no reward function is called
       self._log(reward_summaries(values, values[:, None]), step)  # one reward each, as one function's
@@ -566,32 +575,33 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       )
       self._log(rewards["log_metrics"], step)
       values = np.asarray(rewards["rewards"], np.float32)
-      if self._user_agent is not None:  # an agent's own reward where it returned one
-        values = np.asarray([v if r is None else r for v, r in zip(values, own)], np.float32)
-    if self._user_agent is not None:
-      # a failed episode trains on nothing, and its reward (the reward functions' for what it left)
-      # does not move its group's baseline: it gets the others' mean, as an unscored sample does
-      failed = np.array([traj["agent"]["failed"] for traj in trajectories])
-      values = others_mean_where(values, failed, self.algo_config.num_generations).astype(np.float32)
-      self._log_agent(trajectories, values, step)
-    estimator = function_registry.get_advantage_estimator(self.algo_config.advantage_estimator)
-    return estimator(rewards=values, num_generations=self.algo_config.num_generations)
+      values = np.asarray([v if r is None else r for v, r in zip(values, own)], np.float32)
+    failed = np.array([e.failed for e in episodes])
+    return others_mean_where(values, failed, self.algo_config.num_generations).astype(np.float32)
 
-  def _log_agent(self, trajectories: list[dict], rewards: np.ndarray, step: int) -> None:
-    """agent/*: the group's failed episodes, calls left out of the trained conversation (mismatched
-    prefixes) and tokens cut past max_response_length (sums over the step), the calls an episode made
-    and the rewards trained on (means)."""
-    stats = [traj["agent"] for traj in trajectories]
-    self._log(
-      {
-        "agent/failed_episodes": (float(sum(s["failed"] for s in stats)), np.sum),
-        "agent/mismatched_calls": (float(sum(s["mismatched_calls"] for s in stats)), np.sum),
-        "agent/cut_tokens": (float(sum(s["cut_tokens"] for s in stats)), np.sum),
-        "agent/calls_per_episode": (float(np.mean([s["calls"] for s in stats])), np.mean),
-        "agent/reward": (float(rewards.mean()), np.mean),
-      },
-      step,
-    )
+  def _log_episodes(self, episodes: list[Episode], rewards: np.ndarray, step: int) -> None:
+    """agent/*: the group's failed episodes (every producer's; sums over the step), and for a user
+    agent the calls left out of the trained conversation (mismatched prefixes, branches, retries) and
+    tokens cut past max_response_length (sums), the calls an episode trained and the rewards trained
+    on (means); and each episode's line in the episode log."""
+    values: dict[str, tuple[float, Callable]] = {
+      "agent/failed_episodes": (float(sum(e.failed for e in episodes)), np.sum)
+    }
+    calls = [e.calls for e in episodes if e.calls is not None]
+    if calls:
+      values.update(
+        {
+          "agent/mismatched_calls": (float(sum(c.mismatched for c in calls)), np.sum),
+          "agent/branched_calls": (float(sum(c.branches for c in calls)), np.sum),
+          "agent/retried_calls": (float(sum(c.retries for c in calls)), np.sum),
+          "agent/cut_tokens": (float(sum(c.cut for c in calls)), np.sum),
+          "agent/calls_per_episode": (float(np.mean([c.calls for c in calls])), np.mean),
+          "agent/reward": (float(rewards.mean()), np.mean),
+        }
+      )
+    self._log(values, step)
+    if self._episode_log is not None:
+      self._episode_log.write(episodes, rewards.tolist(), step)
 
   def _shapes(self) -> group_scoring.Shapes:
     engine = self.rl_cluster.rollout
@@ -623,7 +633,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     slot = group[0].group_id
     step = self._share.step_of(slot)
     if self._dynamic is not None:
-      rnd = scalar(group[0].traj["original_input"][ROUND])
+      rnd = scalar(group[0].traj.example[ROUND])
       replacement = self._dynamic.decide(slot, rnd, bool(zero))
       self._log({k: (v, step_metrics.last) for k, v in self._dynamic.metrics(step).items()}, step)
       if replacement is not None:
@@ -714,23 +724,17 @@ class _EpisodesDoNotHoldSyncs(agentic_utils.RolloutSyncLock):
 
 
 _TURNS = "model_turns_started"
-_TIMINGS = ("env_time", "reward_time")
 
 
-def _first_assistant_text(conversation: list[dict]) -> str:
-  """The conversation's first assistant message ("" without one)."""
-  return next((m["content"] for m in conversation if m["role"] == "assistant"), "")
-
-
-def _sample(traj: dict) -> group_scoring.Sample:
-  """A conversation's record (trajectories.TrajectoryEngine) as group scoring's Sample."""
-  return group_scoring.Sample(
-    prompt_tokens=traj["prompt_tokens"],
-    completion_tokens=traj["conversation_tokens"],
-    completion_mask=traj["conversation_masks"],
-    sampler_logps=traj.get("old_logprobs"),
-    timings={kind: traj.get(kind, {}) for kind in _TIMINGS},
-  )
+def _completion(episode: Episode) -> str:
+  """What the reward functions judge of an episode: a user agent's last reply, else every assistant
+  turn's text joined (the first assistant message of joined_assistant_turns), example turns left out;
+  "" without one."""
+  conversation = without_examples(episode.conversation)
+  if episode.calls is None:
+    conversation = joined_assistant_turns(conversation)
+  replies = [m["content"] for m in conversation if m["role"] == "assistant"]
+  return "" if not replies else str(replies[-1] if episode.calls is not None else replies[0])
 
 
 def build_learner(
@@ -747,11 +751,13 @@ def build_learner(
   reserve: Callable[[int], dict] | None = None,
   user_agent: user_agent_lib.UserAgent | None = None,
   model_name: str = "",
+  episode_log: str | None = None,
 ) -> AgenticGRPOLearner:
   """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling); user_agent:
-  rl.agent's (load), served as model_name."""
+  rl.agent's (load), served as model_name; episode_log: where the episodes are logged (None: not)."""
   return AgenticGRPOLearner(
     user_agent=user_agent,
+    episode_log=episode_log,
     model_name=model_name,
     batch_size=train.batch_size,
     dynamic_sampling_rounds=dynamic_sampling.max_rounds(rl),

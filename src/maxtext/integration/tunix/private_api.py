@@ -172,17 +172,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Agentic GRPO (agentic.py)
   PrivateDependency(
     _AGENTIC,
-    "_trajectory_logger",
-    "read",
-    None,
-    "agentic.py",
-    "our group scoring logs every scored trajectory to the CSV Tunix's learner writes beside the "
-    "metrics (trajectory_log_<time>.csv in the metrics log folder), as Tunix's scoring does; the "
-    "learner makes that logger in its __init__ (a second one would install its signal handlers "
-    "again) and keeps it only as this attribute",
-  ),
-  PrivateDependency(
-    _AGENTIC,
     "reward_manager",
     "write",
     None,

@@ -32,6 +32,8 @@ from tunix.rl.rollout import base_rollout
 
 from maxtext.configs.sections import ToolsSection
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.integration.tunix import rollout
+from maxtext.rl.episode import Episode
 
 _Status = agent_types.TrajectoryStatus
 
@@ -93,6 +95,7 @@ class TrajectoryEngine:
     # The first prompt's tokens: as the sampler returned them (left-padded), else as the parser renders it.
     self.prompt_tokens = np.zeros(0, np.int32)
     self._start = 0.0
+    self._versions: list[np.ndarray | None] = []  # each turn's sampled tokens' weights versions (None: not tagged)
     self.env_time = dict.fromkeys(("reset_latency", "reset_cpu_time", "step_latency", "step_cpu_time"), 0.0)
 
   async def collect(self, mode: str = "Token"):
@@ -142,6 +145,8 @@ class TrajectoryEngine:
     if not trajectory.steps and out.left_padded_prompt_tokens is not None:
       self.prompt_tokens = np.asarray(out.left_padded_prompt_tokens[0])
     sampled = np.asarray(out.tokens[0])
+    versions = rollout.versions_of(out)
+    self._versions.append(np.asarray(versions[0], np.int32) if versions else None)
     self._spent += len(sampled)
     action = self.agent.update_from_model(out.text[0]).action
     step = self.agent.get_current_step()
@@ -201,41 +206,52 @@ class TrajectoryEngine:
   def token_stream(self) -> np.ndarray:
     """The conversation's tokens so far: the prompt the sampler saw (left padding stripped), then
     each turn's sampled tokens and the environment's tokens."""
-    prompt = np.asarray(self.prompt_tokens, np.int32)
-    pieces = [prompt[np.argmax(prompt != self._tokenizer.pad_id()) :]]
+    pieces = [self._prompt()]
     for step in self.agent.trajectory.steps:
       pieces += [np.asarray(t, np.int32) for t in (step.assistant_tokens, step.env_tokens) if t is not None]
     return np.concatenate(pieces)
 
-  def _token_record(self, trajectory) -> dict[str, Any]:
-    """What the agentic learner trains on: the completion's tokens after the prompt (sampled: mask 1,
-    the environment's: mask 0), the sampler's log-probs (0 for the environment's tokens), the
-    conversation and its reward, status, policy version and group."""
-    tokens, masks, logprobs = [], [], []
-    for step in trajectory.steps:
+  def _prompt(self) -> np.ndarray:
+    """The first prompt as the sampler saw it, its left padding stripped."""
+    prompt = np.asarray(self.prompt_tokens, np.int32)
+    return prompt[np.argmax(prompt != self._tokenizer.pad_id()) :]
+
+  def _token_record(self, trajectory) -> Episode:
+    """What the agentic learner trains on (rl.episode.Episode): the completion's tokens after the
+    prompt (sampled: mask 1, the environment's: mask 0), the sampler's log-probs (0 for the
+    environment's tokens) and versions where the engine tags them, the conversation and its reward,
+    ending, policy version and group."""
+    tokens, masks, logprobs, versions = [], [], [], []
+    tagged = all(v is not None for v in self._versions)
+    versions_of_turns: list = self._versions
+    for i, step in enumerate(trajectory.steps):
       if step.assistant_tokens is not None and len(step.assistant_tokens):
         tokens.append(step.assistant_tokens)
         masks.append(step.assistant_masks)
         logprobs.append(np.zeros(len(step.assistant_tokens)) if step.logprobs is None else step.logprobs)
+        if tagged:
+          versions.append(versions_of_turns[i])
       if step.env_tokens is not None and len(step.env_tokens):
         tokens.append(step.env_tokens)
         masks.append(step.env_masks)
         logprobs.append(np.zeros(len(step.env_tokens)))
-    mask = np.concatenate(masks) if masks else np.array([], np.int32)
-    return {
-      "conversation_text": self.agent.chat_completions,
-      "prompt_tokens": self.prompt_tokens,
-      "conversation_tokens": np.concatenate(tokens) if tokens else np.array([], np.int32),
-      "conversation_masks": np.zeros_like(mask) if trajectory.status in self._filter else mask,
-      "status": trajectory.status.name,
-      "trajectory_reward": trajectory.reward,
-      "env_time": self.env_time,
-      "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0},  # no final reward function
-      "old_logprobs": np.concatenate(logprobs) if logprobs else None,
-      "policy_version": self.env.task.get("policy_version"),
-      "original_input": trajectory.task,
-      "group_id": self.env.extra_kwargs.get("group_id"),
-    }
+        versions.append(np.full(len(step.env_tokens), -1, np.int32))
+    mask = np.concatenate(masks).astype(np.int32) if masks else np.array([], np.int32)
+    has_logps = any(step.logprobs is not None for step in trajectory.steps)
+    return Episode(
+      prompt_ids=self._prompt(),
+      completion_ids=np.concatenate(tokens).astype(np.int32) if tokens else np.array([], np.int32),
+      completion_mask=np.zeros_like(mask) if trajectory.status in self._filter else mask,
+      logprobs=(np.concatenate(logprobs) if logprobs else np.zeros(0, np.float32)) if has_logps else None,
+      versions=(np.concatenate(versions).astype(np.int32) if versions else np.zeros(0, np.int32)) if tagged else None,
+      version=self.env.task.get("policy_version"),
+      conversation=self.agent.chat_completions,
+      example=trajectory.task,
+      group_id=self.env.extra_kwargs.get("group_id"),
+      ending=trajectory.status.name,
+      trajectory_reward=trajectory.reward,
+      timings={"env_time": self.env_time, "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0}},
+    )
 
 
 def joined_assistant_turns(conversation: list[dict]) -> list[dict]:

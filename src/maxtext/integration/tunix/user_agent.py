@@ -16,8 +16,11 @@ orchestrator in place of trajectories.TrajectoryEngine:
    function's (or posted) float its reward (None: the run's reward functions judge its last reply).
 An episode fails where the function raises, returns something other than a number or None, runs past
 rl.agent_timeout_s or makes no call (with http: its process posts an error or no reward within
-rl.agent_timeout_s of taking it): it trains on nothing, counts in agent/failed_episodes, and the run
-stops with the first failure's traceback once more than rl.agent_max_failures have failed.
+rl.agent_timeout_s of taking it, or it is never taken), and where its group cannot be laid out with it
+(rl/group_scoring.py: a first prompt over max_prompt_length, say): it stays in its group as a failed
+rl.episode.Episode, trains on nothing and leaves the group's baseline to the others, counts in
+agent/failed_episodes, and the run stops with the first failure's traceback once more than
+rl.agent_max_failures have failed (`Episodes.count`).
 Weights update between steps while episodes run (agentic._EpisodesDoNotHoldSyncs: the batcher pauses
 between decode chunks and tags each token with the version that sampled it); the orchestrator's
 back-pressure bounds staleness by rl.off_policy_steps.
@@ -41,6 +44,7 @@ import numpy as np
 from maxtext.configs.sections import AgentSection
 from maxtext.inference.openai_server import OpenAIServer, SessionSampling
 from maxtext.rl import session_stitching
+from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
 from maxtext.utils import agent_runner, errors, user_code, worker_pool
@@ -175,6 +179,17 @@ class Episodes:
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(self.threads, self.pool.call, base_url, self.model, example, self.agent.timeout_s)
 
+  def count(self, failure: str) -> None:
+    """Counts a failed episode (not once training is over: then its failure is not the agent's); past
+    rl.agent_max_failures the rollouts stop with AgentFailed, which is raised."""
+    if self.closed:
+      return
+    try:
+      self.failures.add(failure)
+    except AgentFailed as past_budget:
+      self.stop(past_budget)
+      raise
+
   def close(self) -> None:
     """Ends the episodes still in flight when training is over (their workers killed, their handouts
     cancelled); their failures are not the agent's and do not count."""
@@ -215,16 +230,16 @@ def example_of(task: dict, opening: list[dict[str, str]]) -> dict[str, Any]:
 class AgentEpisode:
   """One episode of the user's agent for Tunix's rollout orchestrator (its `engine_cls`, built as
   engine_cls(agent, env, **engine_kwargs); `agent` is unused, `env` carries the example and group):
-  `collect("Token")` returns the record the agentic learner trains on, as
-  TrajectoryEngine's, with `agent_reward` (the function's, or None) and `agent` (the calls it made,
-  those left out of the trained conversation, the tokens cut and whether it failed)."""
+  `collect("Token")` returns its rl.episode.Episode, failed or not, with the agent's reward (None: the
+  reward functions judge) and its calls' counts. A failed episode without calls has as its prompt the
+  example's messages as the run's chat template renders them."""
 
   def __init__(self, agent, env, *, episodes: Episodes, **_):
     del agent
     self.env = env
     self._episodes = episodes
 
-  async def collect(self, mode: str = "Token") -> dict[str, Any]:
+  async def collect(self, mode: str = "Token") -> Episode:
     if mode != "Token":
       raise ValueError(f"AgentEpisode.collect: mode {mode!r}; expected Token")
     e = self._episodes
@@ -233,8 +248,9 @@ class AgentEpisode:
     url = f"{e.base_url.removesuffix('/v1')}/sessions/{session_id}/v1"
     failure, reward = None, None
     loop = asyncio.get_running_loop()
+    example = example_of(task, e.opening)
     try:
-      reward = await e.run(url, session_id, example_of(task, e.opening))
+      reward = await e.run(url, session_id, example)
     except worker_pool.CallRaised as raised:
       failure = f"{raised.type_name}: {raised.message}\n{raised.trace}"
     except (worker_pool.CallFailed, EpisodeFailed) as failed:
@@ -245,46 +261,55 @@ class AgentEpisode:
     if failure is None and not calls:
       failure = f"{e.agent.name or 'its process'} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
-    if failure is not None and not e.closed:
-      try:
-        e.failures.add(failure)
-      except AgentFailed as past_budget:
-        e.stop(past_budget)
-        raise
-    return self._record(stitched, reward if failure is None else None, failure)
+    episode = self._episode(stitched, calls, example, reward)
+    if failure is not None:
+      episode = episode.failing(failure)
+      e.count(failure)
+    return episode
 
-  def _record(self, stitched: session_stitching.Stitched | None, reward: float | None, failure: str | None) -> dict:
-    task, extra = self.env.task, self.env.extra_kwargs
-    empty = np.zeros(0, np.int32)
-    tokens = stitched.tokens if stitched is not None else empty
-    masks = stitched.masks if stitched is not None and failure is None else np.zeros(len(tokens), np.int32)
-    last = ""
-    if stitched is not None and stitched.calls:
+  def _episode(
+    self, stitched: session_stitching.Stitched | None, calls, example: dict, reward: float | None
+  ) -> Episode:
+    """The episode's record; its conversation is the last trained call's messages and reply (a
+    completions call's: the example's messages and the last reply's text)."""
+    e = self._episodes
+    if stitched is None:
+      text = e.server.chat.render(example["messages"], add_generation_prompt=True)
+      prompt = e.server.tokenizer(text, add_special_tokens=False).input_ids
+      empty = np.zeros(0, np.int32)
+      return Episode(
+        prompt_ids=np.asarray(prompt, np.int32),
+        completion_ids=empty,
+        completion_mask=empty,
+        logprobs=np.zeros(0, np.float32),
+        versions=empty,
+        version=e.version(),
+        conversation=list(example["messages"]),
+        example=self.env.task,
+        group_id=self.env.extra_kwargs.get("group_id"),
+        reward=reward,
+        calls=Calls(),
+      )
+    last = calls[stitched.chain[-1]]
+    if last.messages is not None:
+      conversation = [*last.messages, {"role": "assistant", "content": last.reply}]
+    else:
       reply = stitched.tokens[stitched.masks == 1][-self._last_reply_length(stitched) :]
-      last = self._episodes.server.tokenizer.decode(reply.tolist(), skip_special_tokens=True)
-    return {
-      "conversation_text": [{"role": "assistant", "content": last}],
-      "prompt_tokens": stitched.prompt if stitched is not None else empty,
-      "conversation_tokens": tokens,
-      "conversation_masks": masks,
-      "status": "ERROR" if failure is not None else "SUCCEEDED",
-      "trajectory_reward": 0.0,
-      "agent_reward": reward,
-      "agent": {
-        "calls": stitched.calls + stitched.mismatched if stitched else 0,
-        "mismatched_calls": stitched.mismatched if stitched else 0,
-        "cut_tokens": stitched.cut if stitched else 0,
-        "failed": failure is not None,
-      },
-      "env_time": {},
-      "reward_time": {"reward_latency": 0.0, "reward_cpu_time": 0.0},
-      "old_logprobs": stitched.logprobs if stitched is not None else np.zeros(0, np.float32),
-      "policy_version": (
-        stitched.version if stitched is not None and stitched.version is not None else self._episodes.version()
-      ),
-      "original_input": task,
-      "group_id": extra.get("group_id"),
-    }
+      text = e.server.tokenizer.decode(reply.tolist(), skip_special_tokens=True)
+      conversation = [*example["messages"], {"role": "assistant", "content": text}]
+    return Episode(
+      prompt_ids=stitched.prompt,
+      completion_ids=stitched.tokens,
+      completion_mask=stitched.masks,
+      logprobs=stitched.logprobs,
+      versions=stitched.versions,
+      version=stitched.version if stitched.version is not None else e.version(),
+      conversation=conversation,
+      example=self.env.task,
+      group_id=self.env.extra_kwargs.get("group_id"),
+      reward=reward,
+      calls=stitched.counts,
+    )
 
   @staticmethod
   def _last_reply_length(stitched: session_stitching.Stitched) -> int:

@@ -331,6 +331,13 @@ def _training_section(rows: list[dict], last_step: int) -> list[str]:
     "tools/call_frequency",
     "tools/failure_frequency",
     "turns/mean",
+    "agent/failed_episodes",
+    "agent/calls_per_episode",
+    "agent/reward",
+    "agent/mismatched_calls",
+    "agent/branched_calls",
+    "agent/retried_calls",
+    "agent/cut_tokens",
   ]
   out = [
     f"## Training ({len(rows)} steps logged, last step {last_step})",
@@ -351,6 +358,11 @@ def _training_section(rows: list[dict], last_step: int) -> list[str]:
       f"compiling; {duration(sum(times) / len(times))} a step).",
     ]
   out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
+  if any("agent/failed_episodes" in r for r in rows):
+    out += [
+      "Every episode trained (its conversation, token counts, reward, status and failure) is in episodes.jsonl.",
+      "",
+    ]
   _, no_signal = _series(rows, ZERO_SIGNAL)
   if no_signal and sum(no_signal) / len(no_signal) > 0.5:
     out += [

@@ -204,6 +204,7 @@ class TrainingRun:
       reserve=reserve,
       user_agent=self._user_agent,
       model_name=cfg.model.model_name,
+      episode_log=self.folder.episodes if jax.process_index() == 0 else None,
     )
 
   def evaluate(self, desc: str) -> dict | None:
