@@ -10,7 +10,8 @@ trained conversation is the longest chain of calls from the session's first requ
 the one before (among chains as long, the one ending in the latest request): its first prompt is
 the conversation's prompt (a retry of that request may start it), each call's sampled tokens are
 trained (mask 1, the sampler's log-probs, their versions), and the tokens a call's prompt adds after
-its parent's reply, the messages the agent added (tool results, a user turn), are context (mask 0). Calls off the chain are not trained
+its parent's reply, the messages the agent added (tool results, a user turn), are context (mask 0).
+Calls off the chain are not trained
 and are counted:
 - `retries`: a call whose prompt is a chained call's, asked again in another request (an SDK's retry;
   the chain keeps the one a later call extends, else the latest);
