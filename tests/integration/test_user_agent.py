@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -197,6 +198,64 @@ def _drive(base: str, trainer: subprocess.Popen, deadline: float) -> dict[str, l
     httpx.post(url, json={"reward": reward}, timeout=30).raise_for_status()
     seen["rewards"].append(reward)
   return seen
+
+
+def _drive_mixed(base: str, done: threading.Event, seen: dict) -> None:
+  """A process of the user's for rl.agent=http: of each question's two episodes the first fails before
+  any call (the first question's is taken and abandoned, as by a process that died; the others post an
+  error); the second makes one call and posts its sampled token count."""
+  asked: set[str] = set()
+  while not done.is_set():
+    try:
+      taken = httpx.post(f"{base}/episodes/next", json={"wait_s": 1}, timeout=30)
+    except httpx.TransportError:  # not serving yet, or no longer
+      time.sleep(0.2)
+      continue
+    if taken.status_code == 410:
+      return
+    if taken.status_code == 204:
+      continue
+    episode = taken.json()
+    question, url = episode["example"]["question"], f"{base}/sessions/{episode['session']}/reward"
+    if question not in asked:
+      asked.add(question)
+      if len(asked) == 1:
+        seen["abandoned"] = episode["session"]
+        continue
+      httpx.post(url, json={"error": "planned failure"}, timeout=30).raise_for_status()
+      continue
+    client = openai.OpenAI(base_url=episode["base_url"], api_key="x", max_retries=0, timeout=120)
+    reply = client.chat.completions.create(
+      model=episode["model"], messages=episode["example"]["messages"], max_tokens=4
+    )
+    httpx.post(url, json={"reward": float(reply.usage.completion_tokens)}, timeout=30).raise_for_status()
+
+
+def test_over_http_a_group_with_a_failed_episode_trains(tmp_path):
+  """rl.agent=http in this process, a thread of the test as the user's process: one episode of every
+  group fails before its first call (an error posted, or taken by a process that dies), and the run
+  trains both steps, each failure counted with its reason."""
+  port = _free_port()
+  args = [*TINY, "rl.agent=http", f"rl.agent_port={port}", "rl.agent_timeout_s=5", "run_name=mixed_http"]
+  done: threading.Event = threading.Event()
+  seen: dict = {}
+  driver = threading.Thread(target=_drive_mixed, args=(f"http://127.0.0.1:{port}", done, seen), daemon=True)
+  driver.start()
+  try:
+    assert train_rl.main(["train_rl", "rl.yml", *args, f"base_output_directory={tmp_path}"]) == 0
+  finally:
+    done.set()
+    driver.join(timeout=60)
+  rows = _rows(tmp_path / "mixed_http" / "metrics.jsonl")
+  assert [r["step"] for r in rows] == [1, 2] and [r["agent/failed_episodes"] for r in rows] == [2, 2]
+  failures = sorted(
+    e["failure"].splitlines()[0] for e in _rows(tmp_path / "mixed_http" / "episodes.jsonl") if e["failure"]
+  )
+  assert failures == ["its process posted an error: planned failure"] * 3 + [
+    "no reward posted within rl.agent_timeout_s=5 s of taking the episode"
+  ]
+  for r in rows:  # the others trained on their own rewards: their sampled tokens
+    assert 1 <= r["agent/reward"] <= 4
 
 
 @pytest.mark.slow  # a training process of its own (about a minute)

@@ -3,6 +3,7 @@ one, talks to its session with the real `openai` client and posts the reward; er
 unknown sessions and the end of training, on a server whose batcher answers with a scripted reply."""
 
 import concurrent.futures
+import logging
 import time
 
 import httpx
@@ -50,7 +51,9 @@ def test_a_process_takes_an_episode_talks_to_its_session_and_posts_the_reward(ha
   posted = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 0.75}, timeout=30)
   assert posted.status_code == 200 and reward.result(timeout=5) == 0.75
   again = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1.0}, timeout=30)
-  assert again.status_code == 404 and "not an episode taken" in again.json()["error"]["message"]
+  assert again.status_code == 410 and "has ended" in again.json()["error"]["message"]
+  unknown = httpx.post(f"{base}/sessions/nosuch/reward", json={"reward": 1.0}, timeout=30)
+  assert unknown.status_code == 404 and "not an episode taken" in unknown.json()["error"]["message"]
 
 
 def test_no_reward_lets_the_reward_functions_judge_and_episodes_go_in_arrival_order(handouts):
@@ -77,7 +80,7 @@ def test_an_error_posted_or_no_reward_in_time_fails_the_episode(handouts):
   with pytest.raises(EpisodeFailed, match=r"no reward posted within rl.agent_timeout_s=0.5 s of taking the episode"):
     timed_out.result(timeout=5)
   late = httpx.post(f"{base}/sessions/{silent}/reward", json={"reward": 1.0}, timeout=30)
-  assert late.status_code == 404
+  assert late.status_code == 410 and late.json()["error"]["type"] == "GoneError"
 
 
 def test_bad_rewards_are_refused_and_nothing_waiting_answers_204(handouts):
@@ -110,5 +113,47 @@ def test_when_training_ends_episodes_are_cancelled_and_waiting_processes_told(ha
     gone = asking.result(timeout=30)
   assert gone.status_code == 410 and gone.json()["error"]["message"] == "training has ended: no more episodes"
   assert in_flight.cancelled()
-  assert httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1}, timeout=30).status_code == 404
+  assert httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1}, timeout=30).status_code == 410
   assert episodes.hand_out(server.open_session(), {}, 30.0, "limit").cancelled()
+
+
+def test_a_reward_for_an_episode_cancelled_while_taken_is_410_and_its_timer_raises_nothing(handouts):
+  """The episode's task was cancelled (its future with it) after a process took it: the late reward is
+  a 410 with an error body, and its time limit passing later raises in no thread."""
+  server, episodes, base = handouts
+  session = server.open_session()
+  reward = episodes.hand_out(session, {}, 0.5, "rl.agent_timeout_s=0.5")
+  _take(base)
+  assert reward.cancel()
+  late = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1.0}, timeout=30)
+  assert late.status_code == 410 and "has ended" in late.json()["error"]["message"]
+  other = server.open_session()
+  episodes.hand_out(other, {}, 0.3, "rl.agent_timeout_s=0.3")
+  _take(base)
+  episodes.hand_out(server.open_session(), {}, 30.0, "limit").cancel()
+  time.sleep(0.6)  # the timer of `other` fires on an unended episode; nothing to see but no thread error
+
+
+def test_episodes_no_process_takes_stop_the_run_after_the_wait(qwen3_tokenizer, caplog):
+  caplog.set_level(logging.WARNING)
+  server = OpenAIServer(
+    _ScriptedBatcher(qwen3_tokenizer, "5"), qwen3_tokenizer, ConfigChatParser(qwen3_tokenizer, ""), "m", StepKeys(0)
+  )
+  stopped: list[Exception] = []
+  episodes = EpisodeHandouts(
+    server, "m", 1.5, stopped.append, where="http://h:1/episodes/next", limit="rl.agent_wait_s=1.5", log_every_s=0.5
+  )
+  try:
+    episodes.hand_out(server.open_session(), {}, 30.0, "limit")
+    deadline = time.monotonic() + 10
+    while not stopped and time.monotonic() < deadline:
+      time.sleep(0.1)
+    [why] = stopped
+    assert str(why) == (
+      "rl.agent=http: 1 episodes waited and no process asked for one at POST http://h:1/episodes/next within "
+      "rl.agent_wait_s=1.5 s; start your agent processes against that URL, or raise it"
+    )
+    waits = [r.getMessage() for r in caplog.records if "wait for agent processes" in r.getMessage()]
+    assert waits and waits[0].startswith("rl.agent=http: 1 episodes wait for agent processes at POST http://h:1/")
+  finally:
+    episodes.close()

@@ -49,6 +49,7 @@ CHANGED = {
   "rl.mask_truncated_completions": True,
   "rl.agent": "AGENT_FILE",
   "rl.agent_timeout_s": 30.0,
+  "rl.agent_wait_s": 30.0,
   "rl.agent_host": "0.0.0.0",
   "rl.agent_port": 8123,
   "rl.agent_max_failures": 3,
@@ -178,6 +179,7 @@ def test_which_keys_each_mode_refuses():
   agentic_refused = {k for k in CHANGED if k not in files and refused(_arg(k), "rl.use_agentic_rollout=true")}
   assert agentic_refused == {
     "rl.agent_timeout_s",  # without rl.agent
+    "rl.agent_wait_s",  # without rl.agent=http
     "rl.agent_host",
     "rl.agent_port",
     "rl.agent_max_failures",

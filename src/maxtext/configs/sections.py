@@ -95,6 +95,7 @@ ANY_TOOL = When(
 )
 PYTHON_TOOL = dataclasses.replace(ANY_TOOL, holds=lambda v: "python" in v["rl.tools"])
 USER_AGENT = When("rl.agent", lambda v: bool(v["rl.agent"]), "rl.agent is empty: the run's own conversation agent")
+HTTP_AGENT = When("rl.agent", lambda v: v["rl.agent"] == "http", "rl.agent is not http")
 DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
 OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length",
@@ -1134,6 +1135,14 @@ class AgentSection:
       "with its process and counts as failed.",
       bounds=POSITIVE,
       applies=(AGENTIC, USER_AGENT),
+    )
+  )
+  agent_wait_s: float = dataclasses.field(
+    metadata=key(
+      "rl.agent=http: how long episodes may wait with no process asking for one at POST /episodes/next before "
+      "the run stops in one line (it logs every minute that it waits).",
+      bounds=POSITIVE,
+      applies=(AGENTIC, USER_AGENT, HTTP_AGENT),
     )
   )
   agent_host: str = dataclasses.field(

@@ -67,6 +67,7 @@ class UserAgent:
   max_failures: int
   host: str
   port: int
+  wait_s: float  # http: how long episodes may wait with no process asking for one
 
   @property
   def over_http(self) -> bool:
@@ -81,7 +82,13 @@ def load(section: AgentSection) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
   defines NAME, an async function taking (client, model, example); an InputError naming the key
   otherwise. http needs no file."""
-  limits = (section.agent_timeout_s, section.agent_max_failures, section.agent_host, section.agent_port)
+  limits = (
+    section.agent_timeout_s,
+    section.agent_max_failures,
+    section.agent_host,
+    section.agent_port,
+    section.agent_wait_s,
+  )
   if section.agent == "http":
     return UserAgent("", "", *limits)
   path, _, name = section.agent.rpartition(":")
@@ -158,7 +165,14 @@ class Episodes:
 
   def __post_init__(self):
     if self.agent.over_http:
-      self.handouts = EpisodeHandouts(self.server, self.model)
+      self.handouts = EpisodeHandouts(
+        self.server,
+        self.model,
+        self.agent.wait_s,
+        on_no_taker=lambda e: self.stop(AgentFailed(str(e))),
+        where=f"{self.base_url.removesuffix('/v1')}/episodes/next",
+        limit=f"rl.agent_wait_s={self.agent.wait_s:g}",
+      )
       return
     self.pool = worker_pool.WorkerPool(
       functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name),
