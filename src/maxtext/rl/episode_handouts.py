@@ -124,8 +124,7 @@ class EpisodeHandouts:
       if idle >= every_s and time.monotonic() - logged >= every_s:
         logged = time.monotonic()
         log.warning(
-          "rl.agent=http: %d episodes wait for agent processes at POST %s; none asked for %.0f s (the run stops "
-          "at %s)",
+          "rl.agent=http: %d episodes wait for agent processes at POST %s; none asked for %.0f s (the run stops at %s)",
           waiting,
           self._where,
           idle,
