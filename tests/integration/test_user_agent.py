@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -171,22 +172,27 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
+def _taken(base: str, going) -> Iterator[dict]:
+  """The episodes a process of the user's takes from rl.agent=http while going() and until training
+  has ended (410)."""
+  while going():
+    try:
+      taken = httpx.post(f"{base}/episodes/next", json={"wait_s": 1}, timeout=30)
+    except httpx.TransportError:  # not serving yet, or no longer
+      time.sleep(0.2)
+      continue
+    if taken.status_code == 410:
+      return
+    if taken.status_code == 200:
+      yield taken.json()
+
+
 def _drive(base: str, trainer: subprocess.Popen, deadline: float) -> dict[str, list]:
   """A process of the user's (this test) driving rl.agent=http's episodes until training ends: one chat
   call per episode with the example's messages, then the reward 2 + len(answer) posted; an error
   posted for one question in three."""
   seen: dict[str, list] = {"rewards": [], "errors": []}
-  while time.monotonic() < deadline and trainer.poll() is None:
-    try:
-      taken = httpx.post(f"{base}/episodes/next", json={"wait_s": 1}, timeout=30)
-    except httpx.TransportError:  # not serving yet, or no longer
-      time.sleep(0.5)
-      continue
-    if taken.status_code == 410:
-      break
-    if taken.status_code == 204:
-      continue
-    episode = taken.json()
+  for episode in _taken(base, lambda: time.monotonic() < deadline and trainer.poll() is None):
     example, url = episode["example"], f"{base}/sessions/{episode['session']}/reward"
     if sum(map(ord, example["question"])) % 3 == 0:
       httpx.post(url, json={"error": "planned failure"}, timeout=30).raise_for_status()
@@ -205,17 +211,7 @@ def _drive_mixed(base: str, done: threading.Event, seen: dict) -> None:
   any call (the first question's is taken and abandoned, as by a process that died; the others post an
   error); the second makes one call and posts its sampled token count."""
   asked: set[str] = set()
-  while not done.is_set():
-    try:
-      taken = httpx.post(f"{base}/episodes/next", json={"wait_s": 1}, timeout=30)
-    except httpx.TransportError:  # not serving yet, or no longer
-      time.sleep(0.2)
-      continue
-    if taken.status_code == 410:
-      return
-    if taken.status_code == 204:
-      continue
-    episode = taken.json()
+  for episode in _taken(base, lambda: not done.is_set()):
     question, url = episode["example"]["question"], f"{base}/sessions/{episode['session']}/reward"
     if question not in asked:
       asked.add(question)

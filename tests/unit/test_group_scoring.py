@@ -2,6 +2,7 @@
 differ, a prompt over the budget) and its padding against Tunix's own padding functions, and its old
 log-probs, importance weights, degenerate masking and metrics against hand-computed values."""
 
+import json
 import math
 
 import numpy as np
@@ -271,3 +272,15 @@ def test_timing_metrics():
     "trajectory/env_time/step/max": (4.0, np.max),
     "trajectory/env_time/step/min": (0.0, np.min),
   }
+
+
+def test_a_resume_keeps_the_episodes_of_the_steps_it_resumes_after(tmp_path):
+  """episode.keep_through: the rows of later steps (the rerun scores them again) and a torn tail go."""
+  from maxtext.rl import episode
+
+  path = tmp_path / "episodes.jsonl"
+  rows = [{"step": s, "group": g} for s in (1, 2, 3) for g in (0, 1)]
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"step": 3, "gro')
+  assert episode.keep_through(str(path), 2) == 3
+  assert [json.loads(line) for line in path.read_text().splitlines()] == rows[:4]
+  assert episode.keep_through(str(tmp_path / "none.jsonl"), 2) == 0

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+
+from maxtext.utils import safe_files
 
 TRAINED = "trained"  # its sampled tokens train (masks may still be zero: an overlong filter, say)
 FAILED = "failed"  # it trains nothing: `failure` says why
@@ -135,6 +138,29 @@ class EpisodeLog:
     ]
     with self._lock, open(self.path, "a", encoding="utf-8") as f:
       f.writelines(lines)
+
+
+def keep_through(path: str, step: int) -> int:
+  """Makes the episode log at `path` hold only the episodes of steps through `step` (the checkpoint a
+  rerun resumes from; it scores the later ones again), rewriting it whole; a line that does not read
+  back (a torn tail) goes too. Returns how many lines were dropped."""
+  if not os.path.isfile(path):
+    return 0
+  with open(path, encoding="utf-8", errors="replace") as f:
+    lines = [line for line in f if line.strip()]
+  kept = [line for line in lines if (at := _step_of(line)) is not None and at <= step]
+  with safe_files.replaced(path) as f:
+    f.writelines(line.rstrip("\n") + "\n" for line in kept)
+  return len(lines) - len(kept)
+
+
+def _step_of(line: str) -> int | None:
+  """The step of an episode log line (None: not a row that reads back)."""
+  try:
+    row = json.loads(line)
+  except ValueError:
+    return None
+  return row.get("step") if isinstance(row, dict) and type(row.get("step")) is int else None
 
 
 def _plain(value):

@@ -34,6 +34,7 @@ from typing import Any
 from maxtext.checkpoint_conversion import orbax_checkpoint
 from maxtext.configs import config_yml, sections
 from maxtext.configs.run_config import RunConfig
+from maxtext.rl import episode
 from maxtext.utils import distributed, errors, folder_lock, metrics_file, safe_files, storage
 from maxtext.utils.steps import Steps
 
@@ -235,11 +236,11 @@ class RunFolder:
     """Prepares a rerun to resume from the latest complete checkpoint whose steps all reached
     metrics.jsonl (a kill can land after a checkpoint but before its step's row was saved) and whose
     arrays all read back finite (orbax_checkpoint.unusable; an unusable one is named in a warning
-    with the reason): newer checkpoints are set aside and metrics.jsonl is rewritten to hold exactly
-    the rows through that step, which is returned (0: a fresh run, whose folder may hold the rows of
-    a run killed before its first checkpoint). Damaged metrics files are set aside first
-    (metrics_file.logged_steps). Process 0 decides; every process returns its step. Tunix then
-    restores the model, optimizer and step and fast-forwards the data."""
+    with the reason): newer checkpoints are set aside, metrics.jsonl is rewritten to hold exactly
+    the rows through that step and episodes.jsonl its episodes, and the step is returned (0: a fresh
+    run, whose folder may hold the rows of a run killed before its first checkpoint). Damaged metrics
+    files are set aside first (metrics_file.logged_steps). Process 0 decides; every process returns
+    its step. Tunix then restores the model, optimizer and step and fast-forwards the data."""
     step, saved = 0, []
     if distributed.is_main():
       saved = self.saved_steps()
@@ -255,6 +256,8 @@ class RunFolder:
     dropped = 0
     if distributed.is_main() and (step or os.path.exists(self.metrics) or os.path.exists(self._pending_metrics)):
       dropped = metrics_file.truncate_after(self.metrics, step)
+    if distributed.is_main():
+      episode.keep_through(self.episodes, step)
     self.save()
     if saved or dropped:  # process 0 logs it
       log.info(
