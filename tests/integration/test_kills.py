@@ -3,6 +3,7 @@ checkpoint that reads back with one metrics row per trained step, and a refused 
 folder's config.yml as it was. (The resume's own rewrite of the run files, killed: see
 tests/unit/test_damaged_run_files.py.)"""
 
+import collections
 import glob
 import json
 import os
@@ -74,6 +75,10 @@ def test_an_agentic_run_killed_as_a_checkpoint_begins_resumes_from_the_one_befor
     assert train_rl.main(["train_rl", *args]) == 0
   assert "Resuming from the checkpoint of step 1 (newer checkpoints set aside: []" in caplog.text
   assert _steps(run) == [1, 2, 3]
+  # the episodes of the steps after the checkpoint (scored ahead, off policy) were cut and scored again
+  with open(os.path.join(run, "episodes.jsonl"), encoding="utf-8") as f:
+    per_step = collections.Counter(json.loads(line)["step"] for line in f)
+  assert sorted(per_step) == [1, 2, 3] and len(set(per_step.values())) == 1, per_step
 
 
 @pytest.mark.slow  # two standard runs: ~1 min
