@@ -90,6 +90,7 @@ def _rows(path):
     return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow  # the fast mixed-group test below trains an agent through the served policy with failures too
 def test_a_users_openai_agent_trains_through_the_served_policy_and_its_failures_are_counted(tmp_path, caplog):
   agent = tmp_path / "agent.py"
   agent.write_text(AGENT)
