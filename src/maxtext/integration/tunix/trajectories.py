@@ -222,15 +222,15 @@ class TrajectoryEngine:
     environment's tokens) and versions where the engine tags them, the conversation and its reward,
     ending, policy version and group."""
     tokens, masks, logprobs, versions = [], [], [], []
-    tagged = all(v is not None for v in self._versions)
-    versions_of_turns: list = self._versions
+    turn_versions = [v for v in self._versions if v is not None]
+    tagged = len(turn_versions) == len(self._versions)
     for i, step in enumerate(trajectory.steps):
       if step.assistant_tokens is not None and len(step.assistant_tokens):
         tokens.append(step.assistant_tokens)
         masks.append(step.assistant_masks)
         logprobs.append(np.zeros(len(step.assistant_tokens)) if step.logprobs is None else step.logprobs)
         if tagged:
-          versions.append(versions_of_turns[i])
+          versions.append(turn_versions[i])
       if step.env_tokens is not None and len(step.env_tokens):
         tokens.append(step.env_tokens)
         masks.append(step.env_masks)

@@ -287,25 +287,13 @@ class AgentEpisode:
     """The episode's record; its conversation is the last trained call's messages and reply (a
     completions call's: the example's messages and the last reply's text)."""
     e = self._episodes
-    if stitched is None:
+    if stitched is None:  # no call: the example's messages as the run's chat template renders them
       text = e.server.chat.render(example["messages"], add_generation_prompt=True)
-      prompt = e.server.tokenizer(text, add_special_tokens=False).input_ids
+      prompt = np.asarray(e.server.tokenizer(text, add_special_tokens=False).input_ids, np.int32)
       empty = np.zeros(0, np.int32)
-      return Episode(
-        prompt_ids=np.asarray(prompt, np.int32),
-        completion_ids=empty,
-        completion_mask=empty,
-        logprobs=np.zeros(0, np.float32),
-        versions=empty,
-        version=e.version(),
-        conversation=list(example["messages"]),
-        example=self.env.task,
-        group_id=self.env.extra_kwargs.get("group_id"),
-        reward=reward,
-        calls=Calls(),
-      )
-    last = calls[stitched.chain[-1]]
-    if last.messages is not None:
+      stitched = session_stitching.Stitched(prompt, empty, empty, np.zeros(0, np.float32), empty, None, (), Calls())
+      conversation = list(example["messages"])
+    elif (last := calls[stitched.chain[-1]]).messages is not None:
       conversation = [*last.messages, {"role": "assistant", "content": last.reply}]
     else:
       reply = stitched.tokens[stitched.masks == 1][-self._last_reply_length(stitched) :]
