@@ -36,6 +36,11 @@ def test_the_kl_penalty_inside_the_reward_grows_as_the_policy_leaves_the_referen
   assert abs(first) < 1e-4  # the sampling policy is the reference
   assert second < -1e-3  # mse_kl > 0 once the policy has moved: a penalty
   assert rows[1]["kl"] > 0  # the loss's KL metric (rl.grpo_beta=0: logged, not in the loss)
+  # PPO's episodes are logged as GRPO's are: 4 a step, each with the reward functions' reward
+  with open(os.path.join(tmp_path, "kl", "episodes.jsonl"), encoding="utf-8") as f:
+    episodes = [json.loads(line) for line in f]
+  assert [e["step"] for e in episodes] == [1] * 4 + [2] * 4
+  assert all(e["trained_tokens"] > 0 and e["completion_tokens"] <= 8 for e in episodes)
 
 
 def test_kl_in_reward_keys_are_refused_where_they_do_nothing():

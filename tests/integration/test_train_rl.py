@@ -98,6 +98,13 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
     # every step, from the loss's forward pass: the same float32 weights on both sides
     assert 0.0 <= r["sampler_trainer/logp_diff_mean"] <= r["sampler_trainer/logp_diff_max"] < 1e-3
     assert r["sampler_trainer/prob_diff_max"] < 1e-3
+  # the episode log holds each step's completions, with the rewards (the functions' sum) they trained with
+  episodes = _read_jsonl(run / "episodes.jsonl")
+  for r in rows:
+    step = [e for e in episodes if e["step"] == r["step"]]
+    assert len(step) == 4 and all(e["status"] == "trained" and e["prompt_tokens"] > 0 for e in step)
+    assert np.mean([e["reward"] for e in step]) == pytest.approx(r["rewards/score/mean"], abs=1e-5)
+    assert all(e["messages"][-1]["role"] == "assistant" and "«" in e["tokens"] for e in step)
   assert (run / "tensorboard").is_dir() and os.listdir(run / "tensorboard")
   eval_json = json.loads((run / "eval.json").read_text())
   assert len(eval_json["after"]["examples"]) == 2

@@ -23,6 +23,7 @@ class _Sampler:
     self.calls: list[tuple] = []
     self.logged: dict = {}
     self.fields: list[dict] = []
+    self.handed: list[tuple] = []
 
   def _tokens(self, prompt: str) -> list[int]:
     m = int(prompt[1:].split("-")[-1])
@@ -56,6 +57,9 @@ class _Sampler:
 
   def log(self, values):
     self.logged.update({k: v[0] for k, v in values.items()})
+
+  def episodes(self, episodes, rewards, step):
+    self.handed.append((list(episodes), np.asarray(rewards).tolist(), step))
 
 
 def _shape(**changes) -> shaping.Shaping:
@@ -100,6 +104,29 @@ def test_a_round_lays_out_the_batch_and_scores_what_the_settings_ask():
   assert sampler.fields == [{"answer": pytest.approx([0, 0, 1, 1])}]
   assert sampler.logged["rewards/score/mean"] == pytest.approx(2.5)
   assert sampler.logged["completions/max_length"] == 3
+  # each row is an episode, handed on once with the reward it trains with
+  [(episodes, rewards, at)] = sampler.handed
+  assert at == 0 and rewards == [3, 3, 2, 2]
+  assert [e.group_id for e in episodes] == ["0:0", "0:0", "0:1", "0:1"]
+  first = episodes[0]
+  assert first.prompt_ids.tolist() == [5, 6]  # without its left padding
+  assert first.completion_ids.tolist() == [2, 3, EOS] and first.completion_mask.tolist() == [1, 1, 1]
+  assert np.allclose(first.logprobs, [-0.1, -0.2, -0.3]) and first.version == 0 and not first.failed
+  assert first.conversation == [{"role": "user", "content": "p0"}, {"role": "assistant", "content": "2 3 9"}]
+  assert first.example["answer"] == 0 and episodes[2].example["prompts"] == "p1"
+
+
+def test_a_sampled_pad_token_ends_its_episode_masked_as_padding():
+  class PadEnds(_Sampler):
+    def _tokens(self, prompt):
+      return [4, PAD]
+
+  sampler = PadEnds()
+  batch = _step(_shape(), sampler).batch(_prompts("p0"), step=5)
+  assert np.asarray(batch.completion_mask).tolist() == [[1, 0, 0, 0]] * 2
+  [(episodes, _, at)] = sampler.handed
+  assert at == 5 and [e.completion_mask.tolist() for e in episodes] == [[1, 0]] * 2
+  assert [e.group_id for e in episodes] == ["5:0", "5:0"] and episodes[0].version == 5
 
 
 def test_nothing_is_scored_unless_asked():
@@ -148,6 +175,11 @@ def test_dynamic_sampling_keeps_the_reserve_groups_that_vary():
   assert np.allclose(batch.sampler_logps[2], [-0.1, 0, 0, 0])
   assert sampler.logged["dynamic_sampling/rounds"] == 2
   assert sampler.logged["dynamic_sampling/short"] == 1  # 1 varied group of the 2 wanted
+  # the episodes handed on are the batch's rows: p0's group (round 0's first) and the reserve's first
+  [(episodes, rewards, _)] = sampler.handed
+  assert [e.group_id for e in episodes] == ["3:0", "3:0", "3:2", "3:2"]
+  assert [e.completion_ids.tolist() for e in episodes] == [[2, 3, EOS], [2, 3, EOS], [1], [3, 4]]
+  assert rewards == [3, 3, 1, 2]
 
 
 def test_sampler_importance_weights_and_truncated_completions():
@@ -160,6 +192,8 @@ def test_sampler_importance_weights_and_truncated_completions():
   # p1's completion [3, 4] fills the budget of 2 tokens without EOS: truncated, masked
   assert np.asarray(batch.completion_mask).tolist() == [[0, 0]] * 2
   assert sampler.logged["completions/masked_truncated_fraction"] == 1.0
+  [(episodes, _, _)] = sampler.handed
+  assert [e.completion_mask.tolist() for e in episodes] == [[0, 0]] * 2 and not episodes[0].failed
 
 
 def test_a_learner_that_computes_its_own_advantages_gets_the_rewards_as_the_functions_returned_them():

@@ -1,4 +1,5 @@
-"""One episode of agentic GRPO as every producer emits it: the run's own conversation
+"""One episode (a sample of a GRPO group) as every producer emits it: standard GRPO's and PPO's
+sampling (rl/standard_step.py), agentic GRPO's own conversation
 (integration/tunix/trajectories.TrajectoryEngine), a user's agent in a worker process (rl.agent=FILE:FN)
 and one taken over HTTP (rl.agent=http; both integration/tunix/user_agent.AgentEpisode).
 

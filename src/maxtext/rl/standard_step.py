@@ -14,6 +14,11 @@ In order (`StandardStep.batch`):
 3. the sampler importance weights (rl.sampler_is=token: shaping.sampler_is_weights of the trainer's
    over the sampler's log-probs);
 4. truncated-completion masking (rl.mask_truncated_completions: shaping.truncated rows train no token).
+
+Each completion is an rl.episode.Episode (its prompt, tokens, mask, the sampler's log-probs, the
+step whose weights sampled it, the user turn and reply as text, its example and group), padded into
+the batch by group_scoring.pad, the padder of every producer; the episodes the step trains on go to
+`StepServices.episodes` with the rewards they train with (for the run's episode log).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from maxtext.rl import dynamic_sampling, group_scoring, shaping
+from maxtext.rl.episode import Episode
 from maxtext.utils import distributed
 
 
@@ -69,6 +75,10 @@ class StepServices(Protocol):
 
   def log(self, values: dict[str, tuple[float, Callable]]) -> None:
     """Buffers metrics {name: (value, reduction)} for the current step."""
+    ...
+
+  def episodes(self, episodes: list[Episode], rewards: np.ndarray, step: int) -> None:
+    """The episodes global step `step` trains on, in the batch's order, with their rewards."""
     ...
 
 
@@ -129,9 +139,10 @@ class StepBatch:
 
 @dataclasses.dataclass(frozen=True)
 class _Round:
-  """One round's batch, its rewards and, per group, whether they vary."""
+  """One round's batch, its episodes (one per row), its rewards and, per group, whether they vary."""
 
   batch: StepBatch
+  episodes: list[Episode]
   rewards: np.ndarray
   varied: np.ndarray
 
@@ -156,25 +167,38 @@ class StandardStep:
     """The batch global step `step` trains on, from its prompts (batch["prompts"], each repeated
     num_generations times) and their other columns."""
     shape = self._shape
-    first = self._round(batch)
-    out = first.batch
+    first = self._round(batch, step, 0)
+    out, episodes = first.batch, first.episodes
     if shape.dynamic_sampling_rounds > 1:
-      out = self._dynamically_sampled(first, step)
+      out, episodes = self._dynamically_sampled(first, step)
     if out.sampler_logps is not None and shape.sampler_is:
       out = self._importance_weighted(out)
     if shape.mask_truncated_completions:
       cut = shaping.truncated(np.asarray(out.completion_ids), np.asarray(out.completion_mask), self._settings.eos)
       out = dataclasses.replace(out, completion_mask=out.completion_mask * jnp.asarray(~cut)[:, None])
+      episodes = [
+        dataclasses.replace(e, completion_mask=np.zeros_like(e.completion_mask)) if c else e
+        for e, c in zip(episodes, cut)
+      ]
       self._services.log({"completions/masked_truncated_fraction": (float(cut.mean()), np.mean)})
+    self._services.episodes(episodes, out.rewards, step)
     return out
 
-  def _round(self, batch: dict[str, Any]) -> _Round:
+  def _round(self, batch: dict[str, Any], step: int, first_group: int) -> _Round:
+    """A round on `batch`, its groups numbered on from `first_group` (the step's earlier rounds')."""
     settings, services = self._settings, self._services
     prompts = list(batch["prompts"])
     fields = {k: v for k, v in batch.items() if k != "prompts"}
     out = services.generate(prompts, settings.rows(settings.sample_prompts, len(prompts)))
-    completions = np.stack([group_scoring.right_pad(t, settings.width, settings.pad) for t in out.tokens])
-    prompt_ids, completion_ids = jnp.asarray(out.prompt_ids), jnp.asarray(completions)
+    episodes = self._episodes(out, batch, step, first_group)
+    shapes = group_scoring.Shapes(np.shape(out.prompt_ids)[1], settings.width, settings.pad, settings.eos)
+    groups = [
+      group_scoring.pad(episodes[g : g + settings.generations], shapes, out.logprobs is not None)
+      for g in range(0, len(episodes), settings.generations)
+    ]
+    prompt_ids = jnp.asarray(np.concatenate([g.prompt_ids for g in groups]))
+    completions = np.concatenate([g.completion_ids for g in groups])
+    completion_ids = jnp.asarray(completions)
     score_rows = settings.rows(settings.score_prompts, len(prompts))
     ref_logps = services.reference_logps(prompt_ids, completion_ids, score_rows) if settings.reference else None
     old_logps = services.old_logps(prompt_ids, completion_ids, score_rows) if settings.old else None
@@ -189,19 +213,46 @@ class StandardStep:
     )
     sampler_logps = None
     if out.logprobs is not None:
-      sampler_logps = np.stack([group_scoring.right_pad(lp, settings.width, 0.0, np.float32) for lp in out.logprobs])
+      sampler_logps = np.concatenate([g.sampler_logps for g in groups]).astype(np.float32)
     step_batch = StepBatch(
       prompt_ids=prompt_ids,
       prompt_mask=prompt_ids != settings.pad,
       completion_ids=completion_ids,
-      completion_mask=jnp.asarray(completions != settings.pad),
+      completion_mask=jnp.asarray(np.concatenate([g.completion_mask for g in groups])),
       rewards=rewards,
       advantages=None if advantages is None else jax.device_put(advantages),
       ref_logps=ref_logps,
       old_logps=old_logps,
       sampler_logps=sampler_logps,
     )
-    return _Round(step_batch, rewards, dynamic_sampling.varied_groups(rewards, settings.generations))
+    return _Round(step_batch, episodes, rewards, dynamic_sampling.varied_groups(rewards, settings.generations))
+
+  def _episodes(self, out: Completions, batch: dict[str, Any], step: int, first_group: int) -> list[Episode]:
+    """A round's completions as episodes: each row's prompt without its left padding, its tokens (a
+    sampled pad token, which ends a completion, masked as padding), the sampler's log-probs, the
+    step whose weights sampled it, its user turn and reply as text, its example and its group
+    ("step:group", the step's groups numbered from first_group)."""
+    pad, generations = self._settings.pad, self._settings.generations
+    episodes = []
+    for row, (prompt, tokens, text) in enumerate(zip(np.asarray(out.prompt_ids), out.tokens, out.text)):
+      tokens = np.asarray(tokens, np.int32)
+      start = int(np.argmax(prompt != pad)) if (prompt != pad).any() else len(prompt)
+      example = {k: v[row] for k, v in batch.items()}
+      user = example.get("user_content", example["prompts"])
+      episodes.append(
+        Episode(
+          prompt_ids=np.asarray(prompt[start:], np.int32),
+          completion_ids=tokens,
+          completion_mask=(tokens != pad).astype(np.int32),
+          logprobs=None if out.logprobs is None else np.asarray(out.logprobs[row], np.float32),
+          versions=None,
+          version=step,
+          conversation=[{"role": "user", "content": str(user)}, {"role": "assistant", "content": text}],
+          example=example,
+          group_id=f"{step}:{first_group + row // generations}",
+        )
+      )
+    return episodes
 
   def _rewards(self, prompts: list[str], out: Completions, fields: dict) -> np.ndarray:
     """The reward functions' sum, plus the overlong penalty when set (logged)."""
@@ -215,9 +266,9 @@ class StandardStep:
       self._services.log({"rewards/overlong_penalty": (float(penalty.mean()), np.mean)})
     return rewards
 
-  def _dynamically_sampled(self, first: _Round, step: int) -> StepBatch:
+  def _dynamically_sampled(self, first: _Round, step: int) -> tuple[StepBatch, list[Episode]]:
     """Rounds of reserve prompts after `first` while the rule asks for them, then the batch of the
-    groups that train (all of a single round); logs the rule's metrics."""
+    groups that train (all of a single round) and their episodes; logs the rule's metrics."""
     generations = self._settings.generations
     wanted = len(first.rewards) // generations
     plan = dynamic_sampling.StepRounds(self._shape.dynamic_sampling_rounds, self._reserve, step, wanted)
@@ -226,14 +277,15 @@ class StandardStep:
     while (batch := plan.next_batch()) is not None:
       batch = {k: np.repeat(np.asarray(v), generations, axis=0) for k, v in batch.items()}
       batch["trajectory_ids"] = trajectory_ids(step, len(batch["prompts"]) // generations, generations)
-      rounds.append(self._round(batch))
+      rounds.append(self._round(batch, step, sum(len(r.episodes) for r in rounds) // generations))
       plan.add(rounds[-1].varied)
     self._services.log({k: (v, np.mean) for k, v in plan.tally.metrics().items()})
     if len(rounds) == 1:
-      return first.batch
+      return first.batch, first.episodes
     groups = plan.selected()
     rows = (groups[:, None] * generations + np.arange(generations)).reshape(-1)
-    return rounds[0].batch.rows(rows, *(r.batch for r in rounds[1:]))
+    episodes = [e for r in rounds for e in r.episodes]
+    return rounds[0].batch.rows(rows, *(r.batch for r in rounds[1:])), [episodes[i] for i in rows]
 
   def _importance_weighted(self, batch: StepBatch) -> StepBatch:
     """The batch with the sampler importance weights, from the old policy's log-probs (scored now

@@ -83,7 +83,6 @@ from maxtext.input_pipeline.rewards import summaries as reward_summaries
 from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
 from maxtext.integration.tunix import user_agent as user_agent_lib
 from maxtext.integration.tunix.algorithm import grpo_config
-from maxtext.integration.tunix.reward_manager import AgenticRewardManager
 from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
@@ -142,8 +141,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     reserve(i), the i-th reserve batch; rewards: the run's reward functions and weights (its reward
     manager's); user_agent: rl.agent's, whose episodes replace the run's own agent's (served as
     model_name, integration/tunix/user_agent.py)."""
-    super().__init__(*args, reward_fns=list(rewards.functions), **kwargs)
-    self.reward_manager = AgenticRewardManager(rewards, self.algo_config)
+    super().__init__(*args, reward_fns=[rewards], **kwargs)  # Tunix builds our manager (reward_manager.py)
     if self.chat_parser is None:
       raise ValueError("the agentic learner renders conversations with its chat parser; none was given")
     self._share = ProcessShare(jax.process_index(), jax.process_count(), batch_size)

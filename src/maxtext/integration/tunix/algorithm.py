@@ -11,7 +11,7 @@ from tunix.rl.agentic import agentic_grpo_learner
 from tunix.rl.grpo import grpo_learner
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection
-from maxtext.integration.tunix import losses
+from maxtext.integration.tunix import losses, reward_manager
 
 log = logging.getLogger(__name__)
 
@@ -19,25 +19,31 @@ log = logging.getLogger(__name__)
 @dataclasses.dataclass(kw_only=True)
 class GRPOConfig(grpo_learner.GRPOConfig):
   """Tunix's standard GRPO config with the upper clipping epsilon its loss reads when present
-  (docs/decisions.md, "Clip-higher in standard GRPO"), and the dual-clip bound and entropy bonus our
-  losses read (losses.py)."""
+  (docs/decisions.md, "Clip-higher in standard GRPO"), the dual-clip bound and entropy bonus our
+  losses read (losses.py), and our reward manager (reward_manager.py)."""
 
   epsilon_high: float
+  reward_manager: str = reward_manager.STANDARD
   epsilon_c: float | None = None  # None: no dual clip, as Tunix's losses read it
   entropy_coef: float = 0.0
 
 
 @dataclasses.dataclass(kw_only=True)
 class AgenticGRPOConfig(agentic_grpo_learner.GRPOConfig):
-  """Tunix's agentic GRPO config with the dual-clip bound and entropy bonus our losses read (losses.py)."""
+  """Tunix's agentic GRPO config with the dual-clip bound and entropy bonus our losses read (losses.py)
+  and our reward manager (reward_manager.py)."""
+
+  reward_manager: str = reward_manager.AGENTIC
 
   epsilon_c: float | None = None  # None: no dual clip, as Tunix's losses read it
   entropy_coef: float = 0.0
 
 
 def _common(rl: AlgorithmSection) -> dict[str, Any]:
-  """The fields of every learner's config, with the estimator and loss they name registered."""
+  """The fields of every learner's config, with the estimator, loss and reward manager they name
+  registered."""
   losses.register()
+  reward_manager.register()
   return dict(
     advantage_estimator=rl.advantage_estimator,
     policy_loss_fn=rl.policy_loss_fn,

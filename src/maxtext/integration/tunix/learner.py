@@ -22,9 +22,9 @@ from maxtext.configs.sections import AlgorithmSection, SamplingSection, TrainSec
 from maxtext.input_pipeline.rewards import RewardSet
 from maxtext.integration.tunix import losses
 from maxtext.integration.tunix.algorithm import grpo_config
-from maxtext.integration.tunix.reward_manager import StandardRewardManager
 from maxtext.integration.tunix.wiring import LearnerWiring
 from maxtext.rl import shaping, standard_step
+from maxtext.rl.episode import EpisodeLog
 from maxtext.utils.steps import Steps
 
 TRAIN = rl_cluster_lib.Mode.TRAIN
@@ -51,13 +51,15 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     before_step: Callable[[int], None] | None = None,
     reserve: Callable[[int], dict] | None = None,
     rewards: RewardSet,
+    episode_log: str | None = None,
     **kwargs,
   ):
     """steps: the run's training steps and their optimizer updates; shape: what is done to each
     step's samples; reserve(i): the i-th batch of further prompts for dynamic
-    sampling; rewards: the run's reward functions and weights (its reward manager's)."""
-    super().__init__(*args, reward_fns=list(rewards.functions), **kwargs)
-    self.reward_manager = StandardRewardManager(rewards, self.algo_config)
+    sampling; rewards: the run's reward functions and weights (its reward manager's); episode_log:
+    the run's episode log (rl/episode.py's EpisodeLog), None where this process writes none."""
+    super().__init__(*args, reward_fns=[rewards], **kwargs)  # Tunix builds our manager (reward_manager.py)
+    self._episode_log = EpisodeLog(episode_log, self.rl_cluster.tokenizer.decode) if episode_log else None
     self._wire(before_step)
     self._shape = shape
     if shape.sampler_logps:
@@ -178,6 +180,10 @@ class _Services:
   def log(self, values: dict) -> None:
     self._learner._log(values)
 
+  def episodes(self, episodes, rewards: np.ndarray, step: int) -> None:
+    if self._learner._episode_log is not None:
+      self._learner._episode_log.write(episodes, np.asarray(rewards).tolist(), step)
+
 
 def build_learner(
   train: TrainSection,
@@ -187,8 +193,9 @@ def build_learner(
   rewards: RewardSet,
   before_step=None,
   reserve=None,
+  episode_log: str | None = None,
 ) -> GRPOLearner:
-  """reserve: see GRPOLearner (needed with rl.dynamic_sampling)."""
+  """reserve, episode_log: see GRPOLearner (reserve is needed with rl.dynamic_sampling)."""
   return GRPOLearner(
     rl_cluster=cluster,
     algo_config=grpo_config(rl, sampling),
@@ -197,4 +204,5 @@ def build_learner(
     before_step=before_step,
     shape=shaping.Shaping.from_config(rl, sampling),
     reserve=reserve,
+    episode_log=episode_log,
   )

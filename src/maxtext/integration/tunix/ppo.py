@@ -96,11 +96,12 @@ def build_learner(
   critic: Critic,
   mesh,
   before_step=None,
+  episode_log: str | None = None,
 ) -> PPOLearner:
   """The PPO learner on `cluster` with `critic` (models.critic.from_policy's, laid out on the trainer's
   `mesh`), scoring critic.mini_batch_size completions at a time (0: train_micro_batch_size's, else
   all) and updating on as many, rl.num_iterations passes a step, each group's prompt computed once; its
-  learning-rate schedule spans the run's critic updates."""
+  learning-rate schedule spans the run's critic updates; episode_log: see learner.GRPOLearner."""
   rows = section.mini_batch_size or (train.train_micro_batch_size * rl.num_generations) or None
   per_pass = (train.batch_size * rl.num_generations) // rows if rows else 1
   rollout = cluster.rollout
@@ -124,4 +125,5 @@ def build_learner(
       updates=train.num_batches * rl.num_iterations * per_pass,
     ),
     warmup_steps=section.warmup_steps,
+    episode_log=episode_log,
   )

@@ -123,15 +123,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
   # Standard GRPO (learner.py)
   PrivateDependency(
     _GRPO,
-    "reward_manager",
-    "write",
-    None,
-    "learner.py",
-    "the reward manager is ours (reward_manager.py): user functions called by keyword in worker "
-    "processes, None as does-not-apply and reward_weights, with TRL's meaning of the logged rewards",
-  ),
-  PrivateDependency(
-    _GRPO,
     "_generate_and_compute_advantage",
     "override",
     ("self", "training_input", "mode"),
@@ -170,14 +161,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "num_iterations times, so Tunix would skip batches never trained on; divided back",
   ),
   # Agentic GRPO (agentic.py)
-  PrivateDependency(
-    _AGENTIC,
-    "reward_manager",
-    "write",
-    None,
-    "agentic.py",
-    "the reward manager is ours (reward_manager.py), as in standard GRPO",
-  ),
   PrivateDependency(
     "tunix.rl.agentic.utils.RolloutSyncLock",
     "acquire_rollout",

@@ -357,12 +357,12 @@ def _training_section(rows: list[dict], last_step: int) -> list[str]:
       f"Training wall time: {duration(sum(times))} over {len(times)} steps ({duration(sum(compiling))} of it "
       f"compiling; {duration(sum(times) / len(times))} a step).",
     ]
-  out += ["", "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).", ""]
-  if any("agent/failed_episodes" in r for r in rows):
-    out += [
-      "Every episode trained (its conversation, token counts, reward, status and failure) is in episodes.jsonl.",
-      "",
-    ]
+  out += [
+    "",
+    "Every metric of every step is in metrics.jsonl (and TensorBoard events under tensorboard/).",
+    "Every episode trained (its conversation, token counts, reward, status and failure) is in episodes.jsonl.",
+    "",
+  ]
   _, no_signal = _series(rows, ZERO_SIGNAL)
   if no_signal and sum(no_signal) / len(no_signal) > 0.5:
     out += [

@@ -115,7 +115,7 @@ class RunFolder:
     self.config = os.path.join(self.path, "config.yml")
     self._history: list[str] = []  # comment lines of config.yml: the changes earlier reruns resumed with
     self.metrics = os.path.join(self.path, "metrics.jsonl")
-    self.episodes = os.path.join(self.path, "episodes.jsonl")  # agentic GRPO's episodes (rl/episode.py)
+    self.episodes = os.path.join(self.path, "episodes.jsonl")  # every step's episodes (rl/episode.py)
     self._pending_metrics = metrics_file.pending(self.metrics)
     self.evaluations = os.path.join(self.path, "eval.json")
     self._actor = storage.join(self.checkpoints, "actor")

@@ -171,8 +171,10 @@ class TrainingRun:
 
   def _build_learner(self, reward_set: rewards.RewardSet, reserve, agentic_parts, critic, trainer_mesh):
     """The learner of the run's mode on the cluster (agentic_parts: the chat parser and tool map of
-    agentic GRPO, else None; critic: PPO's, on trainer_mesh, else None)."""
+    agentic GRPO, else None; critic: PPO's, on trainer_mesh, else None). Process 0 writes the
+    episode log."""
     cfg = self.cfg
+    episode_log = self.folder.episodes if jax.process_index() == 0 else None
     if critic is not None:
       return ppo_lib.build_learner(
         cfg.train,
@@ -184,10 +186,11 @@ class TrainingRun:
         critic,
         trainer_mesh,
         self._before_step,
+        episode_log,
       )
     if agentic_parts is None:
       return learner_lib.build_learner(
-        cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_set, self._before_step, reserve
+        cfg.train, cfg.algorithm, cfg.sampling, self.cluster, reward_set, self._before_step, reserve, episode_log
       )
     parser, tool_map = agentic_parts
     return agentic_lib.build_learner(
@@ -204,7 +207,7 @@ class TrainingRun:
       reserve=reserve,
       user_agent=self._user_agent,
       model_name=cfg.model.model_name,
-      episode_log=self.folder.episodes if jax.process_index() == 0 else None,
+      episode_log=episode_log,
     )
 
   def evaluate(self, desc: str) -> dict | None:
