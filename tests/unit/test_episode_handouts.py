@@ -157,3 +157,128 @@ def test_episodes_no_process_takes_stop_the_run_after_the_wait(qwen3_tokenizer, 
     assert waits and waits[0].startswith("rl.agent=http: 1 episodes wait for agent processes at POST http://h:1/")
   finally:
     episodes.close()
+
+
+AGENT = """
+async def solve(client, model, example):
+  reply = await client.chat.completions.create(model=model, messages=example["messages"])
+  text = reply.choices[0].message.content
+  return float(text.strip() == example["answer"]) if example["answer"] != "bad" else "five"
+"""
+
+
+def test_a_claimed_episode_is_run_by_the_agent_runner_which_posts_its_reward_over_http(handouts, tmp_path):
+  """rl.agent=FILE:FN's path: the run claims an episode for its worker (the body /episodes/next gives,
+  never handed to a process asking after), and utils/agent_runner.py's handler runs the function on
+  the session with the openai client and posts the reward to the same route an http process does."""
+  from maxtext.utils import agent_runner
+
+  server, episodes, base = handouts
+  (tmp_path / "agent.py").write_text(AGENT)
+  run = agent_runner.episode_runner(str(tmp_path / "agent.py"), "solve")
+  session = server.open_session()
+  reward = episodes.hand_out(session, EXAMPLE, 30.0, "rl.agent_timeout_s=30")
+  take = episodes.claim(session, base)
+  assert take == {
+    "session": session,
+    "base_url": f"{base}/sessions/{session}/v1",
+    "model": "m",
+    "example": EXAMPLE,
+  }
+  assert _take(base, wait_s=0.2).status_code == 204  # claimed: no process asking gets it
+  run(take, 30.0)
+  assert reward.result(timeout=5) == 1.0 and len(server.session(session).calls) == 1
+  episodes.fail(session, "too late")  # it has ended: nothing changes
+  assert reward.result() == 1.0
+
+
+def test_a_claimed_episode_fails_with_why_where_its_worker_gives_no_reward(handouts, tmp_path):
+  from maxtext.utils import agent_runner
+
+  server, episodes, base = handouts
+  (tmp_path / "agent.py").write_text(AGENT)
+  run = agent_runner.episode_runner(str(tmp_path / "agent.py"), "solve")
+  session = server.open_session()
+  reward = episodes.hand_out(session, {**EXAMPLE, "answer": "bad"}, 30.0, "rl.agent_timeout_s=30")
+  take = episodes.claim(session, base)
+  with pytest.raises(TypeError, match="solve returned 'five'; expected a finite float reward or None"):
+    run(take, 30.0)
+  assert not reward.done()  # nothing was posted: the run fails it with the worker's reason
+  episodes.fail(session, "TypeError: solve returned 'five'")
+  with pytest.raises(EpisodeFailed, match="TypeError: solve returned 'five'"):
+    reward.result(timeout=5)
+  gone = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1.0}, timeout=30)
+  assert gone.status_code == 410
+  episodes.close()
+  assert episodes.claim(server.open_session(), base) is None  # nothing waits once training is over
+
+
+FAULTY = """
+import os, signal, time
+
+async def solve(client, model, example):
+  how = example["answer"]
+  if how == "raise":
+    raise ValueError("planned")
+  if how == "die":
+    os.kill(os.getpid(), signal.SIGKILL)
+  if how == "hang":
+    time.sleep(600)
+  reply = await client.chat.completions.create(model=model, messages=example["messages"])
+  return float(reply.choices[0].message.content.strip() == "5")
+"""
+
+
+def test_the_run_s_workers_take_episodes_through_the_handouts_and_a_worker_s_fault_fails_only_its_own(
+  qwen3_tokenizer, tmp_path
+):
+  """user_agent.Episodes with rl.agent=FILE:FN: four episodes at once in real worker processes; the
+  one whose function returns posts its reward, the one that raises fails with its traceback, the one
+  killed by SIGKILL and the one past rl.agent_timeout_s fail with why; none holds the others."""
+  import asyncio
+
+  from maxtext.integration.tunix import user_agent
+
+  server = OpenAIServer(
+    _ScriptedBatcher(qwen3_tokenizer, "5"), qwen3_tokenizer, ConfigChatParser(qwen3_tokenizer, ""), "m", StepKeys(0)
+  )
+  base = server.start("127.0.0.1", 0).removesuffix("/v1")  # Episodes adds the hand-out routes
+  (tmp_path / "agent.py").write_text(FAULTY)
+  agent = user_agent.UserAgent(str(tmp_path / "agent.py"), "solve", 8.0, 16, "127.0.0.1", 0, 600.0)
+  stopped = []
+  episodes = user_agent.Episodes(
+    server,
+    f"{base}/v1",
+    agent,
+    "m",
+    [],
+    lambda env: None,
+    64,
+    user_agent.Failures(agent),
+    lambda: 0,
+    stopped.append,
+    4,
+  )
+
+  async def one(how):
+    session = server.open_session()
+    try:
+      return await episodes.run(session, {**EXAMPLE, "answer": how})
+    except EpisodeFailed as e:
+      return str(e)
+
+  async def all_four():
+    return await asyncio.gather(*(one(how) for how in ("5", "raise", "die", "hang")))
+
+  try:
+    start = time.monotonic()
+    ok, raised, died, hung = asyncio.run(all_four())
+    took = time.monotonic() - start
+  finally:
+    episodes.close()
+    server.stop()
+  assert ok == 1.0
+  assert raised.startswith("ValueError: planned") and "Traceback" in raised
+  assert "exit" in died.lower() or "signal" in died.lower(), died
+  assert "rl.agent_timeout_s=8" in hung, hung
+  assert took < 30 and not stopped  # the hung worker was killed at its limit; nothing stopped the run

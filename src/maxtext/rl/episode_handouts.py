@@ -12,7 +12,10 @@ endpoint and posts the reward. Routes added to the OpenAIServer that serves the 
   session that is no episode taken.
 
 Each handout (`hand_out`) is a Future that resolves to the posted reward, or fails with
-EpisodeFailed: an error posted, or no reward within the episode's time limit of its being taken.
+EpisodeFailed: an error posted, or no reward within the episode's time limit of its being taken. The
+run's own agent processes (rl.agent=FILE:FN) are handed theirs by `claim` (the episode of a named
+session, as /episodes/next gives it) and post rewards to the same route; where one raises or dies the
+run `fail`s its episode.
 Episodes wait in arrival order until a process takes them (their time limit does not run while they
 wait); while episodes wait and no process has asked for one (at /episodes/next) for a minute, that is
 logged every minute, and past `wait_s` the run stops (`on_no_taker` gets a NoTaker). `close` ends the
@@ -154,6 +157,31 @@ class EpisodeHandouts:
         h.timer.cancel()
       h.future.cancel()
 
+  def claim(self, session: str, root: str) -> dict[str, Any] | None:
+    """Takes the waiting episode of `session` for a process the run manages (rl.agent=FILE:FN's
+    workers), as /episodes/next would hand it to one asking at `root` (the server's URL); its time
+    limit is the caller's to enforce (a worker past it is killed, then `fail`ed). None where it is
+    not waiting (the handouts were closed)."""
+    with self._lock:
+      handout = next((h for h in self._waiting if h.session == session), None)
+      if handout is None:
+        return None
+      self._waiting.remove(handout)
+      self._taken[session] = handout
+    return self._body(handout, root)
+
+  def fail(self, session: str, why: str) -> None:
+    """Fails the taken episode of `session` with EpisodeFailed(why), unless it has ended."""
+    self._end(session, EpisodeFailed(why))
+
+  def _body(self, handout: _Handout, root: str) -> dict[str, Any]:
+    return {
+      "session": handout.session,
+      "base_url": f"{root.rstrip('/')}/sessions/{handout.session}/v1",
+      "model": self._model,
+      "example": handout.example,
+    }
+
   def _take(self) -> _Handout | None:
     with self._lock:
       self._asked = time.monotonic()
@@ -197,12 +225,7 @@ class EpisodeHandouts:
     while True:
       handout = self._take()
       if handout is not None:
-        return {
-          "session": handout.session,
-          "base_url": f"{str(request.base_url).rstrip('/')}/sessions/{handout.session}/v1",
-          "model": self._model,
-          "example": handout.example,
-        }
+        return self._body(handout, str(request.base_url))
       if time.monotonic() >= deadline:
         return responses.Response(status_code=204)
       await asyncio.sleep(0.02)

@@ -1,8 +1,9 @@
 """What a worker process of rl.agent runs (integration/tunix/user_agent.py): the user's agent loaded
-there, one episode per call. Kept apart from the trainer's modules so that a worker imports only
-this, the `openai` client and the agent's own imports (the trainer's would bring JAX and the server
-into every worker: seconds of start-up and hundreds of MB each); the workers are forked from a fork
-server that imported PRELOAD once."""
+there, one episode per call, taken and rewarded through the run's episode hand-out API
+(rl/episode_handouts.py) as a process of rl.agent=http is. Kept apart from the trainer's modules so
+that a worker imports only this, httpx, the `openai` client and the agent's own imports (the
+trainer's would bring JAX and the server into every worker: seconds of start-up and hundreds of MB
+each); the workers are forked from a fork server that imported PRELOAD once."""
 
 from __future__ import annotations
 
@@ -14,31 +15,37 @@ from collections.abc import Callable
 from maxtext.utils import user_code
 
 KEY = "rl.agent"
-PRELOAD = ("openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
+PRELOAD = ("httpx", "openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
 
 
-def episode_runner(path: str, name: str) -> Callable[[str, str, dict, float], float | None]:
-  """The WorkerPool `load` of an agent worker: rl.agent's file loaded; the handler (base_url, model,
-  example, timeout_s) runs one episode with an openai.AsyncOpenAI client of that base URL (no
-  retries: a retried request would be recorded twice; plain HTTP to the trainer's server, so no TLS
-  context is made for it) and returns its reward as a float, or None."""
+def episode_runner(path: str, name: str) -> Callable[[dict, float], None]:
+  """The WorkerPool `load` of an agent worker: rl.agent's file loaded; the handler (take, timeout_s)
+  runs the episode an /episodes/next body names (`take`: session, base_url, model, example) with an
+  openai.AsyncOpenAI client of its base URL (no retries: a retried request would be recorded twice;
+  plain HTTP to the trainer's server, so no TLS context is made for it) and posts the function's
+  reward, a float or None, to the session's /reward route, as a process of rl.agent=http does. A
+  function that returns anything else raises TypeError (and posts nothing)."""
+  import httpx
   import openai
 
   fn = getattr(user_code.load_file(path, KEY), name)
 
-  def run(base_url: str, model: str, example: dict, timeout_s: float) -> float | None:
+  def run(take: dict, timeout_s: float) -> None:
     async def episode():
       http = openai.DefaultAsyncHttpxClient(verify=False)
       async with openai.AsyncOpenAI(
-        base_url=base_url, api_key="session", max_retries=0, timeout=timeout_s, http_client=http
+        base_url=take["base_url"], api_key="session", max_retries=0, timeout=timeout_s, http_client=http
       ) as client:
-        return await fn(client, model, example)
+        return await fn(client, take["model"], take["example"])
 
     reward = asyncio.run(episode())
-    if reward is None:
-      return None
-    if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward)):
+    if reward is not None and (
+      isinstance(reward, bool) or not isinstance(reward, numbers.Real) or not math.isfinite(float(reward))
+    ):
       raise TypeError(f"{name} returned {reward!r}; expected a finite float reward or None")
-    return float(reward)
+    url = f"{take['base_url'].removesuffix('/v1')}/reward"
+    posted = httpx.post(url, json={"reward": None if reward is None else float(reward)}, timeout=timeout_s)
+    if posted.status_code != 200:
+      raise RuntimeError(f"POST {url}: {posted.status_code} {posted.text}")
 
   return run

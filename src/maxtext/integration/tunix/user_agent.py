@@ -7,11 +7,12 @@ trains. Each episode, one sample of a GRPO group, is an AgentEpisode run by Tuni
 orchestrator in place of trajectories.TrajectoryEngine:
 1. a session is opened that samples as the run's training rollouts do (temperature, top-p, top-k,
    the episode's keys, max_response_length tokens after the first prompt), whatever its requests ask;
-2. in a worker process (utils/worker_pool.py: killed past rl.agent_timeout_s, nothing it does reaches
-   the trainer), `await NAME(client, model, example)` runs with an openai.AsyncOpenAI client whose
-   base URL is the session's, the served model's id and the example's fields; with http the episode
-   is handed to the process of the user's that asks for one (rl/episode_handouts.py), which posts
-   its reward;
+2. the episode is handed out (rl/episode_handouts.py): with http to the process of the user's that
+   asks for one; with FILE:FN it is claimed for a worker process (utils/worker_pool.py: killed past
+   rl.agent_timeout_s, nothing it does reaches the trainer), where `await NAME(client, model,
+   example)` runs with an openai.AsyncOpenAI client whose base URL is the session's, the served
+   model's id and the example's fields (utils/agent_runner.py). Either posts the reward to the
+   session's /reward route;
 3. the session's calls become the trained conversation (rl.session_stitching.stitch), and the
    function's (or posted) float its reward (None: the run's reward functions judge its last reply).
 An episode fails where the function raises, returns something other than a number or None, runs past
@@ -160,19 +161,20 @@ class Episodes:
   concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
   pool: worker_pool.WorkerPool | None = dataclasses.field(init=False, default=None)  # the agent's function
   threads: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(init=False, default=None)
-  handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # http: processes take them
+  handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # every episode is handed out
   closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
 
   def __post_init__(self):
-    if self.agent.over_http:
-      self.handouts = EpisodeHandouts(
-        self.server,
-        self.model,
-        self.agent.wait_s,
-        on_no_taker=lambda e: self.stop(AgentFailed(str(e))),
-        where=f"{self.base_url.removesuffix('/v1')}/episodes/next",
-        limit=f"rl.agent_wait_s={self.agent.wait_s:g}",
-      )
+    over_http = self.agent.over_http
+    self.handouts = EpisodeHandouts(
+      self.server,
+      self.model,
+      self.agent.wait_s,
+      on_no_taker=(lambda e: self.stop(AgentFailed(str(e)))) if over_http else None,
+      where=f"{self.base_url.removesuffix('/v1')}/episodes/next",
+      limit=f"rl.agent_wait_s={self.agent.wait_s:g}",
+    )
+    if over_http:
       return
     self.pool = worker_pool.WorkerPool(
       functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name),
@@ -182,16 +184,32 @@ class Episodes:
     )
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
-  async def run(self, base_url: str, session: str, example: dict) -> float | None:
-    """One episode on the session at base_url: the agent's function in a worker, or the process that
-    takes it over HTTP; its reward (None: the reward functions judge). worker_pool's CallRaised and
-    CallFailed, EpisodeFailed, or a CancelledError once training is over."""
-    if self.handouts is not None:
-      limit = LIMIT.format(self.agent.timeout_s)
-      return await asyncio.wrap_future(self.handouts.hand_out(session, example, self.agent.timeout_s, limit))
-    assert self.pool is not None and self.threads is not None
-    loop = asyncio.get_running_loop()
-    return await loop.run_in_executor(self.threads, self.pool.call, base_url, self.model, example, self.agent.timeout_s)
+  async def run(self, session: str, example: dict) -> float | None:
+    """One episode on `session`, handed out (rl/episode_handouts.py): to the process that takes it
+    over HTTP, or claimed for a worker of the agent's function, which posts its reward as such a
+    process does (where it raises, runs past its limit or dies, the episode fails with why); its
+    reward (None: the reward functions judge). EpisodeFailed, or a CancelledError once training is
+    over."""
+    assert self.handouts is not None
+    limit = LIMIT.format(self.agent.timeout_s)
+    future = self.handouts.hand_out(session, example, self.agent.timeout_s, limit)
+    if self.pool is not None and (take := self.handouts.claim(session, self.base_url.removesuffix("/v1"))):
+      assert self.threads is not None
+      try:
+        self.threads.submit(self._work, take)
+      except RuntimeError:  # closed meanwhile: training is over
+        future.cancel()
+    return await asyncio.wrap_future(future)
+
+  def _work(self, take: dict) -> None:
+    """A worker runs the claimed episode `take`; where it gives no reward, its episode fails with why."""
+    assert self.pool is not None and self.handouts is not None
+    try:
+      self.pool.call(take, self.agent.timeout_s)
+    except worker_pool.CallRaised as raised:
+      self.handouts.fail(take["session"], f"{raised.type_name}: {raised.message}\n{raised.trace}")
+    except worker_pool.CallFailed as failed:
+      self.handouts.fail(take["session"], str(failed))
 
   def count(self, failure: str) -> None:
     """Counts a failed episode (not once training is over: then its failure is not the agent's); past
@@ -259,15 +277,12 @@ class AgentEpisode:
     e = self._episodes
     task = self.env.task
     session_id = e.server.open_session(e.sampling(self.env))
-    url = f"{e.base_url.removesuffix('/v1')}/sessions/{session_id}/v1"
     failure, reward = None, None
     loop = asyncio.get_running_loop()
     example = example_of(task, e.opening)
     try:
-      reward = await e.run(url, session_id, example)
-    except worker_pool.CallRaised as raised:
-      failure = f"{raised.type_name}: {raised.message}\n{raised.trace}"
-    except (worker_pool.CallFailed, EpisodeFailed) as failed:
+      reward = await e.run(session_id, example)
+    except EpisodeFailed as failed:
       failure = str(failed)
     finally:
       calls = e.server.close_session(session_id).calls
