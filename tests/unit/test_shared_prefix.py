@@ -110,9 +110,11 @@ def test_reference_log_probs_with_prompts_padded_past_the_shared_length():
     inference_worker=inference_worker.InferenceWorker({"reference": reference}),
     get_rollout_config=lambda mode: types.SimpleNamespace(temperature=0.9),
   )
-  cluster.score_reference(scored, create_meshes(cfg.mesh, agentic=False)[0])
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
   for micro_batch_size in (None, GROUP):
-    logps.append(scored.get_ref_per_token_logps(example.prompt_ids, example.completion_ids, PAD, EOS, micro_batch_size))
+    logps.append(
+      cluster.reference_logps(scored, mesh, example.prompt_ids, example.completion_ids, PAD, EOS, micro_batch_size)
+    )
   for got in logps[1:]:
     np.testing.assert_allclose(got, logps[0], rtol=1e-5, atol=1e-5)
 

@@ -124,7 +124,7 @@ def test_no_private_tunix_member_is_used_without_an_entry():
 
 
 def test_shard_input_leaves_global_batches_as_they_are():
-  """cluster.feed_global_batches relies on Tunix's shard_input returning arrays already laid out by
+  """cluster.Cluster.update_actor relies on Tunix's shard_input returning arrays already laid out by
   mesh.global_batch (batch dimension over the data axes) untouched, instead of taking them for this
   process's share."""
   import jax

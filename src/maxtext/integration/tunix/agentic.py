@@ -674,7 +674,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     )
 
   def _reference_logps(self, prompt_ids: jax.Array, completion_ids: jax.Array) -> jax.Array:
-    """The reference's log-probs of the completions, through the cluster (cluster.score_reference)."""
+    """The reference's log-probs of the completions, through the cluster (cluster.Cluster)."""
     shapes = self._shapes()
     return self.rl_cluster.get_ref_per_token_logps(
       prompt_tokens=prompt_ids,

@@ -160,8 +160,8 @@ def build_cluster(
   rollout_engine,
   rollout_configs: dict,
   before_save=None,
-) -> rl_cluster_lib.RLCluster:
-  """Tunix's RLCluster; with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
+) -> Cluster:
+  """Tunix's RLCluster (our Cluster); with LoRA adapters in the actor Tunix trains, syncs and checkpoints only those.
   rollout_engine and rollout_configs: rollout_setup.rollout_engine's and rollout_setup.rollout_configs';
   before_save: see CheckpointManager (the actor's checkpoints)."""
   cluster_config = rl_cluster_lib.ClusterConfig(
@@ -170,9 +170,7 @@ def build_cluster(
     training_config=training,
     rollout_config=rollout_configs,
   )
-  cluster = rl_cluster_lib.RLCluster(
-    actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config
-  )
+  cluster = Cluster(actor=actor, reference=reference, tokenizer=tokenizer, cluster_config=cluster_config)
   trainer = cluster.actor_trainer
   # Tunix's manager has restored the latest checkpoint, if any; ours saves without compression buffers.
   trainer.checkpoint_manager.close()
@@ -184,8 +182,6 @@ def build_cluster(
   trainer._shard_optimizer = functools.partial(shard_optimizer, trainer)
   trainer.with_training_hooks(ReleaseFreedMemory())
   accumulate_in_place(trainer, training.actor_optimizer)
-  score_reference(cluster, trainer_mesh)
-  feed_global_batches(cluster, trainer_mesh)
   if not isinstance(cluster.rollout, rollout.Engine):
     raise TypeError(f"rollout engine {type(cluster.rollout).__name__} lacks rollout.Engine's members")
   if cluster.rollout.keys is not None:
@@ -232,31 +228,35 @@ def global_token_logps(
     )
 
 
-def score_reference(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
-  """RLCluster.get_ref_per_token_logps's contract (the reference's log-probs of the completions at the
-  training rollouts' temperature, micro_batch_size rows at a time), computed here by
-  global_token_logps: Tunix takes each process's arrays for its share of the batch, and the log-probs
-  from the model's whole float32 logits [B, T, vocab] (common.compute_per_token_logps)."""
+class Cluster(rl_cluster_lib.RLCluster):
+  """Tunix's RLCluster whose reference scoring and trainer batches take global arrays on the trainer's
+  mesh (Tunix takes each process's arrays for its share of the batch, while every process holds the
+  whole batch: the sampler runs on every process's devices).
 
-  def reference_logps(prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None):
-    reference = cluster.inference_worker.get_model("reference")
-    temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
-    return global_token_logps(
-      reference, mesh, prompt_tokens, completion_tokens, pad_id, eos_id, temperature, micro_batch_size
-    )
+  get_ref_per_token_logps keeps Tunix's contract (the reference's log-probs of the completions at the
+  training rollouts' temperature, micro_batch_size rows at a time), computed by reference_logps:
+  Tunix's scores from the model's whole float32 logits [B, T, vocab] (common.compute_per_token_logps).
+  update_actor makes the trainer's batches global arrays first, which Tunix's shard_input then leaves
+  as they are."""
 
-  cluster.get_ref_per_token_logps = reference_logps
+  def get_ref_per_token_logps(self, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None):
+    mesh = self.cluster_config.role_to_mesh[Role.ACTOR]
+    return reference_logps(self, mesh, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size)
+
+  def update_actor(self, train_ds, eval_ds, skip_jit=False):
+    mesh = self.cluster_config.role_to_mesh[Role.ACTOR]
+    return super().update_actor(mesh_lib.global_batch(train_ds, mesh), eval_ds, skip_jit)
 
 
-def feed_global_batches(cluster: rl_cluster_lib.RLCluster, mesh) -> None:
-  """The trainer's batches become global arrays first, as the reference's inputs do (score_reference),
-  which Tunix then leaves as they are."""
-  update_actor = cluster.update_actor
-
-  def global_update_actor(train_ds, eval_ds, skip_jit=False):
-    return update_actor(mesh_lib.global_batch(train_ds, mesh), eval_ds, skip_jit)
-
-  cluster.update_actor = global_update_actor
+def reference_logps(cluster, mesh, prompt_tokens, completion_tokens, pad_id, eos_id, micro_batch_size=None):
+  """The log-probs of the completions under `cluster`'s reference model (its inference worker's) at
+  the training rollouts' temperature, by global_token_logps on `mesh`, micro_batch_size rows at a
+  time (None: all at once)."""
+  reference = cluster.inference_worker.get_model("reference")
+  temperature = cluster.get_rollout_config(mode=rl_cluster_lib.Mode.TRAIN).temperature
+  return global_token_logps(
+    reference, mesh, prompt_tokens, completion_tokens, pad_id, eos_id, temperature, micro_batch_size
+  )
 
 
 def shard_optimizer(trainer, mesh) -> None:

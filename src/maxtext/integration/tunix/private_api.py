@@ -92,25 +92,6 @@ DEPENDENCIES: tuple[PrivateDependency, ...] = (
     "first step even where it is laid out already (a transient copy of the whole state)",
   ),
   PrivateDependency(
-    _CLUSTER,
-    "get_ref_per_token_logps",
-    "replace",
-    ("self", "prompt_tokens", "completion_tokens", "pad_id", "eos_id", "micro_batch_size"),
-    "cluster.py",
-    "computed here: Tunix's shard_input takes each process's arrays as its share of the batch, while "
-    "every process holds the whole batch (the inputs become global arrays first), and Tunix scores the "
-    "reference from the model's whole float32 logits [B, T, vocab] where ours take the output layer a "
-    "vocabulary slice at a time, as the policy loss does (scoring.py)",
-  ),
-  PrivateDependency(
-    _CLUSTER,
-    "update_actor",
-    "replace",
-    ("self", "train_ds", "eval_ds", "skip_jit"),
-    "cluster.py",
-    "the same for the trainer's batches (Tunix 0.1.7 has no multi-process input path of its own)",
-  ),
-  PrivateDependency(
     "tunix.sft.checkpoint_manager.CheckpointManager",
     "_checkpoint_manager",
     "write",
