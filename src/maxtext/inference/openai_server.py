@@ -118,7 +118,8 @@ class Session:
     self._turns = 0
     self._requests = 0
     self._first_prompt: int | None = None  # the first call's prompt length
-    self._last: tuple[list[dict], list[int]] | None = None
+    # the last call's messages and reply as rendered and as the client sent them, and its exact tokens
+    self._last: tuple[list[dict], list[dict], list[int]] | None = None
 
   def _next_turn(self) -> int:
     with self._lock:
@@ -223,6 +224,7 @@ class _Prepared:
   tools: bool  # parse tool calls out of the replies
   request: int = 0  # its number among its session's requests
   messages: list[dict] | None = None  # a chat call's messages as rendered (a session's next call continues them)
+  sent: list[dict] | None = None  # and as the client sent them
 
 
 class OpenAIServer:
@@ -246,8 +248,10 @@ class OpenAIServer:
     self.keys = keys
     self.tool_format = tool_format
     self.context_length = batcher.cache_size
-    self.eos_ids = tuple(dict.fromkeys(i for i in (tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None))
-    self._turn_end = tokenizer.eos_token_id  # what the chat template writes at the end of a model turn
+    self._turn_end = tokenizer.convert_tokens_to_ids(chat.turn_end)  # the template's end of a model turn
+    stops = (self._turn_end, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    self.eos_ids = tuple(dict.fromkeys(i for i in stops if i is not None))
+    self._warned_fallback = False
     self._sessions: dict[str, Session] = {}
     self._lock = threading.Lock()
     self._server: uvicorn.Server | None = None
@@ -406,7 +410,14 @@ class OpenAIServer:
       # What the next call continues: the reply as the client sends it back, and its exact tokens
       # a reply cut by the length limit gets the turn end the template writes after it
       ended = done.tokens.tolist() + ([] if done.stopped else [self._turn_end])
-      continued = (prepared.messages + [{"role": "assistant", "content": reply}], list(prepared.prompt_ids) + ended)
+      sent: dict[str, Any] = {"role": "assistant", "content": text}
+      if calls:
+        sent["tool_calls"] = [_tool_call(name, arguments) for name, arguments in calls]
+      continued = (
+        prepared.messages + [{"role": "assistant", "content": reply}],
+        (prepared.sent or []) + [sent],
+        list(prepared.prompt_ids) + ended,
+      )
       with session._lock:
         session._last = continued
     if session is not None:
@@ -424,12 +435,6 @@ class OpenAIServer:
         )
       )
     return text, reason, calls
-
-  def _render(self, body: ChatRequest | TokenizeRequest, tools: list[dict] | None) -> str:
-    """The conversation as the model reads it, the assistant's turn opened."""
-    return self.chat.render(
-      self._messages(body, tools), add_generation_prompt=getattr(body, "add_generation_prompt", True)
-    )
 
   def _messages(self, body: ChatRequest | TokenizeRequest, tools: list[dict] | None) -> list[dict]:
     """The request's messages as the chat template takes them: each {role, content}, an assistant's
@@ -465,25 +470,87 @@ class OpenAIServer:
         messages.insert(0, {"role": "system", "content": offer})
     return messages
 
+  def _whole(
+    self, sent: list[dict], tools: list[dict] | None, messages: list[dict], add_generation_prompt: bool = True
+  ) -> str:
+    """The conversation rendered whole by the model's own chat template (ConfigChatParser.render_whole,
+    the assistant's turn opened unless add_generation_prompt is false): where the template writes
+    tools, the messages as the client `sent` them (assistant `tool_calls`, `tool` results) and the
+    tools; else `messages`, the tool calls written and the tools offered in the documented format."""
+    structured = self.chat.tools_in_template and (tools is not None or any(m.get("tool_calls") for m in sent))
+    try:
+      return self.chat.render_whole(
+        [self._structured(m) for m in sent] if structured else messages, tools, add_generation_prompt
+      )
+    except ValueError as e:
+      raise ApiError(400, str(e), "messages") from None
+
+  @staticmethod
+  def _structured(m: dict) -> dict:
+    """A request message as chat templates take OpenAI's: text content, `tool_calls` with their
+    arguments as objects where they are JSON, developer as system."""
+    role = "system" if m.get("role") == "developer" else m.get("role")
+    content = m.get("content")
+    if isinstance(content, list):
+      content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    out = {k: v for k, v in m.items() if k in ("name", "tool_call_id")}
+    out.update(role=role, content=content or "")
+    calls = []
+    for call in m.get("tool_calls") or []:
+      function = dict(call.get("function", {}))
+      arguments = function.get("arguments", "{}")
+      try:
+        function["arguments"] = json.loads(arguments) if isinstance(arguments, str) else arguments
+      except json.JSONDecodeError:
+        pass  # the model wrote it so: rendered as it was
+      calls.append({"type": "function", "id": call.get("id"), "function": function})
+    if calls:
+      out["tool_calls"] = calls
+    return out
+
   def _with_call(self, text: str, name: str, arguments: Any) -> str:
     """An assistant message's text with one more tool call written after it."""
     assert self.tool_format is not None
     return text + ("\n" if text else "") + self.tool_format.call_text(name, arguments)
 
-  def _continued(self, session: Session, messages: list[dict]) -> list[int] | None:
+  def _continued(
+    self, session: Session, messages: list[dict], sent: list[dict], tools: list[dict] | None
+  ) -> list[int] | None:
     """The prompt ids of a session's chat call whose messages extend its last call's messages and
     reply: the exact tokens of that call's prompt and reply (a reply cut by the length limit followed
-    by the turn-end token the template writes), the template's turn-end suffix, then the new messages
-    as the template renders them after it; None where they do not extend them (the messages are then
+    by the template's turn-end token), then what the model's own template writes after that turn end
+    when it renders the whole conversation (`_whole`: the earlier part rendered whole must be a prefix
+    of the whole). Where it is not (a template that rewrites earlier turns, as Qwen3's drops their
+    <think> blocks), the new messages are rendered after it as the run's chat parser writes them
+    (ConfigChatParser.parse; logged once). None where they do not extend them (the messages are then
     rendered whole)."""
     with session._lock:
       last = session._last
     if last is None:
       return None
-    before, stream = last
+    before, before_sent, stream = last
     if len(messages) <= len(before) or messages[: len(before)] != before:
       return None
-    added = self.chat.parse(messages[len(before) :], add_generation_prompt=True, is_first_msg=False)
+    end = self.chat.turn_end
+    try:
+      earlier = self._whole(before_sent, tools, before, add_generation_prompt=False)
+      whole = self._whole(sent, tools, messages)
+    except ApiError:
+      earlier = whole = ""
+    cut = earlier.rfind(end) if end else -1
+    if cut >= 0 and whole.startswith(earlier):
+      return stream + self._encode(earlier[cut + len(end) :] + whole[len(earlier) :], add_special_tokens=False)
+    if not self._warned_fallback:
+      self._warned_fallback = True
+      log.warning(
+        "The model's chat template does not render a session's conversation as an extension of its earlier "
+        "turns; its continuations are rendered by %s after the sampled tokens (what trains is what was sampled)",
+        "the prefix-preserving ChatML variant" if self.chat.prefix_preserving_variant else "the chat parser",
+      )
+    try:
+      added = self.chat.parse(messages[len(before) :], add_generation_prompt=True, is_first_msg=False)
+    except Exception:  # noqa: BLE001 (the template refuses the parser's anchor): rendered whole instead
+      return None
     return stream + self._encode(self.chat.turn_end_suffix + added, add_special_tokens=False)
 
   def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
@@ -496,12 +563,14 @@ class OpenAIServer:
       raise ApiError(400, "top_logprobs is not supported (the engine records the sampled token's only)", "top_logprobs")
     tools = body.tools if body.tools and body.tool_choice != "none" else None
     messages = self._messages(body, tools)
-    ids = self._continued(session, messages) if session is not None else None
+    sent = list(body.messages or [])
+    ids = self._continued(session, messages, sent, tools) if session is not None else None
     if ids is None:
-      ids = self._encode(self.chat.render(messages, add_generation_prompt=True), add_special_tokens=False)
+      ids = self._encode(self._whole(sent, tools, messages), add_special_tokens=False)
     prepared = self._prepare(body, ids, session, body.max_completion_tokens or body.max_tokens)
     prepared.tools = tools is not None
     prepared.messages = messages
+    prepared.sent = sent
     return prepared
 
   def _token_logprobs(self, tokens: np.ndarray, logprobs: np.ndarray) -> list[dict]:
@@ -667,7 +736,8 @@ class OpenAIServer:
     if (body.prompt is None) == (body.messages is None):
       raise ApiError(400, "give exactly one of prompt and messages", "prompt")
     if body.messages is not None:
-      ids = self._encode(self._render(body, None), bool(body.add_special_tokens))
+      rendered = self._whole(body.messages, None, self._messages(body, None), body.add_generation_prompt)
+      ids = self._encode(rendered, bool(body.add_special_tokens))
     else:
       ids = self._encode(body.prompt or "", body.add_special_tokens is not False)
     return {"count": len(ids), "max_model_len": self.context_length, "tokens": ids}

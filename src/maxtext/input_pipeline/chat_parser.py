@@ -18,6 +18,7 @@ the system turn.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import jinja2
@@ -93,14 +94,64 @@ class ConfigChatParser:
     env = jinja2.Environment()
     return env.from_string(self.template).render(messages=msgs, add_generation_prompt=add_generation_prompt)
 
+  @functools.cached_property
+  def turn_end(self) -> str:
+    """The token the template ends a model turn with (ChatML's <|im_end|>, Gemma's <end_of_turn>):
+    the first special or added token it writes after an assistant turn's content; the tokenizer's
+    EOS where it writes none."""
+    turn = self.render(_PROBE[:3])
+    after = turn.rindex(_PROBE[2]["content"]) + len(_PROBE[2]["content"])
+    tokens = {*self.tokenizer.all_special_tokens, *(t.content for t in self.tokenizer.added_tokens_decoder.values())}
+    found = [(turn.find(t, after), -len(t), t) for t in tokens if t and turn.find(t, after) >= 0]
+    return min(found)[2] if found else (self.tokenizer.eos_token or "")
+
   @property
   def turn_end_suffix(self) -> str:
-    """What the template writes after a model turn's end (EOS) token before the next message
-    ("\n" in ChatML); a sampled turn stops at the EOS token."""
-    eos = self.tokenizer.eos_token or ""
+    """What the template writes after a model turn's end token (`turn_end`) before the next message
+    ("\n" in ChatML)."""
     turn = self.render(_PROBE[:3])
-    end = turn.find(eos, turn.rindex(_PROBE[2]["content"])) if eos else -1
-    return turn[end + len(eos) :] if end >= 0 else ""
+    end = turn.find(self.turn_end, turn.rindex(_PROBE[2]["content"])) if self.turn_end else -1
+    return turn[end + len(self.turn_end) :] if end >= 0 else ""
+
+  @functools.cached_property
+  def tools_in_template(self) -> bool:
+    """Whether the tokenizer's own chat template writes the tools it is given (Qwen3's, Llama 3.1's);
+    where it does not (SmolLM2's, Gemma 3's), tools are offered in the system turn in the
+    documented format (integration/tunix/tool_format.py)."""
+    probe = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {"type": "object"}}}
+    try:
+      text = self.tokenizer.apply_chat_template(_PROBE[1:2], tools=[probe], tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that refuses tools  # noqa: BLE001
+      return False
+    return "probe_tool_name" in text
+
+  def render_whole(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt=True) -> str:
+    """A conversation rendered whole by the tokenizer's own chat template (the assistant's turn
+    opened unless add_generation_prompt is false), as `tokenizer.apply_chat_template(messages,
+    tools=tools, add_generation_prompt=True)` writes it where the template writes tools
+    (`tools_in_template`): messages as OpenAI's (an assistant's `tool_calls`, `tool` results). Where
+    it does not, the documented format: each tool result a user turn in <tool_response> tags (as
+    Qwen's ChatML writes them; consecutive ones in one turn), the tools offered by the caller. A
+    ValueError with the template's reason where it refuses the conversation."""
+    msgs = [{**m, "content": as_text(m.get("content") or "")} for m in messages]
+    if msgs and msgs[0]["role"] == "system" and not msgs[0]["content"]:
+      msgs[0]["content"] = self.system_prompt
+    kwargs = {"tools": tools} if tools and self.tools_in_template else {}
+    if not self.tools_in_template:
+      msgs = _merged_users(
+        [
+          {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+          if m["role"] == "tool"
+          else m
+          for m in msgs
+        ]
+      )
+    try:
+      return self.tokenizer.apply_chat_template(
+        msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+      )
+    except Exception as refused:  # noqa: BLE001 (jinja2's TemplateError, or what the template raises)
+      raise ValueError(f"the model's chat template refuses this conversation: {refused}") from refused
 
   def _prefix_problem(self) -> str | None:
     for k in range(2, len(_PROBE)):
@@ -121,6 +172,18 @@ class ConfigChatParser:
     anchor = _PROBE[:2]
     base = self.render(anchor)
     return self.render(anchor + list(messages), add_generation_prompt)[len(base) :]
+
+
+def _merged_users(messages: list[dict]) -> list[dict]:
+  """Consecutive tool results (user turns in <tool_response> tags) joined into one turn."""
+  out: list[dict] = []
+  for m in messages:
+    response = lambda x: x["role"] == "user" and x["content"].startswith("<tool_response>")
+    if out and response(m) and response(out[-1]):
+      out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + m["content"]}
+    else:
+      out.append(m)
+  return out
 
 
 def for_config(agentic: AgenticSection, template: PromptTemplate) -> ConfigChatParser:

