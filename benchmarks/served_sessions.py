@@ -45,7 +45,8 @@ def main() -> None:
 
   from maxtext.configs import pyconfig
   from maxtext.inference.continuous_batching import ContinuousBatcher
-  from maxtext.inference.openai_server import OpenAIServer, SessionSampling
+  from maxtext.inference.openai_server import OpenAIServer
+  from maxtext.inference.sessions import SessionSampling
   from maxtext.inference.step_keys import StepKeys
   from maxtext.input_pipeline.chat_parser import ConfigChatParser
   from maxtext.input_pipeline.tokenizer import tokenizer_for

@@ -1,10 +1,11 @@
 """Sessions speak the model's own chat template (inference/openai_server.py through
 input_pipeline/chat_parser.py): a chat call's prompt ids equal what the tokenizer's own
 apply_chat_template writes, tools included where the template writes them (Qwen3), in the documented
-format in the system turn where it does not (SmolLM2, Gemma 3); a template that takes no tool turn
-(Gemma 3) gets tool results as user turns instead of a 500; the turn-end token is the template's
-own, not the tokenizer's EOS. Real tokenizers (Qwen3's, SmolLM2's and Gemma 3's, from their packages),
-the real `openai` client, a batcher that answers with a scripted reply."""
+format in the system turn where it does not (SmolLM2, Gemma 3); the turn-end token is the
+template's own, not the tokenizer's EOS; continuations are what the template writes after the
+sampled tokens, or (Qwen3, whose template rewrites earlier turns) the chat parser's, logged. Real
+tokenizers (Qwen3's, SmolLM2's and Gemma 3's, from their packages), the real `openai` client, a
+batcher that answers with a scripted reply."""
 
 import concurrent.futures
 import copy
@@ -112,17 +113,27 @@ def test_smollm2_writes_no_tools_so_they_are_offered_in_its_system_turn_in_the_d
     server.stop()
 
 
-def test_gemma3_writes_no_tools_so_a_tool_result_is_a_user_turn_in_the_documented_format():
+def test_gemma3_writes_no_tools_so_they_and_its_calls_are_in_the_documented_format_in_its_own_turns():
+  """Gemma 3's template has no tools and writes every turn that is not the model's as a user turn
+  (a tool result too): the prompt is its template's rendering of the conversation with the tools
+  offered in the system turn and the call written into the model's turn, as SmolLM2's is."""
   tokenizer = _gemma()
   server, batcher, client = _served(tokenizer)
   try:
-    assert server.chat.turn_end == "<end_of_turn>"
+    assert server.chat.turn_end == "<end_of_turn>" and not server.chat.tools_in_template
     client.chat.completions.create(model="m", messages=ASKED, max_tokens=4)
     assert batcher.prompts[-1] == _own(tokenizer, ASKED)
     out = client.chat.completions.create(model="m", messages=WITH_RESULT, tools=[TOOL], max_tokens=4)
     assert out.choices[0].message.content == "5"
-    text = tokenizer.decode(batcher.prompts[-1])
-    assert "<start_of_turn>user\n<tool_response>\n5\n</tool_response><end_of_turn>" in text
+    written = QwenToolFormat().call_text("calculator", {"expression": "2+3"})
+    flat = [
+      {"role": "system", "content": "Be brief.\n\n" + QwenToolFormat().prompt([TOOL])},
+      ASKED[1],
+      {"role": "assistant", "content": written},
+      {"role": "tool", "content": "5"},
+    ]
+    assert batcher.prompts[-1] == _own(tokenizer, flat)
+    assert "<start_of_turn>user\n5<end_of_turn>\n<start_of_turn>model\n" in tokenizer.decode(batcher.prompts[-1])
   finally:
     server.stop()
 
@@ -182,5 +193,29 @@ def test_where_qwen3_s_template_rewrites_an_earlier_turn_a_session_continues_its
     assert two.prompt_ids.tolist()[: len(stream)] == stream  # what trains is what was sampled
     assert "does not render a session's conversation as an extension of its earlier turns" in caplog.text
     assert "<tool_response>\n5\n</tool_response>" in qwen3_tokenizer.decode(two.prompt_ids.tolist()[len(stream) :])
+  finally:
+    server.stop()
+
+
+def test_a_template_that_refuses_tool_turns_gets_them_as_user_turns_and_other_refusals_are_400s(smollm2_tokenizer):
+  tokenizer = copy.deepcopy(smollm2_tokenizer)
+  tokenizer.chat_template = (
+    "{% for m in messages %}{% if m['role'] == 'tool' %}{{ raise_exception('no tool turns') }}{% endif %}"
+    "{% if m['role'] == 'system' and not loop.first %}{{ raise_exception('system goes first') }}{% endif %}"
+    "<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+  )
+  chat = ConfigChatParser(tokenizer, "")
+  assert chat.prefix_preserving_variant  # the learner's parser falls back (logged) instead of failing
+  flat = [*ASKED, {"role": "assistant", "content": "<tool_call>...</tool_call>"}]
+  text = chat.render_whole([*flat, {"role": "tool", "content": "5"}, {"role": "tool", "content": "6"}])
+  assert text.endswith(
+    "<|im_start|>user\n<tool_response>\n5\n</tool_response>\n<tool_response>\n6\n</tool_response><|im_end|>\n"
+    "<|im_start|>assistant\n"
+  )
+  server, _, client = _served(tokenizer)
+  try:
+    with pytest.raises(openai.BadRequestError, match="refuses this conversation: system goes first"):
+      client.chat.completions.create(model="m", messages=[*ASKED, ASKED[0]], max_tokens=4)
   finally:
     server.stop()

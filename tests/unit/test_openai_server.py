@@ -13,7 +13,8 @@ import pytest
 from flax import nnx
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
-from maxtext.inference.openai_server import OpenAIServer, SessionSampling
+from maxtext.inference.openai_server import OpenAIServer
+from maxtext.inference.sessions import SessionSampling
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.tokenizer import tokenizer_for

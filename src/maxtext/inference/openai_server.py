@@ -36,7 +36,6 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
-import secrets
 import signal
 import socket
 import threading
@@ -53,6 +52,7 @@ import uvicorn
 from fastapi import responses
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
+from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.utils import errors
@@ -71,85 +71,6 @@ class ToolFormat(Protocol):
 
   def call_text(self, name: str, arguments: Any) -> str:
     """A call as the model writes it (to render earlier assistant turns that made calls)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Call:
-  """One sampled completion of a session: the request it answers (the session's requests numbered from
-  0 in the order they arrived; n > 1 completions share one), the prompt's token ids, the sampled ids
-  (EOS kept), each token's log-prob under softmax(logits / temperature) and the weights version that
-  sampled it; a chat call's messages as the template rendered them and its reply's text (its tool
-  calls written in as the model writes them)."""
-
-  request: int
-  prompt_ids: np.ndarray
-  token_ids: np.ndarray
-  logprobs: np.ndarray
-  versions: np.ndarray
-  temperature: float
-  finish_reason: str  # stop, length or tool_calls
-  messages: list[dict] | None = None  # None: a completions call
-  reply: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class SessionSampling:
-  """How a training session samples, whatever its requests ask: the run's temperature, top_p and
-  top_k, each call's key (`key(turn)`, turn counting the session's calls from 0) and `budget`, the
-  tokens its calls may add after the first call's prompt, sampled and rendered together (None: no
-  budget)."""
-
-  temperature: float
-  top_p: float
-  top_k: int | None
-  key: Callable[[int], jax.Array]
-  budget: int | None = None
-
-
-class Session:
-  """The calls made under one session id, in the order they finished (thread-safe to read), and what
-  its next chat call continues: the messages so far with the last reply, and their exact tokens."""
-
-  def __init__(self, session_id: str, sampling: SessionSampling | None = None):
-    self.id = session_id
-    self.sampling = sampling
-    self._calls: list[Call] = []
-    self._lock = threading.Lock()
-    self._turns = 0
-    self._requests = 0
-    self._first_prompt: int | None = None  # the first call's prompt length
-    # the last call's messages and reply as rendered and as the client sent them, and its exact tokens
-    self._last: tuple[list[dict], list[dict], list[int]] | None = None
-
-  def _next_turn(self) -> int:
-    with self._lock:
-      self._turns += 1
-      return self._turns - 1
-
-  def _next_request(self) -> int:
-    with self._lock:
-      self._requests += 1
-      return self._requests - 1
-
-  def _budget_left(self, prompt: int) -> int | None:
-    """What a call with a `prompt`-token prompt may sample under the session's budget: the budget less
-    the tokens its calls added after the first call's prompt (None: no budget)."""
-    with self._lock:
-      if self._first_prompt is None:
-        self._first_prompt = prompt
-      first = self._first_prompt
-    if self.sampling is None or self.sampling.budget is None:
-      return None
-    return self.sampling.budget - max(prompt - first, 0)
-
-  @property
-  def calls(self) -> list[Call]:
-    with self._lock:
-      return list(self._calls)
-
-  def _add(self, call: Call) -> None:
-    with self._lock:
-      self._calls.append(call)
 
 
 class ApiError(Exception):
@@ -252,8 +173,7 @@ class OpenAIServer:
     stops = (self._turn_end, tokenizer.eos_token_id, tokenizer.pad_token_id)
     self.eos_ids = tuple(dict.fromkeys(i for i in stops if i is not None))
     self._warned_fallback = False
-    self._sessions: dict[str, Session] = {}
-    self._lock = threading.Lock()
+    self.sessions = Sessions()
     self._server: uvicorn.Server | None = None
     self._thread: threading.Thread | None = None
     self.app = self._build_app()
@@ -262,27 +182,24 @@ class OpenAIServer:
   def open_session(self, sampling: SessionSampling | None = None) -> str:
     """A new session's id (unguessable); its requests go to /sessions/{id}/v1/... With `sampling` (a
     training session) its calls sample as that says, not as they ask."""
-    session_id = secrets.token_urlsafe(16)
-    with self._lock:
-      self._sessions[session_id] = Session(session_id, sampling)
-    return session_id
+    return self.sessions.open(sampling)
 
   def session(self, session_id: str) -> Session:
     """The session's record (KeyError for an unknown id)."""
-    with self._lock:
-      return self._sessions[session_id]
+    session = self.sessions.get(session_id)
+    if session is None:
+      raise KeyError(session_id)
+    return session
 
   def close_session(self, session_id: str) -> Session:
     """Forgets the session (its URL answers 404 from now on) and returns its record."""
-    with self._lock:
-      return self._sessions.pop(session_id)
+    return self.sessions.close(session_id)
 
   def _session_of(self, request: fastapi.Request) -> Session | None:
     session_id = request.path_params.get("session_id")
     if session_id is None:
       return None
-    with self._lock:
-      session = self._sessions.get(session_id)
+    session = self.sessions.get(session_id)
     if session is None:
       raise ApiError(404, f"unknown session {session_id!r}")
     return session
@@ -358,7 +275,7 @@ class OpenAIServer:
     if body.top_k is not None and body.top_k < 1 and body.top_k != -1:
       raise ApiError(400, f"top_k must be -1 (off) or >= 1, got {body.top_k}", "top_k")
     fixed = session.sampling if session is not None else None
-    left = session._budget_left(len(prompt_ids)) if session is not None else None
+    left = session.budget_left(len(prompt_ids)) if session is not None else None
     if left is not None:
       if left < 1:
         budget = fixed.budget if fixed is not None else None
@@ -379,11 +296,11 @@ class OpenAIServer:
       keys: list[jax.Array | None] = [None] * body.n
     else:
       if session is not None and fixed is not None:
-        key = fixed.key(session._next_turn())
+        key = fixed.key(session.next_turn())
       else:
         key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
       keys = [jax.random.fold_in(key, i) for i in range(body.n)]
-    return _Prepared(prompt_ids, params, keys, session, False, session._next_request() if session is not None else 0)
+    return _Prepared(prompt_ids, params, keys, session, False, session.next_request() if session is not None else 0)
 
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
@@ -418,10 +335,9 @@ class OpenAIServer:
         (prepared.sent or []) + [sent],
         list(prepared.prompt_ids) + ended,
       )
-      with session._lock:
-        session._last = continued
+      session.remember(*continued)
     if session is not None:
-      session._add(
+      session.add(
         Call(
           prepared.request,
           np.asarray(prepared.prompt_ids, np.int32),
@@ -524,13 +440,10 @@ class OpenAIServer:
     <think> blocks), the new messages are rendered after it as the run's chat parser writes them
     (ConfigChatParser.parse; logged once). None where they do not extend them (the messages are then
     rendered whole)."""
-    with session._lock:
-      last = session._last
+    last = session.continued_from(messages)
     if last is None:
       return None
     before, before_sent, stream = last
-    if len(messages) <= len(before) or messages[: len(before)] != before:
-      return None
     end = self.chat.turn_end
     try:
       earlier = self._whole(before_sent, tools, before, add_generation_prompt=False)

@@ -128,34 +128,39 @@ class ConfigChatParser:
   def render_whole(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt=True) -> str:
     """A conversation rendered whole by the tokenizer's own chat template (the assistant's turn
     opened unless add_generation_prompt is false), as `tokenizer.apply_chat_template(messages,
-    tools=tools, add_generation_prompt=True)` writes it where the template writes tools
-    (`tools_in_template`): messages as OpenAI's (an assistant's `tool_calls`, `tool` results). Where
-    it does not, the documented format: each tool result a user turn in <tool_response> tags (as
-    Qwen's ChatML writes them; consecutive ones in one turn), the tools offered by the caller. A
-    ValueError with the template's reason where it refuses the conversation."""
+    tools=tools, add_generation_prompt=True)` writes it: messages as OpenAI's (an assistant's
+    `tool_calls`, `tool` results), tools where the template writes them (`tools_in_template`; where
+    it does not, the caller offers them in the documented format). A template that refuses a `tool`
+    turn gets each tool result as a user turn in <tool_response> tags (as Qwen's ChatML writes them;
+    consecutive ones in one turn); a ValueError with the template's reason where it refuses the
+    conversation."""
     msgs = [{**m, "content": as_text(m.get("content") or "")} for m in messages]
     if msgs and msgs[0]["role"] == "system" and not msgs[0]["content"]:
       msgs[0]["content"] = self.system_prompt
     kwargs = {"tools": tools} if tools and self.tools_in_template else {}
-    if not self.tools_in_template:
-      msgs = _merged_users(
-        [
-          {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
-          if m["role"] == "tool"
-          else m
-          for m in msgs
-        ]
-      )
+    render = lambda ms: self.tokenizer.apply_chat_template(
+      ms, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+    )
     try:
-      return self.tokenizer.apply_chat_template(
-        msgs, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
-      )
+      return render(msgs)
     except Exception as refused:  # noqa: BLE001 (jinja2's TemplateError, or what the template raises)
+      if not any(m["role"] == "tool" for m in msgs):
+        raise ValueError(f"the model's chat template refuses this conversation: {refused}") from refused
+    as_user = [
+      {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"} if m["role"] == "tool" else m
+      for m in msgs
+    ]
+    try:
+      return render(_merged_users(as_user))
+    except Exception as refused:  # noqa: BLE001
       raise ValueError(f"the model's chat template refuses this conversation: {refused}") from refused
 
   def _prefix_problem(self) -> str | None:
     for k in range(2, len(_PROBE)):
-      before, after = self.render(_PROBE[:k]), self.render(_PROBE[: k + 1])
+      try:
+        before, after = self.render(_PROBE[:k]), self.render(_PROBE[: k + 1])
+      except Exception as refused:  # noqa: BLE001 (jinja2's TemplateError, or what the template raises)
+        return f"it refuses a {_PROBE[k]['role']} turn: {refused}"
       if not after.startswith(before):
         return f"adding a {_PROBE[k]['role']} turn rewrites the earlier text"
       if _PROBE[k]["role"] == "assistant":

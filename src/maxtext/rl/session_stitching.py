@@ -32,7 +32,7 @@ from maxtext.rl.episode import Calls
 
 
 class Call(Protocol):
-  """What stitch reads of a recorded call (openai_server.Call)."""
+  """What stitch reads of a recorded call (inference/sessions.Call)."""
 
   @property
   def request(self) -> int: ...

@@ -76,7 +76,8 @@ from tunix.rl.agentic import utils as agentic_utils
 from tunix.rl.agentic.pipeline import rollout_orchestrator
 
 from maxtext.configs.sections import AgenticSection, AlgorithmSection, SamplingSection, ToolsSection, TrainSection
-from maxtext.inference.openai_server import OpenAIServer, SessionSampling
+from maxtext.inference.openai_server import OpenAIServer
+from maxtext.inference.sessions import SessionSampling
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.rewards import RewardSet, others_mean_where
 from maxtext.input_pipeline.rewards import summaries as reward_summaries

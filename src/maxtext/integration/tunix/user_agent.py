@@ -43,7 +43,8 @@ from typing import Any
 import numpy as np
 
 from maxtext.configs.sections import AgentSection
-from maxtext.inference.openai_server import OpenAIServer, SessionSampling
+from maxtext.inference.openai_server import OpenAIServer
+from maxtext.inference.sessions import SessionSampling
 from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
