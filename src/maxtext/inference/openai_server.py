@@ -54,7 +54,7 @@ from fastapi import responses
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
 from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
 from maxtext.inference.step_keys import StepKeys
-from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.chat_parser import ConfigChatParser, TextAsData
 from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
@@ -387,16 +387,25 @@ class OpenAIServer:
     return messages
 
   def _whole(
-    self, sent: list[dict], tools: list[dict] | None, messages: list[dict], add_generation_prompt: bool = True
+    self,
+    data: TextAsData,
+    sent: list[dict],
+    tools: list[dict] | None,
+    messages: list[dict],
+    add_generation_prompt: bool = True,
   ) -> str:
     """The conversation rendered whole by the model's own chat template (ConfigChatParser.render_whole,
     the assistant's turn opened unless add_generation_prompt is false): where the template writes
     tools, the messages as the client `sent` them (assistant `tool_calls`, `tool` results) and the
-    tools; else `messages`, the tool calls written and the tools offered in the documented format."""
+    tools; else `messages`, the tool calls written and the tools offered in the documented format.
+    Every string the client wrote is held out by `data` first (TextAsData: `data.encode` gives the
+    ids, where text that spells a control token is text)."""
     structured = self.chat.tools_in_template and (tools is not None or any(m.get("tool_calls") for m in sent))
     try:
       return self.chat.render_whole(
-        [self._structured(m) for m in sent] if structured else messages, tools, add_generation_prompt
+        data.protect([self._structured(m) for m in sent] if structured else messages),
+        data.protect(tools),
+        add_generation_prompt,
       )
     except ValueError as e:
       raise ApiError(400, str(e), "messages") from None
@@ -445,14 +454,15 @@ class OpenAIServer:
       return None
     before, before_sent, stream = last
     end = self.chat.turn_end
+    data = TextAsData(self.tokenizer)
     try:
-      earlier = self._whole(before_sent, tools, before, add_generation_prompt=False)
-      whole = self._whole(sent, tools, messages)
+      earlier = self._whole(data, before_sent, tools, before, add_generation_prompt=False)
+      whole = self._whole(data, sent, tools, messages)
     except ApiError:
       earlier = whole = ""
     cut = earlier.rfind(end) if end else -1
     if cut >= 0 and whole.startswith(earlier):
-      return stream + self._encode(earlier[cut + len(end) :] + whole[len(earlier) :], add_special_tokens=False)
+      return stream + data.encode(earlier[cut + len(end) :] + whole[len(earlier) :])
     if not self._warned_fallback:
       self._warned_fallback = True
       log.warning(
@@ -461,10 +471,10 @@ class OpenAIServer:
         "the prefix-preserving ChatML variant" if self.chat.prefix_preserving_variant else "the chat parser",
       )
     try:
-      added = self.chat.parse(messages[len(before) :], add_generation_prompt=True, is_first_msg=False)
+      added = self.chat.parse(data.protect(messages[len(before) :]), add_generation_prompt=True, is_first_msg=False)
     except Exception:  # noqa: BLE001 (the template refuses the parser's anchor): rendered whole instead
       return None
-    return stream + self._encode(self.chat.turn_end_suffix + added, add_special_tokens=False)
+    return stream + data.encode(self.chat.turn_end_suffix + added)
 
   def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
     return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
@@ -479,7 +489,8 @@ class OpenAIServer:
     sent = list(body.messages or [])
     ids = self._continued(session, messages, sent, tools) if session is not None else None
     if ids is None:
-      ids = self._encode(self._whole(sent, tools, messages), add_special_tokens=False)
+      data = TextAsData(self.tokenizer)
+      ids = data.encode(self._whole(data, sent, tools, messages))
     prepared = self._prepare(body, ids, session, body.max_completion_tokens or body.max_tokens)
     prepared.tools = tools is not None
     prepared.messages = messages
@@ -649,8 +660,11 @@ class OpenAIServer:
     if (body.prompt is None) == (body.messages is None):
       raise ApiError(400, "give exactly one of prompt and messages", "prompt")
     if body.messages is not None:
-      rendered = self._whole(body.messages, None, self._messages(body, None), body.add_generation_prompt)
-      ids = self._encode(rendered, bool(body.add_special_tokens))
+      data = TextAsData(self.tokenizer)
+      ids = data.encode(self._whole(data, body.messages, None, self._messages(body, None), body.add_generation_prompt))
+      bos = self.tokenizer.bos_token_id
+      if body.add_special_tokens and bos is not None and ids[:1] != [bos]:
+        ids = [bos, *ids]
     else:
       ids = self._encode(body.prompt or "", body.add_special_tokens is not False)
     return {"count": len(ids), "max_model_len": self.context_length, "tokens": ids}

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from tunix.rl.agentic import utils as agentic_utils
 from tunix.rl.agentic.agents import agent_types
 from tunix.rl.agentic.environments import tool_environment
 from tunix.rl.agentic.parser.tool_parser import qwen_parser
@@ -172,7 +171,8 @@ class TrajectoryEngine:
 
   def _add_env_tokens(self, step) -> None:
     """The tokens of the messages the environment added after the model's turn (the turn-end suffix
-    first, then each message as the template renders it, ending with the generation prompt)."""
+    first, then each message as the template renders it, ending with the generation prompt), their
+    text as data (chat_parser.TextAsData: a tool output spelling <|im_start|> is not a turn)."""
     added: list[dict] = []
     for message in reversed(self.agent.chat_completions):
       if message["role"] == "assistant":
@@ -180,9 +180,7 @@ class TrajectoryEngine:
       added.insert(0, message)
     if not added:
       return
-    tokens, _ = agentic_utils.tokenize_and_generate_masks(
-      added, tokenizer=self._tokenizer, parser=self._parser, contains_first_msg=False, contains_generation_msg=True
-    )
+    tokens = self._parser.encode_added(added)  # tool outputs are data: never control tokens
     suffix = self._parser.turn_end_suffix
     tokens = (self._tokenizer.encode(suffix, add_special_tokens=False) if suffix else []) + list(tokens)
     step.env_tokens = np.asarray(tokens, np.int32)
