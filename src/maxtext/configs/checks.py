@@ -234,9 +234,20 @@ def _check_sampling(v: Mapping[str, Any]) -> None:
     raise ConfigError(f"decode_sampling_top_p={v['decode_sampling_top_p']}: expected 0 < top_p <= 1 (1: off)")
 
 
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+SERVE_KEY_ENV, AGENT_KEY_ENV = "MAXTEXT_API_KEY", "MAXTEXT_AGENT_API_KEY"
+
+
+def api_key(value: str, env: str) -> str | None:
+  """A server's API key: the key's value, else the environment variable `env` where it is set, else
+  None (no key)."""
+  return value or os.environ.get(env) or None
+
+
 def _check_agent(v: Mapping[str, Any]) -> None:
   """A user's agent (rl.agent): PATH.py:NAME or http, on the batched engine (its sessions are served from the
-  engine's batcher), without the run's own tools (the agent brings its own)."""
+  engine's batcher), without the run's own tools (the agent brings its own), and served beyond this machine
+  only with an API key."""
   agent = v["rl.agent"]
   if not agent or not v["rl.use_agentic_rollout"]:
     return
@@ -257,6 +268,11 @@ def _check_agent(v: Mapping[str, Any]) -> None:
     raise ConfigError(
       f"rl.agent={agent!r}, rl.tools={list(v['rl.tools'])}: the agent calls its own tools (OpenAI function "
       "calling through its client); expected rl.tools=[] and rl.tools_path empty"
+    )
+  if v["rl.agent_host"] not in LOOPBACK and not api_key(v["rl.agent_api_key"], AGENT_KEY_ENV):
+    raise ConfigError(
+      f"rl.agent_host={v['rl.agent_host']!r} without rl.agent_api_key (nor ${AGENT_KEY_ENV}): anyone who reaches "
+      "the port would take episodes, post rewards and sample from the policy; set a key, or serve at 127.0.0.1"
     )
 
 

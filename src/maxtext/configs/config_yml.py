@@ -47,8 +47,9 @@ def read_yaml(path: str) -> dict[str, Any]:
 
 
 def written_values(config: RunConfig) -> dict[str, Any]:
-  """Dotted key -> value as config.yml records them: inputs copied from a bucket by their URL."""
-  return {**config.flat(), **config.urls}
+  """Dotted key -> value as config.yml records them: inputs copied from a bucket by their URL, secret
+  keys as RunConfig.public writes them."""
+  return {**config.public(), **config.urls}
 
 
 def write_yaml(config: RunConfig, path: str, comments: list[str] | tuple[str, ...] = ()) -> None:

@@ -94,6 +94,12 @@ class RunConfig:
       out.update({key: sections.thawed(getattr(part, field)) for field, key in sections.yaml_keys(section).items()})
     return out
 
+  def public(self) -> dict[str, Any]:
+    """flat(), each secret key that is set (sections.SECRET_KEYS: API keys) written as
+    sections.SECRET_WRITTEN: what config.yml and W&B record."""
+    flat = self.flat()
+    return {k: sections.SECRET_WRITTEN if k in sections.SECRET_KEYS and v else v for k, v in flat.items()}
+
   def replace_values(self, changes: Mapping[str, Any], urls: Mapping[str, str]) -> RunConfig:
     """This config with some dotted keys set to other values and their URLs recorded."""
     return RunConfig.from_values({**self.flat(), **changes}, self.overridden, {**self.urls, **urls}, self.maxtext_only)

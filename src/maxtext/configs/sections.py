@@ -159,13 +159,15 @@ def key(
   bounds: Bound | None = None,
   applies: tuple[When, ...] = (),
   path: PathKind | None = None,
+  secret: bool = False,
 ) -> dict[str, Any]:
   """A field's metadata (`dataclasses.field(metadata=key(...))`): `doc`, what the key means (the text
   `--help` and docs/configuration.md's reference show); `name`, its YAML key after the section's PREFIX
   where that is not the field's name; `bounds`, the values it takes; `applies`, the conditions under
   which the run reads the key, the first that fails giving the reason it is ignored; `path`, what the
-  file or folder the key names is to the run (a local path or gs://, checked at start)."""
-  out: dict[str, Any] = {"doc": doc, "applies": applies, "bounds": bounds, "path": path}
+  file or folder the key names is to the run (a local path or gs://, checked at start); `secret`, a
+  value never written down (config.yml and W&B get SECRET_WRITTEN in its place: RunConfig.public)."""
+  out: dict[str, Any] = {"doc": doc, "applies": applies, "bounds": bounds, "path": path, "secret": secret}
   if name is not None:
     out["key"] = name
   return out
@@ -729,12 +731,20 @@ class ServeSection:
   PREFIX: ClassVar[str] = ""
   serve_host: str = dataclasses.field(
     metadata=key(
-      "maxtext.inference.serve: the address to listen on (127.0.0.1: this machine only; the server has no "
-      "authentication)."
+      "maxtext.inference.serve: the address to listen on (127.0.0.1: this machine only; anything else needs "
+      "serve_api_key)."
     )
   )
   serve_port: int = dataclasses.field(
     metadata=key("maxtext.inference.serve: the TCP port to listen on; 0: any free port (logged).", bounds=PORT)
+  )
+  serve_api_key: str = dataclasses.field(
+    metadata=key(
+      "maxtext.inference.serve: the key every route but GET /health requires (`Authorization: Bearer KEY`, as "
+      "the openai client sends its api_key); empty: $MAXTEXT_API_KEY where it is set, else none (anyone who "
+      "reaches the address is served).",
+      secret=True,
+    )
   )
 
 
@@ -1148,7 +1158,7 @@ class AgentSection:
   agent_host: str = dataclasses.field(
     metadata=key(
       "rl.agent: the address the policy is served at while it trains (127.0.0.1: this machine only; 0.0.0.0: "
-      "every interface, for agents elsewhere that rl.agent=http serves).",
+      "every interface, for agents elsewhere that rl.agent=http serves, which needs rl.agent_api_key).",
       applies=(AGENTIC, USER_AGENT),
     )
   )
@@ -1156,6 +1166,24 @@ class AgentSection:
     metadata=key(
       "rl.agent: the port the policy is served at while it trains (0: a free one, which the log names).",
       bounds=PORT,
+      applies=(AGENTIC, USER_AGENT),
+    )
+  )
+  agent_api_key: str = dataclasses.field(
+    metadata=key(
+      "rl.agent: the key every route of the training server but GET /health requires (`Authorization: Bearer "
+      "KEY`: sessions, POST /episodes/next, rewards, tokenize; the run's own workers send it); empty: "
+      "$MAXTEXT_AGENT_API_KEY where it is set, else none, which only rl.agent_host=127.0.0.1 (or ::1, localhost) "
+      "allows.",
+      applies=(AGENTIC, USER_AGENT),
+      secret=True,
+    )
+  )
+  agent_sessionless: bool = dataclasses.field(
+    metadata=key(
+      "rl.agent: also serve the routes without a session (/v1/chat/completions and the rest at the server's "
+      "root: any caller samples from the policy on the run's batcher, recorded nowhere); false: only sessions, "
+      "episode hand-outs and GET /health.",
       applies=(AGENTIC, USER_AGENT),
     )
   )
@@ -1369,3 +1397,6 @@ STANDARD_ONLY_KEYS = keys_only_under(STANDARD)
 PPO_ONLY_KEYS = keys_only_under(PPO)
 # Keys naming a file or folder the program reads or writes, with os-level file access.
 PATH_KEYS = path_keys()
+# Keys whose values are never written down (sections.key(secret=True)), and what is written instead.
+SECRET_KEYS = tuple(dotted for dotted, f in _fields() if f.metadata.get("secret"))
+SECRET_WRITTEN = ""  # as if unset: a config.yml loaded again sets no key

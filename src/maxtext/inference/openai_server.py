@@ -36,6 +36,7 @@ import concurrent.futures
 import dataclasses
 import json
 import logging
+import secrets
 import signal
 import socket
 import threading
@@ -81,7 +82,7 @@ class ApiError(Exception):
     self.status, self.message, self.param = status, message, param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 410: "GoneError"}
+_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 410: "GoneError"}
 
 
 def _error_response(status: int, message: str, param: str | None = None) -> responses.JSONResponse:
@@ -151,7 +152,10 @@ class _Prepared:
 class OpenAIServer:
   """The server (see the module docstring) on `batcher`, whose tokens it decodes with `tokenizer` and
   whose conversations it renders with `chat`. model_name: the one model id it answers to; keys: the
-  draws of requests without a seed; tool_format: None refuses requests with tools."""
+  draws of requests without a seed; tool_format: None refuses requests with tools; api_key: the
+  Bearer key every route but GET /health requires (None: none); sessionless: whether the routes
+  without a session are served (else 404: only sessions, what other modules add under /episodes/
+  and /sessions/, and /health)."""
 
   def __init__(
     self,
@@ -161,8 +165,12 @@ class OpenAIServer:
     model_name: str,
     keys: StepKeys,
     tool_format: ToolFormat | None = None,
+    api_key: str | None = None,
+    sessionless: bool = True,
   ):
     self.batcher = batcher
+    self._api_key = api_key
+    self._sessionless = sessionless
     self.tokenizer = tokenizer
     self.chat = chat
     self.model_name = model_name
@@ -693,6 +701,27 @@ class OpenAIServer:
     @app.exception_handler(404)
     async def not_found(_, e):
       return _error_response(404, getattr(e, "detail", None) or "not found")
+
+    @app.middleware("http")
+    async def guard(request: fastapi.Request, call_next):
+      path = request.url.path
+      if path == "/health":
+        return await call_next(request)
+      if self._api_key is not None:
+        given = request.headers.get("authorization", "")
+        if not secrets.compare_digest(given.encode(), f"Bearer {self._api_key}".encode()):
+          return _error_response(
+            401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's key"
+          )
+      if not self._sessionless and not path.startswith(("/sessions/", "/episodes/")):
+        return _error_response(
+          404, f"{path}: this training server serves sessions only (rl.agent_sessionless=true serves it)"
+        )
+      return await call_next(request)
+
+    @app.get("/health")
+    def health():
+      return {"status": "ok"}
 
     def models(request: fastapi.Request):
       self._session_of(request)

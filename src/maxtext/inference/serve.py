@@ -6,16 +6,26 @@
 The model, weights and tokenizer load as maxtext.inference.decode loads them; the context is
 max_prompt_length + max_response_length tokens, rollout_max_batch_size requests decode together,
 unseeded requests draw from decode_seed. It listens on serve_host:serve_port until SIGINT or
-SIGTERM and logs its base URL. Endpoints, sessions and errors: inference/openai_server.py and
-docs/serving.md.
+SIGTERM and logs its base URL. With serve_api_key (or $MAXTEXT_API_KEY) every route but GET /health
+requires it as a Bearer key; without one, a serve_host beyond this machine is warned about.
+Endpoints, sessions and errors: inference/openai_server.py and docs/serving.md.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 
-from maxtext.configs import cli
+from maxtext.configs import checks, cli
 from maxtext.configs.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+
+
+def server_key_missing(cfg: RunConfig) -> bool:
+  """Whether the server would listen beyond this machine without an API key."""
+  key = checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV)
+  return cfg.serve.serve_host not in checks.LOOPBACK and key is None
 
 
 def serve(cfg: RunConfig) -> None:
@@ -35,7 +45,16 @@ def serve(cfg: RunConfig) -> None:
     cfg.model.model_name,
     engine.keys,
     QwenToolFormat(),
+    api_key=checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV),
   )
+  if server_key_missing(cfg):
+    log.warning(
+      "serve_host=%s without serve_api_key (nor $%s): anyone who reaches %s:%d samples from the model",
+      cfg.serve.serve_host,
+      checks.SERVE_KEY_ENV,
+      cfg.serve.serve_host,
+      cfg.serve.serve_port,
+    )
   try:
     server.run(cfg.serve.serve_host, cfg.serve.serve_port, cfg.run.log_level)
   finally:

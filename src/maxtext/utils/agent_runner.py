@@ -18,13 +18,14 @@ KEY = "rl.agent"
 PRELOAD = ("httpx", "openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
 
 
-def episode_runner(path: str, name: str) -> Callable[[dict, float], None]:
+def episode_runner(path: str, name: str, api_key: str | None = None) -> Callable[[dict, float], None]:
   """The WorkerPool `load` of an agent worker: rl.agent's file loaded; the handler (take, timeout_s)
   runs the episode an /episodes/next body names (`take`: session, base_url, model, example) with an
   openai.AsyncOpenAI client of its base URL (no retries: a retried request would be recorded twice;
   plain HTTP to the trainer's server, so no TLS context is made for it) and posts the function's
-  reward, a float or None, to the session's /reward route, as a process of rl.agent=http does. A
-  function that returns anything else raises TypeError (and posts nothing)."""
+  reward, a float or None, to the session's /reward route, as a process of rl.agent=http does, both
+  with the server's `api_key` where it has one. A function that returns anything else raises
+  TypeError (and posts nothing)."""
   import httpx
   import openai
 
@@ -34,7 +35,7 @@ def episode_runner(path: str, name: str) -> Callable[[dict, float], None]:
     async def episode():
       http = openai.DefaultAsyncHttpxClient(verify=False)
       async with openai.AsyncOpenAI(
-        base_url=take["base_url"], api_key="session", max_retries=0, timeout=timeout_s, http_client=http
+        base_url=take["base_url"], api_key=api_key or "session", max_retries=0, timeout=timeout_s, http_client=http
       ) as client:
         return await fn(client, take["model"], take["example"])
 
@@ -44,7 +45,9 @@ def episode_runner(path: str, name: str) -> Callable[[dict, float], None]:
     ):
       raise TypeError(f"{name} returned {reward!r}; expected a finite float reward or None")
     url = f"{take['base_url'].removesuffix('/v1')}/reward"
-    posted = httpx.post(url, json={"reward": None if reward is None else float(reward)}, timeout=timeout_s)
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    reward_body = {"reward": None if reward is None else float(reward)}
+    posted = httpx.post(url, json=reward_body, headers=headers, timeout=timeout_s)
     if posted.status_code != 200:
       raise RuntimeError(f"POST {url}: {posted.status_code} {posted.text}")
 

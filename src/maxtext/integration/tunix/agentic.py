@@ -309,7 +309,14 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     if batcher is None or keys is None:
       raise ValueError(f"rl.agent is served from the batched engine's batcher; {type(engine).__name__} has none")
     server = OpenAIServer(
-      batcher, self.chat_parser.tokenizer, self.chat_parser, self._model_name, keys, QwenToolFormat()
+      batcher,
+      self.chat_parser.tokenizer,
+      self.chat_parser,
+      self._model_name,
+      keys,
+      QwenToolFormat(),
+      api_key=agent.api_key,
+      sessionless=agent.sessionless,
     )
     base_url = server.start(agent.host, agent.port, ("rl.agent_host", "rl.agent_port"))
     if agent.over_http:

@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from maxtext.configs import checks
 from maxtext.configs.sections import AgentSection
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.sessions import SessionSampling
@@ -70,6 +71,8 @@ class UserAgent:
   host: str
   port: int
   wait_s: float  # http: how long episodes may wait with no process asking for one
+  api_key: str | None = None  # the key every route of the server requires (None: none)
+  sessionless: bool = False  # the server also serves its routes without a session
 
   @property
   def over_http(self) -> bool:
@@ -90,6 +93,8 @@ def load(section: AgentSection) -> UserAgent:
     section.agent_host,
     section.agent_port,
     section.agent_wait_s,
+    checks.api_key(section.agent_api_key, checks.AGENT_KEY_ENV),
+    section.agent_sessionless,
   )
   if section.agent == "http":
     return UserAgent("", "", *limits)
@@ -178,7 +183,7 @@ class Episodes:
     if over_http:
       return
     self.pool = worker_pool.WorkerPool(
-      functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name),
+      functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name, self.agent.api_key),
       self.agent.timeout_s,
       LIMIT.format(self.agent.timeout_s),
       preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds

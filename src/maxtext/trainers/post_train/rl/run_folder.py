@@ -41,9 +41,10 @@ from maxtext.utils.steps import Steps
 log = logging.getLogger(__name__)
 
 # Keys a rerun may set otherwise and still resume: where the run writes and what it reports, the
-# evaluation, the device layout, recomputation and the decode chunk. Every other key shapes the training trajectory
-# (model and weights, data, template and rewards, algorithm, optimizer, batch shape and steps,
-# sampling, seeds): a rerun that sets one otherwise is refused unless resume_with_changes=true.
+# evaluation, the device layout, recomputation, the decode chunk, and where and to whom the policy is
+# served. Every other key shapes the training trajectory (model and weights, data, template and rewards,
+# algorithm, optimizer, batch shape and steps, sampling, seeds): a rerun that sets one otherwise is
+# refused unless resume_with_changes=true.
 RESUMABLE_KEYS = (
   *sections.yaml_keys(sections.RunSection).values(),
   *sections.yaml_keys(sections.EvalSection).values(),
@@ -54,6 +55,10 @@ RESUMABLE_KEYS = (
   "decode_steps_per_dispatch",
   "math_verify_num_procs",
   "prompt",
+  *sections.SECRET_KEYS,  # never written down, so never compared
+  "rl.agent_host",
+  "rl.agent_port",
+  "rl.agent_sessionless",
 )
 
 

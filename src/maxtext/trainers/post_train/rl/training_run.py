@@ -120,7 +120,7 @@ class TrainingRun:
     run = cfg.run
     wandb = None
     if run.wandb_project and distributed.is_main():
-      wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.flat())
+      wandb = metrics.WandbRun(run.wandb_project, run.run_name, folder.path, cfg.public())
     self.guard = run_guard.RunGuard(steps)
     self._abandoned = ""  # what a second signal cut short in training
     self._settled = False  # whether the checkpoints settled after a fault (closing)
