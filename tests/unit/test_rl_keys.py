@@ -52,6 +52,8 @@ CHANGED = {
   "rl.agent_wait_s": 30.0,
   "rl.agent_host": "0.0.0.0",
   "rl.agent_port": 8123,
+  "rl.agent_api_key": "k",
+  "rl.agent_sessionless": True,
   "rl.agent_max_failures": 3,
 }
 # Where the standard learner's sample shaping (shaping.Shaping) shows a key.
@@ -182,6 +184,8 @@ def test_which_keys_each_mode_refuses():
     "rl.agent_wait_s",  # without rl.agent=http
     "rl.agent_host",
     "rl.agent_port",
+    "rl.agent_api_key",
+    "rl.agent_sessionless",
     "rl.agent_max_failures",
     "rl.num_iterations",
     "rl.max_turns",

@@ -738,6 +738,13 @@ class ServeSection:
   serve_port: int = dataclasses.field(
     metadata=key("maxtext.inference.serve: the TCP port to listen on; 0: any free port (logged).", bounds=PORT)
   )
+  serve_max_n: int = dataclasses.field(
+    metadata=key(
+      "maxtext.inference.serve: the most choices (n) one request may ask for; a request above it is a 400, so "
+      "no request holds the batcher for the others.",
+      bounds=POSITIVE_INT,
+    )
+  )
   serve_api_key: str = dataclasses.field(
     metadata=key(
       "maxtext.inference.serve: the key every route but GET /health requires (`Authorization: Bearer KEY`, as "

@@ -15,8 +15,11 @@ leaves), seed (choice i draws with fold_in(PRNGKey(seed), i), as the rollout eng
 seed, a fresh key from StepKeys), n. `logprobs` returns each sampled token's log-prob under the
 temperature-scaled distribution (what the engine records; no alternatives: top_logprobs > 0 is
 refused), `return_token_ids: true` (vLLM's extension) the prompt's and each choice's token ids.
-Sampling stops at the tokenizer's EOS or pad token, which the token ids and log-probs keep and the
-text leaves out. `stop` strings are refused.
+Sampling stops at the template's turn end or the tokenizer's EOS or pad token, which the token ids
+and log-probs keep and the text leaves out, and at `stop` strings (not streamed), cut as vLLM cuts
+them (_cut). Fields set to what the server does not do are 400s naming them (_refuse_unhonoured);
+`n` is capped (max_n), bodies too (max_body_bytes: 413). With an api_key every route but GET /health
+needs it (_Guard).
 
 Sessions: the same endpoints under /sessions/{id}/v1/... record each completion (a `Call`: prompt
 ids, sampled ids, their log-probs and weights versions) in that session, which `open_session()`
@@ -51,6 +54,7 @@ import numpy as np
 import pydantic
 import uvicorn
 from fastapi import responses
+from starlette.middleware import body_limit
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
 from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
@@ -82,7 +86,15 @@ class ApiError(Exception):
     self.status, self.message, self.param = status, message, param
 
 
-_ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 410: "GoneError"}
+_ERROR_TYPES = {
+  400: "BadRequestError",
+  401: "AuthenticationError",
+  404: "NotFoundError",
+  410: "GoneError",
+  413: "RequestTooLargeError",
+}
+MAX_BODY_BYTES = 8 << 20  # the largest request body by default
+MAX_STOPS = 16  # stop strings a request may give
 
 
 def _error_response(status: int, message: str, param: str | None = None) -> responses.JSONResponse:
@@ -96,21 +108,26 @@ class _Sampling(pydantic.BaseModel):
   """The sampling fields chat and text completions share."""
 
   model: str
-  temperature: float = pydantic.Field(1.0, ge=0.0)
-  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0)
+  temperature: float = pydantic.Field(1.0, ge=0.0, allow_inf_nan=False)
+  top_p: float = pydantic.Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
   top_k: int | None = None
   max_tokens: int | None = pydantic.Field(None, ge=1)
-  seed: int | None = None
+  seed: int | None = pydantic.Field(None, ge=0, lt=2**63)
   n: int = pydantic.Field(1, ge=1)
   stream: bool = False
   stop: str | list[str] | None = None
   return_token_ids: bool = False
+  frequency_penalty: float = 0.0
+  presence_penalty: float = 0.0
+  logit_bias: dict[str, float] | None = None
 
 
 class ChatRequest(_Sampling):
   messages: list[dict[str, Any]] = pydantic.Field(min_length=1)
   tools: list[dict[str, Any]] | None = None
   tool_choice: Any = None
+  parallel_tool_calls: bool | None = None
+  response_format: dict[str, Any] | None = None
   max_completion_tokens: int | None = pydantic.Field(None, ge=1)
   logprobs: bool = False
   top_logprobs: int | None = None
@@ -118,7 +135,7 @@ class ChatRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
   prompt: str | list[int] = pydantic.Field(min_length=1)
-  logprobs: int | None = None
+  logprobs: int | None = pydantic.Field(None, ge=0, le=0)  # the sampled token's only: no alternatives
   echo: bool = False
 
 
@@ -147,6 +164,7 @@ class _Prepared:
   request: int = 0  # its number among its session's requests
   messages: list[dict] | None = None  # a chat call's messages as rendered (a session's next call continues them)
   sent: list[dict] | None = None  # and as the client sent them
+  stops: tuple[str, ...] = ()  # stop strings: a reply ends at the first (_cut)
 
 
 class OpenAIServer:
@@ -155,7 +173,8 @@ class OpenAIServer:
   draws of requests without a seed; tool_format: None refuses requests with tools; api_key: the
   Bearer key every route but GET /health requires (None: none); sessionless: whether the routes
   without a session are served (else 404: only sessions, what other modules add under /episodes/
-  and /sessions/, and /health)."""
+  and /sessions/, and /health); max_n: the most choices a request may ask for (400 above it);
+  max_body_bytes: the largest request body (413 above it)."""
 
   def __init__(
     self,
@@ -167,10 +186,13 @@ class OpenAIServer:
     tool_format: ToolFormat | None = None,
     api_key: str | None = None,
     sessionless: bool = True,
+    max_n: int = 16,
+    max_body_bytes: int = MAX_BODY_BYTES,
   ):
     self.batcher = batcher
     self._api_key = api_key
     self._sessionless = sessionless
+    self.max_n, self.max_body_bytes = max_n, max_body_bytes
     self.tokenizer = tokenizer
     self.chat = chat
     self.model_name = model_name
@@ -269,8 +291,14 @@ class OpenAIServer:
 
   def _prepare(self, body: _Sampling, prompt_ids: list[int], session: Session | None, max_tokens: int | None):
     self._check_model(body.model)
-    if body.stop:
-      raise ApiError(400, "stop strings are not supported (sampling stops at the model's EOS token)", "stop")
+    _refuse_unhonoured(body)
+    if body.n > self.max_n:
+      raise ApiError(400, f"n={body.n}: this server samples at most {self.max_n} choices a request", "n")
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stops) > MAX_STOPS or not all(stops):
+      raise ApiError(400, f"stop: at most {MAX_STOPS} non-empty strings", "stop")
+    if stops and body.stream:
+      raise ApiError(400, "stop strings with stream=true are not supported; ask without streaming", "stop")
     room = self.context_length - len(prompt_ids)
     if room < 1 or (max_tokens is not None and max_tokens > room):
       raise ApiError(
@@ -308,25 +336,44 @@ class OpenAIServer:
       else:
         key = jax.random.PRNGKey(body.seed) if body.seed is not None else self.keys.next()
       keys = [jax.random.fold_in(key, i) for i in range(body.n)]
-    return _Prepared(prompt_ids, params, keys, session, False, session.next_request() if session is not None else 0)
+    request = session.next_request() if session is not None else 0
+    return _Prepared(prompt_ids, params, keys, session, False, request, stops=tuple(stops))
 
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
     return self.batcher.submit_many([prepared.prompt_ids] * n, prepared.params, prepared.keys, on_tokens or [None] * n)
 
-  def _text(self, tokens: np.ndarray, stopped: bool) -> str:
-    return self.tokenizer.decode((tokens[:-1] if stopped else tokens).tolist())
+  def _text(self, done: Completion) -> str:
+    if isinstance(done, _Cut):
+      return done.text
+    return self.tokenizer.decode((done.tokens[:-1] if done.stopped else done.tokens).tolist())
+
+  def _cut(self, prepared: _Prepared, done: Completion) -> Completion:
+    """A completion that ran into one of the request's stop strings ends there, as vLLM ends it: its
+    text before the stop string; its tokens (recorded, returned and trained) up to and including the
+    one that completed it (what was sampled after is dropped: the earlier tokens' log-probs do not
+    depend on it)."""
+    if not prepared.stops:
+      return done
+    tokens = done.tokens[:-1] if done.stopped else done.tokens
+    text = self.tokenizer.decode(tokens.tolist())
+    found = [(text.find(stop), stop) for stop in prepared.stops if stop in text]
+    if not found:
+      return done
+    at, stop = min(found)
+    k = next(k for k in range(1, len(tokens) + 1) if stop in self.tokenizer.decode(tokens[:k].tolist()))
+    return _Cut(done.tokens[:k], done.logprobs[:k], done.versions[:k], False, text[:at])
 
   def _finish(self, prepared: _Prepared, done: Completion) -> tuple[str, str, list[tuple[str, Any]]]:
     """(content, finish_reason, tool calls) of a completion, recorded in the request's session; the
     content is the text before the calls where there are any."""
-    text = self._text(done.tokens, done.stopped)
+    text = self._text(done)
     if prepared.tools and self.tool_format is not None:
       before, calls = self.tool_format.calls(text)
       text = before if calls else text
     else:
       calls = []
-    reason = "tool_calls" if calls else ("stop" if done.stopped else "length")
+    reason = "tool_calls" if calls else ("stop" if done.stopped or isinstance(done, _Cut) else "length")
     session = prepared.session
     reply = text
     for name, arguments in calls:
@@ -365,7 +412,8 @@ class OpenAIServer:
     tool calls written into its content as the model writes them, the tools offered in the system
     turn."""
     messages = []
-    for m in body.messages or []:
+    for index, m in enumerate(body.messages or []):
+      _check_message(index, m)
       role, content = m.get("role"), m.get("content")
       if role not in ("system", "user", "assistant", "tool", "developer"):
         raise ApiError(400, f"message role {role!r} is not one of system, user, assistant, tool", "messages")
@@ -513,10 +561,10 @@ class OpenAIServer:
     return out
 
   async def _chat(self, body: ChatRequest, request: fastapi.Request):
-    prepared = self._chat_prepared(body, request)
+    prepared = await asyncio.to_thread(self._chat_prepared, body, request)  # rendering: off the event loop
     if body.stream:
       return self._stream(prepared, body, chat=True)
-    done = await _unless_gone(self._submit(prepared), request)
+    done = [self._cut(prepared, c) for c in await _unless_gone(self._submit(prepared), request)]
     created, choices = int(time.time()), []
     for i, c in enumerate(done):
       text, reason, calls = self._finish(prepared, c)
@@ -547,13 +595,16 @@ class OpenAIServer:
     self._check_model(body.model)
     if body.echo:
       raise ApiError(400, "echo is not supported", "echo")
-    ids = list(body.prompt) if isinstance(body.prompt, list) else self._encode(body.prompt, add_special_tokens=True)
+    if isinstance(body.prompt, list):
+      ids = list(body.prompt)
+    else:
+      ids = await asyncio.to_thread(self._encode, body.prompt, True)  # off the event loop
     if any(not 0 <= t < len(self.tokenizer) for t in ids):
       raise ApiError(400, f"prompt token ids must be from 0 to {len(self.tokenizer) - 1}", "prompt")
     prepared = self._prepare(body, ids, session, body.max_tokens)
     if body.stream:
       return self._stream(prepared, body, chat=False)
-    done = await _unless_gone(self._submit(prepared), request)
+    done = [self._cut(prepared, c) for c in await _unless_gone(self._submit(prepared), request)]
     choices = []
     for i, c in enumerate(done):
       text, reason, _ = self._finish(prepared, c)
@@ -680,6 +731,8 @@ class OpenAIServer:
   def _detokenize(self, body: DetokenizeRequest, request: fastapi.Request):
     self._session_of(request)
     self._check_model(body.model)
+    if any(not 0 <= t < len(self.tokenizer) for t in body.tokens):
+      raise ApiError(400, f"token ids must be from 0 to {len(self.tokenizer) - 1}", "tokens")
     return {"prompt": self.tokenizer.decode(body.tokens)}
 
   def _build_app(self) -> fastapi.FastAPI:
@@ -702,22 +755,15 @@ class OpenAIServer:
     async def not_found(_, e):
       return _error_response(404, getattr(e, "detail", None) or "not found")
 
-    @app.middleware("http")
-    async def guard(request: fastapi.Request, call_next):
-      path = request.url.path
-      if path == "/health":
-        return await call_next(request)
-      if self._api_key is not None:
-        given = request.headers.get("authorization", "")
-        if not secrets.compare_digest(given.encode(), f"Bearer {self._api_key}".encode()):
-          return _error_response(
-            401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's key"
-          )
-      if not self._sessionless and not path.startswith(("/sessions/", "/episodes/")):
-        return _error_response(
-          404, f"{path}: this training server serves sessions only (rl.agent_sessionless=true serves it)"
-        )
-      return await call_next(request)
+    @app.exception_handler(413)
+    async def too_large(_, e):
+      return _error_response(413, f"the request body is over this server's limit of {self.max_body_bytes} bytes")
+
+    # a chunked body past the limit (_Guard, added after it and so run before it, answers a declared
+    # one): the 413 handler above answers it
+    app.add_middleware(body_limit.RequestBodyLimitMiddleware, max_body_size=self.max_body_bytes)
+
+    app.add_middleware(_Guard, server=self)  # added last, so it runs first
 
     @app.get("/health")
     def health():
@@ -764,6 +810,47 @@ async def _gather(futures: list[concurrent.futures.Future]) -> list[Completion]:
   return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
 
 
+@dataclasses.dataclass
+class _Cut(Completion):
+  """A completion ended by a stop string: its tokens through the one that completed it, `text` the
+  reply before the stop string."""
+
+  text: str = ""
+
+
+class _Guard:
+  """ASGI middleware of the server's every route but GET /health (pure ASGI, so a client's disconnect
+  still reaches the route): the API key, a declared body over the limit (413), and with sessions
+  only, no route outside /sessions/ and /episodes/ (404)."""
+
+  def __init__(self, app, server: OpenAIServer):
+    self.app, self.server = app, server
+
+  async def __call__(self, scope, receive, send):
+    refused = self._refused(scope) if scope["type"] == "http" and scope["path"] != "/health" else None
+    if refused is None:
+      return await self.app(scope, receive, send)
+    await refused(scope, receive, send)
+
+  def _refused(self, scope) -> responses.JSONResponse | None:
+    server, path = self.server, scope["path"]
+    headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    if server._api_key is not None:
+      given = headers.get("authorization", "")
+      if not secrets.compare_digest(given.encode(), f"Bearer {server._api_key}".encode()):
+        return _error_response(
+          401, "invalid or missing API key: send `Authorization: Bearer KEY` with the server's key"
+        )
+    declared = headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > server.max_body_bytes:
+      return _error_response(413, f"the request body is over this server's limit of {server.max_body_bytes} bytes")
+    if not server._sessionless and not path.startswith(("/sessions/", "/episodes/")):
+      return _error_response(
+        404, f"{path}: this training server serves sessions only (rl.agent_sessionless=true serves it)"
+      )
+    return None
+
+
 class _ClientGone(Exception):
   """The client disconnected before its reply was ready."""
 
@@ -785,6 +872,66 @@ def _usage(prepared: _Prepared, done: list[Completion]) -> dict:
   completion = sum(len(c.tokens) for c in done)
   prompt = len(prepared.prompt_ids)
   return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _refuse_unhonoured(body: _Sampling) -> None:
+  """A 400 naming a field the request sets to something this server does not do (rather than
+  ignoring it): penalties, logit_bias, a tool_choice other than auto or none, parallel_tool_calls
+  false, a response_format other than text."""
+  if body.frequency_penalty or body.presence_penalty:
+    field = "frequency_penalty" if body.frequency_penalty else "presence_penalty"
+    raise ApiError(400, f"{field} is not supported (sampling is the policy's, unpenalized)", field)
+  if body.logit_bias:
+    raise ApiError(400, "logit_bias is not supported", "logit_bias")
+  if not isinstance(body, ChatRequest):
+    return
+  if body.tool_choice not in (None, "auto", "none"):
+    raise ApiError(
+      400,
+      f"tool_choice={json.dumps(body.tool_choice)} is not supported: the model chooses (auto) or no tools are offered "
+      "(none); a forced call needs guided decoding, which this server does not do",
+      "tool_choice",
+    )
+  if body.parallel_tool_calls is False:
+    raise ApiError(
+      400, "parallel_tool_calls=false is not supported: a reply's every call is returned", "parallel_tool_calls"
+    )
+  kind = (body.response_format or {}).get("type", "text")
+  if kind != "text":
+    raise ApiError(
+      400, f"response_format {kind!r} is not supported: structured output needs guided decoding", "response_format"
+    )
+
+
+def _check_message(index: int, m: Any) -> None:
+  """A 400 naming the field where a chat message is not OpenAI's shape: content a string, null or a
+  list of parts (each an object with a string `type`, a text part's `text` a string), `tool_calls`
+  a list of {function: {name: string, arguments: string or object}}."""
+  where = f"messages[{index}]"
+  if not isinstance(m, dict):
+    raise ApiError(400, f"{where}: expected an object with role and content", "messages")
+  content = m.get("content")
+  if isinstance(content, list):
+    for j, part in enumerate(content):
+      if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise ApiError(400, f"{where}.content[{j}]: expected an object with a string type", "messages")
+      if part["type"] == "text" and not isinstance(part.get("text"), str):
+        raise ApiError(400, f"{where}.content[{j}].text: expected a string", "messages")
+  elif content is not None and not isinstance(content, str):
+    raise ApiError(400, f"{where}.content: expected a string, null or a list of content parts", "messages")
+  calls = m.get("tool_calls")
+  if calls is None:
+    return
+  if not isinstance(calls, list):
+    raise ApiError(400, f"{where}.tool_calls: expected a list of tool calls", "messages")
+  for j, call in enumerate(calls):
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+      raise ApiError(400, f"{where}.tool_calls[{j}].function: expected an object with a string name", "messages")
+    if not isinstance(function.get("arguments", "{}"), (str, dict)):
+      raise ApiError(
+        400, f"{where}.tool_calls[{j}].function.arguments: expected a JSON string or an object", "messages"
+      )
 
 
 def _tool_call(name: str, arguments: Any) -> dict:

@@ -46,6 +46,7 @@ def serve(cfg: RunConfig) -> None:
     engine.keys,
     QwenToolFormat(),
     api_key=checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV),
+    max_n=cfg.serve.serve_max_n,
   )
   if server_key_missing(cfg):
     log.warning(

@@ -58,9 +58,21 @@ class NextRequest(pydantic.BaseModel):
   wait_s: float = pydantic.Field(DEFAULT_WAIT_S, ge=0.0, le=MAX_WAIT_S)
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 class RewardRequest(pydantic.BaseModel):
-  reward: float | None = pydantic.Field(None, allow_inf_nan=False)
+  """A reward: a number a float32 holds (a boolean is no reward), or null; or an error."""
+
+  reward: float | None = pydantic.Field(None, allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)
   error: str | None = None
+
+  @pydantic.field_validator("reward", mode="before")
+  @classmethod
+  def _not_a_boolean(cls, value):
+    if isinstance(value, bool):
+      raise ValueError("a reward is a number, not a boolean")
+    return value
 
 
 @dataclasses.dataclass
