@@ -9,14 +9,11 @@ import openai
 import pytest
 
 from maxtext.configs import config_yml
-from maxtext.inference.openai_server import OpenAIServer
-from maxtext.inference.step_keys import StepKeys
-from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.rl.episode_handouts import EpisodeHandouts
 from maxtext.utils import agent_runner
 from maxtext.utils.errors import ConfigError
 from tests.conftest import make_config
-from tests.unit.test_openai_server import _ScriptedBatcher
+from tests.unit.test_openai_server import scripted_server
 
 KEY = "s3cret-key"
 ASK = {"model": "m", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 2}
@@ -24,15 +21,7 @@ ASK = {"model": "m", "messages": [{"role": "user", "content": "2+3?"}], "max_tok
 
 @pytest.fixture
 def guarded(qwen3_tokenizer):
-  server = OpenAIServer(
-    _ScriptedBatcher(qwen3_tokenizer, "5"),
-    qwen3_tokenizer,
-    ConfigChatParser(qwen3_tokenizer, ""),
-    "m",
-    StepKeys(0),
-    api_key=KEY,
-    sessionless=False,
-  )
+  server = scripted_server(qwen3_tokenizer, api_key=KEY, sessionless=False)
   handouts = EpisodeHandouts(server, "m")
   base = server.start("127.0.0.1", 0).removesuffix("/v1")
   yield server, handouts, base

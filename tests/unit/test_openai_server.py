@@ -306,6 +306,13 @@ def _logps_over_a_cache_of(model, old, new, ids, fed_before: int) -> np.ndarray:
   return np.asarray(logps[np.arange(size - 1 - fed_before), ids[fed_before + 1 :]])
 
 
+def scripted_server(tokenizer, reply: str = "5", **kwargs) -> OpenAIServer:
+  """A server (model id "m") on a _ScriptedBatcher answering `reply`; kwargs: OpenAIServer's options."""
+  return OpenAIServer(
+    _ScriptedBatcher(tokenizer, reply), tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), **kwargs
+  )
+
+
 class _ScriptedBatcher:
   """Answers every prompt with one scripted reply (and EOS), keeping the prompts it got: the tool-call
   path needs a reply that calls a tool, which random weights do not write."""

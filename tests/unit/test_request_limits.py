@@ -9,26 +9,15 @@ import json
 import httpx
 import pytest
 
-from maxtext.inference.openai_server import OpenAIServer
-from maxtext.inference.step_keys import StepKeys
-from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.rl.episode_handouts import EpisodeHandouts
-from tests.unit.test_openai_server import _ScriptedBatcher
+from tests.unit.test_openai_server import scripted_server
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 2}
 
 
 @pytest.fixture
 def base(qwen3_tokenizer):
-  server = OpenAIServer(
-    _ScriptedBatcher(qwen3_tokenizer, "5"),
-    qwen3_tokenizer,
-    ConfigChatParser(qwen3_tokenizer, ""),
-    "m",
-    StepKeys(0),
-    max_n=4,
-    max_body_bytes=64 << 10,
-  )
+  server = scripted_server(qwen3_tokenizer, max_n=4, max_body_bytes=64 << 10)
   handouts = EpisodeHandouts(server, "m")
   url = server.start("127.0.0.1", 0).removesuffix("/v1")
   yield url, server, handouts
@@ -149,9 +138,7 @@ def test_a_stop_string_ends_the_reply_as_vllm_ends_it_and_the_record_keeps_what_
   reason "stop"; the session records the tokens through the one that completed the stop string, and
   the next call continues them, followed by the template's turn end."""
   reply = "Thought: add them.\nAction: calculator 2+3\nObservation: 5, and more"
-  server = OpenAIServer(
-    _ScriptedBatcher(qwen3_tokenizer, reply), qwen3_tokenizer, ConfigChatParser(qwen3_tokenizer, ""), "m", StepKeys(0)
-  )
+  server = scripted_server(qwen3_tokenizer, reply)
   base = server.start("127.0.0.1", 0).removesuffix("/v1")
   session = server.open_session()
   url = f"{base}/sessions/{session}/v1/chat/completions"
