@@ -232,6 +232,10 @@ def test_the_kl_penalty_inside_the_reward_matches_each_estimate():
   for method, kl in estimates.items():
     got = np.asarray(ppo.kl_penalty(logps, ref, MASK, 0.05, method))
     np.testing.assert_allclose(got, np.where(MASK > 0, -0.05 * kl, 0.0), rtol=1e-5, atol=1e-7)
+  # low_var_kl is bounded as verl bounds it: a token at p=1e-8 under the policy and 0.5 under the
+  # reference would cost 0.05 * 5e7 = 2.5e6 unbounded; it costs 0.05 * 10
+  far = ppo.kl_penalty(np.log([[1e-8]]), np.log([[0.5]]), np.ones((1, 1)), 0.05, "low_var_kl")
+  np.testing.assert_allclose(np.asarray(far), [[-0.5]], rtol=1e-6)
   # With the reward at the last token, GAE (gamma = lam = 1, V = 0) gives each token the reward less the
   # penalties from that token on: the KL of later tokens is charged to earlier ones, as in PPO for RLHF.
   rewards = np.array([1.0, 0.0, 0.5, -1.0, 2.0], np.float32)

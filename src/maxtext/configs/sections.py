@@ -846,7 +846,7 @@ class AlgorithmSection:
   kl_in_reward_method: KlLossMode = dataclasses.field(
     metadata=key(
       "PPO: the KL estimate of rl.kl_in_reward_coef's penalty, per token: kl (k1, logp - ref), mse_kl (k2) or "
-      "low_var_kl (k3).",
+      "low_var_kl (k3, bounded to +-10 as verl bounds it).",
       applies=(PPO, KL_IN_REWARD),
     )
   )

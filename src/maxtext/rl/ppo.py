@@ -28,17 +28,23 @@ def token_rewards(rewards: ArrayLike, mask: ArrayLike) -> jax.Array:
   return jnp.where(at_last, jnp.asarray(rewards, jnp.float32)[:, None], 0.0)
 
 
+LOG_RATIO_BOUND, LOW_VAR_KL_BOUND = 20.0, 10.0  # verl's bounds of its low_var_kl penalty
+
+
 def kl_penalty(logps: ArrayLike, ref_logps: ArrayLike, mask: ArrayLike, coef: float, method: str) -> jax.Array:
   """float32 [B, T]: the KL penalty inside the reward, -coef * KL_t on each live token, KL_t the per-token
   estimate `method` of the sampling policy's log-probs `logps` against the reference's: kl (k1,
-  logp - ref), mse_kl (k2, (logp - ref)^2 / 2) or low_var_kl (k3, exp(ref - logp) - (ref - logp) - 1)."""
+  logp - ref), mse_kl (k2, (logp - ref)^2 / 2) or low_var_kl (k3, exp(ref - logp) - (ref - logp) - 1,
+  bounded as verl bounds it: the log-ratio to +-LOG_RATIO_BOUND, the estimate to +-LOW_VAR_KL_BOUND, so
+  one token the policy all but never samples cannot make a reward of millions)."""
   diff = jnp.asarray(logps, jnp.float32) - jnp.asarray(ref_logps, jnp.float32)
   if method == "kl":
     kl = diff
   elif method == "mse_kl":
     kl = 0.5 * diff**2
   elif method == "low_var_kl":
-    kl = jnp.expm1(-diff) + diff
+    diff = jnp.clip(diff, -LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+    kl = jnp.clip(jnp.expm1(-diff) + diff, -LOW_VAR_KL_BOUND, LOW_VAR_KL_BOUND)
   else:
     raise ValueError(f"unknown KL estimate {method!r}")
   return jnp.where(jnp.asarray(mask) > 0, -coef * kl, 0.0)
