@@ -3,7 +3,8 @@
   loops over each row's live tokens (masked positions removed first, value 0 after the last live token);
   plus gamma = lam = 1 (A_t = final reward - V_t) and a tiny case worked by hand.
 - token_rewards: the row's reward at its last live token, by a python loop.
-- whiten: (x - mean) / sqrt(var + 1e-8) with the population mean and variance over the live tokens.
+- whiten: (x - mean) / sqrt(var + 1e-8) with the mean and the unbiased (N - 1) variance over the live
+  tokens, as verl's masked_whiten.
 - value_loss: the clipped value loss of PPO implementations (0.5 * max of the plain and clipped squared errors),
   its clip fraction, a 1x3 case worked by hand, and its gradient in V against the analytic derivative
   (itself checked by central finite differences of the numpy loss in float64).
@@ -102,9 +103,9 @@ def test_whiten_over_live_tokens():
   x = (3.0 + 2.5 * rng.normal(size=MASK.shape)).astype(np.float32)
   got = np.asarray(ppo.whiten(jnp.asarray(x), MASK))
   live = live_values(x, MASK)
-  want = np.where(MASK > 0, (x - live.mean()) / np.sqrt(live.var() + 1e-8), 0.0)
+  want = np.where(MASK > 0, (x - live.mean()) / np.sqrt(live.var(ddof=1) + 1e-8), 0.0)
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-  assert abs(live_values(got, MASK).mean()) < 1e-5 and abs(live_values(got, MASK).std() - 1.0) < 1e-5
+  assert abs(live_values(got, MASK).mean()) < 1e-5 and abs(live_values(got, MASK).std(ddof=1) - 1.0) < 1e-5
   assert np.all(got[MASK == 0] == 0)
 
 
@@ -315,3 +316,14 @@ def test_the_entropy_bonus_is_the_loss_less_entropy_coef_times_the_entropy_with_
   np.testing.assert_allclose(float(aux["entropy"]), entropy, rtol=1e-5)
   np.testing.assert_allclose(bonus, plain - 0.3 * entropy, rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(bonus_grad, plain_grad + 0.3 * p * (logp + entropy), rtol=1e-4, atol=1e-6)
+
+
+def test_whiten_equals_tunix_s_masked_whiten_on_the_live_tokens():
+  """Tunix's algo_core.masked_whiten (unbiased variance, as verl's): ours equals it where the mask is 1."""
+  from tunix.rl import algo_core
+
+  rng = np.random.default_rng(5)
+  x = (1.0 + 3.0 * rng.normal(size=MASK.shape)).astype(np.float32)
+  theirs = np.asarray(algo_core.masked_whiten(jnp.asarray(x), jnp.asarray(MASK)))
+  ours = np.asarray(ppo.whiten(jnp.asarray(x), MASK))
+  np.testing.assert_allclose(ours[MASK > 0], theirs[MASK > 0], rtol=1e-5, atol=1e-5)

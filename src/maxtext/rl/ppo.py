@@ -73,11 +73,13 @@ def gae(
 
 
 def whiten(x: ArrayLike, mask: ArrayLike) -> jax.Array:
-  """x less its mean over the live tokens, over their standard deviation; 0 where the mask is 0."""
+  """x less its mean over the live tokens, over their standard deviation (the unbiased one, over N - 1
+  tokens, as verl's masked_whiten and Tunix's whiten take it; over N for a single token); 0 where the
+  mask is 0."""
   m = jnp.asarray(mask, jnp.float32)
   count = jnp.maximum(m.sum(), 1.0)
   mean = (x * m).sum() / count
-  var = (jnp.square(x - mean) * m).sum() / count
+  var = (jnp.square(x - mean) * m).sum() / jnp.maximum(count - 1.0, 1.0)
   return jnp.where(m > 0, (x - mean) * jax.lax.rsqrt(var + _EPS), 0.0)
 
 
