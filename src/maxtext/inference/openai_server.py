@@ -364,19 +364,21 @@ class OpenAIServer:
     k = next(k for k in range(1, len(tokens) + 1) if stop in self.tokenizer.decode(tokens[:k].tolist()))
     return _Cut(done.tokens[:k], done.logprobs[:k], done.versions[:k], False, text[:at])
 
-  def _finish(self, prepared: _Prepared, done: Completion) -> tuple[str, str, list[tuple[str, Any]]]:
-    """(content, finish_reason, tool calls) of a completion, recorded in the request's session; the
-    content is the text before the calls where there are any."""
+  def _finish(self, prepared: _Prepared, done: Completion) -> tuple[str, str, list[dict]]:
+    """(content, finish_reason, tool calls as OpenAI's, each with its id) of a completion, recorded
+    in the request's session with those same calls; the content is the text before the calls where
+    there are any."""
     text = self._text(done)
     if prepared.tools and self.tool_format is not None:
-      before, calls = self.tool_format.calls(text)
-      text = before if calls else text
+      before, parsed = self.tool_format.calls(text)
+      text = before if parsed else text
     else:
-      calls = []
+      parsed = []
+    calls = [_tool_call(name, arguments) for name, arguments in parsed]
     reason = "tool_calls" if calls else ("stop" if done.stopped or isinstance(done, _Cut) else "length")
     session = prepared.session
     reply = text
-    for name, arguments in calls:
+    for name, arguments in parsed:
       reply = self._with_call(reply, name, arguments)
     if session is not None and prepared.messages is not None and len(prepared.keys) == 1:
       # What the next call continues: the reply as the client sends it back, and its exact tokens
@@ -384,7 +386,7 @@ class OpenAIServer:
       ended = done.tokens.tolist() + ([] if done.stopped else [self._turn_end])
       sent: dict[str, Any] = {"role": "assistant", "content": text}
       if calls:
-        sent["tool_calls"] = [_tool_call(name, arguments) for name, arguments in calls]
+        sent["tool_calls"] = calls
       continued = (
         prepared.messages + [{"role": "assistant", "content": reply}],
         (prepared.sent or []) + [sent],
@@ -417,19 +419,12 @@ class OpenAIServer:
       role, content = m.get("role"), m.get("content")
       if role not in ("system", "user", "assistant", "tool", "developer"):
         raise ApiError(400, f"message role {role!r} is not one of system, user, assistant, tool", "messages")
-      if isinstance(content, list):  # content parts: the text ones
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-      text = content or ""
+      text = _content_text(content)
       for call in m.get("tool_calls") or []:
         if self.tool_format is None:
           raise ApiError(400, "this server has no tool format; assistant tool_calls cannot be rendered", "messages")
         function = call.get("function", {})
-        arguments = function.get("arguments", "{}")
-        try:
-          arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
-        except json.JSONDecodeError:
-          pass  # the model wrote it so: render it as it was
-        text = self._with_call(text, function.get("name", ""), arguments)
+        text = self._with_call(text, function.get("name", ""), _arguments(function))
       messages.append({"role": "system" if role == "developer" else role, "content": text})
     if tools:
       if self.tool_format is None:
@@ -471,19 +466,12 @@ class OpenAIServer:
     """A request message as chat templates take OpenAI's: text content, `tool_calls` with their
     arguments as objects where they are JSON, developer as system."""
     role = "system" if m.get("role") == "developer" else m.get("role")
-    content = m.get("content")
-    if isinstance(content, list):
-      content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     out = {k: v for k, v in m.items() if k in ("name", "tool_call_id")}
-    out.update(role=role, content=content or "")
+    out.update(role=role, content=_content_text(m.get("content")))
     calls = []
     for call in m.get("tool_calls") or []:
-      function = dict(call.get("function", {}))
-      arguments = function.get("arguments", "{}")
-      try:
-        function["arguments"] = json.loads(arguments) if isinstance(arguments, str) else arguments
-      except json.JSONDecodeError:
-        pass  # the model wrote it so: rendered as it was
+      function = {**call.get("function", {})}
+      function["arguments"] = _arguments(function)
       calls.append({"type": "function", "id": call.get("id"), "function": function})
     if calls:
       out["tool_calls"] = calls
@@ -571,7 +559,7 @@ class OpenAIServer:
       message: dict[str, Any] = {"role": "assistant", "content": text}
       if calls:
         message["content"] = text or None
-        message["tool_calls"] = [_tool_call(name, arguments) for name, arguments in calls]
+        message["tool_calls"] = calls
       choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": reason, "logprobs": None}
       if body.logprobs:
         choice["logprobs"] = {"content": self._token_logprobs(c.tokens, c.logprobs)}
@@ -702,7 +690,7 @@ class OpenAIServer:
           if body.return_token_ids:
             extra["token_ids"] = futures[i].result().tokens.tolist()
           if calls:
-            message = {"tool_calls": [{"index": k, **_tool_call(*c)} for k, c in enumerate(calls)]}
+            message = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
             yield event(delta(i, text or None, "tool_calls", message=message, **extra))
           else:
             yield event(delta(i, text[len(sent[i]) :], reason, **extra))
@@ -757,7 +745,7 @@ class OpenAIServer:
 
     @app.exception_handler(413)
     async def too_large(_, e):
-      return _error_response(413, f"the request body is over this server's limit of {self.max_body_bytes} bytes")
+      return _too_large(self.max_body_bytes)
 
     # a chunked body past the limit (_Guard, added after it and so run before it, answers a declared
     # one): the 413 handler above answers it
@@ -843,7 +831,7 @@ class _Guard:
         )
     declared = headers.get("content-length", "")
     if declared.isdigit() and int(declared) > server.max_body_bytes:
-      return _error_response(413, f"the request body is over this server's limit of {server.max_body_bytes} bytes")
+      return _too_large(server.max_body_bytes)
     if not server._sessionless and not path.startswith(("/sessions/", "/episodes/")):
       return _error_response(
         404, f"{path}: this training server serves sessions only (rl.agent_sessionless=true serves it)"
@@ -932,6 +920,27 @@ def _check_message(index: int, m: Any) -> None:
       raise ApiError(
         400, f"{where}.tool_calls[{j}].function.arguments: expected a JSON string or an object", "messages"
       )
+
+
+def _content_text(content: Any) -> str:
+  """A message's content as text: a string as it is, content parts their text parts joined, null ""."""
+  if isinstance(content, list):
+    return "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+  return content or ""
+
+
+def _arguments(function: dict) -> Any:
+  """A tool call's arguments: its JSON string parsed, else as it was (an object, or text the model
+  wrote that is not JSON: rendered as it was)."""
+  arguments = function.get("arguments", "{}")
+  try:
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
+  except json.JSONDecodeError:
+    return arguments
+
+
+def _too_large(limit: int) -> responses.JSONResponse:
+  return _error_response(413, f"the request body is over this server's limit of {limit} bytes")
 
 
 def _tool_call(name: str, arguments: Any) -> dict:

@@ -22,12 +22,6 @@ from maxtext.configs.run_config import RunConfig
 log = logging.getLogger(__name__)
 
 
-def server_key_missing(cfg: RunConfig) -> bool:
-  """Whether the server would listen beyond this machine without an API key."""
-  key = checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV)
-  return cfg.serve.serve_host not in checks.LOOPBACK and key is None
-
-
 def serve(cfg: RunConfig) -> None:
   """Runs the server in this thread until it is stopped by a signal."""
   from maxtext.inference.openai_server import OpenAIServer
@@ -38,6 +32,7 @@ def serve(cfg: RunConfig) -> None:
 
   cfg.check(distributed.initialize())  # the layout fits the job's devices
   engine, tokenizer = rollout_setup.load_batched_engine(cfg.model, cfg.mesh, cfg.sampling)
+  key = checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV)
   server = OpenAIServer(
     engine.batcher,
     tokenizer,
@@ -45,10 +40,10 @@ def serve(cfg: RunConfig) -> None:
     cfg.model.model_name,
     engine.keys,
     QwenToolFormat(),
-    api_key=checks.api_key(cfg.serve.serve_api_key, checks.SERVE_KEY_ENV),
+    api_key=key,
     max_n=cfg.serve.serve_max_n,
   )
-  if server_key_missing(cfg):
+  if key is None and cfg.serve.serve_host not in checks.LOOPBACK:
     log.warning(
       "serve_host=%s without serve_api_key (nor $%s): anyone who reaches %s:%d samples from the model",
       cfg.serve.serve_host,

@@ -251,9 +251,9 @@ class TextAsData:
 
 def _merged_users(messages: list[dict]) -> list[dict]:
   """Consecutive tool results (user turns in <tool_response> tags) joined into one turn."""
+  response = lambda x: x["role"] == "user" and x["content"].startswith("<tool_response>")
   out: list[dict] = []
   for m in messages:
-    response = lambda x: x["role"] == "user" and x["content"].startswith("<tool_response>")
     if out and response(m) and response(out[-1]):
       out[-1] = {**out[-1], "content": out[-1]["content"] + "\n" + m["content"]}
     else:

@@ -133,7 +133,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     rewards: RewardSet,
     user_agent: user_agent_lib.UserAgent | None = None,
     model_name: str = "",
-    episode_log: str | None = None,
+    episode_log: EpisodeLog | None = None,
     **kwargs,
   ):
     """batch_size: prompts per step over all processes; before_step(steps_done) runs between global
@@ -141,7 +141,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     dynamic_sampling_rounds > 1: dynamic sampling per slot (maxtext.rl.dynamic_sampling.Slots), with
     reserve(i), the i-th reserve batch; rewards: the run's reward functions and weights (its reward
     manager's); user_agent: rl.agent's, whose episodes replace the run's own agent's (served as
-    model_name, integration/tunix/user_agent.py)."""
+    model_name, integration/tunix/user_agent.py); episode_log: the run's episode log (None: this
+    process writes none)."""
     super().__init__(*args, reward_fns=[rewards], **kwargs)  # Tunix builds our manager (reward_manager.py)
     if self.chat_parser is None:
       raise ValueError("the agentic learner renders conversations with its chat parser; none was given")
@@ -159,7 +160,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
     self._drop_unread_anchor()
     self._user_agent, self._model_name = user_agent, model_name
     self._episodes: user_agent_lib.Episodes | None = None
-    self._episode_log = EpisodeLog(episode_log, self.chat_parser.tokenizer.decode) if episode_log else None
+    self._episode_log = episode_log
     self._layout_failures = 0
 
   # The training loop (training thread)
@@ -757,10 +758,10 @@ def build_learner(
   reserve: Callable[[int], dict] | None = None,
   user_agent: user_agent_lib.UserAgent | None = None,
   model_name: str = "",
-  episode_log: str | None = None,
+  episode_log: EpisodeLog | None = None,
 ) -> AgenticGRPOLearner:
   """reserve(i): the i-th reserve batch of user turns (needed with rl.dynamic_sampling); user_agent:
-  rl.agent's (load), served as model_name; episode_log: where the episodes are logged (None: not)."""
+  rl.agent's (load), served as model_name; episode_log: the run's episode log (None: none)."""
   return AgenticGRPOLearner(
     user_agent=user_agent,
     episode_log=episode_log,

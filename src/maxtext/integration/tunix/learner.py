@@ -51,15 +51,15 @@ class GRPOLearner(LearnerWiring, grpo_learner.GRPOLearner):
     before_step: Callable[[int], None] | None = None,
     reserve: Callable[[int], dict] | None = None,
     rewards: RewardSet,
-    episode_log: str | None = None,
+    episode_log: EpisodeLog | None = None,
     **kwargs,
   ):
     """steps: the run's training steps and their optimizer updates; shape: what is done to each
     step's samples; reserve(i): the i-th batch of further prompts for dynamic
     sampling; rewards: the run's reward functions and weights (its reward manager's); episode_log:
-    the run's episode log (rl/episode.py's EpisodeLog), None where this process writes none."""
+    the run's episode log, None where this process writes none."""
     super().__init__(*args, reward_fns=[rewards], **kwargs)  # Tunix builds our manager (reward_manager.py)
-    self._episode_log = EpisodeLog(episode_log, self.rl_cluster.tokenizer.decode) if episode_log else None
+    self._episode_log = episode_log
     self._wire(before_step)
     self._shape = shape
     if shape.sampler_logps:
@@ -193,7 +193,7 @@ def build_learner(
   rewards: RewardSet,
   before_step=None,
   reserve=None,
-  episode_log: str | None = None,
+  episode_log: EpisodeLog | None = None,
 ) -> GRPOLearner:
   """reserve, episode_log: see GRPOLearner (reserve is needed with rl.dynamic_sampling)."""
   return GRPOLearner(

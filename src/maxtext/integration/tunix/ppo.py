@@ -30,6 +30,7 @@ from maxtext.integration.tunix.critic import CriticTrainer
 from maxtext.integration.tunix.step_metrics import zero_signal_groups
 from maxtext.models.critic import Critic
 from maxtext.rl import ppo, shaping, standard_step
+from maxtext.rl.episode import EpisodeLog
 from maxtext.utils.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def build_learner(
   critic: Critic,
   mesh,
   before_step=None,
-  episode_log: str | None = None,
+  episode_log: EpisodeLog | None = None,
 ) -> PPOLearner:
   """The PPO learner on `cluster` with `critic` (models.critic.from_policy's, laid out on the trainer's
   `mesh`), scoring critic.mini_batch_size completions at a time (0: train_micro_batch_size's, else

@@ -46,6 +46,7 @@ from maxtext.configs import checks
 from maxtext.configs.sections import AgentSection
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.sessions import SessionSampling
+from maxtext.input_pipeline.chat_parser import TextAsData
 from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
@@ -309,8 +310,8 @@ class AgentEpisode:
     completions call's: the example's messages and the last reply's text)."""
     e = self._episodes
     if stitched is None:  # no call: the example's messages as a first call would be rendered
-      text = e.server.chat.render_whole(example["messages"])
-      prompt = np.asarray(e.server.tokenizer(text, add_special_tokens=False).input_ids, np.int32)
+      data = TextAsData(e.server.tokenizer)
+      prompt = np.asarray(data.encode(e.server.chat.render_whole(data.protect(example["messages"]))), np.int32)
       empty = np.zeros(0, np.int32)
       stitched = session_stitching.Stitched(prompt, empty, empty, np.zeros(0, np.float32), empty, None, (), Calls())
       conversation = list(example["messages"])

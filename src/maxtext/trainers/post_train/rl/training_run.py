@@ -44,6 +44,7 @@ from maxtext.integration.tunix import ppo as ppo_lib
 from maxtext.models import critic as critic_lib
 from maxtext.models.load import critic_from_reward_model, load_model
 from maxtext.rl import reward_model
+from maxtext.rl.episode import EpisodeLog
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
 from maxtext.utils import distributed, heap, shutdown, storage
@@ -174,7 +175,7 @@ class TrainingRun:
     agentic GRPO, else None; critic: PPO's, on trainer_mesh, else None). Process 0 writes the
     episode log."""
     cfg = self.cfg
-    episode_log = self.folder.episodes if jax.process_index() == 0 else None
+    episode_log = EpisodeLog(self.folder.episodes, self.tokenizer.decode) if jax.process_index() == 0 else None
     if critic is not None:
       return ppo_lib.build_learner(
         cfg.train,
