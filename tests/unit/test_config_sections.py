@@ -239,6 +239,7 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "decode_steps_per_dispatch": (0,),
   "serve_port": (-1, 65536),
   "serve_max_n": (0,),
+  "serve_max_queued": (0,),
   "num_test_batches": (-1,),
   "eval_batch_size": (0, -2),  # -1 is MaxText's batch_size
   "num_eval_passes": (0,),

@@ -467,3 +467,21 @@ def test_chunks_stream_to_the_callback_and_a_cancelled_request_leaves_its_slot(m
     _greedy(model, PROMPTS[2], 3)
   )
   batcher.close()
+
+
+def test_a_short_request_behind_a_wide_one_takes_the_first_free_slot(model):
+  # Two slots, a request of four 16-token choices, then one 2-token request: first come, first served
+  # would finish it last (after the wide request's third and fourth choices); fair admission gives it
+  # the first free slot, so it finishes before those two, with the tokens it draws alone.
+  batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=2, prefill_chunk=8, steps_per_dispatch=1)
+  finished = []
+  wide = batcher.submit_many([PROMPTS[0]] * 4, SamplingParams(16, temperature=0.0))
+  for i, f in enumerate(wide):
+    f.add_done_callback(lambda _, i=i: finished.append(f"wide{i}"))
+  short = batcher.submit(PROMPTS[1], SamplingParams(2, temperature=0.0))
+  short.add_done_callback(lambda _: finished.append("short"))
+  assert short.result(timeout=120).tokens.tolist() == _greedy(model, PROMPTS[1], 2)
+  for f in wide:
+    f.result(timeout=120)
+  assert sorted(finished[:2]) == ["wide0", "wide1"] and finished[2] == "short", finished
+  batcher.close()

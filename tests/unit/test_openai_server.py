@@ -306,8 +306,9 @@ def _logps_over_a_cache_of(model, old, new, ids, fed_before: int) -> np.ndarray:
   return np.asarray(logps[np.arange(size - 1 - fed_before), ids[fed_before + 1 :]])
 
 
-def scripted_server(tokenizer, reply: str = "5", **kwargs) -> OpenAIServer:
-  """A server (model id "m") on a _ScriptedBatcher answering `reply`; kwargs: OpenAIServer's options."""
+def scripted_server(tokenizer, reply: str | list[str] = "5", **kwargs) -> OpenAIServer:
+  """A server (model id "m") on a _ScriptedBatcher answering `reply` (a list: one after another, the
+  last from then on); kwargs: OpenAIServer's options."""
   return OpenAIServer(
     _ScriptedBatcher(tokenizer, reply), tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), **kwargs
   )
@@ -317,13 +318,23 @@ class _ScriptedBatcher:
   """Answers every prompt with one scripted reply (and EOS), keeping the prompts it got: the tool-call
   path needs a reply that calls a tool, which random weights do not write."""
 
-  def __init__(self, tokenizer, reply: str):
-    self.cache_size = 1024  # room for the tool prompt
-    self.tokens = np.asarray(tokenizer.encode(reply) + [tokenizer.eos_token_id], np.int32)
+  def __init__(self, tokenizer, reply: str | list[str]):
+    self.cache_size = 4096  # room for the tool prompt and a framework's (smolagents: 1,100 tokens)
+    self.max_batch_size = 4
+    self.waiting = 0  # what queued() reports
+    replies = [reply] if isinstance(reply, str) else reply
+    self.replies = [np.asarray(tokenizer.encode(r) + [tokenizer.eos_token_id], np.int32) for r in replies]
+    self.tokens = self.replies[0]
     self.prompts = []
+    self.owners = []
 
-  def submit_many(self, prompts, params, keys=None, on_tokens=None):
+  def queued(self) -> int:
+    return self.waiting
+
+  def submit_many(self, prompts, params, keys=None, on_tokens=None, owner=None):
     self.prompts += [list(p) for p in prompts]
+    self.owners.append(owner)
+    self.tokens = self.replies[min(len(self.owners), len(self.replies)) - 1]
     done = concurrent.futures.Future()
     done.set_result(Completion(self.tokens, np.zeros(len(self.tokens), np.float32), np.zeros(len(self.tokens)), True))
     return [done] * len(prompts)

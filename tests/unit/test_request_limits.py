@@ -1,4 +1,5 @@
-"""No request holds the others or gets a 500: `n` is capped (400 above the server's bound), a body over
+"""No request holds the others or gets a 500: `n` is capped (400 above the server's bound), a queue past
+its bound is a 429 with Retry-After, a body over
 the limit is a 413 (declared or chunked), and the probe's wrongly typed or out-of-range fields are 400s
 naming the field (a content part's text, tool_calls, seeds past 64 bits, infinite temperatures,
 out-of-vocabulary ids, completions log-prob alternatives, rewards that are booleans or beyond
@@ -7,12 +8,15 @@ float32), the server serving on after them."""
 import json
 
 import httpx
+import openai
 import pytest
 
+from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.rl.episode_handouts import EpisodeHandouts
 from tests.unit.test_openai_server import scripted_server
 
 ASK = {"model": "m", "messages": [{"role": "user", "content": "2+3?"}], "max_tokens": 2}
+TOOL = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object", "properties": {}}}}
 
 
 @pytest.fixture
@@ -34,6 +38,29 @@ def test_n_over_the_bound_is_a_400_naming_it(base):
   assert _post(f"{url}/v1/chat/completions", {**ASK, "n": 4}).status_code == 200
   r = _post(f"{url}/v1/chat/completions", {**ASK, "n": 5})
   assert r.status_code == 400 and r.json()["error"]["param"] == "n" and "at most 4" in r.json()["error"]["message"]
+
+
+def test_a_request_that_would_pass_the_queue_bound_is_a_429_with_retry_after_and_sessions_own_their_calls(
+  qwen3_tokenizer,
+):
+  server = scripted_server(qwen3_tokenizer, max_n=4, max_queued=8)
+  url = server.start("127.0.0.1", 0).removesuffix("/v1")
+  try:
+    server.batcher.waiting = 6  # six choices wait for the scripted batcher's 4 slots
+    assert _post(f"{url}/v1/chat/completions", {**ASK, "n": 2}).status_code == 200
+    r = _post(f"{url}/v1/chat/completions", {**ASK, "n": 3})
+    assert r.status_code == 429 and r.headers["retry-after"] == "2"  # a second per full batch waiting
+    assert r.json()["error"]["type"] == "RateLimitError" and "at most 8" in r.json()["error"]["message"]
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.RateLimitError):
+      client.chat.completions.create(model="m", messages=ASK["messages"], n=3)
+    # A session's calls have one owner, the session; a request without one owns itself.
+    session = server.open_session()
+    for _ in range(2):
+      assert _post(f"{url}/sessions/{session}/v1/chat/completions", ASK).status_code == 200
+    assert server.batcher.owners[0] is None and server.batcher.owners[-2:] == [session, session]
+  finally:
+    server.stop()
 
 
 def test_a_body_over_the_limit_is_a_413_declared_or_chunked(base):
@@ -111,7 +138,7 @@ def test_a_reward_that_is_a_boolean_or_beyond_float32_is_a_400(base, reward):
 @pytest.mark.parametrize(
   "extra, field",
   [
-    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),  # without tools
     ({"tool_choice": {"type": "function", "function": {"name": "calculator"}}}, "tool_choice"),
     ({"parallel_tool_calls": False}, "parallel_tool_calls"),
     ({"response_format": {"type": "json_object"}}, "response_format"),
@@ -125,6 +152,32 @@ def test_a_field_set_to_what_the_server_does_not_do_is_a_400_naming_it_not_ignor
   url, _, _ = base
   r = _post(f"{url}/v1/chat/completions", {**ASK, **extra})
   assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "calculator"}}])
+def test_a_forced_tool_choice_opens_the_reply_with_the_call_as_context_and_the_policy_writes_the_rest(
+  qwen3_tokenizer, choice
+):
+  opening = QwenToolFormat().call_opening(None if choice == "required" else "calculator")
+  call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n</tool_call>'
+  server = scripted_server(qwen3_tokenizer, call.removeprefix(opening), tool_format=QwenToolFormat())
+  url = server.start("127.0.0.1", 0).removesuffix("/v1")
+  try:
+    session = server.open_session()
+    body = {**ASK, "tools": [TOOL], "tool_choice": choice, "return_token_ids": True}
+    out = _post(f"{url}/sessions/{session}/v1/chat/completions", body).json()
+    (calls,) = [c["message"]["tool_calls"] for c in out["choices"]]
+    assert [c["function"]["name"] for c in calls] == ["calculator"]
+    assert json.loads(calls[0]["function"]["arguments"]) == {"expression": "2+3"}
+    # The opening ends the prompt (context, not trained); what was sampled is the rest of the call.
+    assert qwen3_tokenizer.decode(out["prompt_token_ids"]).endswith("<|im_start|>assistant\n" + opening)
+    (record,) = server.session(session).calls
+    assert qwen3_tokenizer.decode(record.token_ids.tolist()) == call.removeprefix(opening) + "<|im_end|>"
+    other = {**body, "tool_choice": {"type": "function", "function": {"name": "mul"}}}  # not among the tools
+    r = _post(f"{url}/v1/chat/completions", other)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+  finally:
+    server.stop()
 
 
 def test_the_defaults_of_those_fields_are_served(base):

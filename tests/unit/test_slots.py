@@ -213,3 +213,41 @@ def test_clear_returns_decoding_and_admitting_requests():
   _admit(table, admitting)
   assert table.clear() == [busy, admitting]
   assert table.requests == [None] * 4 and table.admitting == []
+
+
+def _owned(owner, first_token: int) -> Request:
+  r = _request([first_token, 1, 2])
+  r.owner = owner
+  return r
+
+
+def test_a_free_slot_goes_to_the_owner_holding_the_fewest_slots_not_to_the_earliest_arrival():
+  table = Slots(4)
+  _run(table, *[_owned("big", 10 + i) for i in range(3)])  # "big" holds 3 of 4 slots
+  waiting = collections.deque([_owned("big", 20), _owned("big", 21), _owned("small", 30)])
+  (taken,) = table.admit(waiting)
+  assert (taken.request.owner, taken.request.prompt[0]) == ("small", 30)  # it came last, holds none
+  assert [r.prompt[0] for r in waiting] == [20, 21]  # the others keep their order
+  table.place([taken])
+  # Two slots free up: each holds one now, so "big" (whose waiting request came first) takes one,
+  # and then "small", holding fewer, the other.
+  table.release(0), table.release(1)
+  waiting.append(_owned("small", 31))
+  assert [(a.request.owner, a.request.prompt[0]) for a in table.admit(waiting)] == [("big", 20), ("small", 31)]
+  assert [r.prompt[0] for r in waiting] == [21]
+
+
+def test_owners_holding_equally_take_turns_in_the_order_they_first_arrived():
+  table = Slots(4)
+  waiting = collections.deque([_owned("a", 1), _owned("a", 2), _owned("a", 3), _owned("b", 4), _owned("c", 5)])
+  assert [a.request.prompt[0] for a in table.admit(waiting)] == [1, 4, 5, 2]
+  assert [r.prompt[0] for r in waiting] == [3]
+
+
+def test_one_owner_or_room_for_all_admits_in_arrival_order():
+  table = Slots(2)
+  waiting = collections.deque([_owned("a", 1), _owned("a", 2), _owned("a", 3)])
+  assert [a.request.prompt[0] for a in table.admit(waiting)] == [1, 2]
+  table = Slots(4)
+  waiting = collections.deque([_owned("a", 1), _owned("b", 2), _owned("a", 3)])
+  assert [a.request.prompt[0] for a in table.admit(waiting)] == [1, 2, 3] and not waiting

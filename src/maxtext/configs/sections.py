@@ -745,6 +745,13 @@ class ServeSection:
       bounds=POSITIVE_INT,
     )
   )
+  serve_max_queued: int = dataclasses.field(
+    metadata=key(
+      "maxtext.inference.serve: the most choices that may wait for a decode slot; a request that would pass it is "
+      "a 429 with Retry-After (the openai client retries it).",
+      bounds=POSITIVE_INT,
+    )
+  )
   serve_api_key: str = dataclasses.field(
     metadata=key(
       "maxtext.inference.serve: the key every route but GET /health requires (`Authorization: Bearer KEY`, as "

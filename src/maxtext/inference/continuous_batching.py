@@ -49,6 +49,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -171,21 +172,24 @@ class ContinuousBatcher:
     params: SamplingParams,
     key: jax.Array | None = None,
     on_tokens: Callable[[list[int], list[float]], None] | None = None,
+    owner: Any = None,
   ) -> concurrent.futures.Future:
     """Queues one prompt (token ids); the Future resolves to a Completion. key: the request's PRNG
     key (not needed for greedy decoding); on_tokens: called with each chunk's tokens and log-probs
-    (see the module docstring)."""
-    return self.submit_many([prompt], params, [key], [on_tokens])[0]
+    (see the module docstring); owner: see submit_many."""
+    return self.submit_many([prompt], params, [key], [on_tokens], owner)[0]
 
   def submit_many(
-    self, prompts, params: SamplingParams | list[SamplingParams], keys=None, on_tokens=None
+    self, prompts, params: SamplingParams | list[SamplingParams], keys=None, on_tokens=None, owner: Any = None
   ) -> list[concurrent.futures.Future]:
     """Queues several prompts at once (they are admitted together while slots are free, so prompts
     with a common prefix, such as a GRPO group's, read it once); params: shared or one per prompt;
-    keys and on_tokens: one per prompt or None."""
+    keys and on_tokens: one per prompt or None. owner (hashable): who asks, for fair admission
+    (slots.Slots.admit: free slots go to the owner holding the fewest); None: this call alone."""
     per_prompt = params if isinstance(params, list) else [params] * len(prompts)
+    owner = object() if owner is None else owner
     requests = [
-      Request(self._checked(p, q), q, _key_data(k), concurrent.futures.Future(), callback)
+      Request(self._checked(p, q), q, _key_data(k), concurrent.futures.Future(), callback, owner)
       for p, q, k, callback in zip(
         prompts, per_prompt, keys or [None] * len(prompts), on_tokens or [None] * len(prompts)
       )
@@ -298,6 +302,11 @@ class ContinuousBatcher:
     for slot, r in enumerate(self._table.requests):
       if r is not None and r.future.cancelled():
         self._table.release(slot)
+
+  def queued(self) -> int:
+    """Requests waiting for a slot now."""
+    with self._wake:
+      return len(self._waiting)
 
   def active(self) -> int:
     """Requests waiting or decoding now (a cancelled one counts until the scheduler drops it)."""

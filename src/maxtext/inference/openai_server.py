@@ -9,6 +9,8 @@ Endpoints (FastAPI, run by uvicorn):
   stream=true answers with server-sent events as the tokens are sampled (with tools, the content
   and calls come in the last chunks, once the reply is complete);
 - POST /v1/completions: `prompt` a text or a list of token ids (vLLM's extension);
+- POST /v1/responses: the Responses API on the chat route (responses_api: function tools,
+  previous_response_id or a full input list; not streamed);
 - POST /tokenize, POST /detokenize: vLLM's shapes.
 Sampling: temperature, top_p, top_k (vLLM's extension), max_tokens (default: what the context
 leaves), seed (choice i draws with fold_in(PRNGKey(seed), i), as the rollout engine does; without a
@@ -18,7 +20,9 @@ refused), `return_token_ids: true` (vLLM's extension) the prompt's and each choi
 Sampling stops at the template's turn end or the tokenizer's EOS or pad token, which the token ids
 and log-probs keep and the text leaves out, and at `stop` strings (not streamed), cut as vLLM cuts
 them (_cut). Fields set to what the server does not do are 400s naming them (_refuse_unhonoured);
-`n` is capped (max_n), bodies too (max_body_bytes: 413). With an api_key every route but GET /health
+`n` is capped (max_n), bodies too (max_body_bytes: 413). Each request, or each session for all its
+calls, is an owner the batcher shares its slots fairly among (slots.Slots.admit); a request that would
+pass max_queued choices waiting is a 429 with Retry-After. With an api_key every route but GET /health
 needs it (_Guard).
 
 Sessions: the same endpoints under /sessions/{id}/v1/... record each completion (a `Call`: prompt
@@ -57,6 +61,7 @@ from fastapi import responses
 from starlette.middleware import body_limit
 
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
+from maxtext.inference.responses_api import Responses, ResponsesError, ResponsesRequest
 from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser, TextAsData
@@ -74,6 +79,9 @@ class ToolFormat(Protocol):
   def calls(self, text: str) -> tuple[str, list[tuple[str, Any]]]:
     """A reply's text before its tool calls, and (name, arguments) of each well-formed call in it."""
 
+  def call_opening(self, name: str | None) -> str:
+    """The text a call begins with, up to its function's name (None) or up to its arguments."""
+
   def call_text(self, name: str, arguments: Any) -> str:
     """A call as the model writes it (to render earlier assistant turns that made calls)."""
 
@@ -81,9 +89,9 @@ class ToolFormat(Protocol):
 class ApiError(Exception):
   """A request the server refuses: the HTTP status and the message of an OpenAI error body."""
 
-  def __init__(self, status: int, message: str, param: str | None = None):
+  def __init__(self, status: int, message: str, param: str | None = None, retry_after_s: int | None = None):
     super().__init__(message)
-    self.status, self.message, self.param = status, message, param
+    self.status, self.message, self.param, self.retry_after_s = status, message, param, retry_after_s
 
 
 _ERROR_TYPES = {
@@ -92,15 +100,19 @@ _ERROR_TYPES = {
   404: "NotFoundError",
   410: "GoneError",
   413: "RequestTooLargeError",
+  429: "RateLimitError",
 }
 MAX_BODY_BYTES = 8 << 20  # the largest request body by default
 MAX_STOPS = 16  # stop strings a request may give
 
 
-def _error_response(status: int, message: str, param: str | None = None) -> responses.JSONResponse:
+def _error_response(
+  status: int, message: str, param: str | None = None, retry_after_s: int | None = None
+) -> responses.JSONResponse:
   kind = _ERROR_TYPES.get(status, "InternalServerError")
+  headers = {"Retry-After": str(retry_after_s)} if retry_after_s is not None else None
   return responses.JSONResponse(
-    {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status
+    {"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status, headers=headers
   )
 
 
@@ -165,6 +177,7 @@ class _Prepared:
   messages: list[dict] | None = None  # a chat call's messages as rendered (a session's next call continues them)
   sent: list[dict] | None = None  # and as the client sent them
   stops: tuple[str, ...] = ()  # stop strings: a reply ends at the first (_cut)
+  opening: str = ""  # a forced tool call's opening, the end of the prompt and the start of each reply
 
 
 class OpenAIServer:
@@ -174,7 +187,8 @@ class OpenAIServer:
   Bearer key every route but GET /health requires (None: none); sessionless: whether the routes
   without a session are served (else 404: only sessions, what other modules add under /episodes/
   and /sessions/, and /health); max_n: the most choices a request may ask for (400 above it);
-  max_body_bytes: the largest request body (413 above it)."""
+  max_queued: the most choices that may wait for a slot (a request that would pass it is a 429 with
+  Retry-After, _check_queue); max_body_bytes: the largest request body (413 above it)."""
 
   def __init__(
     self,
@@ -187,12 +201,13 @@ class OpenAIServer:
     api_key: str | None = None,
     sessionless: bool = True,
     max_n: int = 16,
+    max_queued: int = 256,
     max_body_bytes: int = MAX_BODY_BYTES,
   ):
     self.batcher = batcher
     self._api_key = api_key
     self._sessionless = sessionless
-    self.max_n, self.max_body_bytes = max_n, max_body_bytes
+    self.max_n, self.max_queued, self.max_body_bytes = max_n, max_queued, max_body_bytes
     self.tokenizer = tokenizer
     self.chat = chat
     self.model_name = model_name
@@ -204,6 +219,7 @@ class OpenAIServer:
     self.eos_ids = tuple(dict.fromkeys(i for i in stops if i is not None))
     self._warned_fallback = False
     self.sessions = Sessions()
+    self.responses = Responses()
     self._server: uvicorn.Server | None = None
     self._thread: threading.Thread | None = None
     self.app = self._build_app()
@@ -339,9 +355,25 @@ class OpenAIServer:
     request = session.next_request() if session is not None else 0
     return _Prepared(prompt_ids, params, keys, session, False, request, stops=tuple(stops))
 
+  def _check_queue(self, n: int) -> None:
+    """A 429 (Retry-After: a second for each full batch already waiting, at least 1) when `n` more
+    choices would pass max_queued waiting for a slot."""
+    queued = self.batcher.queued()
+    if queued + n > self.max_queued:
+      raise ApiError(
+        429,
+        f"{queued} choices are waiting for the {self.batcher.max_batch_size} decode slots and this server "
+        f"queues at most {self.max_queued}: retry later",
+        retry_after_s=max(1, -(-queued // self.batcher.max_batch_size)),
+      )
+
   def _submit(self, prepared: _Prepared, on_tokens=None) -> list[concurrent.futures.Future]:
     n = len(prepared.keys)
-    return self.batcher.submit_many([prepared.prompt_ids] * n, prepared.params, prepared.keys, on_tokens or [None] * n)
+    self._check_queue(n)
+    owner = prepared.session.id if prepared.session is not None else None  # None: this request alone
+    return self.batcher.submit_many(
+      [prepared.prompt_ids] * n, prepared.params, prepared.keys, on_tokens or [None] * n, owner
+    )
 
   def _text(self, done: Completion) -> str:
     if isinstance(done, _Cut):
@@ -368,7 +400,7 @@ class OpenAIServer:
     """(content, finish_reason, tool calls as OpenAI's, each with its id) of a completion, recorded
     in the request's session with those same calls; the content is the text before the calls where
     there are any."""
-    text = self._text(done)
+    text = prepared.opening + self._text(done)
     if prepared.tools and self.tool_format is not None:
       before, parsed = self.tool_format.calls(text)
       text = before if parsed else text
@@ -535,10 +567,16 @@ class OpenAIServer:
     if ids is None:
       data = TextAsData(self.tokenizer)
       ids = data.encode(self._whole(data, sent, tools, messages))
+    forced = _forced_name(body) if tools is not None else None
+    opening = ""
+    if forced is not None and self.tool_format is not None:  # the reply opens the call, as context (not sampled)
+      opening = self.tool_format.call_opening(forced or None)
+      ids = ids + self._encode(opening, add_special_tokens=False)
     prepared = self._prepare(body, ids, session, body.max_completion_tokens or body.max_tokens)
     prepared.tools = tools is not None
     prepared.messages = messages
     prepared.sent = sent
+    prepared.opening = opening
     return prepared
 
   def _token_logprobs(self, tokens: np.ndarray, logprobs: np.ndarray) -> list[dict]:
@@ -701,6 +739,19 @@ class OpenAIServer:
 
     return responses.StreamingResponse(events(), media_type="text/event-stream")
 
+  async def _responses(self, body: ResponsesRequest, request: fastapi.Request):
+    """The Responses API on the chat route (responses_api)."""
+    session = request.path_params.get("session_id")
+    try:
+      chat, history = self.responses.chat_body(body, session)
+      as_chat = ChatRequest.model_validate(chat)
+    except ResponsesError as e:
+      raise ApiError(400, e.message, e.param) from None
+    except pydantic.ValidationError as e:
+      problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
+      raise ApiError(400, f"invalid request: {problems}") from None
+    return self.responses.response(body, await self._chat(as_chat, request), history, session)
+
   def _tokenize(self, body: TokenizeRequest, request: fastapi.Request):
     self._session_of(request)
     self._check_model(body.model)
@@ -728,7 +779,7 @@ class OpenAIServer:
 
     @app.exception_handler(ApiError)
     async def api_error(_, e: ApiError):
-      return _error_response(e.status, e.message, e.param)
+      return _error_response(e.status, e.message, e.param, e.retry_after_s)
 
     @app.exception_handler(_ClientGone)
     async def gone(_, e: _ClientGone):
@@ -778,6 +829,9 @@ class OpenAIServer:
     async def completions(body: CompletionRequest, request: fastapi.Request):
       return await self._completions(body, request)
 
+    async def responses_route(body: ResponsesRequest, request: fastapi.Request):
+      return await self._responses(body, request)
+
     def tokenize(body: TokenizeRequest, request: fastapi.Request):
       return self._tokenize(body, request)
 
@@ -788,6 +842,7 @@ class OpenAIServer:
       app.get(f"{prefix}/v1/models")(models)
       app.post(f"{prefix}/v1/chat/completions")(chat)
       app.post(f"{prefix}/v1/completions")(completions)
+      app.post(f"{prefix}/v1/responses")(responses_route)
       app.post(f"{prefix}/tokenize")(tokenize)
       app.post(f"{prefix}/detokenize")(detokenize)
     return app
@@ -864,8 +919,8 @@ def _usage(prepared: _Prepared, done: list[Completion]) -> dict:
 
 def _refuse_unhonoured(body: _Sampling) -> None:
   """A 400 naming a field the request sets to something this server does not do (rather than
-  ignoring it): penalties, logit_bias, a tool_choice other than auto or none, parallel_tool_calls
-  false, a response_format other than text."""
+  ignoring it): penalties, logit_bias, a tool_choice other than auto, none, required or one of its
+  tools, parallel_tool_calls false, a response_format other than text."""
   if body.frequency_penalty or body.presence_penalty:
     field = "frequency_penalty" if body.frequency_penalty else "presence_penalty"
     raise ApiError(400, f"{field} is not supported (sampling is the policy's, unpenalized)", field)
@@ -873,11 +928,11 @@ def _refuse_unhonoured(body: _Sampling) -> None:
     raise ApiError(400, "logit_bias is not supported", "logit_bias")
   if not isinstance(body, ChatRequest):
     return
-  if body.tool_choice not in (None, "auto", "none"):
+  if body.tool_choice not in (None, "auto", "none") and _forced_name(body) is None:
     raise ApiError(
       400,
-      f"tool_choice={json.dumps(body.tool_choice)} is not supported: the model chooses (auto) or no tools are offered "
-      "(none); a forced call needs guided decoding, which this server does not do",
+      f"tool_choice={json.dumps(body.tool_choice)}: expected auto, none, required or "
+      '{"type": "function", "function": {"name": NAME}} naming one of the request\'s tools',
       "tool_choice",
     )
   if body.parallel_tool_calls is False:
@@ -889,6 +944,19 @@ def _refuse_unhonoured(body: _Sampling) -> None:
     raise ApiError(
       400, f"response_format {kind!r} is not supported: structured output needs guided decoding", "response_format"
     )
+
+
+def _forced_name(body: ChatRequest) -> str | None:
+  """For tool_choice required: "" (any of the tools); for a named function among the tools: its name;
+  else None."""
+  names = [t.get("function", {}).get("name") for t in body.tools or [] if isinstance(t, dict)]
+  choice = body.tool_choice
+  if choice == "required" and names:
+    return ""
+  if isinstance(choice, dict) and choice.get("type") == "function":
+    name = (choice.get("function") or {}).get("name")
+    return name if isinstance(name, str) and name in names else None
+  return None
 
 
 def _check_message(index: int, m: Any) -> None:

@@ -42,6 +42,7 @@ def serve(cfg: RunConfig) -> None:
     QwenToolFormat(),
     api_key=key,
     max_n=cfg.serve.serve_max_n,
+    max_queued=cfg.serve.serve_max_queued,
   )
   if key is None and cfg.serve.serve_host not in checks.LOOPBACK:
     log.warning(

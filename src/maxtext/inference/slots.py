@@ -5,7 +5,10 @@ calls it between decode chunks and runs the device programs it implies.
 
 A `Slots` table has `max_batch_size` slots, each busy with one request or free. A free slot holds
 the keys and values its last request left behind (prompt and completion, see `_cached`) until the
-slot is needed again or the weights change. A new request goes to the free slot whose held tokens
+slot is needed again or the weights change. Waiting requests are admitted fairly: each has an
+owner (the caller's request or session), and a free slot goes to the owner holding the fewest
+slots now, the earliest arrival among equals, so one caller's many choices wait behind a single
+choice of another rather than ahead of it. A new request goes to the free slot whose held tokens
 share the longest prefix with its prompt and prefills only the rest: a later turn of a conversation
 re-reads only the tool output, and conversations that share a system prompt read it once per slot.
 A request also copies a common prefix from a busy slot or from a request admitted with it, so a
@@ -39,6 +42,7 @@ class Request:
   key: np.ndarray  # uint32[2]
   future: Any = None
   on_tokens: Any = None
+  owner: Any = None
   version: int = 0  # weights version at admission; its keys and values are reusable only under it
   tokens: list = dataclasses.field(default_factory=list)
   logprobs: list = dataclasses.field(default_factory=list)
@@ -96,6 +100,31 @@ def _nothing() -> np.ndarray:
   return np.zeros(0, np.int32)
 
 
+def _fair(waiting: collections.deque[Request], count: int, holding: list[Any]) -> list[Request]:
+  """Takes up to `count` requests out of `waiting` (left in arrival order): one at a time, the
+  earliest of the owner that holds the fewest slots (`holding`: the owners of the busy slots, plus
+  each request taken), the owner whose earliest request came first among equals."""
+  if count >= len(waiting) or len({r.owner for r in waiting}) == 1:
+    return [waiting.popleft() for _ in range(min(count, len(waiting)))]
+  queues: dict[Any, collections.deque[int]] = {}
+  for i, r in enumerate(waiting):
+    queues.setdefault(r.owner, collections.deque()).append(i)
+  held = collections.Counter(holding)
+  taken: list[int] = []
+  while len(taken) < count:
+    owner = min(queues, key=lambda o: (held[o], queues[o][0]))
+    taken.append(queues[owner].popleft())
+    held[owner] += 1
+    if not queues[owner]:
+      del queues[owner]
+  chosen = set(taken)
+  picked = [waiting[i] for i in taken]
+  rest = [r for i, r in enumerate(waiting) if i not in chosen]
+  waiting.clear()
+  waiting.extend(rest)
+  return picked
+
+
 class Slots:
   """The slot table: `requests[slot]` is the request decoding in a slot (None when free), `held[slot]`
   the tokens whose keys and values a free slot holds, `admitting` the requests taken from the queue
@@ -130,8 +159,9 @@ class Slots:
     return changed
 
   def admit(self, waiting: collections.deque[Request]) -> list[Admission]:
-    """Takes waiting requests, in arrival order, while slots are free, and tags them with the current
-    version. A request reuses the longest prefix of its prompt that a free slot holds (it then goes
+    """Takes waiting requests while slots are free (each free slot to the owner holding the fewest
+    slots, the earliest arrival among equals; see _fair) and tags them with the current version. A
+    request reuses the longest prefix of its prompt that a free slot holds (it then goes
     to that slot), or, when longer, copies one from a busy slot of this version or from a request
     admitted earlier in this round (it then goes to the lowest free slot). A prompt's last token is
     never reused: the first decode step feeds it. Among equals the lowest slot wins (and a free
@@ -144,8 +174,7 @@ class Slots:
       (slot, _cached(r)) for slot, r in enumerate(self.requests) if r is not None and r.version == self.version
     ]
     taken: list[Admission] = []
-    while free and waiting:
-      r = waiting.popleft()
+    for r in _fair(waiting, len(free), [q.owner for q in self.requests if q is not None]):
       r.version = self.version
       room = len(r.prompt) - 1
       held = [min(_shared_prefix(self.held[i], r.prompt), room) for i in free]

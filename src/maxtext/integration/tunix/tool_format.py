@@ -38,3 +38,7 @@ class QwenToolFormat:
   def call_text(self, name: str, arguments: Any) -> str:
     call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{self._parser.tool_call_begin}\n{call}\n{self._parser.tool_call_end}"
+
+  def call_opening(self, name: str | None) -> str:
+    head = f'{self._parser.tool_call_begin}\n{{"name": '
+    return head + '"' if name is None else head + json.dumps(name, ensure_ascii=False) + ', "arguments": '
