@@ -139,7 +139,8 @@ def test_a_training_session_continues_the_conversation_with_its_exact_tokens(ser
   asks); a chat call that sends back the conversation with the reply as it came continues the
   previous call's exact tokens (the reply's own turn-end token, where re-rendering would write the
   template's) with the added messages rendered after the turn-end suffix; a call that edits the
-  history is rendered whole; the session's budget of tokens after its first prompt is enforced."""
+  history is rendered whole; the session's budget of tokens after its first prompt is enforced, and a
+  max_tokens past it clamped."""
   server, url = served
   greedy = dict(
     model="qwen3-tiny", messages=MESSAGES, temperature=0, max_tokens=1, extra_body={"return_token_ids": True}
@@ -180,6 +181,11 @@ def test_a_training_session_continues_the_conversation_with_its_exact_tokens(ser
   long = [*messages, {"role": "user", "content": "count " * 60}]  # past the 40 tokens after the first prompt
   with pytest.raises(openai.BadRequestError, match="budget of 40 tokens"):
     agent.chat.completions.create(model="qwen3-tiny", messages=long, max_tokens=3)
+  # max_tokens past what the context and the budget leave is clamped to what the budget leaves (the
+  # agent cannot know it); without a session it is a 400 (test_errors_are_openai_error_bodies)
+  clamped = agent.chat.completions.create(model="qwen3-tiny", messages=edited, max_tokens=4096)
+  left = 40 - (len(third.prompt_ids) - len(first.prompt_ids))
+  assert clamped.choices[0].finish_reason == "length" and clamped.usage.completion_tokens == left
   server.close_session(session)
 
 

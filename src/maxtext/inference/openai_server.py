@@ -316,7 +316,8 @@ class OpenAIServer:
     if stops and body.stream:
       raise ApiError(400, "stop strings with stream=true are not supported; ask without streaming", "stop")
     room = self.context_length - len(prompt_ids)
-    if room < 1 or (max_tokens is not None and max_tokens > room):
+    # a session's max_tokens past what is left is clamped to it (its agent cannot know the budget)
+    if room < 1 or (max_tokens is not None and max_tokens > room and session is None):
       raise ApiError(
         400,
         f"This model's maximum context length is {self.context_length} tokens. However, you requested "
@@ -560,6 +561,8 @@ class OpenAIServer:
     self._check_model(body.model)
     if body.top_logprobs:
       raise ApiError(400, "top_logprobs is not supported (the engine records the sampled token's only)", "top_logprobs")
+    for i, tool in enumerate(body.tools or []):
+      _check_tool(i, tool)
     tools = body.tools if body.tools and body.tool_choice != "none" else None
     messages = self._messages(body, tools)
     sent = list(body.messages or [])
@@ -957,6 +960,25 @@ def _forced_name(body: ChatRequest) -> str | None:
     name = (choice.get("function") or {}).get("name")
     return name if isinstance(name, str) and name in names else None
   return None
+
+
+def _check_tool(index: int, tool: dict) -> None:
+  """A 400 for a tool that is not {"type": "function", "function": {"name": TEXT, ...}} with its
+  description a text and its parameters an object, where they are given."""
+  function = tool.get("function")
+  if (
+    tool.get("type") != "function"
+    or not isinstance(function, dict)
+    or not isinstance(function.get("name"), str)
+    or not isinstance(function.get("description", ""), str)
+    or not isinstance(function.get("parameters", {}), dict)
+  ):
+    raise ApiError(
+      400,
+      f"tools[{index}]: expected {{'type': 'function', 'function': {{'name': TEXT, 'description': TEXT, "
+      "'parameters': OBJECT}}}",
+      "tools",
+    )
 
 
 def _check_message(index: int, m: Any) -> None:
