@@ -4,6 +4,7 @@ the policy served over HTTP (integration/tunix/user_agent.py), on qwen3-tiny; it
 import json
 import logging
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -121,7 +122,7 @@ def test_a_group_with_a_failed_episode_and_first_prompts_that_differ_trains(tmp_
   args = [a for a in TINY if not a.startswith("max_response_length=")] + ["max_response_length=64"]
   args += ["rl.num_generations=3", "max_prompt_length=160", f"rl.agent={agent}:run", "rl.agent_max_failures=8"]
   args += ["rl.sampler_is=token"]  # the trainer rescores every trained token: sampler_trainer/* compare
-  with caplog.at_level(logging.WARNING):
+  with caplog.at_level(logging.WARNING), caplog.at_level(logging.INFO, logger=user_agent.__name__):
     assert train_rl.main(["train_rl", "rl.yml", *args, f"base_output_directory={tmp_path}", "run_name=mixed"]) == 0
   rows = _rows(tmp_path / "mixed" / "metrics.jsonl")
   assert [r["step"] for r in rows] == [1, 2]
@@ -150,6 +151,8 @@ def test_a_group_with_a_failed_episode_and_first_prompts_that_differ_trains(tmp_
   report = (tmp_path / "mixed" / "report.md").read_text()
   assert "| agent/failed_episodes |" in report and "episodes.jsonl" in report
   assert "planned failure before the first call" in caplog.text
+  # the start says what the agent's first prompt needs (measured from its first call), once
+  assert len(re.findall(r"rl\.agent's first prompt has \d+ tokens .* max_prompt_length=160", caplog.text)) == 1
 
 
 @pytest.mark.slow  # a process of its own (45 s); the fast test above counts failures within the budget

@@ -71,14 +71,28 @@ def add(a: int, b: int) -> int:
   return a + b
 
 
-@pytest.mark.parametrize("responses_model", [True, False], ids=["responses", "chat_completions"])
-def test_the_openai_agents_sdk(serve, responses_model):
+@pytest.mark.parametrize(
+  "responses_model, streamed",
+  [(True, False), (True, True), (False, False)],
+  ids=["responses", "responses_streamed", "chat_completions"],
+)
+def test_the_openai_agents_sdk(serve, responses_model, streamed):
   server, session, url = serve([_call("add", '{"a": 2, "b": 3}'), "The sum is 5."])
   client = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0)
   model = (agents.OpenAIResponsesModel if responses_model else agents.OpenAIChatCompletionsModel)("m", client)
   agent = agents.Agent(name="adder", instructions="Be brief.", tools=[agents.function_tool(add)], model=model)
   config = agents.RunConfig(tracing_disabled=True)
-  result = asyncio.run(agents.Runner.run(agent, "What is 2 + 3?", run_config=config))
+  if streamed:
+
+    async def run_streamed():
+      result = agents.Runner.run_streamed(agent, "What is 2 + 3?", run_config=config)
+      async for _ in result.stream_events():
+        pass
+      return result
+
+    result = asyncio.run(run_streamed())
+  else:
+    result = asyncio.run(agents.Runner.run(agent, "What is 2 + 3?", run_config=config))
   assert result.final_output == "The sum is 5."
   assert [i.output for i in result.new_items if i.type == "tool_call_output_item"] == [5]
   assert "Be brief." in _stitched(server, session, 2, "5")

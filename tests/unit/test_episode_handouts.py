@@ -254,6 +254,7 @@ def test_the_run_s_workers_take_episodes_through_the_handouts_and_a_worker_s_fau
     [],
     lambda env: None,
     64,
+    256,
     user_agent.Failures(agent),
     lambda: 0,
     stopped.append,

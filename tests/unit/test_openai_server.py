@@ -87,6 +87,34 @@ def test_streamed_chat_equals_the_unstreamed_one(client):
   assert chunks[-1].choices[0].finish_reason == whole.finish_reason == "length"
 
 
+def test_a_streamed_stop_string_ends_the_stream_as_the_unstreamed_one_and_the_record_is_the_same(served):
+  """A stop string that completes mid-stream: the streamed text is the unstreamed text before it (none
+  of the stop string is sent, though it spans chunks), the finish reason is stop, and the session's
+  record is the unstreamed one's: the tokens through the one that completed it."""
+  server, url = served
+  plain = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+  kwargs = dict(model="qwen3-tiny", messages=MESSAGES, temperature=0, max_tokens=24)
+  text = plain.chat.completions.create(**kwargs).choices[0].message.content
+  stop = text[9:14]  # past the first 4-token chunk: the stop string completes mid-stream
+  assert len(stop) == 5 and text.find(stop) == 9, text
+  records = []
+  for stream in (False, True):
+    session = server.open_session()
+    agent = openai.OpenAI(base_url=f"{url.removesuffix('/v1')}/sessions/{session}/v1", api_key="unused", max_retries=0)
+    if stream:
+      chunks = list(agent.chat.completions.create(stream=True, stop=[stop], **kwargs))
+      content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+      reason = chunks[-1].choices[0].finish_reason
+    else:
+      choice = agent.chat.completions.create(stop=[stop], **kwargs).choices[0]
+      content, reason = choice.message.content, choice.finish_reason
+    assert content == text[:9] and reason == "stop"
+    (call,) = server.close_session(session).calls
+    records.append(call.token_ids.tolist())
+  assert records[0] == records[1] and stop in server.tokenizer.decode(records[0])
+  assert stop not in server.tokenizer.decode(records[0][:-1])
+
+
 def test_completions_take_a_token_id_prompt_and_sample_at_the_seed(served, client):
   server, _ = served
   prompt = server.tokenizer.encode("The capital of France is")

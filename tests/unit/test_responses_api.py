@@ -91,7 +91,6 @@ def test_a_session_records_each_response_as_a_call_continuing_the_last(server):
 @pytest.mark.parametrize(
   "extra, field",
   [
-    ({"stream": True}, "stream"),
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0]"),
@@ -109,3 +108,25 @@ def test_what_it_does_not_do_is_a_400_naming_the_field(server, extra, field):
   r = httpx.post(f"{url}/responses", json={"model": "m", "input": "hi", **extra}, timeout=30)
   assert r.status_code == 400, r.text
   assert r.json()["error"]["param"] == field or field is None and "temperature" in r.json()["error"]["message"]
+
+
+def test_a_streamed_response_sends_openais_events_ending_in_the_whole_response(server):
+  _, url = server
+  client = _client(url)
+  events = list(client.responses.create(model="m", input="What is 2 + 3?", tools=[TOOL], stream=True))
+  kinds = [e.type for e in events]
+  assert kinds == [
+    "response.created",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.function_call_arguments.delta",
+    "response.function_call_arguments.done",
+    "response.output_item.done",
+    "response.completed",
+  ]
+  assert [e.sequence_number for e in events] == list(range(len(events)))
+  (call,) = events[-1].response.output
+  assert (call.name, call.arguments) == ("add", '{"a": 2, "b": 3}') and events[3].delta == call.arguments
+  text = list(client.responses.create(model="m", input="And now?", stream=True))  # the scripted answer
+  assert [e.delta for e in text if e.type == "response.output_text.delta"] == ["The sum is 5."]
+  assert text[-1].response.output[0].content[0].text == "The sum is 5."

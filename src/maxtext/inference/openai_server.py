@@ -10,7 +10,7 @@ Endpoints (FastAPI, run by uvicorn):
   and calls come in the last chunks, once the reply is complete);
 - POST /v1/completions: `prompt` a text or a list of token ids (vLLM's extension);
 - POST /v1/responses: the Responses API on the chat route (responses_api: function tools,
-  previous_response_id or a full input list; not streamed);
+  previous_response_id or a full input list; streamed once the reply is complete);
 - POST /tokenize, POST /detokenize: vLLM's shapes.
 Sampling: temperature, top_p, top_k (vLLM's extension), max_tokens (default: what the context
 leaves), seed (choice i draws with fold_in(PRNGKey(seed), i), as the rollout engine does; without a
@@ -18,7 +18,7 @@ seed, a fresh key from StepKeys), n. `logprobs` returns each sampled token's log
 temperature-scaled distribution (what the engine records; no alternatives: top_logprobs > 0 is
 refused), `return_token_ids: true` (vLLM's extension) the prompt's and each choice's token ids.
 Sampling stops at the template's turn end or the tokenizer's EOS or pad token, which the token ids
-and log-probs keep and the text leaves out, and at `stop` strings (not streamed), cut as vLLM cuts
+and log-probs keep and the text leaves out, and at `stop` strings (streamed too), cut as vLLM cuts
 them (_cut). Fields set to what the server does not do are 400s naming them (_refuse_unhonoured);
 `n` is capped (max_n), bodies too (max_body_bytes: 413). Each request, or each session for all its
 calls, is an owner the batcher shares its slots fairly among (slots.Slots.admit); a request that would
@@ -60,6 +60,7 @@ import uvicorn
 from fastapi import responses
 from starlette.middleware import body_limit
 
+from maxtext.inference import responses_api
 from maxtext.inference.continuous_batching import Completion, ContinuousBatcher, SamplingParams
 from maxtext.inference.responses_api import Responses, ResponsesError, ResponsesRequest
 from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
@@ -143,6 +144,14 @@ class ChatRequest(_Sampling):
   max_completion_tokens: int | None = pydantic.Field(None, ge=1)
   logprobs: bool = False
   top_logprobs: int | None = None
+  # OpenAI fields that would change the reply and that this server does not do (_refuse_unhonoured)
+  functions: Any = None
+  function_call: Any = None
+  audio: Any = None
+  modalities: list[str] | None = None
+  prediction: Any = None
+  web_search_options: Any = None
+  reasoning_effort: str | None = None
 
 
 class CompletionRequest(_Sampling):
@@ -313,8 +322,6 @@ class OpenAIServer:
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stops) > MAX_STOPS or not all(stops):
       raise ApiError(400, f"stop: at most {MAX_STOPS} non-empty strings", "stop")
-    if stops and body.stream:
-      raise ApiError(400, "stop strings with stream=true are not supported; ask without streaming", "stop")
     room = self.context_length - len(prompt_ids)
     # a session's max_tokens past what is left is clamped to it (its agent cannot know the budget)
     if room < 1 or (max_tokens is not None and max_tokens > room and session is None):
@@ -667,13 +674,15 @@ class OpenAIServer:
 
     def pusher(i: int) -> Callable[[list[int], list[float]], None]:
       def push(tokens: list[int], logps: list[float]) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (i, tokens, logps))
+        # on the scheduler thread, right after it tagged this chunk with the version it reads
+        chunk = (tokens, logps, self.batcher.version)
+        loop.call_soon_threadsafe(queue.put_nowait, (i, chunk))
 
       return push
 
     def ended(i: int) -> Callable[[Any], None]:
       def push(_: Any) -> None:
-        loop.call_soon_threadsafe(queue.put_nowait, (i, None, None))
+        loop.call_soon_threadsafe(queue.put_nowait, (i, None))
 
       return push
 
@@ -702,34 +711,61 @@ class OpenAIServer:
         return {"index": i, "delta": {**d, **(message or {})}, "finish_reason": reason, **extra}
       return {"index": i, "text": text or "", "finish_reason": reason, **extra}
 
+    held = max((len(stop) for stop in prepared.stops), default=1) - 1  # text a stop string may still begin with
+
     async def events() -> AsyncIterator[str]:
       tokens: list[list[int]] = [[] for _ in range(n)]
+      logps: list[list[float]] = [[] for _ in range(n)]
+      versions: list[list[int]] = [[] for _ in range(n)]
       sent = [""] * n
-      finished = 0
+      done: list[Completion | None] = [None] * n
       try:
         if chat:
           for i in range(n):
             yield event(delta(i))
-        while finished < n:
-          i, new, logps = await queue.get()
-          if new is not None:
-            tokens[i].extend(new)
-            if prepared.tools:
-              continue  # the calls are known once the reply is complete
-            text = self.tokenizer.decode([t for t in tokens[i] if t not in self.eos_ids])
-            if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+        while any(d is None for d in done):
+          i, chunk = await queue.get()
+          if done[i] is not None:
+            continue  # a choice ended by a stop string: its future's cancellation arrives after
+          if chunk is not None:
+            new, new_logps, version = chunk
+            tokens[i] += new
+            logps[i] += new_logps
+            versions[i] += [version] * len(new)
+            if prepared.stops:
+              so_far = Completion(
+                np.asarray(tokens[i], np.int32),
+                np.asarray(logps[i], np.float32),
+                np.asarray(versions[i], np.int32),
+                False,
+              )
+              cut = self._cut(prepared, so_far)
+              if cut is not so_far:  # a stop string completed: the choice ends here, its slot goes back
+                futures[i].cancel()
+                done[i] = cut
+            if done[i] is None:
+              if prepared.tools:
+                continue  # the calls are known once the reply is complete
+              text = self.tokenizer.decode([t for t in tokens[i] if t not in self.eos_ids])
+              if text.endswith("\ufffd"):  # a character split across tokens: wait for the rest
+                continue
+              text = text[: len(text) - held] if held else text
+              if len(text) > len(sent[i]):
+                extra_logprobs: dict[str, Any] = {}
+                if chat and getattr(body, "logprobs", False):
+                  content = self._token_logprobs(np.asarray(new), np.asarray(new_logps))
+                  extra_logprobs["logprobs"] = {"content": content}
+                yield event(delta(i, text[len(sent[i]) :], **extra_logprobs))
+                sent[i] = text
               continue
-            logprobs: dict[str, Any] = {}
-            if chat and getattr(body, "logprobs", False):
-              logprobs["logprobs"] = {"content": self._token_logprobs(np.asarray(new), np.asarray(logps))}
-            yield event(delta(i, text[len(sent[i]) :], **logprobs))
-            sent[i] = text
-            continue
-          finished += 1
-          text, reason, calls = self._finish(prepared, futures[i].result())
+          else:
+            done[i] = self._cut(prepared, futures[i].result())
+          finished = done[i]
+          assert finished is not None
+          text, reason, calls = self._finish(prepared, finished)
           extra: dict[str, Any] = {}
           if body.return_token_ids:
-            extra["token_ids"] = futures[i].result().tokens.tolist()
+            extra["token_ids"] = finished.tokens.tolist()
           if calls:
             message = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
             yield event(delta(i, text or None, "tool_calls", message=message, **extra))
@@ -753,7 +789,10 @@ class OpenAIServer:
     except pydantic.ValidationError as e:
       problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
       raise ApiError(400, f"invalid request: {problems}") from None
-    return self.responses.response(body, await self._chat(as_chat, request), history, session)
+    out = self.responses.response(body, await self._chat(as_chat, request), history, session)
+    if body.stream:
+      return responses.StreamingResponse(responses_api.events(out), media_type="text/event-stream")
+    return out
 
   def _tokenize(self, body: TokenizeRequest, request: fastapi.Request):
     self._session_of(request)
@@ -923,7 +962,8 @@ def _usage(prepared: _Prepared, done: list[Completion]) -> dict:
 def _refuse_unhonoured(body: _Sampling) -> None:
   """A 400 naming a field the request sets to something this server does not do (rather than
   ignoring it): penalties, logit_bias, a tool_choice other than auto, none, required or one of its
-  tools, parallel_tool_calls false, a response_format other than text."""
+  tools, parallel_tool_calls false, a response_format other than text, the legacy functions and
+  function_call, audio and modalities beyond text, prediction, web search and a reasoning effort."""
   if body.frequency_penalty or body.presence_penalty:
     field = "frequency_penalty" if body.frequency_penalty else "presence_penalty"
     raise ApiError(400, f"{field} is not supported (sampling is the policy's, unpenalized)", field)
@@ -938,6 +978,12 @@ def _refuse_unhonoured(body: _Sampling) -> None:
       '{"type": "function", "function": {"name": NAME}} naming one of the request\'s tools',
       "tool_choice",
     )
+  for field in ("functions", "function_call", "audio", "prediction", "web_search_options", "reasoning_effort"):
+    if getattr(body, field) is not None:
+      use = " (use tools and tool_choice)" if field.startswith("function") else ""
+      raise ApiError(400, f"{field} is not supported by this server{use}", field)
+  if body.modalities not in (None, ["text"]):
+    raise ApiError(400, f"modalities={body.modalities}: only ['text'] is supported", "modalities")
   if body.parallel_tool_calls is False:
     raise ApiError(
       400, "parallel_tool_calls=false is not supported: a reply's every call is returned", "parallel_tool_calls"

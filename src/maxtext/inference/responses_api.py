@@ -11,10 +11,11 @@ route), `parallel_tool_calls`, `max_output_tokens` (a reply cut by it is `incomp
 `max_output_tokens`), `temperature`, `top_p`, `store` (default true: the response's conversation is
 kept for a later `previous_response_id`, the newest MAX_STORED per server; a session's responses are
 found only in that session), `include: ["message.output_text.logprobs"]` (each sampled token's
-log-prob), `text.format` `text`. `return_token_ids: true` (vLLM's extension) adds the prompt's and
-the reply's token ids. Fields that change what would be sampled and that this server does not do
-(other tool types, images and files in the input, reasoning items, `reasoning`, `background`,
-`conversation`, stored `prompt`s, `stream`, a `text.format` other than text) are 400s naming them;
+log-prob), `text.format` `text`, `stream` (the events OpenAI sends, in order, sent once the reply is
+complete: `events`). `return_token_ids: true` (vLLM's extension) adds the prompt's and the reply's
+token ids. Fields that change what would be sampled and that this server does not do (other tool
+types, images and files in the input, reasoning items, `reasoning`, `background`, `conversation`,
+stored `prompt`s, a `text.format` other than text) are 400s naming them;
 fields that do not (`metadata`, `user`, `truncation`, `service_tier`, `prompt_cache_key`,
 `safety_identifier`) are taken and echoed.
 """
@@ -22,9 +23,11 @@ fields that do not (`metadata`, `user`, `truncation`, `service_tier`, `prompt_ca
 from __future__ import annotations
 
 import collections
+import json
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pydantic
@@ -73,7 +76,6 @@ class ResponsesRequest(pydantic.BaseModel):
 
 def _refuse_unhonoured(body: ResponsesRequest) -> None:
   refused = {
-    "stream": body.stream or None,
     "background": body.background or None,
     "conversation": body.conversation,
     "prompt": body.prompt,
@@ -265,3 +267,34 @@ class Responses:
         while len(self._stored) > self._max:
           self._stored.popitem(last=False)
     return out
+
+
+def events(response: dict[str, Any]) -> Iterator[str]:
+  """The server-sent events of a streamed Response, as OpenAI sends them: created, in progress, each
+  output item added, its text or arguments (one delta each) and done, then completed (or incomplete)
+  with the whole Response."""
+  number = iter(range(1 << 30))
+
+  def sse(kind: str, **fields) -> str:
+    return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': next(number), **fields})}\n\n"
+
+  opening = {**response, "status": "in_progress", "output": [], "incomplete_details": None}
+  yield sse("response.created", response=opening)
+  yield sse("response.in_progress", response=opening)
+  for k, item in enumerate(response["output"]):
+    where = {"item_id": item["id"], "output_index": k}
+    if item["type"] == "message":
+      yield sse("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "content": []})
+      part = item["content"][0]
+      logprobs = part.get("logprobs", [])
+      empty = {"type": "output_text", "text": "", "annotations": []}
+      yield sse("response.content_part.added", **where, content_index=0, part=empty)
+      yield sse("response.output_text.delta", **where, content_index=0, delta=part["text"], logprobs=logprobs)
+      yield sse("response.output_text.done", **where, content_index=0, text=part["text"], logprobs=logprobs)
+      yield sse("response.content_part.done", **where, content_index=0, part=part)
+    else:
+      yield sse("response.output_item.added", output_index=k, item={**item, "status": "in_progress", "arguments": ""})
+      yield sse("response.function_call_arguments.delta", **where, delta=item["arguments"])
+      yield sse("response.function_call_arguments.done", **where, name=item["name"], arguments=item["arguments"])
+    yield sse("response.output_item.done", output_index=k, item=item)
+  yield sse("response.completed" if response["status"] == "completed" else "response.incomplete", response=response)

@@ -351,6 +351,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       opening=self._opening(),
       sampling=sampling,
       budget=self.algo_config.max_response_length,
+      prompt_budget=config.max_prompt_length,
       failures=user_agent_lib.Failures(agent),
       version=self._current_version,
       stop=self._stop_rollouts,

@@ -162,6 +162,7 @@ class Episodes:
   opening: list[dict[str, str]]  # the turns before the user turn: system prompt, example turns
   sampling: Callable[[Any], SessionSampling]  # how an episode's session samples (from its environment)
   budget: int
+  prompt_budget: int  # max_prompt_length: the first prompt's tokens at most
   failures: Failures
   version: Callable[[], int]  # the sampler's weights version now (an episode without calls is of it)
   stop: Callable[[Exception], None]  # ends the rollouts and training with this error
@@ -170,6 +171,7 @@ class Episodes:
   threads: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(init=False, default=None)
   handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # every episode is handed out
   closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
+  measured: bool = dataclasses.field(init=False, default=False)  # a first prompt's length was logged
 
   def __post_init__(self):
     over_http = self.agent.over_http
@@ -190,6 +192,28 @@ class Episodes:
       preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
     )
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
+
+  def first_prompt(self, tokens: int) -> None:
+    """Logs, once, what the agent's first prompt needs, its system turn and tools' descriptions
+    included (no setting can know it): measured from the run's first episode that made a call; a
+    warning naming the max_prompt_length to set where it is over it (such episodes fail)."""
+    if self.measured:
+      return
+    self.measured = True
+    if tokens > self.prompt_budget:
+      log.warning(
+        "rl.agent's first prompt has %d tokens (its system turn and tools included), more than max_prompt_length=%d: "
+        "such episodes fail; set max_prompt_length=%d or more",
+        tokens,
+        self.prompt_budget,
+        tokens,
+      )
+    else:
+      log.info(
+        "rl.agent's first prompt has %d tokens (its system turn and tools included) of max_prompt_length=%d",
+        tokens,
+        self.prompt_budget,
+      )
 
   async def run(self, session: str, example: dict) -> float | None:
     """One episode on `session`, handed out (rl/episode_handouts.py): to the process that takes it
@@ -297,6 +321,8 @@ class AgentEpisode:
     if failure is None and not calls:
       failure = f"{e.agent.name or 'its process'} made no call to its client"
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
+    if stitched is not None:
+      e.first_prompt(len(stitched.prompt))
     episode = self._episode(stitched, calls, example, reward)
     if failure is not None:
       episode = episode.failing(failure)
