@@ -67,7 +67,8 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
   with torch.no_grad():
     expected = theirs(**inputs).logits[:, 0].numpy()
   assert np.ptp(expected) > 0
-  np.testing.assert_allclose(scorer.scores(texts), expected, rtol=1e-4, atol=1e-4)
+  ids = scorer.token_ids(["" for _ in questions], completions, {"question": np.array(questions)})
+  np.testing.assert_allclose(scorer.scores(ids), expected, rtol=1e-4, atol=1e-4)
 
   # GRPO (standard and agentic) and PPO pay its score alone, at its weight; the rule rewards are still logged.
   modes = {

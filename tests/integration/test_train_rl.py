@@ -194,6 +194,19 @@ def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
     "scan_layers=false); resume with scan_layers=false, or start a new run from them (load_parameters_path "
     "and lora_input_adapters_path load either layout)"
   ), refusal
+  # Another model shape is refused in one line from the checkpoint's own shapes, with config.yml (and
+  # resume_with_changes) or without it.
+  reshaped = ["train_rl", "rl.yml", *args[:-2], "run_name=scan_true", "emb_dim=128", "mlp_dim=256"]
+  for attempt in ("with_changes", "without_config_yml"):
+    if attempt == "without_config_yml":
+      os.remove(tmp_path / "scan_true" / "config.yml")
+    extra = ["resume_with_changes=true"] if attempt == "with_changes" else []
+    assert train_rl.main([*reshaped, *extra]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "holds checkpoints of another model" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err[-2000:]
+    shapes = r"holds checkpoints of another model: \S+ is \[.*64.*\] there but \[.*128.*\] in this config"
+    assert re.search(shapes, lines[0]), lines[0]
 
 
 def test_num_iterations_counts_steps_as_batches_through_a_resume(tmp_path, capsys, caplog):

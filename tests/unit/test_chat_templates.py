@@ -45,7 +45,7 @@ WITH_RESULT = [
 class _Cutting(_ScriptedBatcher):
   """The scripted reply, cut at the request's max_tokens (finish_reason "length")."""
 
-  def submit_many(self, prompts, params, keys=None, on_tokens=None):
+  def submit_many(self, prompts, params, keys=None, on_tokens=None, owner=None):
     self.prompts += [list(p) for p in prompts]
     n = params.max_new_tokens
     tokens = self.tokens[:n]
@@ -62,7 +62,6 @@ def _gemma():
 
 def _served(tokenizer, reply="5", batcher_class=_ScriptedBatcher):
   batcher = batcher_class(tokenizer, reply)
-  batcher.tokens = np.asarray(tokenizer.encode(reply, add_special_tokens=False) + [tokenizer.eos_token_id], np.int32)
   server = OpenAIServer(batcher, tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), QwenToolFormat())
   url = server.start("127.0.0.1", 0)
   return server, batcher, openai.OpenAI(base_url=url, api_key="x", max_retries=0)

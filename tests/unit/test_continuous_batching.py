@@ -478,6 +478,9 @@ def test_a_short_request_behind_a_wide_one_takes_the_first_free_slot(model):
   wide = batcher.submit_many([PROMPTS[0]] * 4, SamplingParams(16, temperature=0.0))
   for i, f in enumerate(wide):
     f.add_done_callback(lambda _, i=i: finished.append(f"wide{i}"))
+  deadline = time.monotonic() + 120
+  while batcher.queued() != 2 and time.monotonic() < deadline:  # its first two choices hold both slots
+    time.sleep(0.01)
   short = batcher.submit(PROMPTS[1], SamplingParams(2, temperature=0.0))
   short.add_done_callback(lambda _: finished.append("short"))
   assert short.result(timeout=120).tokens.tolist() == _greedy(model, PROMPTS[1], 2)

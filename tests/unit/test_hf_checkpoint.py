@@ -68,3 +68,50 @@ def test_train_rl_on_a_truncated_checkpoint_exits_2_naming_the_file(tmp_path, ca
 
 def _tiny():
   return make_config("model_name=qwen3-tiny").model
+
+
+WRITE_SLOWLY = """
+import sys, time
+import numpy as np
+from safetensors import numpy as safetensors_np
+from maxtext.checkpoint_conversion import hf_checkpoint
+from tests.conftest import make_config
+
+def save_file(state, path, metadata=None):  # half a weights file, then a wait to be killed in
+    with open(path, "wb") as f:
+        f.write(b"partial")
+        f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+
+safetensors_np.save_file = save_file
+cfg = make_config("model_name=qwen3-tiny")
+hf_checkpoint.write(sys.argv[1], {"w": np.zeros(4, np.float32)}, cfg.model)
+"""
+
+
+def test_a_writer_killed_while_it_writes_leaves_the_folder_it_replaces_whole(tmp_path):
+  """SIGKILL while model.safetensors is half written: the previous checkpoint at the path is as it was
+  (train_reward_model's reward_training.output_path, hf_output_path); a write that finishes replaces it."""
+  import signal
+  import subprocess
+  import sys
+
+  cfg = make_config("model_name=qwen3-tiny")
+  path = tmp_path / "reward_model"
+  hf_checkpoint.write(str(path), {"w": np.arange(4, dtype=np.float32)}, cfg.model)
+  before = {p.name: p.read_bytes() for p in path.iterdir()}
+  script = tmp_path / "write_slowly.py"
+  script.write_text(WRITE_SLOWLY)
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+  writer = subprocess.Popen([sys.executable, str(script), str(path)], stdout=subprocess.PIPE, text=True, env=env)
+  try:
+    assert writer.stdout.readline().strip() == "writing"
+  finally:
+    writer.send_signal(signal.SIGKILL)
+    writer.wait(timeout=30)
+  assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+  np.testing.assert_array_equal(hf_checkpoint.read_state_dict(str(path))["w"], np.arange(4, dtype=np.float32))
+  hf_checkpoint.write(str(path), {"w": np.ones(4, np.float32)}, cfg.model)
+  np.testing.assert_array_equal(hf_checkpoint.read_state_dict(str(path))["w"], np.ones(4, np.float32))
+  assert sorted(p.name for p in tmp_path.iterdir() if ".old-" in p.name) == []  # the replaced folder is gone

@@ -357,7 +357,8 @@ class _ScriptedBatcher:
     self.max_batch_size = 4
     self.waiting = 0  # what queued() reports
     replies = [reply] if isinstance(reply, str) else reply
-    self.replies = [np.asarray(tokenizer.encode(r) + [tokenizer.eos_token_id], np.int32) for r in replies]
+    encode = lambda r: tokenizer.encode(r, add_special_tokens=False) + [tokenizer.eos_token_id]  # noqa: E731 (as sampled: no BOS)
+    self.replies = [np.asarray(encode(r), np.int32) for r in replies]
     self.tokens = self.replies[0]
     self.prompts = []
     self.owners = []

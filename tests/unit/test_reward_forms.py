@@ -133,10 +133,15 @@ def test_none_skips_a_function_and_weights_weigh_them(tmp_path):
   nothing = _reward_set(tmp_path, "def none(completions, **kw):\n  return [None] * len(completions)\n", ["none"])
   scores, metrics = nothing.score(["p", "p"], ["a", "b"], {}, group_size=2)
   assert scores.tolist() == [0.0, 0.0] and "rewards/none" not in metrics and "rewards/sum" not in metrics
-  # A NaN is no None: it stays non-finite, so the run guard stops the run on rewards/<name>.
-  broken = _reward_set(tmp_path, "def nan(completions, **kw):\n  return [float('nan'), 1.0]\n", ["nan"])
-  _, metrics = broken.score(["p", "p"], ["a", "b"], {}, group_size=2)
-  assert not math.isfinite(metrics["rewards/nan"][0]) and metrics["rewards/nan/nones"][0] == 0
+  # A NaN is no None: it, an infinity and a value past float32's range name the function at once
+  # (the training run stops on it before any update; test_shutdown).
+  for value in ("float('nan')", "float('-inf')", "1e39"):
+    source = (
+      f"def fine(completions, **kw):\n  return [1.0, 1.0]\n\ndef bad(completions, **kw):\n  return [1.0, {value}]\n"
+    )
+    broken = _reward_set(tmp_path, source, ["fine", "bad"])
+    with pytest.raises(rewards.NonFiniteReward, match=r"^rewards/bad: not finite"):
+      broken.score(["p", "p"], ["a", "b"], {}, group_size=2)
 
 
 def test_reward_weights_are_checked_at_start(tmp_path):

@@ -110,7 +110,8 @@ def test_scores_equal_transformers_on_the_conversation_rendered_with_its_own_cha
   got = reward(prompts, _COMPLETIONS, **fields)
   assert reward.__name__ == "reward_model"
   np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-  np.testing.assert_allclose(scorer.scores(texts[::-1]), expected[::-1], rtol=1e-4, atol=1e-4)  # order kept
+  ids = scorer.token_ids(prompts, _COMPLETIONS, fields)
+  np.testing.assert_allclose(scorer.scores(ids[::-1]), expected[::-1], rtol=1e-4, atol=1e-4)  # order kept
 
 
 def test_a_template_that_is_the_whole_prompt_is_scored_as_the_prompt_and_completion(tmp_path, smollm2_tokenizer):
@@ -123,7 +124,21 @@ def test_a_template_that_is_the_whole_prompt_is_scored_as_the_prompt_and_complet
   cfg = _config(tmp_path / "policy", tmp_path / "reward", f"data_template_path={whole}")
   scorer, template = _load(cfg, smollm2_tokenizer)
   prompt = template.render("What is 2 * 3?")
-  assert scorer.texts([prompt], ["6"], {"question": np.array(["What is 2 * 3?"])}) == [prompt + "6"]
+  fields = {"question": np.array(["What is 2 * 3?"])}
+  assert scorer.texts([prompt], ["6"], fields) == [prompt + "6<|end|>"]  # the EOS TRL appends to plain text
+  # The ids scored are those TRL's RewardTrainer trains such a plain-text pair on.
+  from datasets import Dataset
+  from trl import RewardConfig, RewardTrainer
+
+  theirs = transformers.AutoModelForSequenceClassification.from_pretrained(tmp_path / "reward")
+  args = RewardConfig(output_dir=str(tmp_path / "trl"), report_to="none", use_cpu=True, bf16=False)
+  data = Dataset.from_list([{"prompt": prompt, "chosen": "6", "rejected": "5"}])
+  trainer = RewardTrainer(model=theirs, args=args, train_dataset=data, processing_class=_byte_tokenizer())
+  (row,) = trainer.train_dataset
+  assert scorer.token_ids([prompt, prompt], ["6", "5"], {"question": np.array(["What is 2 * 3?"] * 2)}) == [
+    row["chosen_ids"],
+    row["rejected_ids"],
+  ]
 
 
 def test_the_reward_model_is_weighted_beside_the_rule_rewards_or_alone():
@@ -148,10 +163,15 @@ def test_bad_reward_models_and_keys_are_refused_naming_the_key(tmp_path, smollm2
   write_hf_model(tmp_path / "causal", "llama-mha-tied")
   write_reward_model(tmp_path / "two", "llama-mha-tied", num_labels=2)
   write_reward_model(tmp_path / "bare", "llama-mha-tied", tokenizer=False)
+  nan = write_reward_model(tmp_path / "nan", "llama-mha-tied")
+  with torch.no_grad():
+    nan.model.layers[0].mlp.up_proj.weight[3, 5] = float("nan")
+  nan.save_pretrained(tmp_path / "nan")
   cases = {
     "causal": "config.json's architectures are ['LlamaForCausalLM']; expected a *ForSequenceClassification",
     "two": "score.weight of shape [2, 64]; expected a head of one output, [1, 64]",
     "bare": "its tokenizer: tokenizer_path=",
+    "nan": "model.layers.0.mlp.up_proj.weight holds NaN or infinite values; expected finite weights",
   }
   for name, message in cases.items():
     path = tmp_path / name

@@ -57,6 +57,15 @@ def test_maxtexts_gemma_template_is_the_whole_prompt_on_gemma3(tmp_path):
   assert own == prompt + "\n"
 
 
+def test_maxtexts_gemma_template_is_the_whole_prompt_on_qwen3_too_as_maxtext_takes_it(tmp_path, qwen3_tokenizer):
+  """On a model of another family the Gemma markers are no special tokens, but the TEMPLATE is still
+  the whole prompt (as MaxText writes it for any model), never wrapped in ChatML around it."""
+  template = _template(tmp_path, MAXTEXT_GSM8K, qwen3_tokenizer)
+  prompt = template.render(QUESTION)
+  assert prompt == f"<start_of_turn>user\n{template.system_prompt}\n\n{QUESTION}<end_of_turn>\n<start_of_turn>model"
+  assert "<|im_start|>" not in prompt and template.turn_markers == ["<end_of_turn>", "<start_of_turn>"]
+
+
 def test_a_chatml_template_is_the_whole_prompt_on_qwen3(tmp_path, qwen3_tokenizer):
   data = {
     "SYSTEM_PROMPT": "Answer between {solution_start_token} and {solution_end_token}.",

@@ -359,6 +359,30 @@ def test_trl_style_function_tools_load_with_transformers_schemas_and_run_in_work
   assert int(pid) != os.getpid() and (transformers_loaded, jax_loaded) == ("False", "False")
 
 
+def test_without_tools_rl_tools_names_plain_functions_of_the_file_as_reward_functions_are_named(tmp_path):
+  """A TRL-style tools file without TOOLS: `rl.tools=[add, shout]` names its functions (the others are
+  not tools); a name the file lacks is refused naming the available ones, and a file of which rl.tools
+  names no function is refused naming the file."""
+  from tunix.rl.agentic.tools import tool_manager
+
+  path = tmp_path / "plain_tools.py"
+  path.write_text(TRL_TOOLS.replace("TOOLS = [add, shout, where, nap]", ""))
+  found = tools.tool_map(
+    make_config("rl.use_agentic_rollout=true", "rl.tools=[add, shout]", f"rl.tools_path={path}").tools
+  )
+  assert sorted(found) == ["add", "shout"]
+  manager = tool_manager.ToolManager(found)
+  assert manager.run("add", a=2, b=40).output == "42" and manager.run("shout", text="hi").output == "HI!"
+  with pytest.raises(
+    errors.InputError, match=r"rl.tools: unknown tool\(s\) \['mul'\]; available: \['add', 'calculator'"
+  ):
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[add, mul]", f"rl.tools_path={path}").tools)
+  with pytest.raises(
+    errors.InputError, match=rf"rl.tools_path={path}: no TOOLS, and rl.tools=\['calculator'\] names no function"
+  ):
+    tools.tool_map(make_config("rl.use_agentic_rollout=true", "rl.tools=[calculator]", f"rl.tools_path={path}").tools)
+
+
 def test_function_tool_calls_with_arguments_that_do_not_fit_are_tool_errors(tmp_path):
   """What the model sees as the tool turn: an error naming the arguments and the signature; the
   next call works."""

@@ -5,6 +5,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
+import tempfile
 
 import numpy as np
 from safetensors import SafetensorError, safe_open
@@ -47,9 +49,24 @@ def write(
   path: str, state: dict[str, np.ndarray], model: ModelSection, tokenizer=None, sequence_classifier: bool = False
 ) -> None:
   """config.json (of a causal LM, or with `sequence_classifier` of a one-output *ForSequenceClassification),
-  model.safetensors and (when given) the tokenizer files with their chat template."""
-  os.makedirs(path, exist_ok=True)
-  hf_config.to_hf_config(model, tokenizer, sequence_classifier).save_pretrained(path)
-  safetensors_np.save_file(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-  if tokenizer is not None:
-    tokenizer.save_pretrained(path)
+  model.safetensors and (when given) the tokenizer files with their chat template, written into a new
+  folder beside `path` that then takes its place: a process killed while it writes leaves what `path`
+  held (and a `.NAME.writing-*` folder beside it)."""
+  parent, name = os.path.split(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  fresh = tempfile.mkdtemp(prefix=f".{name}.writing-", dir=parent)
+  try:
+    hf_config.to_hf_config(model, tokenizer, sequence_classifier).save_pretrained(fresh)
+    safetensors_np.save_file(state, os.path.join(fresh, "model.safetensors"), metadata={"format": "pt"})
+    if tokenizer is not None:
+      tokenizer.save_pretrained(fresh)
+  except BaseException:
+    shutil.rmtree(fresh, ignore_errors=True)
+    raise
+  if os.path.isdir(path):  # the old folder steps aside, the new one takes its name, then the old goes
+    old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
+    os.rename(path, os.path.join(old, name))
+    os.rename(fresh, path)
+    shutil.rmtree(old)
+  else:
+    os.rename(fresh, path)

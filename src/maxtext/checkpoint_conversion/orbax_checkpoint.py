@@ -216,6 +216,20 @@ def stacked_layers(path: str) -> bool | None:
   return not all(str(key).isdigit() for key in layers)
 
 
+def stored_shapes(path: str) -> dict[str, tuple[int, ...]]:
+  """Dotted parameter name -> shape of each array saved at `path` (a step or checkpoint root, as
+  restore_arrays reads it), from the checkpoint's metadata only."""
+  tree = ocp.PyTreeCheckpointer().metadata(resolve(path)).item_metadata.tree
+  named = (((keys[:-1] if keys[-1] == "value" else keys), meta) for keys, meta in _flatten(tree))  # nnx's value field
+  return {".".join(keys): tuple(meta.shape) for keys, meta in named if hasattr(meta, "shape")}
+
+
+def param_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
+  """Dotted parameter name -> shape of a model's parameters, named as stored_shapes names them."""
+  tree = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  return {".".join(keys): tuple(value.shape) for keys, value in _flatten(tree)}
+
+
 def _flatten(tree, prefix=()):
   for key, value in tree.items():
     if isinstance(value, dict):

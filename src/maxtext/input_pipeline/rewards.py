@@ -56,6 +56,14 @@ FORMS = (
 )
 
 
+class NonFiniteReward(ValueError):
+  """A reward (`name`: rewards/<function>) that is NaN, infinite or past float32's range."""
+
+  def __init__(self, name: str):
+    super().__init__(f"{name}: not finite (NaN, infinite, or past float32's range)")
+    self.name = name
+
+
 class RewardFunctionError(InputError):
   """A reward function raised, exited, ran past reward_timeout_s or returned something other than one
   number per completion; the message names the function and the example or batch."""
@@ -158,7 +166,7 @@ def checked(name: str, score: _Scorer, answer_prefix: str = "", source: str = ""
     if len(scores) != len(completions):
       raise RewardFunctionError(f"{who} returned {len(scores)} values for {len(completions)} completions")
     # None: does not apply (NaN here). A NaN the function returns is a fault, not that: it is kept
-    # non-finite (as inf), so rewards/<name> is not finite and the run guard stops the run.
+    # non-finite (as inf), and RewardSet.score stops the run on it.
     values = [math.nan if x is None else _not_applying_nan(_number(x)) for x in scores]
     for i, (x, value) in enumerate(zip(scores, values)):
       if value is None:
@@ -314,7 +322,8 @@ class RewardSet:
     self, prompts: list, completions: list, fields: dict[str, Any], group_size: int
   ) -> tuple[np.ndarray, Metrics]:
     """Each completion's reward and the call's metrics. The completions come in groups of group_size
-    (one prompt's samples).
+    (one prompt's samples). A function's value that is infinite, a NaN it returned, or past float32's
+    range is a NonFiniteReward naming the function (rewards/<name>), before any update is made of it.
 
     A completion's reward is the weighted sum of the functions that apply to it (TRL's: a function's
     None counts nothing). One that no function applies to gets the mean reward of its group's others
@@ -330,6 +339,10 @@ class RewardSet:
     completions no function applies to. A mean over no value is not logged."""
     values = np.array([fn(prompts, completions, **fields) for fn in self.functions], dtype=float).T
     applies = ~np.isnan(values)
+    with np.errstate(over="ignore"):
+      beyond = applies & ~np.isfinite(values.astype(np.float32))  # infinite, a NaN returned, past float32
+    if beyond.any():
+      raise NonFiniteReward(f"rewards/{self.functions[int(np.flatnonzero(beyond.any(axis=0))[0])].__name__}")
     totals = np.where(applies, values * np.asarray(self.weights), 0.0).sum(axis=1)
     scored = applies.any(axis=1)
     metrics: Metrics = {"rewards/unscored": (float((~scored).sum()), np.sum)}

@@ -9,10 +9,12 @@ instruction.
 SYSTEM_PROMPT and TEMPLATE are formatted as MaxText and Tunix format them: {question},
 {system_prompt} (TEMPLATE only) and the config's tag tokens ({reasoning_start_token}, ...). A TEMPLATE
 that places {system_prompt} itself gets no system turn of its own. A TEMPLATE that already holds the
-chat's turn markers (one of the tokenizer's special tokens, such as Gemma's <start_of_turn> or
-ChatML's <|im_start|>; MaxText's and Tunix's Gemma templates do) is the whole prompt: it is used as
-plain text after the tokenizer's BOS (where its chat template starts with one), never wrapped in the
-chat template a second time; agentic runs, which build conversations turn by turn, refuse it."""
+chat's turn markers (one of the tokenizer's special tokens, or any chat family's markers, such as
+Gemma's <start_of_turn> or ChatML's <|im_start|>; MaxText's and Tunix's Gemma templates hold them) is
+the whole prompt, on every model, as MaxText takes it: it is used as plain text after the tokenizer's
+BOS (where its chat template starts with one), never wrapped in the chat template a second time (on a
+model of another family the markers are then plain text); agentic runs, which build conversations turn
+by turn, refuse it."""
 
 from __future__ import annotations
 
@@ -77,10 +79,23 @@ def _placeholders(text: str, what: str, accepted: tuple[str, ...], path: str) ->
   return names
 
 
+# The turn markers of the chat families a template may be written for, whatever the model's tokenizer
+# (MaxText writes a TEMPLATE holding them as the whole prompt for any model).
+FAMILY_MARKERS = (
+  "<start_of_turn>",  # Gemma
+  "<end_of_turn>",
+  "<|im_start|>",  # ChatML: Qwen, SmolLM2
+  "<|im_end|>",
+  "<|start_header_id|>",  # Llama 3
+  "<|eot_id|>",
+)
+
+
 def _turn_markers(text: str, tokenizer) -> list[str]:
-  """The tokenizer's special tokens (its chat's turn markers among them) that `text` holds."""
+  """The tokenizer's special tokens (its chat's turn markers among them) and the chat families' turn
+  markers (FAMILY_MARKERS) that `text` holds."""
   special = {*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)}
-  return sorted(t for t in special if t and t in text)
+  return sorted(t for t in {*special, *FAMILY_MARKERS} if t and t in text)
 
 
 class PromptTemplate:

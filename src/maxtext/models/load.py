@@ -147,8 +147,9 @@ def load_model(model: ModelSection, mesh: Mesh) -> Decoder:
 def _sequence_classifier(path: str, key: str, model: ModelSection, mesh: Mesh, what: str) -> Critic:
   """The HF *ForSequenceClassification checkpoint at `path` (of the architecture `model` states) as a
   Critic: its decoder as the trunk, without an output layer, and its one-output `score` head; with
-  `model`'s lora_rank, adapters of its own on that trunk. A checkpoint of another kind, or with a head of
-  more than one output, is an InputError naming `key`. Logs `what` and the path."""
+  `model`'s lora_rank, adapters of its own on that trunk. A checkpoint of another kind, with a head of
+  more than one output, or with a weight that is not finite is an InputError naming `key` (and the
+  weight). Logs `what` and the path."""
   if not hf_config.is_hf_checkpoint(path):
     raise errors.InputError(
       f"{key}: expected an HF *ForSequenceClassification checkpoint (config.json + *.safetensors)"
@@ -157,6 +158,9 @@ def _sequence_classifier(path: str, key: str, model: ModelSection, mesh: Mesh, w
   if not any(kind.endswith("ForSequenceClassification") for kind in kinds):
     raise errors.InputError(f"{key}: config.json's architectures are {kinds}; expected a *ForSequenceClassification")
   state = hf_checkpoint.read_state_dict(path)
+  for name, value in state.items():
+    if not np.isfinite(np.asarray(value, np.float32)).all():
+      raise errors.InputError(f"{key}: {name} holds NaN or infinite values; expected finite weights")
   score = state.pop("score.weight", None)
   if score is None or score.shape != (1, model.emb_dim):
     shape = "no score.weight" if score is None else f"score.weight of shape {list(score.shape)}"

@@ -60,23 +60,35 @@ class RewardModel:
     return self._template.messages(str(fields["question"]))
 
   def texts(self, prompts: list, completions: list[str], fields: Mapping[str, Any]) -> list[str]:
-    """The texts the reward model scores, one per completion (completions as the model wrote them,
-    after the prompt's answer prefix): each example's `fields` hold one value per completion."""
-    prefix = self._template.answer_prefix
+    """The texts the reward model reads, one per completion (completions as the model wrote them,
+    after the prompt's answer prefix; each example's `fields` hold one value per completion): the
+    conversation as its chat template writes it, or (no conversation) the prompt and completion as
+    plain text ending in the EOS token, as TRL's RewardTrainer appends it to non-conversational data."""
+    return [text for text, _ in self._texts(prompts, completions, fields)]
+
+  def token_ids(self, prompts: list, completions: list[str], fields: Mapping[str, Any]) -> list[list[int]]:
+    """The token ids the reward model scores, as TRL's RewardTrainer tokenizes what it trains on: a
+    conversation's text without special tokens added (its template writes them), plain text with
+    them (the tokenizer's BOS, where it adds one)."""
+    texts = self._texts(prompts, completions, fields)
+    return [self.tokenizer(text, add_special_tokens=plain)["input_ids"] for text, plain in texts]
+
+  def _texts(self, prompts: list, completions: list[str], fields: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    prefix, eos = self._template.answer_prefix, self.tokenizer.eos_token or ""
     out = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
       turns = self.conversation({k: v[i] for k, v in fields.items() if _per_completion(v, len(prompts))})
       if turns is None:
         text = str(prompt)
-        out.append((text[: len(text) - len(prefix)] if prefix and text.endswith(prefix) else text) + completion)
+        text = (text[: len(text) - len(prefix)] if prefix and text.endswith(prefix) else text) + completion
+        out.append((text if text.endswith(eos) else text + eos, True))
       else:
         reply = [{"role": "assistant", "content": completion}]
-        out.append(self.tokenizer.apply_chat_template(turns + reply, tokenize=False))
+        out.append((self.tokenizer.apply_chat_template(turns + reply, tokenize=False), False))
     return out
 
-  def scores(self, texts: list[str]) -> np.ndarray:
-    """float32 scores [len(texts)] of the texts (tokenized as they are, no special tokens added)."""
-    ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+  def scores(self, ids: list[list[int]]) -> np.ndarray:
+    """float32 scores [len(ids)] of token id lists (token_ids')."""
     graphdef, state = nnx.split(self.model)
     out = []
     with self._mesh:  # as the critic scores: every process places its rows of the same batch
@@ -90,7 +102,7 @@ class RewardModel:
   def reward_function(self) -> RewardFn:
     """The reward model as a reward function of the run (rewards/reward_model), its output checked as
     every reward function's is (rewards.checked)."""
-    score = lambda prompts, completions, fields: self.scores(self.texts(prompts, completions, fields))
+    score = lambda prompts, completions, fields: self.scores(self.token_ids(prompts, completions, fields))
     return rewards.checked(NAME, score, self._template.answer_prefix)
 
 

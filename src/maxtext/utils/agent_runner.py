@@ -8,11 +8,12 @@ each); the workers are forked from a fork server that imported PRELOAD once."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import math
 import numbers
 from collections.abc import Callable
 
-from maxtext.utils import user_code
+from maxtext.utils import environment_agent, user_code
 
 KEY = "rl.agent"
 PRELOAD = ("httpx", "openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
@@ -25,11 +26,14 @@ def episode_runner(path: str, name: str, api_key: str | None = None) -> Callable
   plain HTTP to the trainer's server, so no TLS context is made for it) and posts the function's
   reward, a float or None, to the session's /reward route, as a process of rl.agent=http does, both
   with the server's `api_key` where it has one. A function that returns anything else raises
-  TypeError (and posts nothing)."""
+  TypeError (and posts nothing). NAME may also be a TRL environment_factory, run as
+  utils/environment_agent.py runs it."""
   import httpx
   import openai
 
   fn = getattr(user_code.load_file(path, KEY), name)
+  if not inspect.iscoroutinefunction(fn):  # a TRL environment_factory (user_agent.load checked it)
+    fn = environment_agent.episode(fn)
 
   def run(take: dict, timeout_s: float) -> None:
     async def episode():

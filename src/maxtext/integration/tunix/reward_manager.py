@@ -15,7 +15,8 @@ from typing import Any
 
 from tunix.rl import function_registry, reward_manager
 
-from maxtext.input_pipeline.rewards import RewardSet
+from maxtext.input_pipeline.rewards import NonFiniteReward, RewardSet
+from maxtext.utils import shutdown
 
 STANDARD = "maxtext-sequence-level"
 AGENTIC = "maxtext-agentic-sequence-level"
@@ -35,7 +36,14 @@ class _Scored:
     self.reward_set = reward_set
 
   def _compute_rewards(self, prompts, completions, **kwargs) -> dict[str, Any]:
-    scores, metrics = self.reward_set.score(list(prompts), list(completions), kwargs, self.algo_config.num_generations)
+    """A non-finite reward stops the run here, before any update is made of it: NonFiniteError naming
+    the reward, its step 0 (the training run names the step it stopped at)."""
+    try:
+      scores, metrics = self.reward_set.score(
+        list(prompts), list(completions), kwargs, self.algo_config.num_generations
+      )
+    except NonFiniteReward as e:
+      raise shutdown.NonFiniteError(e.name, 0) from None
     return {"rewards": scores, "log_metrics": metrics}
 
 

@@ -19,7 +19,8 @@ those every tool reads.
   descriptions and schemas) and again in every worker, and a tool's output comes back as its text.
 - rl.tools_path names its tools in TOOLS: a list of plain typed functions with Google-style
   docstrings (TRL's tools=[fn]) or a dict of tool name -> such a function or a Tunix BaseTool
-  subclass (user_tools). A function is a FunctionTool: its schema is transformers'
+  subclass; without TOOLS, rl.tools names its plain functions, as reward_functions names reward
+  functions (user_tools). A function is a FunctionTool: its schema is transformers'
   get_json_schema's, and one it cannot build (an argument without a type hint, a docstring without
   the argument's description) is refused at start naming the file and the function.
 """
@@ -166,22 +167,34 @@ def _function_tool(fn: Callable[..., Any]) -> type[FunctionTool]:
   return type(fn.__name__, (FunctionTool,), {"FUNCTION": staticmethod(fn), "__doc__": inspect.getdoc(fn)})
 
 
-def user_tools(path: str) -> dict[str, type[base_tool.BaseTool]]:
+def user_tools(path: str, names: tuple[str, ...] = ()) -> dict[str, type[base_tool.BaseTool]]:
   """The tools of a Python file (rl.tools_path), by name, from its module-level TOOLS: a list of
   functions (TRL's tools=[fn, ...], each named by its __name__) or a dict of tool name -> function
-  or Tunix BaseTool subclass; functions become FunctionTool classes. Any other TOOLS is an
-  InputError naming the file. Function tools' schemas are not built here (see _check_schemas)."""
-  found = getattr(user_code.load_file(path, "rl.tools_path"), "TOOLS", None)
-  expected = "expected TOOLS = [function, ...] or a TOOLS dict of tool name -> function or BaseTool subclass"
+  or Tunix BaseTool subclass; without TOOLS, its plain functions that `names` (rl.tools) names, as
+  reward_functions names reward functions. Functions become FunctionTool classes. Any other TOOLS,
+  or a file without TOOLS of which `names` names no function, is an InputError naming the file.
+  Function tools' schemas are not built here (see _check_schemas)."""
+  module = user_code.load_file(path, "rl.tools_path")
+  found = getattr(module, "TOOLS", None)
+  expected = (
+    "expected TOOLS = [function, ...], a TOOLS dict of tool name -> function or BaseTool subclass, or rl.tools "
+    "naming functions of the file"
+  )
+  if found is None:
+    found = {n: getattr(module, n) for n in names if inspect.isroutine(getattr(module, n, None))}
+    if not found:
+      raise InputError(
+        f"rl.tools_path={path}: no TOOLS, and rl.tools={list(names)} names no function of it; {expected}"
+      )
   if isinstance(found, (list, tuple)):
     bad = [repr(f) for f in found if not inspect.isroutine(f)]
     if bad:
       raise InputError(f"rl.tools_path={path}: TOOLS holds {', '.join(bad)}, not a function; {expected}")
-    names = [f.__name__ for f in found]
-    twice = sorted({n for n in names if names.count(n) > 1})
+    listed = [f.__name__ for f in found]
+    twice = sorted({n for n in listed if listed.count(n) > 1})
     if twice:
       raise InputError(f"rl.tools_path={path}: TOOLS names function(s) {twice} more than once")
-    found = dict(zip(names, found))
+    found = dict(zip(listed, found))
   if not isinstance(found, dict):
     raise InputError(f"rl.tools_path={path}: {expected}; got {type(found).__name__}")
   bad = [
@@ -247,7 +260,7 @@ def worker_tools(tools: ToolsSection) -> Callable[[str, dict[str, Any]], tuple[s
   class docstring as description); the handler returns a call's (output text, error text), as the
   tool turn writes them and each cut to rl.tool_output_max_chars. rl.tools names only known tools
   (tool_map checked)."""
-  classes = _worker_classes(tools, user_tools(tools.tools_path) if tools.tools_path else {})
+  classes = _worker_classes(tools, user_tools(tools.tools_path, tools.names) if tools.tools_path else {})
   instances = {name: cls(name=name, description=cls.__doc__ or "") for name, cls in classes.items()}
 
   def cut(text) -> str | None:
@@ -283,7 +296,7 @@ def tool_map(tools: ToolsSection) -> dict[str, type[base_tool.BaseTool]]:
   """rl.tools -> {name: tool class}, from BUILTIN_TOOLS and rl.tools_path; unknown names are a
   config error. The tools that do not time themselves share one WorkerPool, whose workers
   are killed when the classes are garbage-collected or the trainer exits."""
-  mine = user_tools(tools.tools_path) if tools.tools_path else {}
+  mine = user_tools(tools.tools_path, tools.names) if tools.tools_path else {}
   _check_schemas(tools.tools_path, mine)
   if tools.tools_path and not set(mine) & set(tools.names):
     raise InputError(

@@ -51,13 +51,15 @@ from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
-from maxtext.utils import agent_runner, errors, user_code, worker_pool
+from maxtext.utils import agent_runner, environment_agent, errors, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
 KEY = agent_runner.KEY
 LIMIT = "rl.agent_timeout_s={:g}"
-FORM = "expected `async def NAME(client, model, example)` returning a float reward or None"
+FORM = (
+  "expected `async def NAME(client, model, example)` returning a float reward or None, or " + environment_agent.FORM
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +88,8 @@ class UserAgent:
 
 def load(section: AgentSection) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
-  defines NAME, an async function taking (client, model, example); an InputError naming the key
+  defines NAME, an async function taking (client, model, example) or a TRL environment class
+  (utils/environment_agent.check: reset, and tool methods with schemas); an InputError naming the key
   otherwise. http needs no file."""
   limits = (
     section.agent_timeout_s,
@@ -107,6 +110,12 @@ def load(section: AgentSection) -> UserAgent:
   where = f"{KEY}={section.agent}"
   if fn is None:
     raise errors.InputError(f"{where}: {path} defines no {name}; {FORM}")
+  if inspect.isclass(fn):  # a TRL environment_factory
+    try:
+      environment_agent.check(fn, where)
+    except ValueError as e:
+      raise errors.InputError(str(e)) from None
+    return UserAgent(path, name, *limits)
   if not inspect.iscoroutinefunction(fn):
     raise errors.InputError(f"{where}: {name} is not an async function; {FORM}")
   try:

@@ -285,6 +285,21 @@ class RunFolder:
         "lora_input_adapters_path load either layout)"
       )
 
+  def check_shapes(self, step: int, ours: dict[str, tuple[int, ...]]) -> None:
+    """A run resumed at training step `step` keeps the parameter shapes its checkpoint holds (the
+    checkpoint's metadata is the evidence, with or without config.yml): a model whose parameter
+    shapes (`ours`, orbax_checkpoint.param_shapes) differ is a ConfigError naming the first parameter
+    that differs, both shapes and the count of others."""
+    stored = orbax_checkpoint.stored_shapes(storage.join(self._actor, str(self._steps.updates_in(step))))
+    differ = sorted(name for name in stored.keys() & ours.keys() if stored[name] != ours[name])
+    if differ:
+      first = differ[0]
+      raise errors.ConfigError(
+        f"run folder {self.url} holds checkpoints of another model: {first} is {list(stored[first])} there but "
+        f"{list(ours[first])} in this config ({len(differ) - 1} more parameters differ); rerun with the run's model "
+        "settings (emb_dim, mlp_dim, num_heads, ...) to resume it, or choose another run_name"
+      )
+
   def previous_results(self, resumed: int) -> dict:
     """The evaluations a run resumed at step `resumed` keeps from eval.json: before training and
     during it up to that step (a fresh run starts empty). An eval.json that does not read back is

@@ -122,7 +122,10 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
     batcher.close()
   del engine, batcher
   fields = {k: columns.as_array([ex[k] for ex in rows]) for k in rows[0] if k != "prompts"}
-  totals, _ = reward_set.score(prompts, completions, fields, group)
+  try:
+    totals, _ = reward_set.score(prompts, completions, fields, group)
+  except rewards.NonFiniteReward as e:
+    raise InputError(f"train_reward_model: the reward functions' {e}; expected finite rewards to rank by") from None
 
   pairs = preference_pairs(totals, group, section.max_pairs_per_prompt, rng)
   held_out_questions = int(round(section.held_out_fraction * len(questions)))
@@ -146,13 +149,12 @@ def train_reward_model(cfg: RunConfig) -> list[dict]:
 
   model = critic_lib.Critic(policy)  # the policy's weights as the trunk, the score head at zero
   scorer = reward_model.RewardModel(model, tokenizer, template, mesh, section.micro_batch_size)
-  texts = scorer.texts(prompts, [template.answer_prefix + c for c in completions], fields)
-  ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+  ids = scorer.token_ids(prompts, [template.answer_prefix + c for c in completions], fields)
   held_texts = sorted({i for p in held for i in p})
 
   def held_accuracy() -> float | None:
-    scores = np.zeros(len(texts), np.float32)
-    scores[held_texts] = scorer.scores([texts[i] for i in held_texts])
+    scores = np.zeros(len(ids), np.float32)
+    scores[held_texts] = scorer.scores([ids[i] for i in held_texts])
     return pair_accuracy(scores, held)
 
   before = held_accuracy() if held else None

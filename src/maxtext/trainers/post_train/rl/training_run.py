@@ -32,7 +32,7 @@ import jax
 from flax import nnx
 
 from maxtext import tasks
-from maxtext.checkpoint_conversion import to_huggingface
+from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.configs.run_config import RunConfig
 from maxtext.input_pipeline import chat_parser, datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
@@ -117,6 +117,7 @@ class TrainingRun:
     resumed = folder.resume()
     if resumed:
       folder.check_layout(resumed, cfg.model.scan_layers)
+      folder.check_shapes(resumed, orbax_checkpoint.param_shapes(actor))
     self.results = folder.previous_results(resumed)
     run = cfg.run
     wandb = None
@@ -261,7 +262,11 @@ class TrainingRun:
   def _stop_non_finite(self, e: shutdown.NonFiniteError) -> None:
     """Ends a run stopped at step e.step by a non-finite value: the metrics rows and the saves of the
     steps before it land, checkpoints of e.step on (saved before a late-logged value showed) are set
-    aside, and the NonFiniteError is raised again naming the checkpoint a rerun resumes from."""
+    aside, and the NonFiniteError is raised again naming the checkpoint a rerun resumes from. A step
+    of 0 (a reward found non-finite before its update) is the step the run stopped at, the first not
+    trained."""
+    if not e.step:
+      e = shutdown.NonFiniteError(e.name, self._trained() + 1)
     self.sinks.stopped_after(e.step - 1)
     self.cluster.actor_trainer.checkpoint_manager.close()  # waits for asynchronous saves to land
     self.folder.keep_checkpoints_through(e.step - 1)
