@@ -174,6 +174,7 @@ def test_launcher_ends_every_process_when_one_fails():
   assert "process 1 ended with exit code 3" in proc.stderr
 
 
+@pytest.mark.slow  # 100-220 s; the fast suite keeps the multi-process batch placement and launcher tests
 def test_two_processes_train_as_one_process_does(tmp_path):
   """Standard GRPO, 2 processes x 2 devices against 1 process x 4 devices, same seeds: the same
   rewards and completion lengths at every step (the second step samples from trained weights), the

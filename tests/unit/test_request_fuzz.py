@@ -136,7 +136,7 @@ def test_no_request_body_gets_a_5xx(server, route, field):
   client, _ = server
 
   @settings(
-    max_examples=60 if field is None else 15, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    max_examples=50 if field is None else 15, deadline=None, database=None, suppress_health_check=list(HealthCheck)
   )
   @given(_body(route, field))
   def fuzz(body):
