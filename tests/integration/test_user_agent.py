@@ -326,3 +326,95 @@ def test_agent_settings_that_cannot_work_are_refused_at_start(tmp_path, extra, e
   path.write_text("async def run(client, model, example):\n  return 1.0\n")
   with pytest.raises(pyconfig.ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
     make_config("rl.use_agentic_rollout=true", *[e.format(path=path) for e in extra])
+
+
+FRAMEWORKS = '''
+import hashlib, os, time
+
+import agents
+import langchain_openai
+import pydantic_ai
+import smolagents
+from langchain_core.tools import tool
+from langgraph import prebuilt
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+
+MARKS = {marks!r}
+
+
+def add(a: int, b: int) -> int:
+  """Adds two integers.
+
+  Args:
+    a: the first integer.
+    b: the second integer.
+  """
+  return a + b
+
+
+def _nth(question):
+  """The question's number among the run's questions (0, 1, ...) in the order first asked, the same
+  for all its episodes, across worker processes."""
+  mine = os.path.join(MARKS, hashlib.sha1(question.encode()).hexdigest())
+  try:
+    os.close(os.open(mine, os.O_CREAT | os.O_EXCL))
+  except FileExistsError:
+    for _ in range(1000):
+      text = open(mine).read()
+      if text:
+        return int(text)
+      time.sleep(0.01)
+    raise
+  for i in range(64):
+    try:
+      os.close(os.open(os.path.join(MARKS, f"n{{i}}"), os.O_CREAT | os.O_EXCL))
+      break
+    except FileExistsError:
+      pass
+  with open(mine, "w") as f:
+    f.write(str(i))
+  return i
+
+
+async def run(client, model, example):
+  """Each group one framework's documented agent, in turn: the OpenAI Agents SDK (its chat
+  completions model), LangGraph's ReAct agent, pydantic-ai and smolagents (a group's episodes share
+  their framework, so their first prompts differ only in the sampled replies)."""
+  framework = ("agents", "langgraph", "pydantic_ai", "smolagents")[_nth(example["question"]) % 4]
+  open(os.path.join(MARKS, framework), "a").close()
+  question = example["question"]
+  if framework == "agents":
+    llm = agents.OpenAIChatCompletionsModel(model, client)
+    agent = agents.Agent(name="solver", instructions="Be brief.", tools=[agents.function_tool(add)], model=llm)
+    out = await agents.Runner.run(agent, question, max_turns=2, run_config=agents.RunConfig(tracing_disabled=True))
+    text = str(out.final_output)
+  elif framework == "langgraph":
+    llm = langchain_openai.ChatOpenAI(model=model, base_url=str(client.base_url), api_key=client.api_key, max_retries=0)
+    out = await prebuilt.create_react_agent(llm, tools=[tool(add)]).ainvoke({{"messages": [("user", question)]}})
+    text = str(out["messages"][-1].content)
+  elif framework == "pydantic_ai":
+    llm = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+    text = str((await pydantic_ai.Agent(llm, tools=[add]).run(question)).output)
+  else:
+    llm = smolagents.OpenAIServerModel(model_id=model, api_base=str(client.base_url), api_key=client.api_key)
+    text = str(smolagents.ToolCallingAgent(tools=[smolagents.tool(add)], model=llm, max_steps=1).run(question))
+  return float(len(text) % 5)
+'''
+
+
+@pytest.mark.slow  # a training run whose workers import four agent frameworks (about two minutes)
+def test_each_frameworks_documented_agent_trains_through_the_served_policy(tmp_path):
+  """The frameworks' own agents, unchanged but for the episode's client, in one tiny agentic GRPO run
+  of four groups, one per framework: every episode trains (none fails)."""
+  (tmp_path / "marks").mkdir()
+  agent = tmp_path / "agent.py"
+  agent.write_text(FRAMEWORKS.format(marks=str(tmp_path / "marks")))
+  args = [a for a in TINY if not a.startswith(("num_batches=", "batch_size=", "max_response_length="))]
+  args += ["num_batches=1", "batch_size=4", "max_prompt_length=1536", "max_response_length=64"]
+  args += [f"rl.agent={agent}:run", f"base_output_directory={tmp_path}", "run_name=frameworks"]
+  assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+  episodes = _rows(tmp_path / "frameworks" / "episodes.jsonl")
+  assert len(episodes) == 8 and [e["failure"] for e in episodes if e["status"] != "trained"] == []
+  assert {"agents", "langgraph", "pydantic_ai", "smolagents"} <= {p.name for p in (tmp_path / "marks").iterdir()}
+  assert all(e["trained_tokens"] > 0 for e in episodes)
