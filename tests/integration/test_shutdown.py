@@ -212,3 +212,40 @@ def test_two_quick_sigints_end_in_a_few_lines_with_exit_130_keeping_the_finished
     after[-1],
   ), after[-1]
   assert [r["step"] for r in _rows(run)][:kept] == list(range(1, kept + 1))
+
+
+@pytest.mark.slow  # a process of its own, a minute
+def test_a_second_sigterm_ends_a_run_whose_reward_function_never_returns_within_seconds(tmp_path):
+  """A preemption's SIGTERM, then another, while step 2's reward function sleeps for good (it runs in
+  a worker process): the workers are killed, the run exits 143 within seconds keeping step 1's
+  checkpoint. It used to stay up past the SIGKILL a cluster sends after its grace period."""
+  marker = tmp_path / "hung"
+  rewards = tmp_path / "rewards.py"
+  rewards.write_text(
+    "import time\ncalls = 0\n"
+    "def slow(prompts, completions, **kwargs):\n"
+    "  global calls\n  calls += 1\n"
+    f"  if calls >= 2:\n    open({str(marker)!r}, 'w').close()\n    time.sleep(1000)\n"
+    "  return [1.0 for _ in completions]\n"
+  )
+  tiny = [a for a in TINY if not a.startswith(("num_test_batches=", "eval_batch_size="))]
+  args = [*tiny, "num_batches=4", "num_test_batches=0", "checkpoint_period=1", f"base_output_directory={tmp_path}"]
+  args += [f"reward_functions_path={rewards}", "reward_functions=[slow]", "run_name=r"]
+  proc = _start(args)
+  try:
+    deadline = time.time() + 300
+    while not marker.exists():
+      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+      time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(2)
+    proc.send_signal(signal.SIGTERM)
+    second = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - second
+  finally:
+    proc.kill()
+    proc.wait()
+  assert proc.returncode == 128 + signal.SIGTERM and took < 20, (took, err[-3000:])
+  assert "stopped: stopped by a second SIGTERM during step 2, which is abandoned; the checkpoint of step 1" in err
+  assert orbax_checkpoint.steps(str(tmp_path / "r" / "checkpoints" / "actor")) == [1]

@@ -50,6 +50,7 @@ from typing import Any
 import maxtext
 
 START_S = 60.0
+_POOLS: weakref.WeakSet = weakref.WeakSet()  # every live pool (stop_all)
 
 _SERVE = "from maxtext.utils import worker_pool; worker_pool.serve({fd})"
 
@@ -127,6 +128,13 @@ def _stop_all(lock: threading.Lock, running: set[_Worker], idle: list[_Worker]) 
     worker.stop()
 
 
+def stop_all() -> None:
+  """Kills the workers of every pool now (a run abandoned by a second signal: the user code they run
+  cannot hold the process, and a call in flight fails with CallFailed)."""
+  for pool in list(_POOLS):
+    pool.close()
+
+
 class WorkerPool:
   """Worker processes running the handler that `load` returns; each call bounded by timeout_s
   seconds, which `limit` names in its error (e.g. "rl.tool_timeout_s=5"); `bare`: packages the
@@ -147,6 +155,7 @@ class WorkerPool:
     self._idle: list[_Worker] = []
     self._running: set[_Worker] = set()
     self._finalizer = weakref.finalize(self, _stop_all, self._lock, self._running, self._idle)
+    _POOLS.add(self)
 
   def close(self) -> None:
     """Kills every worker now (as garbage collection would); a call in flight fails with CallFailed."""

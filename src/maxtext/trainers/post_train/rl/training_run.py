@@ -47,7 +47,7 @@ from maxtext.rl import reward_model
 from maxtext.rl.episode import EpisodeLog
 from maxtext.trainers.post_train.rl import evaluate_rl, footprint, progress, report, run_guard
 from maxtext.trainers.post_train.rl.run_folder import RunFolder
-from maxtext.utils import distributed, heap, shutdown, storage
+from maxtext.utils import distributed, heap, shutdown, storage, worker_pool
 from maxtext.utils import mesh as mesh_lib
 from maxtext.utils.errors import InputError
 from maxtext.utils.steps import Steps
@@ -434,6 +434,7 @@ class TrainingRun:
       kept = self.folder.drop_unfinished_checkpoints()
       if fault is shutdown.DiskFull:
         raise shutdown.DiskFull(self.folder.url, kept) from e
+      worker_pool.stop_all()  # user code in workers (a reward function that never returns) holds nothing up
       raise shutdown.Abandoned(self.guard.stop.second or signal.SIGINT, self._abandoned, kept) from None
 
   def close(self) -> None:
