@@ -140,3 +140,31 @@ def test_agentic_grpo_trains_on_a_trl_environment(tmp_path):
     user = next(m["content"] for m in e["messages"] if m["role"] == "user")
     (question,) = [q for q in questions if q in user]
     assert e["reward"] == float(len(question))
+
+
+def test_trls_dict_of_environments_picks_each_examples_by_its_environment_field(tmp_path, qwen3_tokenizer):
+  source = ENVIRONMENT + (
+    "\n\nclass Strict(Adder):\n"
+    "  def reset(self, **row):\n"
+    "    assert 'environment' not in row and 'messages' not in row, sorted(row)\n"
+    "    self.total, self.calls = 5, 0\n"
+    "\n\nENVS = {'adder': Adder, 'strict': Strict}\n"
+  )
+  path, factories = _factory(tmp_path, source, "ENVS")
+  cfg = pyconfig.initialize(["t", "rl.yml", "rl.use_agentic_rollout=true", f"rl.agent={path}:ENVS"])
+  assert user_agent.load(cfg.agent).name == "ENVS"  # TRL's multi-environment form is taken
+  server = scripted_server(qwen3_tokenizer, "Five.", tool_format=QwenToolFormat())
+  url = server.start("127.0.0.1", 0).removesuffix("/v1")
+  try:
+    example = {"question": "q", "prompt": "q", "messages": [{"role": "user", "content": "q"}]}
+
+    async def episode(environment):
+      async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as client:
+        return await environment_agent.episode(factories)(client, "m", {**example, "environment": environment})
+
+    assert asyncio.run(episode("strict")) == 1.0  # Strict's reset ran (its total is 5), without the field
+    assert asyncio.run(episode("adder")) == 0.0
+    with pytest.raises(KeyError, match=r"environment 'chess' is none of \['adder', 'strict'\]"):
+      asyncio.run(episode("chess"))
+  finally:
+    server.stop()

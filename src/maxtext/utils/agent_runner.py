@@ -32,7 +32,7 @@ def episode_runner(path: str, name: str, api_key: str | None = None) -> Callable
   import openai
 
   fn = getattr(user_code.load_file(path, KEY), name)
-  if not inspect.iscoroutinefunction(fn):  # a TRL environment_factory (user_agent.load checked it)
+  if not inspect.iscoroutinefunction(fn):  # a TRL environment_factory, or a dict of them (load checked it)
     fn = environment_agent.episode(fn)
 
   def run(take: dict, timeout_s: float) -> None:

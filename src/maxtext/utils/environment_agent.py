@@ -1,7 +1,8 @@
 """A TRL environment (GRPOTrainer's `environment_factory`) as an rl.agent episode, run in an agent worker
 (utils/agent_runner.py) as TRL runs it in its tool loop:
 
-- one instance per episode, made by the factory (a class, or any callable returning one);
+- one instance per episode, made by the factory (a class, or any callable returning one; a dict of
+  them, TRL's multi-environment form, picks each example's by its `environment` field);
 - `reset(**row)` with the example's fields (the data row's columns, and `prompt`, the user turn):
   a string it returns is appended to the last user message (TRL: `content + observation`);
 - the instance's public methods (the functions of its class not starting with "_", but reset and
@@ -73,14 +74,23 @@ async def _maybe_await(value):
   return await value if inspect.isawaitable(value) else value
 
 
-def episode(factory: Callable[[], Any]) -> Callable:
-  """The async agent function `run(client, model, example)` of `factory` (see the module docstring)."""
+def episode(factory: Callable[[], Any] | dict[str, Callable[[], Any]]) -> Callable:
+  """The async agent function `run(client, model, example)` of `factory` (see the module docstring);
+  a dict of them (TRL's multi-environment form): each example's `environment` field names its own,
+  and that field is not passed to reset."""
 
   async def run(client, model: str, example: dict) -> float | None:
-    env = factory()
+    chosen = factory
+    if isinstance(factory, dict):
+      name = example.get("environment")
+      if name not in factory:
+        raise KeyError(f"the example's environment {name!r} is none of {sorted(factory)}")
+      chosen = factory[name]
+    env = chosen()
     if not callable(getattr(env, "reset", None)):
-      raise TypeError(f"{factory!r} made {type(env).__name__!r}, which has no reset(); expected {FORM}")
-    row = {k: v for k, v in example.items() if k != "messages"}
+      raise TypeError(f"{chosen!r} made {type(env).__name__!r}, which has no reset(); expected {FORM}")
+    left_out = ("messages", "environment") if isinstance(factory, dict) else ("messages",)
+    row = {k: v for k, v in example.items() if k not in left_out}
     observation = env.reset(**row)
     messages = [dict(m) for m in example["messages"]]
     if isinstance(observation, str):

@@ -110,9 +110,10 @@ def load(section: AgentSection) -> UserAgent:
   where = f"{KEY}={section.agent}"
   if fn is None:
     raise errors.InputError(f"{where}: {path} defines no {name}; {FORM}")
-  if inspect.isclass(fn):  # a TRL environment_factory
-    try:
-      environment_agent.check(fn, where)
+  if inspect.isclass(fn) or (isinstance(fn, dict) and fn and all(inspect.isclass(c) for c in fn.values())):
+    try:  # a TRL environment_factory, or TRL's dict of them
+      for cls in fn.values() if isinstance(fn, dict) else [fn]:
+        environment_agent.check(cls, where)
     except ValueError as e:
       raise errors.InputError(str(e)) from None
     return UserAgent(path, name, *limits)
