@@ -80,12 +80,13 @@ def episode(factory: Callable[[], Any] | dict[str, Callable[[], Any]]) -> Callab
   and that field is not passed to reset."""
 
   async def run(client, model: str, example: dict) -> float | None:
-    chosen = factory
     if isinstance(factory, dict):
       name = example.get("environment")
       if name not in factory:
         raise KeyError(f"the example's environment {name!r} is none of {sorted(factory)}")
       chosen = factory[name]
+    else:
+      chosen = factory
     env = chosen()
     if not callable(getattr(env, "reset", None)):
       raise TypeError(f"{chosen!r} made {type(env).__name__!r}, which has no reset(); expected {FORM}")
