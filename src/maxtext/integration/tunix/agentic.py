@@ -318,6 +318,8 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       QwenToolFormat(),
       api_key=agent.api_key,
       sessionless=agent.sessionless,
+      # the run's own episodes never meet a 429: their workers do not retry (a retry is recorded twice)
+      max_queued=max(256, 16 * self.algo_config.max_concurrency),
     )
     base_url = server.start(agent.host, agent.port, ("rl.agent_host", "rl.agent_port"))
     if agent.over_http:
