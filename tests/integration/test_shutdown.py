@@ -63,12 +63,17 @@ def _start(args):
   )
 
 
-def _terminate_after_first_step(proc, run):
-  """SIGTERM once the first training step's scalars arrived; returns (exit code, stderr, seconds to exit)."""
+def _wait_for(proc, path) -> None:
+  """Returns once `path` exists, failing (with the run's stderr) if the run ends or 300 s pass first."""
   deadline = time.time() + 300
-  while not os.path.exists(os.path.join(run, "metrics.jsonl.pending")):
+  while not os.path.exists(path):
     assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
     time.sleep(0.2)
+
+
+def _terminate_after_first_step(proc, run):
+  """SIGTERM once the first training step's scalars arrived; returns (exit code, stderr, seconds to exit)."""
+  _wait_for(proc, os.path.join(run, "metrics.jsonl.pending"))
   proc.send_signal(signal.SIGTERM)
   sent = time.time()
   _, err = proc.communicate(timeout=180)
@@ -189,10 +194,7 @@ def test_two_quick_sigints_end_in_a_few_lines_with_exit_130_keeping_the_finished
   run = str(tmp_path / "r")
   proc = _start([*args, "run_name=r"])
   try:
-    deadline = time.time() + 300
-    while not os.path.exists(os.path.join(run, "metrics.jsonl.pending")):
-      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-      time.sleep(0.2)
+    _wait_for(proc, os.path.join(run, "metrics.jsonl.pending"))
     proc.send_signal(signal.SIGINT)
     time.sleep(0.5)
     proc.send_signal(signal.SIGINT)
@@ -233,10 +235,7 @@ def test_a_second_sigterm_ends_a_run_whose_reward_function_never_returns_within_
   args += [f"reward_functions_path={rewards}", "reward_functions=[slow]", "run_name=r"]
   proc = _start(args)
   try:
-    deadline = time.time() + 300
-    while not marker.exists():
-      assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
-      time.sleep(0.2)
+    _wait_for(proc, marker)
     proc.send_signal(signal.SIGTERM)
     time.sleep(2)
     proc.send_signal(signal.SIGTERM)

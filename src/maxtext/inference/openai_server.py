@@ -787,8 +787,7 @@ class OpenAIServer:
     except ResponsesError as e:
       raise ApiError(400, e.message, e.param) from None
     except pydantic.ValidationError as e:
-      problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-      raise ApiError(400, f"invalid request: {problems}") from None
+      raise ApiError(400, _invalid(e.errors())) from None
     out = self.responses.response(body, await self._chat(as_chat, request), history, session)
     if body.stream:
       return responses.StreamingResponse(responses_api.events(out), media_type="text/event-stream")
@@ -829,8 +828,7 @@ class OpenAIServer:
 
     @app.exception_handler(fastapi.exceptions.RequestValidationError)
     async def invalid(_, e: fastapi.exceptions.RequestValidationError):
-      problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in e.errors())
-      return _error_response(400, f"invalid request: {problems}")
+      return _error_response(400, _invalid(e.errors()))
 
     @app.exception_handler(404)
     async def not_found(_, e):
@@ -993,6 +991,12 @@ def _refuse_unhonoured(body: _Sampling) -> None:
     raise ApiError(
       400, f"response_format {kind!r} is not supported: structured output needs guided decoding", "response_format"
     )
+
+
+def _invalid(found: Any) -> str:
+  """A 400's message for pydantic's validation errors: each field's path and what is wrong with it."""
+  problems = "; ".join(f"{'.'.join(str(x) for x in err['loc'])}: {err['msg']}" for err in found)
+  return f"invalid request: {problems}"
 
 
 def _forced_name(body: ChatRequest) -> str | None:

@@ -6,8 +6,8 @@ chat call's) and its reply comes back as a Response: a `message` item with the t
 `function_call` item per tool call.
 
 Taken as OpenAI documents them: function tools (`{"type": "function", "name", "description",
-"parameters"}`), `tool_choice` (auto, none; required and a named function are refused by the chat
-route), `parallel_tool_calls`, `max_output_tokens` (a reply cut by it is `incomplete` with reason
+"parameters"}`), `tool_choice` (as the chat route takes it: auto, none, required or a named
+function), `parallel_tool_calls`, `max_output_tokens` (a reply cut by it is `incomplete` with reason
 `max_output_tokens`), `temperature`, `top_p`, `store` (default true: the response's conversation is
 kept for a later `previous_response_id`, the newest MAX_STORED per server; a session's responses are
 found only in that session), `include: ["message.output_text.logprobs"]` (each sampled token's
