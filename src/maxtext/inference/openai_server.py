@@ -65,7 +65,8 @@ from maxtext.inference.continuous_batching import Completion, ContinuousBatcher,
 from maxtext.inference.responses_api import Responses, ResponsesError, ResponsesRequest
 from maxtext.inference.sessions import Call, Session, Sessions, SessionSampling
 from maxtext.inference.step_keys import StepKeys
-from maxtext.input_pipeline.chat_parser import ConfigChatParser, TextAsData
+from maxtext.input_pipeline.chat_parser import ConfigChatParser
+from maxtext.input_pipeline.text_as_data import TextAsData
 from maxtext.utils import errors
 
 log = logging.getLogger(__name__)
@@ -560,8 +561,10 @@ class OpenAIServer:
       return None
     return stream + data.encode(self.chat.turn_end_suffix + added)
 
-  def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
-    return list(self.tokenizer(text, add_special_tokens=add_special_tokens).input_ids)
+  def _encode(self, text: str, add_special_tokens: bool, data: bool = False) -> list[int]:
+    """text's ids; `data`: text a client wrote (a completions prompt), whose control-token spellings
+    are encoded as text (send token ids to write control tokens)."""
+    return list(self.tokenizer(text, add_special_tokens=add_special_tokens, split_special_tokens=data).input_ids)
 
   def _chat_prepared(self, body: ChatRequest, request: fastapi.Request) -> _Prepared:
     session = self._session_of(request)
@@ -634,7 +637,7 @@ class OpenAIServer:
     if isinstance(body.prompt, list):
       ids = list(body.prompt)
     else:
-      ids = await asyncio.to_thread(self._encode, body.prompt, True)  # off the event loop
+      ids = await asyncio.to_thread(self._encode, body.prompt, True, True)  # off the event loop
     if any(not 0 <= t < len(self.tokenizer) for t in ids):
       raise ApiError(400, f"prompt token ids must be from 0 to {len(self.tokenizer) - 1}", "prompt")
     prepared = self._prepare(body, ids, session, body.max_tokens)
@@ -805,7 +808,7 @@ class OpenAIServer:
       if body.add_special_tokens and bos is not None and ids[:1] != [bos]:
         ids = [bos, *ids]
     else:
-      ids = self._encode(body.prompt or "", body.add_special_tokens is not False)
+      ids = self._encode(body.prompt or "", body.add_special_tokens is not False, data=True)
     return {"count": len(ids), "max_model_len": self.context_length, "tokens": ids}
 
   def _detokenize(self, body: DetokenizeRequest, request: fastapi.Request):

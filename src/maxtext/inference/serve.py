@@ -26,8 +26,7 @@ def serve(cfg: RunConfig) -> None:
   """Runs the server in this thread until it is stopped by a signal."""
   from maxtext.inference.openai_server import OpenAIServer
   from maxtext.input_pipeline.chat_parser import ConfigChatParser
-  from maxtext.integration.tunix import rollout_setup
-  from maxtext.integration.tunix.tool_format import QwenToolFormat
+  from maxtext.integration.tunix import rollout_setup, tool_format
   from maxtext.utils import distributed
 
   cfg.check(distributed.initialize())  # the layout fits the job's devices
@@ -39,7 +38,7 @@ def serve(cfg: RunConfig) -> None:
     ConfigChatParser(tokenizer, cfg.agentic.system_prompt),
     cfg.model.model_name,
     engine.keys,
-    QwenToolFormat(),
+    tool_format.for_tokenizer(tokenizer),
     api_key=key,
     max_n=cfg.serve.serve_max_n,
     max_queued=cfg.serve.serve_max_queued,

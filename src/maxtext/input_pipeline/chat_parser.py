@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import functools
 import logging
-import re
-from typing import Any
 
 import jinja2
 import numpy as np
 
 from maxtext.configs.sections import AgenticSection
 from maxtext.input_pipeline.templates import PromptTemplate
+from maxtext.input_pipeline.text_as_data import TextAsData
 
 log = logging.getLogger(__name__)
 
@@ -191,62 +190,6 @@ class ConfigChatParser:
     anchor = _PROBE[:2]
     base = self.render(anchor)
     return self.render(anchor + list(messages), add_generation_prompt)[len(base) :]
-
-
-_HOLD_OPEN, _HOLD_CLOSE = "\ue000", "\ue001"  # private-use characters around a held control string's number
-_HELD = re.compile(f"{_HOLD_OPEN}(\\d+){_HOLD_CLOSE}")
-
-
-@functools.lru_cache(maxsize=8)
-def _control_pattern(tokenizer) -> re.Pattern:
-  """What in a text would become a control token: the tokenizer's special tokens (its special added
-  tokens: ChatML's <|im_start|>, Gemma's <start_of_turn>, EOS and the like), and the hold markers."""
-  special = {*tokenizer.all_special_tokens, *(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)}
-  names = sorted((t for t in special if t), key=len, reverse=True)
-  return re.compile("|".join([*map(re.escape, names), _HOLD_OPEN, _HOLD_CLOSE]))
-
-
-class TextAsData:
-  """Text that users, agents, tools or environments wrote, tokenized as text: what in it spells a
-  control token (`_control_pattern`) is held out before the template renders (`protect` puts a
-  numbered marker in its place) and encoded as plain text after (`encode`: the rendered text's
-  pieces as the tokenizer encodes them, each held string with its special tokens split), so only the
-  template writes control tokens. Text without such strings encodes exactly as the tokenizer encodes
-  it. Non-special added tokens (Qwen's <tool_call> and <think>) stay the tokens they are, as the
-  model writes them."""
-
-  def __init__(self, tokenizer):
-    self._tokenizer = tokenizer
-    self._pattern = _control_pattern(tokenizer)
-    self._held: list[str] = []
-
-  def protect(self, value: Any) -> Any:
-    """`value` (a string, or lists and dicts of them, as messages and tool schemas are) with each
-    control string in its strings held out."""
-    if isinstance(value, str):
-      return self._pattern.sub(self._hold, value)
-    if isinstance(value, dict):
-      return {k: self.protect(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-      return [self.protect(v) for v in value]
-    return value
-
-  def _hold(self, match: re.Match) -> str:
-    self._held.append(match.group(0))
-    return f"{_HOLD_OPEN}{len(self._held) - 1}{_HOLD_CLOSE}"
-
-  def encode(self, text: str) -> list[int]:
-    """The ids of `text` (rendered from protected values): its held strings as plain text."""
-    encode = lambda piece, **kw: list(self._tokenizer(piece, add_special_tokens=False, **kw).input_ids)
-    if not self._held:
-      return encode(text)
-    ids: list[int] = []
-    for i, piece in enumerate(_HELD.split(text)):
-      if i % 2:
-        ids += encode(self._held[int(piece)], split_special_tokens=True)
-      elif piece:
-        ids += encode(piece)
-    return ids
 
 
 def _merged_users(messages: list[dict]) -> list[dict]:

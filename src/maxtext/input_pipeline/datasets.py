@@ -43,6 +43,7 @@ import numpy as np
 
 from maxtext import tasks
 from maxtext.configs.sections import DataSection, MaxTextView, TrainSection
+from maxtext.input_pipeline import text_as_data
 from maxtext.input_pipeline.templates import PromptTemplate
 from maxtext.tasks import task as task_lib
 from maxtext.utils import columns, errors, jsonl, user_code, worker_pool
@@ -403,7 +404,7 @@ def _where(row: dict, i: int) -> str:
 
 def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) -> list[dict]:
   """The examples whose prompt fits max_prompt_length tokens; logs how many were dropped."""
-  lengths = [len(tokenizer.encode(ex["prompts"], add_special_tokens=False)) for ex in examples]
+  lengths = [len(text_as_data.prompt_ids(tokenizer, ex["prompts"])) for ex in examples]
   kept = [ex for ex, n in zip(examples, lengths) if n <= max_prompt_length]
   log.info(
     "%s: %d examples, %d dropped for exceeding max_prompt_length=%d",
@@ -486,5 +487,6 @@ def reserve_batches(examples: list[dict], train: TrainSection, seed: int) -> gra
 
 def _batch(examples: list[dict]) -> dict[str, np.ndarray]:
   """A batch as Tunix takes it: a NumPy array per field (a conversation, a list or a dict column an
-  object array of the values, whole), so every column reaches the reward functions."""
-  return {k: columns.as_array([ex[k] for ex in examples]) for k in examples[0]}
+  object array of the values, whole), so every column reaches the reward functions; the prompts an
+  object array too, so each stays the text_as_data.Rendered it is (its ids) for the sampler."""
+  return {k: (columns.whole if k == "prompts" else columns.as_array)([ex[k] for ex in examples]) for k in examples[0]}

@@ -23,6 +23,7 @@ import os
 import string
 
 from maxtext.configs.sections import TEMPLATE_DIR, TaskSection
+from maxtext.input_pipeline.text_as_data import Rendered, rendered
 from maxtext.utils import errors
 
 
@@ -149,23 +150,24 @@ class PromptTemplate:
     system = [{"role": "system", "content": self.system_prompt}] if own_turn else []
     return [*system, *self.examples, {"role": "user", "content": self.user_content(question)}]
 
-  def render(self, question: str) -> str:
-    """The prompt text up to and including the assistant turn's opening (and the reasoning start
-    token when reasoning_start_token_in_prompt is set): through the chat template, or a TEMPLATE
-    that holds the turn markers as it is, after the BOS the chat template would write."""
+  def render(self, question: str) -> Rendered:
+    """The prompt up to and including the assistant turn's opening (and the reasoning start token
+    when reasoning_start_token_in_prompt is set): through the chat template, or a TEMPLATE that holds
+    the turn markers as it is, after the BOS the chat template would write. The question is data:
+    what in it spells a control token is text in the prompt's ids (text_as_data.Rendered)."""
     if self.turn_markers:
-      return self._prefix + self.user_content(question) + self.answer_prefix
-    text = self.tokenizer.apply_chat_template(self.messages(question), add_generation_prompt=True, tokenize=False)
-    return text + self.answer_prefix
+      return rendered(self.tokenizer, lambda q: self._prefix + self.user_content(q) + self.answer_prefix, question)
+    chat = lambda q: self.tokenizer.apply_chat_template(self.messages(q), add_generation_prompt=True, tokenize=False)
+    return rendered(self.tokenizer, lambda q: chat(q) + self.answer_prefix, question)
 
-  def render_conversation(self, messages: list[dict]) -> str:
+  def render_conversation(self, messages: list[dict]) -> Rendered:
     """A conversational prompt of the data (its own turns, a system turn among them or not) as the
     prompt text: through the chat template as given, as TRL renders it, up to and including the
     assistant turn's opening (and the reasoning start token when reasoning_start_token_in_prompt is
     set). SYSTEM_PROMPT, EXAMPLES and TEMPLATE do not apply: a conversation without a system turn gets
-    the chat template's default, if any."""
-    text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    return text + self.answer_prefix
+    the chat template's default, if any. The messages' text is data, as in `render`."""
+    chat = lambda ms: self.tokenizer.apply_chat_template(ms, add_generation_prompt=True, tokenize=False)
+    return rendered(self.tokenizer, lambda ms: chat(ms) + self.answer_prefix, messages)
 
   def _bos(self) -> str:
     """The tokenizer's BOS where its chat template starts a conversation with it, else ''."""

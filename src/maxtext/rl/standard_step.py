@@ -202,7 +202,7 @@ class StandardStep:
     score_rows = settings.rows(settings.score_prompts, len(prompts))
     ref_logps = services.reference_logps(prompt_ids, completion_ids, score_rows) if settings.reference else None
     old_logps = services.old_logps(prompt_ids, completion_ids, score_rows) if settings.old else None
-    rewards = self._rewards(prompts, out, fields)
+    rewards = self._rewards([str(p) for p in prompts], out, fields)  # the text, as reward functions read it
     advantages = services.advantages(rewards)
     lengths = (completions != settings.pad).sum(axis=-1)
     services.log(

@@ -17,6 +17,11 @@ def as_array(values: Sequence) -> np.ndarray:
     or all(isinstance(v, (numbers.Number, np.bool_)) and not isinstance(v, np.ndarray) for v in values)
   ):
     return np.array(values)
+  return whole(values)
+
+
+def whole(values: Sequence) -> np.ndarray:
+  """values as a 1-D object array holding each value whole (of its own type)."""
   out = np.empty(len(values), dtype=object)
   for i, value in enumerate(values):
     out[i] = value

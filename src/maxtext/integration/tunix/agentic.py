@@ -81,10 +81,9 @@ from maxtext.inference.sessions import SessionSampling
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.input_pipeline.rewards import RewardSet, others_mean_where
 from maxtext.input_pipeline.rewards import summaries as reward_summaries
-from maxtext.integration.tunix import cluster, losses, rollout, step_metrics
+from maxtext.integration.tunix import cluster, losses, rollout, step_metrics, tool_format
 from maxtext.integration.tunix import user_agent as user_agent_lib
 from maxtext.integration.tunix.algorithm import grpo_config
-from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.integration.tunix.trajectories import (
   TrajectoryEngine,
   agent_kwargs,
@@ -315,7 +314,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       self.chat_parser,
       self._model_name,
       keys,
-      QwenToolFormat(),
+      tool_format.for_tokenizer(self.chat_parser.tokenizer),
       api_key=agent.api_key,
       sessionless=agent.sessionless,
       # the run's own episodes never meet a 429: their workers do not retry (a retry is recorded twice)

@@ -47,6 +47,7 @@ from tunix.rl.rollout import base_rollout
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.inference.step_keys import StepKeys
+from maxtext.input_pipeline.text_as_data import Rendered
 from maxtext.integration.tunix import scoring
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
@@ -67,6 +68,17 @@ def _placed_like(model: nnx.Module, params, filter_types) -> nnx.State:
   """params (the trainer's weights) placed as `model`'s own (filtered by filter_types) are."""
   current = nnx.state(model, filter_types) if filter_types is not None else nnx.state(model)
   return mesh_lib.placed(params, jax.tree.map(lambda x: x.sharding, current))
+
+
+def tokenized(tokenizer: tokenizer_adapter.TokenizerAdapter, prompt: Prompt) -> np.ndarray:
+  """A prompt's ids as Tunix's sampler makes them, the tokenizer's BOS first and once: token ids as
+  they are; a text_as_data.Rendered prompt's own ids (its data encoded as text); another text as the
+  tokenizer encodes it."""
+  if not isinstance(prompt, str):
+    return np.asarray(prompt, np.int32)
+  ids = list(prompt.ids) if isinstance(prompt, Rendered) else tokenizer.encode(prompt)
+  bos = [tokenizer.bos_id()] if tokenizer.bos_id() else []
+  return np.asarray(tokenizer.dedup_bos_ids(bos + ids), np.int32)
 
 
 def _check_fits(prompt_tokens: int, budget: int, cache_size: int) -> None:
@@ -154,9 +166,7 @@ class _TokenPromptSampler(sampler.Sampler):
   """Tunix's sampler that also takes prompts as token ids."""
 
   def tokenize(self, input_string: Prompt) -> np.ndarray:
-    if isinstance(input_string, str):
-      return super().tokenize(input_string)
-    return np.asarray(input_string, np.int32)
+    return tokenized(self.tokenizer, input_string)
 
 
 class RolloutEngine(WithoutExtras, base_rollout.BaseRollout):
@@ -302,11 +312,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     return self.batcher.decode_rate()
 
   def _tokenize(self, prompt: Prompt) -> np.ndarray:
-    if not isinstance(prompt, str):
-      return np.asarray(prompt, np.int32)
-    ids = self._tokenizer.encode(prompt)
-    bos = [self._tokenizer.bos_id()] if self._tokenizer.bos_id() else []
-    return np.asarray(self._tokenizer.dedup_bos_ids(bos + ids), np.int32)
+    return tokenized(self._tokenizer, prompt)
 
   def generate(
     self, prompts: list[Prompt] | str, rollout_config: base_rollout.RolloutConfig, **kwargs

@@ -172,7 +172,7 @@ class TrajectoryEngine:
   def _add_env_tokens(self, step) -> None:
     """The tokens of the messages the environment added after the model's turn (the turn-end suffix
     first, then each message as the template renders it, ending with the generation prompt), their
-    text as data (chat_parser.TextAsData: a tool output spelling <|im_start|> is not a turn)."""
+    text as data (text_as_data.TextAsData: a tool output spelling <|im_start|> is not a turn)."""
     added: list[dict] = []
     for message in reversed(self.agent.chat_completions):
       if message["role"] == "assistant":

@@ -46,7 +46,7 @@ from maxtext.configs import checks
 from maxtext.configs.sections import AgentSection
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.sessions import SessionSampling
-from maxtext.input_pipeline.chat_parser import TextAsData
+from maxtext.input_pipeline.text_as_data import TextAsData
 from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
