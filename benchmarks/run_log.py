@@ -7,6 +7,7 @@ import re
 
 _TRAINED = re.compile(r"Trained steps (\d+) to (\d+) in ([\d.]+) s \(([\d.]+) s of it compiling\)")
 _PEAK = re.compile(r"Peak memory \(RSS\) ([\d.]+) GB")
+_ESTIMATED = re.compile(r"Peak memory \(RSS\) [\d.]+ GB; estimated at start ([\d.]+) GB")
 
 
 def trained(stderr: str) -> tuple[int, float, float]:
@@ -27,4 +28,12 @@ def peak_gb(stderr: str) -> float:
   found = _PEAK.search(stderr)
   if found is None:
     raise ValueError(f"train_rl's output has no 'Peak memory (RSS) X GB' line:\n{stderr[-2000:]}")
+  return float(found.group(1))
+
+
+def estimated_gb(stderr: str) -> float:
+  """The run's start-of-run memory estimate in GB from the same line; ValueError when there is none."""
+  found = _ESTIMATED.search(stderr)
+  if found is None:
+    raise ValueError(f"train_rl's output has no 'estimated at start X GB' line:\n{stderr[-2000:]}")
   return float(found.group(1))

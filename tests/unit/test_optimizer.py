@@ -67,3 +67,29 @@ def test_a_step_without_learning_signal_leaves_the_weights_alone():
     np.testing.assert_array_equal(after[name], before[name], err_msg=name)
   _, moved, _ = _one_update(1.0, f"adam_weight_decay={DECAY}", first=1.0)
   assert all(not np.array_equal(moved[name], before[name]) for name in before)
+
+
+def _after(gradients: list[float], *overrides) -> tuple[dict, nnx.Optimizer]:
+  """Parameters after updates of the run's optimizer with every gradient each of `gradients` in turn."""
+  cfg = make_config("model_name=qwen3-tiny", f"learning_rate={LR}", "gradient_clipping_threshold=1.0", *overrides)
+  mesh = create_meshes(cfg.mesh, agentic=False)[0]
+  with jax.set_mesh(mesh):
+    model = load.load_model(cfg.model, mesh)
+    optimizer = nnx.Optimizer(model, cluster.optimizer(cfg.train, Steps.of(cfg.train, cfg.algorithm)), wrt=nnx.Param)
+    for g in gradients:
+      optimizer.update(model, jax.tree.map(lambda p: jnp.full_like(p, g), nnx.state(model, nnx.Param)))
+    return _params(model), optimizer
+
+
+def test_updates_without_signal_do_not_count_so_a_critic_warmup_leaves_the_schedule_at_its_start():
+  """Two zero-gradient updates first (PPO's critic warmup: the policy trains on no token), then two
+  real ones, give the weights two real updates of a fresh optimizer give: the learning-rate warmup
+  and AdamW's bias correction start at the first update that moves the policy (as verl skips the
+  actor's update in its critic warmup), not two updates into the schedule."""
+  schedule = ("warmup_steps_fraction=0.5", "num_batches=4", f"adam_weight_decay={DECAY}")
+  warmed, optimizer = _after([0.0, 0.0, 1.0, 0.5], *schedule)
+  fresh, _ = _after([1.0, 0.5], *schedule)
+  for name in fresh:
+    np.testing.assert_allclose(warmed[name], fresh[name], rtol=0, atol=1e-7, err_msg=name)
+  counts = [int(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(optimizer)) if "count" in jax.tree_util.keystr(p)]
+  assert counts and set(counts) == {2}  # the two updates that moved the weights

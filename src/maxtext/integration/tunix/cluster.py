@@ -65,17 +65,29 @@ def adamw(train: TrainSection, learning_rate: optax.ScalarOrSchedule) -> optax.G
 
 
 def unless_without_signal(tx: optax.GradientTransformation) -> optax.GradientTransformation:
-  """tx, except that a gradient of all zeros does not move the weights: a GRPO step whose groups all
-  scored alike (and no KL term) has nothing to learn from, while AdamW would still move the policy
-  with its momentum and weight decay. tx's state still takes the zero gradient (AdamW's moments
-  decay). Why: docs/decisions.md, "No update without a learning signal"."""
+  """tx, except that a gradient of all zeros is no update: a GRPO step whose groups all scored alike
+  (and no KL term), or a step of PPO's critic warmup (the policy trains on no token), has nothing to
+  learn from, while AdamW would still move the policy with its momentum and weight decay. The
+  weights stay, and so do the state's step counts (AdamW's bias correction, the learning-rate
+  schedule's step), so the schedule counts the updates that moved the policy: after a critic warmup
+  the policy's first update is a fresh AdamW's first, at the first rate of its warmup. The moments
+  take the zero gradient (they decay; zero ones, before any update, stay zero), rather than being
+  kept. Why: docs/decisions.md, "No update without a learning signal"."""
 
   def update(grads, state, params=None):
-    updates, state = tx.update(grads, state, params)
-    moves = (optax.global_norm(grads) > 0).astype(jnp.float32)
-    return jax.tree.map(lambda u: u * moves.astype(u.dtype), updates), state
+    updates, new_state = tx.update(grads, state, params)
+    moves = optax.global_norm(grads) > 0
+    counted = jax.tree_util.tree_map_with_path(
+      lambda path, new, old: jnp.where(moves, new, old) if _is_count(path) else new, new_state, state
+    )
+    return jax.tree.map(lambda u: u * moves.astype(u.dtype), updates), counted
 
   return optax.GradientTransformation(tx.init, update)
+
+
+def _is_count(path) -> bool:
+  """Whether an optax state leaf is a step count (the `count` of AdamW's and a schedule's state)."""
+  return bool(path) and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "count"
 
 
 def save_policy(interval: int) -> ocp.checkpoint_managers.SaveDecisionPolicy:

@@ -8,8 +8,9 @@ token its advantage and return (rl.gamma, rl.gae_lambda: maxtext.rl.ppo), the ad
 over the batch's live tokens, and the critic makes one update per critic.mini_batch_size completions
 towards the returns (integration/tunix/critic.py), logged as critic/*. The policy then trains on the
 per-token advantages with the run's policy loss. In the
-first critic.warmup_steps steps the policy trains on no token (its update moves nothing:
-cluster.unless_without_signal), so the critic learns the returns of the starting policy first.
+first critic.warmup_steps steps the policy trains on no token (its update moves nothing and does not
+count towards its schedule: cluster.unless_without_signal), so the critic learns the returns of the
+starting policy first.
 
 The critic's parameters and optimizer state are saved in the actor's checkpoints (items
 critic_params, critic_optimizer_state) and restored with them."""

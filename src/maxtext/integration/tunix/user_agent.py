@@ -85,6 +85,27 @@ class UserAgent:
   def spec(self) -> str:
     return "http" if self.over_http else f"{self.path}:{self.name}"
 
+  def workers(self) -> worker_pool.WorkerPool:
+    """The worker processes that run the agent's function, each episode in one (not with http)."""
+    return worker_pool.WorkerPool(
+      functools.partial(agent_runner.episode_runner, self.path, self.name, self.api_key),
+      self.timeout_s,
+      LIMIT.format(self.timeout_s),
+      preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
+    )
+
+  def worker_bytes(self) -> float:
+    """The memory one worker holds with the agent's file loaded, measured on one started for it (its
+    resident memory: what it shares with the fork server too, which episodes' own allocations
+    outgrow); 0 with http, whose processes are the user's."""
+    if self.over_http:
+      return 0.0
+    pool = self.workers()
+    try:
+      return worker_pool.resident_bytes(pool.warm())
+    finally:
+      pool.close()
+
 
 def load(section: AgentSection) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
@@ -195,12 +216,7 @@ class Episodes:
     )
     if over_http:
       return
-    self.pool = worker_pool.WorkerPool(
-      functools.partial(agent_runner.episode_runner, self.agent.path, self.agent.name, self.agent.api_key),
-      self.agent.timeout_s,
-      LIMIT.format(self.agent.timeout_s),
-      preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
-    )
+    self.pool = self.agent.workers()
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
   def first_prompt(self, tokens: int) -> None:

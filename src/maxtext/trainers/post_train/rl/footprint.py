@@ -17,7 +17,8 @@ temporaries for one micro-batch: the output layer's, a vocabulary slice's float3
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
 layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
 before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
-and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size, docs/decisions.md,
+the workers of rl.agent=FILE:FN (rl.max_concurrency at once, each as much as one measured at start
+with the agent's file loaded); and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size, docs/decisions.md,
 "Compiled-program memory in the estimate"; with scan_layers one layer's, the programs holding one
 scanned layer). Not counted: the optimizer update's
 own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
@@ -42,7 +43,7 @@ from maxtext.configs.run_config import RunConfig
 from maxtext.configs.sections import ModelSection
 from maxtext.models import token_logps
 from maxtext.models.decoder import ModelConfig
-from maxtext.utils import errors
+from maxtext.utils import errors, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -155,9 +156,11 @@ class Footprint:
     return "\n".join([*rows, f"  {'total':<48} {self.total / GB:7.2f} GB"])
 
 
-def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
+def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: float = 0.0) -> Footprint:
   """The run's expected memory, part by part (the whole config: every section shapes some part);
-  process_bytes: the process's resident memory before loading anything."""
+  process_bytes: the process's resident memory before loading anything; agent_worker_bytes: the
+  memory of one of rl.agent's worker processes, measured (UserAgent.worker_bytes; 0 without them),
+  of which rl.max_concurrency run at once."""
   model, sampling, train = cfg.model, cfg.sampling, cfg.train
   weight_bytes = 2 if model.weight_dtype == "bfloat16" else 4
   act_bytes = 2 if model.dtype == "bfloat16" else 4
@@ -247,6 +250,12 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0) -> Footprint:
       True,
     ),
     "the process before loading (runtime, libraries)": (process_bytes, "no key", True),
+    "rl.agent's workers"
+    + (f" ({cfg.agentic.max_concurrency} x {agent_worker_bytes / 1e6:.0f} MB, one measured)" if agent_worker_bytes else ""): (
+      cfg.agentic.max_concurrency * agent_worker_bytes,
+      "rl.max_concurrency",
+      True,
+    ),
   }
   return Footprint(
     {name: size for name, (size, _, _) in items.items()},
@@ -276,14 +285,11 @@ def peak_rss_bytes() -> float:
 
 def rss_bytes() -> float:
   """The process's resident memory now (Linux's VmRSS; 0 where there is no /proc)."""
-  if not os.path.exists("/proc/self/status"):
-    return 0.0
-  with open("/proc/self/status", encoding="ascii") as f:
-    return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) * 1024
+  return worker_pool.resident_bytes(os.getpid())
 
 
-def log_estimate(cfg: RunConfig) -> Footprint:
-  footprint = estimate(cfg, rss_bytes())
+def log_estimate(cfg: RunConfig, agent_worker_bytes: float = 0.0) -> Footprint:
+  footprint = estimate(cfg, rss_bytes(), agent_worker_bytes)
   log.info("Expected peak memory:\n%s", footprint.table())
   return footprint
 

@@ -79,7 +79,8 @@ class TrainingRun:
     self.folder = folder = RunFolder(cfg.run, steps)
     folder.check_config(cfg)
     folder.check_space(footprint.checkpoint_bytes(cfg))
-    self._expected_peak = footprint.log_estimate(cfg)
+    agent_workers = self._user_agent.worker_bytes() if self._user_agent else 0.0
+    self._expected_peak = footprint.log_estimate(cfg, agent_workers)
     footprint.check_fits(
       self._expected_peak,
       cfg.run.ignore_memory_estimate,
