@@ -252,3 +252,20 @@ def test_the_hosts_memory_is_its_own_or_its_containers():
   physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   assert 0 < footprint.host_memory_bytes() <= physical
   assert footprint.device_memory_bytes() is None  # the suite runs on CPU, whose memory is the host's
+
+
+def test_rl_agent_s_workers_count_rl_max_concurrency_times_one_measured_worker():
+  """An rl.agent=FILE:FN run holds up to rl.max_concurrency worker processes, each the agent's file
+  loaded: one is started and measured (the calculator agent: the openai client, tens of MB; a worker
+  that imported the trainer's modules would be hundreds) and counted that many times; none with http."""
+  from maxtext.integration.tunix import user_agent
+
+  cfg = make_config("rl.use_agentic_rollout=true", "rl.agent=src/maxtext/agents/calculator.py:run", "rl.max_concurrency=8")
+  agent = user_agent.load(cfg.agent)
+  one = agent.worker_bytes()
+  assert 10e6 < one < 150e6
+  parts = footprint.estimate(cfg, 0.0, one).parts
+  (workers,) = [v for k, v in parts.items() if k.startswith("rl.agent's workers (8 x")]
+  assert workers == 8 * one
+  http = make_config("rl.use_agentic_rollout=true", "rl.agent=http")
+  assert user_agent.load(http.agent).worker_bytes() == 0.0

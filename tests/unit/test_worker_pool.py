@@ -97,3 +97,30 @@ def _alive(pid: int) -> bool:
     return False
   with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
     return f.read().split(")")[-1].split()[0] != "Z"  # a zombie has exited
+
+
+MAIN = """
+import functools, os, sys
+open(os.path.join({marks!r}, f"imported-{{os.getpid()}}"), "w").close()  # what importing this program does
+if __name__ == "__main__":
+  sys.path.insert(0, {root!r})
+  from maxtext.utils import worker_pool
+  pool = worker_pool.WorkerPool(functools.partial(functools.partial, os.getpid), 30, "x", preload=("json",))
+  pid = pool.warm()
+  print(pool.call(), pid, worker_pool.resident_bytes(pid) > 0)
+"""
+
+
+def test_a_forked_worker_does_not_import_the_launching_program(tmp_path):
+  """A fork server's worker runs only the pool's code: multiprocessing would have it import the
+  program that launched it (train_rl's __main__: JAX and Tunix, some 170 MB a worker)."""
+  marks = tmp_path / "marks"
+  marks.mkdir()
+  root = os.path.dirname(os.path.dirname(worker_pool.__file__))
+  program = tmp_path / "program.py"
+  program.write_text(MAIN.format(marks=str(marks), root=os.path.dirname(root)))
+  out = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=120, check=True)
+  worker, warmed, measured = out.stdout.split()
+  assert worker == warmed and measured == "True"  # the warmed worker took the call; its memory is read
+  names = [p.name for p in marks.iterdir()]
+  assert len(names) == 1 and names != [f"imported-{worker}"]  # the program's own import only, no worker's
