@@ -145,7 +145,9 @@ def main() -> None:
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w", encoding="utf-8") as f:
     json.dump(report, f, indent=2)
-  print("| agent | estimated GB | trainer peak RSS GB | tree peak PSS GB | tree peak RSS GB | processes | estimate / PSS |")
+  print(
+    "| agent | estimated GB | trainer peak RSS GB | tree peak PSS GB | tree peak RSS GB | processes | estimate / PSS |"
+  )
   print("| --- " * 7 + "|")
   for r in results:
     print(

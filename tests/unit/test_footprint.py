@@ -260,7 +260,9 @@ def test_rl_agent_s_workers_count_rl_max_concurrency_times_one_measured_worker()
   that imported the trainer's modules would be hundreds) and counted that many times; none with http."""
   from maxtext.integration.tunix import user_agent
 
-  cfg = make_config("rl.use_agentic_rollout=true", "rl.agent=src/maxtext/agents/calculator.py:run", "rl.max_concurrency=8")
+  cfg = make_config(
+    "rl.use_agentic_rollout=true", "rl.agent=src/maxtext/agents/calculator.py:run", "rl.max_concurrency=8"
+  )
   agent = user_agent.load(cfg.agent)
   one = agent.worker_bytes()
   assert 10e6 < one < 150e6

@@ -91,5 +91,7 @@ def test_updates_without_signal_do_not_count_so_a_critic_warmup_leaves_the_sched
   fresh, _ = _after([1.0, 0.5], *schedule)
   for name in fresh:
     np.testing.assert_allclose(warmed[name], fresh[name], rtol=0, atol=1e-7, err_msg=name)
-  counts = [int(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(optimizer)) if "count" in jax.tree_util.keystr(p)]
+  counts = [
+    int(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(optimizer)) if "count" in jax.tree_util.keystr(p)
+  ]
   assert counts and set(counts) == {2}  # the two updates that moved the weights

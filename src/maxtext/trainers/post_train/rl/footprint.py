@@ -251,7 +251,11 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
     ),
     "the process before loading (runtime, libraries)": (process_bytes, "no key", True),
     "rl.agent's workers"
-    + (f" ({cfg.agentic.max_concurrency} x {agent_worker_bytes / 1e6:.0f} MB, one measured)" if agent_worker_bytes else ""): (
+    + (
+      f" ({cfg.agentic.max_concurrency} x {agent_worker_bytes / 1e6:.0f} MB, one measured)"
+      if agent_worker_bytes
+      else ""
+    ): (
       cfg.agentic.max_concurrency * agent_worker_bytes,
       "rl.max_concurrency",
       True,
