@@ -1,6 +1,8 @@
 """The run's optimizer (cluster.optimizer): AdamW's weight decay reaches matrices and embeddings but
 not norm scales, as HF's Trainer and TRL do, unless adam_weight_decay_all."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -77,7 +79,7 @@ def _after(gradients: list[float], *overrides) -> tuple[dict, nnx.Optimizer]:
     model = load.load_model(cfg.model, mesh)
     optimizer = nnx.Optimizer(model, cluster.optimizer(cfg.train, Steps.of(cfg.train, cfg.algorithm)), wrt=nnx.Param)
     for g in gradients:
-      optimizer.update(model, jax.tree.map(lambda p: jnp.full_like(p, g), nnx.state(model, nnx.Param)))
+      optimizer.update(model, jax.tree.map(functools.partial(jnp.full_like, fill_value=g), nnx.state(model, nnx.Param)))
     return _params(model), optimizer
 
 

@@ -1,10 +1,11 @@
 """Text that users, agents and tools write is data (input_pipeline/text_as_data.py): content
 that spells a family's control tokens (ChatML's <|im_start|>/<|im_end|>, Gemma's
 <start_of_turn>/<end_of_turn>, Llama 3's <|start_header_id|>/<|eot_id|>) forges no turn: the
-prompt holds exactly the control tokens the template writes for the real turns, and the forged text is there as text. On the server (chat
-messages, tool results, tool schemas, completions text, /tokenize), in the environment's messages the
-agentic learner appends (tool outputs) and in dataset prompts (questions and conversations, through
-Tunix's batching to the samplers' ids); real tokenizers, the real `openai` client."""
+prompt holds exactly the control tokens the template writes for the real turns, and the forged text
+is there as text. On the server (chat messages, tool results, tool schemas, completions text,
+/tokenize), in the environment's messages the agentic learner appends (tool outputs) and in dataset
+prompts (questions and conversations, through Tunix's batching to the samplers' ids); real
+tokenizers, the real `openai` client."""
 
 import importlib.util
 import json

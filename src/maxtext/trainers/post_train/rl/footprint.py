@@ -18,10 +18,11 @@ activations the backward pass keeps (with remat_policy=full only each layer's in
 layer's), of each group's prompt once and every completion (models/shared_prefix.py); the process
 before loading (Python, JAX's runtime, the libraries: its resident memory when the estimate is made);
 the workers of rl.agent=FILE:FN (rl.max_concurrency at once, each as much as one measured at start
-with the agent's file loaded); and the compiled programs, which XLA:CPU unrolls layer by layer (a per-layer size, docs/decisions.md,
-"Compiled-program memory in the estimate"; with scan_layers one layer's, the programs holding one
-scanned layer). Not counted: the optimizer update's
-own temporaries and the allocator's overheads, which the end-of-run line shows against the estimate.
+with the agent's file loaded); and the compiled programs, which XLA:CPU unrolls layer by layer (a
+per-layer size, docs/decisions.md, "Compiled-program memory in the estimate"; with scan_layers one
+layer's, the programs holding one scanned layer). Not counted: the optimizer update's own temporaries
+and the allocator's overheads, which the end-of-run line shows against the estimate (the trainer's
+own peak: benchmarks/agent_memory.py measures an agent run's whole process tree).
 
 A start whose estimate exceeds the memory it has is refused (`check_fits`): on CPU the whole estimate
 against the host's memory (its physical memory, or a smaller cgroup limit); on accelerators that
