@@ -211,6 +211,7 @@ class WorkerPool:
     worker = self._start()
     with self._lock:
       self._idle.append(worker)
+    assert worker.process.pid is not None, "a started worker has a process id"
     return worker.process.pid
 
   def _start(self) -> _Worker:
