@@ -260,3 +260,24 @@ def test_explained_variance_is_logged_from_the_values_the_batch_was_scored_with(
   assert metrics["critic/explained_variance"] == pytest.approx(expected)
   live = np.asarray(mask)
   assert metrics["critic/returns_mean"] == pytest.approx(float(np.asarray(returns)[live].mean()), rel=1e-5)
+
+
+@pytest.mark.parametrize("micro", ["train_micro_batch_size=0", "train_micro_batch_size=1"])
+def test_a_ppo_step_reaches_the_learner_whole_so_its_critic_phase_sees_the_step_s_batch(micro, tmp_path):
+  """PPO whitens its advantages over the step's batch and updates its critic on all of it: Tunix's
+  training config hands the learner the whole step in one call whatever the training micro-batch (the
+  sampler's own chunks, rollout_max_batch_size, are inside that call), and the learner refuses a
+  config that would hand it a step in parts (GRPO's may: its advantages are per group)."""
+  from maxtext.integration.tunix import metrics
+
+  args = ("rl.algorithm=ppo", "rl.num_generations=1", "batch_size=4", micro)
+  sinks = metrics.MetricSinks(str(tmp_path))
+  for algorithm in (args, ("batch_size=4", "rl.num_generations=2", micro)):
+    cfg = make_config(*algorithm)
+    training = cluster.training_config(cfg.run, cfg.train, cfg.algorithm, sinks, str(tmp_path / "ckpt"))
+    whole = training.rollout_micro_batch_size == training.mini_batch_size == 4
+    assert whole if cfg.algorithm.algorithm == "ppo" else training.rollout_micro_batch_size is None
+  parts = types.SimpleNamespace(rollout_micro_batch_size=1, mini_batch_size=4)
+  rl_cluster = types.SimpleNamespace(cluster_config=types.SimpleNamespace(training_config=parts))
+  with pytest.raises(RuntimeError, match=r"whole step \(4 prompts\) in one call, not rollout_micro_batch_size=1"):
+    ppo_learner.PPOLearner(rl_cluster=rl_cluster, critic=None, warmup_steps=0)

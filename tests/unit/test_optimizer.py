@@ -97,3 +97,11 @@ def test_updates_without_signal_do_not_count_so_a_critic_warmup_leaves_the_sched
     int(x) for p, x in jax.tree_util.tree_leaves_with_path(nnx.state(optimizer)) if "count" in jax.tree_util.keystr(p)
   ]
   assert counts and set(counts) == {2}  # the two updates that moved the weights
+  # the warmup alone leaves optax's state as it started, every leaf (counts and moments); flax's
+  # Optimizer.step, which counts update calls and which neither optax nor Tunix reads, is not compared
+  _, warmup = _after([0.0, 0.0], *schedule)
+  _, untouched = _after([], *schedule)
+  leaves = lambda o: jax.tree.leaves(o.opt_state)
+  assert len(leaves(warmup)) == len(leaves(untouched)) > 2
+  for a, b in zip(leaves(warmup), leaves(untouched), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

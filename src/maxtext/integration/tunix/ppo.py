@@ -6,7 +6,8 @@ on its last live token, less rl.kl_in_reward_coef times each token's KL estimate
 that sampled it and the reference (rewards/kl_penalty logs its mean per completion). GAE gives every
 token its advantage and return (rl.gamma, rl.gae_lambda: maxtext.rl.ppo), the advantages are whitened
 over the batch's live tokens, and the critic makes one update per critic.mini_batch_size completions
-towards the returns (integration/tunix/critic.py), logged as critic/*. The policy then trains on the
+towards the returns (integration/tunix/critic.py), logged as critic/*: a phase of the step on its whole
+batch (the learner refuses a cluster that would hand it a step in parts). The policy then trains on the
 per-token advantages with the run's policy loss. In the
 first critic.warmup_steps steps the policy trains on no token (its update moves nothing and does not
 count towards its schedule: cluster.unless_without_signal), so the critic learns the returns of the
@@ -41,6 +42,13 @@ class PPOLearner(learner_lib.GRPOLearner):
   """The standard learner with a critic (see the module's docstring)."""
 
   def __init__(self, *args, critic: CriticTrainer, warmup_steps: int, **kwargs):
+    training = kwargs["rl_cluster"].cluster_config.training_config
+    if training.rollout_micro_batch_size != training.mini_batch_size:
+      raise RuntimeError(
+        f"PPO whitens its advantages over the step's batch and updates its critic on all of it once per step, so "
+        f"Tunix must hand the learner the whole step ({training.mini_batch_size} prompts) in one call, not "
+        f"rollout_micro_batch_size={training.rollout_micro_batch_size} (cluster.training_config sets it)"
+      )
     super().__init__(*args, **kwargs)
     self._critic = critic
     self._warmup_steps = warmup_steps
@@ -66,14 +74,19 @@ class PPOLearner(learner_lib.GRPOLearner):
       per_row = np.asarray(penalty.sum(axis=1))
       self._log({"rewards/kl_penalty": (float(per_row.mean()), np.mean)})
     advantages, returns = ppo.gae(rewards, values, mask, algo.gamma, algo.gae_lambda)
-    trained = self._critic.train(batch.prompt_ids, batch.completion_ids, mask, values, returns)
-    self._log({name: (value, np.mean) for name, value in trained.items()})
+    self._update_critic(batch, values, returns)
     advantages = ppo.whiten(advantages, mask)
     if self.rl_cluster.global_steps < self._warmup_steps:
       mask = jnp.zeros_like(mask)  # the critic's warmup: the policy trains on no token
     if algo.num_iterations == 1:  # old log-probs scored for the penalty alone: the loss's ratio stays exactly 1
       batch = dataclasses.replace(batch, old_logps=None)
     return super()._example(dataclasses.replace(batch, advantages=advantages, completion_mask=mask))
+
+  def _update_critic(self, batch: standard_step.StepBatch, values, returns) -> None:
+    """The step's critic phase: its updates towards the returns over the whole step's batch (one call
+    per step: __init__ checks it), before the policy trains on the step; logged as critic/*."""
+    trained = self._critic.train(batch.prompt_ids, batch.completion_ids, batch.completion_mask, values, returns)
+    self._log({name: (value, np.mean) for name, value in trained.items()})
 
   def _step_settings(self) -> standard_step.StepSettings:
     """The standard step's settings; with a KL penalty inside the reward the reference and the weights
