@@ -1,7 +1,8 @@
 """Text that users, agents, tools or environments wrote, tokenized as text: only a template writes
 control tokens. `TextAsData` holds what in such text spells a control token out of a rendering and
 encodes it as plain text after; `Rendered` is a rendered prompt's text with the ids so encoded, what
-the samplers take (`prompt_ids`) while reward functions and logs read the text."""
+the samplers take (integration/tunix/rollout.tokenized) and `prompt_ids` counts, while reward
+functions and logs read the text."""
 
 from __future__ import annotations
 
@@ -73,7 +74,8 @@ class TextAsData:
 class Rendered(str):
   """A prompt's text (a str: what reward functions, logs and episode records read) with its token
   ids (`ids`), in which the data's text is encoded as text (TextAsData), without the special tokens
-  the tokenizer adds (its BOS): the samplers take the ids (`prompt_ids`). It pickles with its ids."""
+  the tokenizer adds (its BOS): the samplers take the ids (rollout.tokenized adds the BOS). It pickles
+  with its ids."""
 
   ids: tuple[int, ...]
 
