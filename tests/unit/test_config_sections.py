@@ -253,6 +253,7 @@ _OUT_OF_RANGE: dict[str, tuple[int, ...]] = {
   "rl.agent_port": (-1, 65536),
   "rl.off_policy_steps": (-1,),
   "rl.max_turns": (0,),
+  "environment.max_turns": (0,),
   "rl.tool_memory_mb": (0,),
   "rl.tool_output_max_chars": (0,),
   "critic.warmup_steps": (-1,),

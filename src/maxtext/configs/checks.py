@@ -245,17 +245,25 @@ def api_key(value: str, env: str) -> str | None:
 
 
 def _check_agent(v: Mapping[str, Any]) -> None:
-  """A user's agent (rl.agent): PATH.py:NAME or http, on the batched engine (its sessions are served from the
-  engine's batcher), without the run's own tools (the agent brings its own), and served beyond this machine
-  only with an API key."""
+  """A user's agent (rl.agent): PATH.py:NAME, http or openenv (with one of environment.url and
+  environment.command), on the batched engine (its sessions are served from the engine's batcher), without
+  the run's own tools (the agent brings its own), and served beyond this machine only with an API key."""
   agent = v["rl.agent"]
   if not agent or not v["rl.use_agentic_rollout"]:
     return
-  if agent != "http":
+  if agent == "openenv":
+    if bool(v["environment.url"]) == bool(v["environment.command"]):
+      raise ConfigError(
+        "rl.agent=openenv: expected one of environment.url (a running OpenEnv server) and environment.command "
+        f"(one the run starts), not {'both' if v['environment.url'] else 'neither'}"
+      )
+    if v["environment.url"] and not v["environment.url"].startswith(("http://", "https://")):
+      raise ConfigError(f"environment.url={v['environment.url']!r}: expected http://HOST:PORT")
+  elif agent != "http":
     path, _, name = agent.rpartition(":")
     if not path.endswith(".py") or not name.isidentifier():
       raise ConfigError(
-        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, or http"
+        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, http, or openenv"
       )
     if not os.path.isfile(path):
       raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")

@@ -21,6 +21,7 @@ from maxtext.configs.sections import (
   AlgorithmSection,
   CriticSection,
   DataSection,
+  EnvironmentSection,
   EvalSection,
   MeshSection,
   ModelSection,
@@ -61,6 +62,7 @@ class RunConfig:
   reward_training: RewardTrainingSection
   agentic: AgenticSection
   agent: AgentSection
+  environment: EnvironmentSection
   tools: ToolsSection
   overridden: Mapping[str, tuple[Any, str]] = dataclasses.field(default_factory=dict)
   urls: Mapping[str, str] = dataclasses.field(default_factory=dict)

@@ -96,6 +96,7 @@ ANY_TOOL = When(
 PYTHON_TOOL = dataclasses.replace(ANY_TOOL, holds=lambda v: "python" in v["rl.tools"])
 USER_AGENT = When("rl.agent", lambda v: bool(v["rl.agent"]), "rl.agent is empty: the run's own conversation agent")
 HTTP_AGENT = When("rl.agent", lambda v: v["rl.agent"] == "http", "rl.agent is not http")
+OPENENV = When("rl.agent", lambda v: v["rl.agent"] == "openenv", "rl.agent is not openenv")
 DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
 OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length",
@@ -1148,7 +1149,9 @@ class AgentSection:
       "returns a float reward, or None to have the run's reward functions judge its last reply. Every call of an "
       "episode is recorded and trained as one conversation. http: processes of yours take the episodes over "
       "HTTP (POST /episodes/next gives a session's base URL, the model id and the example; POST "
-      "/sessions/ID/reward ends it with a reward or None). Empty: the run's own conversation agent (rl.tools). "
+      "/sessions/ID/reward ends it with a reward or None). openenv: the episodes of an OpenEnv environment server "
+      "(environment.url or environment.command): reset, each reply its action, its observations the next turns, "
+      "the sum of its rewards the reward. Empty: the run's own conversation agent (rl.tools). "
       "See docs/agentic-and-tools.md.",
       applies=(AGENTIC,),
     )
@@ -1209,6 +1212,50 @@ class AgentSection:
       "more stops it with the first failure's traceback.",
       bounds=NON_NEGATIVE_INT,
       applies=(AGENTIC, USER_AGENT),
+    )
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvironmentSection:
+  """An environment server whose episodes rl.agent=openenv trains (utils/openenv_agent.py)."""
+
+  PREFIX: ClassVar[str] = "environment."
+  url: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=openenv: the base URL of an OpenEnv environment server already running (http://HOST:PORT); "
+      "each episode is a session of its /ws route. Empty: environment.command starts one.",
+      applies=(AGENTIC, OPENENV),
+    )
+  )
+  command: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=openenv: a command that serves an OpenEnv environment on 127.0.0.1 at the port that replaces "
+      "{port} in it (e.g. `/path/to/its/venv/bin/python server.py --port {port}`: its own process, in its own "
+      "venv where its pins clash with the trainer's); the run starts it, waits rl.agent_wait_s for GET /health "
+      "and kills it when it ends.",
+      applies=(AGENTIC, OPENENV),
+    )
+  )
+  action_field: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=openenv: the string field of the environment's action that each reply of the policy fills; "
+      "empty: its one required string field.",
+      applies=(AGENTIC, OPENENV),
+    )
+  )
+  observation_field: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=openenv: the field of the environment's observations that is the next user turn; empty: their "
+      "one string field, else their fields as JSON.",
+      applies=(AGENTIC, OPENENV),
+    )
+  )
+  max_turns: int = dataclasses.field(
+    metadata=key(
+      "rl.agent=openenv: replies of the policy per episode at most (each one step of the environment).",
+      bounds=POSITIVE_INT,
+      applies=(AGENTIC, OPENENV),
     )
   )
 
@@ -1401,6 +1448,7 @@ SECTION_TYPES: dict[str, type] = {
   "reward_training": RewardTrainingSection,
   "agentic": AgenticSection,
   "agent": AgentSection,
+  "environment": EnvironmentSection,
   "tools": ToolsSection,
 }
 

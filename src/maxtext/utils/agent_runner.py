@@ -13,13 +13,20 @@ import math
 import numbers
 from collections.abc import Callable
 
-from maxtext.utils import environment_agent, user_code
+from maxtext.utils import environment_agent, openenv_agent, user_code
 
 KEY = "rl.agent"
-PRELOAD = ("httpx", "openai", "maxtext.utils.agent_runner")  # what the agent workers' fork server imports once
+PRELOAD = (
+  "httpx",
+  "openai",
+  "websockets",
+  "maxtext.utils.agent_runner",
+)  # what the agent workers' fork server imports once
 
 
-def episode_runner(path: str, name: str, api_key: str | None = None) -> Callable[[dict, float], None]:
+def episode_runner(
+  path: str, name: str, api_key: str | None = None, openenv: openenv_agent.OpenEnv | None = None
+) -> Callable[[dict, float], None]:
   """The WorkerPool `load` of an agent worker: rl.agent's file loaded; the handler (take, timeout_s)
   runs the episode an /episodes/next body names (`take`: session, base_url, model, example) with an
   openai.AsyncOpenAI client of its base URL (no retries: a retried request would be recorded twice;
@@ -27,13 +34,17 @@ def episode_runner(path: str, name: str, api_key: str | None = None) -> Callable
   reward, a float or None, to the session's /reward route, as a process of rl.agent=http does, both
   with the server's `api_key` where it has one. A function that returns anything else raises
   TypeError (and posts nothing). NAME may also be a TRL environment_factory, run as
-  utils/environment_agent.py runs it."""
+  utils/environment_agent.py runs it. With `openenv` (rl.agent=openenv) the episode is the environment
+  server's, as utils/openenv_agent.py plays it."""
   import httpx
   import openai
 
-  fn = getattr(user_code.load_file(path, KEY), name)
-  if not inspect.iscoroutinefunction(fn):  # a TRL environment_factory, or a dict of them (load checked it)
-    fn = environment_agent.episode(fn)
+  if openenv is not None:
+    fn = openenv_agent.episode(openenv)
+  else:
+    fn = getattr(user_code.load_file(path, KEY), name)
+    if not inspect.iscoroutinefunction(fn):  # a TRL environment_factory, or a dict of them (load checked it)
+      fn = environment_agent.episode(fn)
 
   def run(take: dict, timeout_s: float) -> None:
     async def episode():

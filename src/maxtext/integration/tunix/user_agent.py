@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from maxtext.configs import checks
-from maxtext.configs.sections import AgentSection
+from maxtext.configs.sections import AgentSection, EnvironmentSection
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.sessions import SessionSampling
 from maxtext.input_pipeline.text_as_data import TextAsData
@@ -51,7 +51,7 @@ from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
-from maxtext.utils import agent_runner, environment_agent, errors, user_code, worker_pool
+from maxtext.utils import agent_runner, env_server, environment_agent, errors, openenv_agent, user_code, worker_pool
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +64,11 @@ FORM = (
 
 @dataclasses.dataclass(frozen=True)
 class UserAgent:
-  """rl.agent's file and function, checked (load), or none (http: processes of the user's take the
-  episodes over HTTP), its limits and where the policy is served."""
+  """rl.agent's file and function, checked (load), or an OpenEnv environment (openenv), or neither
+  (http: processes of the user's take the episodes over HTTP), its limits and where the policy is
+  served; `server`: the environment server the run started (environment.command), which close() kills."""
 
-  path: str  # "" with http
+  path: str  # "" with http and openenv
   name: str
   timeout_s: float
   max_failures: int
@@ -76,19 +77,28 @@ class UserAgent:
   wait_s: float  # http: how long episodes may wait with no process asking for one
   api_key: str | None = None  # the key every route of the server requires (None: none)
   sessionless: bool = False  # the server also serves its routes without a session
+  openenv: openenv_agent.OpenEnv | None = None
+  server: env_server.EnvServer | None = dataclasses.field(default=None, compare=False)
 
   @property
   def over_http(self) -> bool:
-    return not self.path
+    return not self.path and self.openenv is None
 
   @property
   def spec(self) -> str:
+    if self.openenv is not None:
+      return "openenv"
     return "http" if self.over_http else f"{self.path}:{self.name}"
+
+  def close(self) -> None:
+    """Kills the environment server the run started, if any."""
+    if self.server is not None:
+      self.server.close()
 
   def workers(self) -> worker_pool.WorkerPool:
     """The worker processes that run the agent's function, each episode in one (not with http)."""
     return worker_pool.WorkerPool(
-      functools.partial(agent_runner.episode_runner, self.path, self.name, self.api_key),
+      functools.partial(agent_runner.episode_runner, self.path, self.name, self.api_key, self.openenv),
       self.timeout_s,
       LIMIT.format(self.timeout_s),
       preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
@@ -107,10 +117,12 @@ class UserAgent:
       pool.close()
 
 
-def load(section: AgentSection) -> UserAgent:
+def load(section: AgentSection, environment: EnvironmentSection | None = None) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
   defines NAME, an async function taking (client, model, example) or a TRL environment class
-  (utils/environment_agent.check: reset, and tool methods with schemas); an InputError naming the key
+  (utils/environment_agent.check: reset, and tool methods with schemas); with openenv, `environment`'s
+  server (started here from environment.command, waiting rl.agent_wait_s for it) answers as an OpenEnv
+  server whose action a reply can fill (openenv_agent.describe); an InputError naming the key
   otherwise. http needs no file."""
   limits = (
     section.agent_timeout_s,
@@ -123,6 +135,9 @@ def load(section: AgentSection) -> UserAgent:
   )
   if section.agent == "http":
     return UserAgent("", "", *limits)
+  if section.agent == "openenv":
+    assert environment is not None, "rl.agent=openenv needs the environment section"
+    return _openenv(environment, limits, section.agent_wait_s)
   path, _, name = section.agent.rpartition(":")
   if importlib.util.find_spec("openai") is None:
     raise errors.InputError(f"{KEY}={section.agent}: the openai package, whose client the agent gets, is not installed")
@@ -147,6 +162,20 @@ def load(section: AgentSection) -> UserAgent:
       f"{where}: {name}{inspect.signature(fn)} cannot take (client, model, example); {FORM}"
     ) from e
   return UserAgent(path, name, *limits)
+
+
+def _openenv(environment: EnvironmentSection, limits: tuple, wait_s: float) -> UserAgent:
+  """rl.agent=openenv: its server (started from environment.command where set) checked."""
+  server = env_server.EnvServer(environment.command, wait_s) if environment.command else None
+  url = server.url if server is not None else environment.url
+  try:
+    env = openenv_agent.describe(url, environment.action_field, environment.observation_field, environment.max_turns)
+  except ValueError as e:
+    if server is not None:
+      server.close()
+    raise errors.InputError(f"{KEY}=openenv: {e}") from None
+  log.info("rl.agent=openenv: %s, each reply its action's %s field", url, env.action_field)
+  return dataclasses.replace(UserAgent("", "openenv", *limits), openenv=env, server=server)
 
 
 class Failures:

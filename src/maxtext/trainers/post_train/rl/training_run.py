@@ -73,7 +73,9 @@ class TrainingRun:
     self.task = task = tasks.select(cfg.data.dataset_name)
     distributed.initialize()  # before anything asks JAX about its devices
     reward_set = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
-    self._user_agent = user_agent.load(cfg.agent) if agentic and cfg.agent.agent else None  # so does the agent
+    self._user_agent = (
+      user_agent.load(cfg.agent, cfg.environment) if agentic and cfg.agent.agent else None
+    )  # so does the agent
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
@@ -439,14 +441,19 @@ class TrainingRun:
       raise shutdown.Abandoned(self.guard.stop.second or signal.SIGINT, self._abandoned, kept) from None
 
   def close(self) -> None:
-    """Flushes the metric sinks, writes report.md (process 0) and uploads the run folder (also where
-    the sinks could not write: their first failure is raised after)."""
+    """Flushes the metric sinks, writes report.md (process 0), uploads the run folder (also where
+    the sinks could not write: their first failure is raised after) and stops the environment server
+    the run started."""
     try:
       self.sinks.close()
     finally:
-      if distributed.is_main():
-        _write_report(self.folder.path)
-      self.folder.save()
+      try:
+        if distributed.is_main():
+          _write_report(self.folder.path)
+        self.folder.save()
+      finally:
+        if self._user_agent is not None:
+          self._user_agent.close()
 
   def summary(self) -> dict:
     """The evaluation summaries before, during (every eval_interval steps) and after training."""

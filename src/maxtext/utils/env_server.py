@@ -1,0 +1,106 @@
+"""An environment server the run starts (environment.command): a process of its own, in the interpreter or
+venv the command names (an environment package whose pins clash with the trainer's runs there), serving
+on loopback at a free port that replaces `{port}` in the command.
+
+`start` waits until GET /health answers 200 (InputError naming the key, with the tail of the server's
+output, where the process exits first or it does not answer within `wait_s`). The server runs in a
+session of its own and is killed with everything it started (its process group) by `close`, when the
+trainer's interpreter exits, and, through PR_SET_PDEATHSIG, when the trainer dies by SIGKILL.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from maxtext.utils import errors
+
+KEY = "environment.command"
+# Linux: the server's process is killed with SIGKILL when the trainer dies (prctl's PR_SET_PDEATHSIG,
+# set in the child before it execs the command, and kept across exec).
+_EXEC = (
+  "import ctypes, os, signal, sys\n"
+  "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+  "os.execvp(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+class EnvServer:
+  """A started environment server (see the module docstring); `url` is http://127.0.0.1:PORT."""
+
+  def __init__(self, command: str, wait_s: float):
+    port = free_port()
+    argv = shlex.split(command.replace("{port}", str(port)))
+    if not argv:
+      raise errors.InputError(f"{KEY} is empty")
+    self.url = f"http://127.0.0.1:{port}"
+    self._log = tempfile.TemporaryFile()
+    try:
+      self._process = subprocess.Popen(
+        [sys.executable, "-c", _EXEC, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=self._log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+      )
+    except OSError as e:
+      raise errors.InputError(f"{KEY}={command}: {e}") from None
+    atexit.register(self.close)
+    self._wait(command, wait_s)
+
+  def _wait(self, command: str, wait_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + wait_s
+    while True:
+      if self._process.poll() is not None:
+        output = self.output()
+        self.close()
+        raise errors.InputError(
+          f"{KEY}={command}: exited with {self._process.returncode} before serving; its output ends:\n{output}"
+        )
+      try:
+        if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+          return
+      except httpx.HTTPError:
+        pass
+      if time.monotonic() > deadline:
+        output = self.output()
+        self.close()
+        raise errors.InputError(
+          f"{KEY}={command}: GET {self.url}/health did not answer 200 within {wait_s:g} s (rl.agent_wait_s); "
+          f"its output ends:\n{output}"
+        )
+      time.sleep(0.2)
+
+  def output(self, chars: int = 2000) -> str:
+    """The end of what the server wrote to stdout and stderr."""
+    self._log.seek(0)
+    return self._log.read().decode(errors="replace")[-chars:]
+
+  def close(self) -> None:
+    """Kills the server and what it started (SIGTERM, SIGKILL after 5 s); its output is gone."""
+    if self._process.poll() is None:
+      try:
+        os.killpg(self._process.pid, signal.SIGTERM)
+        self._process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+      except ProcessLookupError:
+        pass
+    self._log.close()
+    atexit.unregister(self.close)
