@@ -12,6 +12,7 @@ the suite's memory does not pile up across them."""
 import importlib.util
 import json
 import multiprocessing
+import os
 import re
 from concurrent.futures import ProcessPoolExecutor
 
@@ -156,6 +157,33 @@ def test_agentic_grpo_learns(tmp_path, off_policy_steps):
       ["rl.use_agentic_rollout=true", f"rl.off_policy_steps={off_policy_steps}", "rl.max_concurrency=32"],
     )
   )
+
+
+@pytest.mark.slow
+def test_agentic_grpo_learns_from_an_openenv_environment_and_its_reward_sign_sets_the_direction(
+  tmp_path, openenv_python
+):
+  """The random_digit rule as an OpenEnv environment (tests/environments/openenv_digit.py, written with
+  OpenEnv's API and served from OpenEnv's own venv by the run: rl.agent=openenv, environment.command):
+  its step's reward trains the policy, which answers with a digit greedily after three steps; with the
+  environment's reward negated (--sign -1) the same run moves the other way."""
+  env = os.path.join(os.path.dirname(__file__), "..", "environments", "openenv_digit.py")
+  runs = {}
+  for sign in (1.0, -1.0):
+    folder = tmp_path / f"sign{sign:+.0f}"
+    folder.mkdir()
+    command = f"{openenv_python} {env} --port {{port}} --sign {sign:g}"
+    mode = [
+      "rl.use_agentic_rollout=true",
+      "rl.max_concurrency=32",
+      "rl.agent=openenv",
+      f"environment.command={command}",
+    ]
+    runs[sign] = _in_fresh_process(_learn, folder, 1.0, mode)  # the environment's reward, not the task's
+  print(f"sampled digit replies per step: rewarded {runs[1.0]['sampled']}, penalised {runs[-1.0]['sampled']}")
+  _check_learned(runs[1.0])
+  assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
+  assert runs[1.0]["sampled"][-1] > runs[-1.0]["sampled"][-1] + 0.3
 
 
 # Measured: sampled digit replies per step 0.06, 0.88, 0.97 (greedy 0.0 -> 1.0); negated 0.06, 0.0, 0.0

@@ -7,6 +7,7 @@ that hangs or raises fails its episodes, counted, without ending the run."""
 
 import asyncio
 import json
+import os
 import socket
 import sys
 
@@ -15,12 +16,13 @@ import pytest
 
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import user_agent
+from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import env_server, errors, openenv_agent
 from tests.unit.test_openai_server import scripted_server
 
-ENV = "tests/environments/openenv_word.py"
+ENV = os.path.join(os.path.dirname(__file__), "..", "environments", "openenv_word.py")
 
 
 @pytest.fixture(scope="module")
@@ -192,3 +194,34 @@ def test_an_environment_that_hangs_fails_its_episodes_and_the_run_goes_on(tmp_pa
   assert rc == 0
   assert len(episodes) == 4 and all(e["status"] == "failed" for e in episodes)
   assert all("rl.agent_timeout_s=20" in e["failure"] for e in episodes)
+
+
+MCP_ENV = os.path.join(os.path.dirname(__file__), "..", "environments", "openenv_mcp.py")
+
+
+def test_an_mcp_environments_tools_are_offered_and_each_call_is_a_step(openenv_python, qwen3_tokenizer):
+  """OpenEnv's MCPEnvironment (FastMCP tools, CallToolAction): its tools come to the policy as functions,
+  a call's result is the tool turn, and the submit step's reward ends the episode."""
+  env_process = env_server.EnvServer(f"{openenv_python} {MCP_ENV} --port {{port}}", wait_s=120)
+  add = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>'
+  submit = '<tool_call>\n{"name": "submit", "arguments": {"answer": 5}}\n</tool_call>'
+  server = scripted_server(qwen3_tokenizer, [add, submit, "Done."], tool_format=QwenToolFormat())
+  url = server.start("127.0.0.1", 0).removesuffix("/v1")
+  try:
+    env = openenv_agent.describe(env_process.url, "", "", max_turns=4)
+    assert env.tools and env.action_field == ""
+    session = server.open_session()
+    example = {"a": 2, "b": 3, "prompt": "Add.", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+    assert _play(f"{url}/sessions/{session}/v1", env, example) == 1.0
+    first, second = server.session(session).calls  # submit's step was done: no third call
+    text = qwen3_tokenizer.decode(first.prompt_ids.tolist())
+    assert "What is 2 + 3? Use the tools, then submit the sum.<|im_end|>" in text
+    tools = [json.loads(line) for line in text.split("<tools>\n")[1].split("\n</tools>")[0].splitlines()]
+    assert [t["function"]["name"] for t in tools] == ["add", "submit"]
+    assert "<tool_response>\n5\n</tool_response>" in qwen3_tokenizer.decode(second.prompt_ids.tolist())
+    assert stitch([first, second], budget=1024).counts.mismatched == 0
+    with pytest.raises(ValueError, match=r"is an MCP environment, whose actions are tool calls"):
+      openenv_agent.describe(env_process.url, "message", "", max_turns=4)
+  finally:
+    server.stop()
+    env_process.close()

@@ -1246,8 +1246,8 @@ class EnvironmentSection:
   )
   observation_field: str = dataclasses.field(
     metadata=key(
-      "rl.agent=openenv: the field of the environment's observations that is the next user turn; empty: their "
-      "one string field, else their fields as JSON.",
+      "rl.agent=openenv: the field of the environment's observations that is the next user turn (and the text "
+      "reset adds to the first); empty: their one string field that is not empty, else their fields as JSON.",
       applies=(AGENTIC, OPENENV),
     )
   )

@@ -8,8 +8,11 @@ one, over the server's WebSocket route (/ws: each connection its own environment
 - the reset observation's text is appended to the last user message, as a TRL environment's reset string
   is; each reply of the policy is the action {action_field: the reply's text}, and the step's observation
   text the next user turn;
-- an observation's text is its `observation_field`, else its only string field, else its fields as JSON
-  (OpenEnv's done, reward and metadata left out);
+- an observation's text is its `observation_field`, else its one string field that is not empty, else
+  its fields as JSON (OpenEnv's done, reward and metadata left out);
+- an MCP environment (its action is OpenEnv's CallToolAction) offers its tools instead: a list_tools
+  step after reset gives them to the policy as functions, each call of one is a call_tool step whose
+  result is the tool turn, and a reply that calls no tool ends the episode;
 - the episode ends at an observation that is done, after `max_turns` replies, or when a reply ran out of
   the response budget (finish_reason length, or no room left for the next turn);
 - its reward is the sum of the steps' rewards, None where no step gave one (the run's reward functions
@@ -49,6 +52,7 @@ class OpenEnv:
   action_field: str
   observation_field: str  # "": the observation's only string field, else its fields as JSON
   max_turns: int
+  tools: bool = False  # an MCP environment: its tools offered as functions (its action is call_tool)
 
   @property
   def ws_url(self) -> str:
@@ -74,13 +78,17 @@ def describe(url: str, field: str, observation_field: str, max_turns: int, timeo
     )
   try:
     action, observation = schema.json()["action"], schema.json()["observation"]
-    chosen = action_field(action, field, url)
+    tools = action.get("properties", {}).get("type", {}).get("const") == "call_tool"
+    chosen = "" if tools else action_field(action, field, url)
   except (KeyError, TypeError, AttributeError):
     raise ValueError(f"environment.url={url}: GET /schema is not OpenEnv's (action and observation schemas)") from None
-  observed = sorted(n for n in observation.get("properties", {}) if n not in RESERVED)
+  if tools and field:
+    raise ValueError(f"environment.action_field={field}: {url} is an MCP environment, whose actions are tool calls")
+  observed = sorted(n for n in schema.json().get("reset_observation", {}).get("properties", {}) if n not in RESERVED)
+  observed = sorted(set(observed) | {n for n in observation.get("properties", {}) if n not in RESERVED})
   if observation_field and observation_field not in observed:
     raise ValueError(f"environment.observation_field={observation_field}: the observation of {url} has {observed}")
-  return OpenEnv(url, chosen, observation_field, max_turns)
+  return OpenEnv(url, chosen, observation_field, max_turns, tools)
 
 
 def action_field(action: dict, field: str, url: str) -> str:
@@ -118,9 +126,9 @@ def text(observation: dict, field: str) -> str:
   values = {k: v for k, v in observation.items() if k not in RESERVED}
   if field:
     return str(values.get(field, ""))
-  strings = [v for v in values.values() if isinstance(v, str)]
-  if len(strings) == 1:
-    return strings[0]
+  strings = [v for v in values.values() if isinstance(v, str) and v]
+  if len(strings) <= 1:
+    return strings[0] if strings else ""
   return json.dumps(values, sort_keys=True, default=str)
 
 
@@ -151,29 +159,92 @@ def episode(env: OpenEnv):
     row = {k: v for k, v in example.items() if k != "messages"}
     messages = [dict(m) for m in example["messages"]]
     rewards: list[float] = []
+
+    async def step(ws, action: dict) -> dict:
+      data = await _call(ws, {"type": "step", "data": action})
+      if data.get("reward") is not None:
+        rewards.append(float(data["reward"]))
+      return data
+
+    async def ask(**tools) -> Any:
+      try:
+        return await client.chat.completions.create(model=model, messages=messages, **tools)
+      except openai.BadRequestError as e:
+        if "budget" in str(e) and len(messages) > len(example["messages"]):  # the turns used it up
+          return None
+        raise
+
     try:
       async with websockets.connect(env.ws_url, max_size=2**24) as ws:
         data = await _call(ws, {"type": "reset", "data": {**row, "seed": seed(row)}})
         messages[-1]["content"] = messages[-1]["content"] + text(data["observation"], env.observation_field)
-        for _ in range(env.max_turns if not data.get("done") else 0):
-          try:
-            reply = await client.chat.completions.create(model=model, messages=messages)
-          except openai.BadRequestError as e:
-            if "budget" in str(e) and len(messages) > len(example["messages"]):  # the turns used it up
+        if env.tools:
+          await _with_tools(ws, ask, step, messages, env.max_turns, done=bool(data.get("done")))
+        else:
+          for _ in range(env.max_turns if not data.get("done") else 0):
+            reply = await ask()
+            if reply is None:
               break
-            raise
-          choice = reply.choices[0]
-          content = choice.message.content or ""
-          messages.append({"role": "assistant", "content": content})
-          data = await _call(ws, {"type": "step", "data": {env.action_field: content}})
-          if data.get("reward") is not None:
-            rewards.append(float(data["reward"]))
-          if data.get("done") or choice.finish_reason == "length":
-            break
-          messages.append({"role": "user", "content": text(data["observation"], env.observation_field)})
+            choice = reply.choices[0]
+            content = choice.message.content or ""
+            messages.append({"role": "assistant", "content": content})
+            data = await step(ws, {env.action_field: content})
+            if data.get("done") or choice.finish_reason == "length":
+              break
+            messages.append({"role": "user", "content": text(data["observation"], env.observation_field)})
         await ws.send(json.dumps({"type": "close"}))
     except websockets.ConnectionClosed as e:
       raise EnvironmentError(f"the environment at {env.ws_url} closed the episode's connection ({e})") from None
     return sum(rewards) if rewards else None
 
   return run
+
+
+async def _with_tools(ws, ask, step, messages: list[dict], max_turns: int, done: bool) -> None:
+  """An MCP environment's conversation: its tools (a list_tools step) offered to the policy as
+  functions, each call a call_tool step whose result is the tool turn, until a reply calls no tool, an
+  observation is done or max_turns replies."""
+  listed = await step(ws, {"type": "list_tools"})
+  tools = [
+    {
+      "type": "function",
+      "function": {"name": t["name"], "description": t.get("description", ""), "parameters": t["input_schema"]},
+    }
+    for t in listed["observation"].get("tools", [])
+  ]
+  for _ in range(max_turns if not done else 0):
+    reply = await ask(tools=tools) if tools else await ask()
+    if reply is None:
+      return
+    choice = reply.choices[0]
+    message = choice.message
+    messages.append(message.model_dump(exclude_none=True))
+    if not message.tool_calls or choice.finish_reason == "length":
+      return
+    for call in message.tool_calls:
+      try:
+        arguments = json.loads(call.function.arguments or "{}")
+      except json.JSONDecodeError as e:
+        result, done = f"Error: the arguments are not JSON ({e})", False
+      else:
+        data = await step(ws, {"type": "call_tool", "tool_name": call.function.name, "arguments": arguments})
+        result, done = tool_result(data["observation"]), bool(data.get("done"))
+      messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": result})
+      if done:
+        return
+
+
+def tool_result(observation: dict) -> str:
+  """A call_tool observation as the tool turn's text: its error's message, else the text of its
+  result's content items, else the result as JSON."""
+  error = observation.get("error")
+  if error:
+    return f"Error: {error.get('message', error) if isinstance(error, dict) else error}"
+  result = observation.get("result")
+  if isinstance(result, dict):
+    items = [c.get("text") for c in result.get("content") or [] if isinstance(c, dict) and c.get("type") == "text"]
+    if items:
+      return "\n".join(str(t) for t in items)
+    if "data" in result and result["data"] is not None:
+      result = result["data"]
+  return result if isinstance(result, str) else json.dumps(result, default=str)
