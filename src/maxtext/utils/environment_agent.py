@@ -14,7 +14,8 @@
 - the reward is `get_reward()` where the class defines it (awaited when async), else None (the run's
   reward functions judge the last reply).
 
-Only this, the openai client and transformers' schema helper are imported here (a worker loads no JAX).
+Only this, the openai client (utils/tool_conversation.py's loop) and transformers' schema helper are
+imported here (a worker loads no JAX).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-import openai
+from maxtext.utils import tool_conversation
 
 RESERVED = ("reset", "get_reward")
 FORM = (
@@ -96,32 +97,18 @@ def episode(factory: Callable[[], Any] | dict[str, Callable[[], Any]]) -> Callab
     messages = [dict(m) for m in example["messages"]]
     if isinstance(observation, str):
       messages[-1]["content"] = messages[-1]["content"] + observation
-    tools = schemas(env)
     methods = {name: getattr(env, name) for name in tool_methods(type(env))}
-    while True:
+
+    async def call(name: str, arguments: str) -> tuple[str, bool]:
       try:
-        reply = await client.chat.completions.create(
-          model=model, messages=messages, **({"tools": tools} if tools else {})
-        )
-      except openai.BadRequestError as e:
-        if "budget" in str(e) and len(messages) > len(example["messages"]):  # the tool results used it up
-          break
-        raise
-      choice = reply.choices[0]
-      message = choice.message
-      messages.append(message.model_dump(exclude_none=True))
-      if not message.tool_calls or choice.finish_reason == "length":
-        break
-      for call in message.tool_calls:
-        name = call.function.name
-        try:
-          if name not in methods:
-            raise ValueError(f"Tool {name} not found.")
-          arguments = json.loads(call.function.arguments or "{}")
-          result: Any = await _maybe_await(methods[name](**arguments))
-        except Exception as e:  # noqa: BLE001 (the tool's fault, shown to the model as TRL shows it)
-          result = {"error": str(e)}
-        messages.append({"role": "tool", "tool_call_id": call.id, "name": name, "content": str(result)})
+        if name not in methods:
+          raise ValueError(f"Tool {name} not found.")
+        result: Any = await _maybe_await(methods[name](**json.loads(arguments)))
+      except Exception as e:  # noqa: BLE001 (the tool's fault, shown to the model as TRL shows it)
+        result = {"error": str(e)}
+      return str(result), False
+
+    await tool_conversation.converse(client, model, messages, schemas(env), call, turns=None)
     get_reward = getattr(env, "get_reward", None)
     return None if get_reward is None else float(await _maybe_await(get_reward()))
 

@@ -33,7 +33,7 @@ import hashlib
 import json
 from typing import Any
 
-import openai
+from maxtext.utils import tool_conversation
 
 KEY = "rl.agent=openenv"
 RESERVED = ("done", "reward", "metadata")  # OpenEnv's own fields of every observation
@@ -166,23 +166,15 @@ def episode(env: OpenEnv):
         rewards.append(float(data["reward"]))
       return data
 
-    async def ask(**tools) -> Any:
-      try:
-        return await client.chat.completions.create(model=model, messages=messages, **tools)
-      except openai.BadRequestError as e:
-        if "budget" in str(e) and len(messages) > len(example["messages"]):  # the turns used it up
-          return None
-        raise
-
     try:
       async with websockets.connect(env.ws_url, max_size=2**24) as ws:
         data = await _call(ws, {"type": "reset", "data": {**row, "seed": seed(row)}})
         messages[-1]["content"] = messages[-1]["content"] + text(data["observation"], env.observation_field)
-        if env.tools:
-          await _with_tools(ws, ask, step, messages, env.max_turns, done=bool(data.get("done")))
-        else:
+        if env.tools and not data.get("done"):
+          await _with_tools(ws, client, model, step, messages, env.max_turns)
+        elif not env.tools:
           for _ in range(env.max_turns if not data.get("done") else 0):
-            reply = await ask()
+            reply = await tool_conversation.ask(client, model, messages, len(example["messages"]))
             if reply is None:
               break
             choice = reply.choices[0]
@@ -200,7 +192,7 @@ def episode(env: OpenEnv):
   return run
 
 
-async def _with_tools(ws, ask, step, messages: list[dict], max_turns: int, done: bool) -> None:
+async def _with_tools(ws, client, model: str, step, messages: list[dict], max_turns: int) -> None:
   """An MCP environment's conversation: its tools (a list_tools step) offered to the policy as
   functions, each call a call_tool step whose result is the tool turn, until a reply calls no tool, an
   observation is done or max_turns replies."""
@@ -212,26 +204,16 @@ async def _with_tools(ws, ask, step, messages: list[dict], max_turns: int, done:
     }
     for t in listed["observation"].get("tools", [])
   ]
-  for _ in range(max_turns if not done else 0):
-    reply = await ask(tools=tools) if tools else await ask()
-    if reply is None:
-      return
-    choice = reply.choices[0]
-    message = choice.message
-    messages.append(message.model_dump(exclude_none=True))
-    if not message.tool_calls or choice.finish_reason == "length":
-      return
-    for call in message.tool_calls:
-      try:
-        arguments = json.loads(call.function.arguments or "{}")
-      except json.JSONDecodeError as e:
-        result, done = f"Error: the arguments are not JSON ({e})", False
-      else:
-        data = await step(ws, {"type": "call_tool", "tool_name": call.function.name, "arguments": arguments})
-        result, done = tool_result(data["observation"]), bool(data.get("done"))
-      messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": result})
-      if done:
-        return
+
+  async def call(name: str, arguments: str) -> tuple[str, bool]:
+    try:
+      parsed = json.loads(arguments)
+    except json.JSONDecodeError as e:
+      return f"Error: the arguments are not JSON ({e})", False
+    data = await step(ws, {"type": "call_tool", "tool_name": name, "arguments": parsed})
+    return tool_result(data["observation"]), bool(data.get("done"))
+
+  await tool_conversation.converse(client, model, messages, tools, call, max_turns)
 
 
 def tool_result(observation: dict) -> str:
