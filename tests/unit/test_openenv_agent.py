@@ -225,3 +225,37 @@ def test_an_mcp_environments_tools_are_offered_and_each_call_is_a_step(openenv_p
   finally:
     server.stop()
     env_process.close()
+
+
+def test_the_environment_server_dies_with_a_trainer_killed_by_sigkill(tmp_path, openenv_python):
+  """A process that started the server (as the run does) killed with SIGKILL: the server goes too."""
+  import signal
+  import subprocess
+  import time
+
+  script = tmp_path / "starts.py"
+  script.write_text(
+    "import sys, time\n"
+    "from maxtext.utils import env_server\n"
+    "server = env_server.EnvServer(sys.argv[1], 120)\n"
+    "print(server._process.pid, flush=True)\n"
+    "time.sleep(600)\n"
+  )
+  command = f"{openenv_python} {ENV} --port {{port}}"
+  starter = subprocess.Popen([sys.executable, str(script), command], stdout=subprocess.PIPE, text=True)
+  try:
+    pid = int(starter.stdout.readline())
+    os.kill(pid, 0)  # serving
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+      try:
+        os.kill(pid, 0)
+      except ProcessLookupError:
+        break
+      time.sleep(0.1)
+    else:
+      pytest.fail(f"the environment server {pid} outlived its trainer")
+  finally:
+    starter.kill()
