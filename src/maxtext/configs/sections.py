@@ -16,6 +16,7 @@ the rules that relate keys. `MaxTextView` is the flat attribute view MaxText's u
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import types
@@ -1347,22 +1348,35 @@ def yaml_keys(section: Any) -> dict[str, str]:
 
 def choices() -> dict[str, tuple[str, ...]]:
   """Dotted key -> its choices, for every key whose field is a Literal."""
+  return dict(_choices())
+
+
+@functools.cache
+def _choices() -> types.MappingProxyType:
   out = {}
   for section in SECTION_TYPES.values():
     hints = typing.get_type_hints(section)
     for field, key in yaml_keys(section).items():
       if typing.get_origin(hints[field]) is Literal:
         out[key] = typing.get_args(hints[field])
-  return out
+  return types.MappingProxyType(out)
 
 
-def _fields() -> list[tuple[str, dataclasses.Field[Any]]]:
-  """(dotted key, field) of every section's fields, in section order."""
+@functools.cache
+def _fields() -> tuple[tuple[str, dataclasses.Field[Any]], ...]:
+  """(dotted key, field) of every section's fields, in section order (the sections are fixed: computed
+  once)."""
   out: list[tuple[str, dataclasses.Field[Any]]] = []
   for section in SECTION_TYPES.values():
     keys = yaml_keys(section)
     out.extend((keys[f.name], f) for f in dataclasses.fields(section))
-  return out
+  return tuple(out)
+
+
+@functools.cache
+def _field_of() -> types.MappingProxyType:
+  """Dotted key -> its field."""
+  return types.MappingProxyType(dict(_fields()))
 
 
 def inapplicable(values: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
@@ -1388,10 +1402,10 @@ def field_problems(values: Mapping[str, Any]) -> list[str]:
 def key_problem(dotted: str, value: Any) -> str | None:
   """The error for `value` of the key `dotted` where it is not one of the key's choices or out of its
   bounds; None where it is neither."""
-  allowed = choices().get(dotted)
+  allowed = _choices().get(dotted)
   if allowed is not None and value not in allowed:
     return f"{dotted}={value!r}: expected one of {', '.join(a or repr(a) for a in allowed)}"
-  bounds = dict(_fields())[dotted].metadata.get("bounds")
+  bounds = _field_of()[dotted].metadata.get("bounds")
   return bounds.problem(dotted, value) if bounds else None
 
 
