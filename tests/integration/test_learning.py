@@ -104,6 +104,7 @@ def test_standard_grpo_learns_and_the_reward_sign_sets_the_direction(tmp_path):
   assert runs[-1.0]["after"] == 0.0
 
 
+@pytest.mark.slow  # the fast suite's standard and agentic runs learn; the variants below move with the sign
 def test_rloo_advantages_with_the_cispo_loss_learn(tmp_path):
   """A non-default estimator and loss together (leave-one-out advantages, CISPO's truncated importance
   weights) learn the rare behaviour as the default does."""

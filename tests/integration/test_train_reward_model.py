@@ -4,6 +4,8 @@ the rule rewards; training lowers the Bradley-Terry loss; the checkpoint it writ
 GRPO (standard and agentic) and PPO runs pay its score (reward_model.weight, alone) as
 rewards/reward_model."""
 
+import contextlib
+import io
 import json
 import os
 
@@ -28,7 +30,10 @@ def test_preference_pairs_order_each_groups_differing_completions():
   assert train_reward_model.pair_accuracy(np.array([3.0, 1.0, 1.0]), [(0, 1), (1, 2), (2, 0)]) == pytest.approx(1.5 / 3)
 
 
-def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pay_its_score(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """The command run once for the module: (its output folder, its arguments, its summary line)."""
+  tmp_path = tmp_path_factory.mktemp("reward_model")
   rewards = tmp_path / "length.py"
   rewards.write_text("def longer(prompts, completions, **kwargs):\n  return [float(len(c)) for c in completions]\n")
   out = tmp_path / "reward_model"
@@ -45,8 +50,13 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
     "reward_training.micro_batch_size=8",
     f"base_output_directory={tmp_path}",
   ]
-  assert train_reward_model.main(["train_reward_model", *args]) == 0
-  summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+  with contextlib.redirect_stdout(io.StringIO()) as printed:
+    assert train_reward_model.main(["train_reward_model", *args]) == 0
+  return out, args, json.loads(printed.getvalue().strip().splitlines()[-1])
+
+
+def test_the_command_writes_a_reward_model_transformers_scores_alike_and_a_run_pays_its_score(trained, tmp_path):
+  out, args, summary = trained
   assert summary["completions"] == 64 and summary["train_pairs"] > 20
   assert summary["first_loss"] == pytest.approx(np.log(2), abs=1e-5)  # the head starts at zero
   assert summary["last_loss"] < 0.75 * summary["first_loss"]
@@ -70,27 +80,37 @@ def test_the_command_writes_a_reward_model_transformers_scores_alike_and_runs_pa
   ids = scorer.token_ids(["" for _ in questions], completions, {"question": np.array(questions)})
   np.testing.assert_allclose(scorer.scores(ids), expected, rtol=1e-4, atol=1e-4)
 
-  # GRPO (standard and agentic) and PPO pay its score alone, at its weight; the rule rewards are still logged.
-  modes = {
-    "grpo": ["rl.algorithm=grpo"],
-    "agentic": ["rl.algorithm=grpo", "rl.use_agentic_rollout=true", "rl.max_concurrency=4"],
-    "ppo": ["rl.algorithm=ppo"],
-  }
-  for algorithm, mode in modes.items():
-    run = [
-      *TINY,
-      *mode,
-      "batch_size=2",
-      "num_batches=1",
-      "rl.num_generations=2",
-      f"reward_model.load_parameters_path={out}",
-      "reward_model.weight=2.0",
-      "reward_model.alone=true",
-      f"base_output_directory={tmp_path}",
-      f"run_name={algorithm}",
-    ]
-    assert train_rl.main(["train_rl", *run]) == 0
-    with open(os.path.join(tmp_path, algorithm, "metrics.jsonl"), encoding="utf-8") as f:
-      row = json.loads(f.readline())
-    assert row["rewards/sum"] == pytest.approx(2.0 * row["rewards/reward_model"], rel=1e-5, abs=1e-6)
-    assert any(k.endswith("/nones") and k != "rewards/reward_model/nones" for k in row)  # a rule's metrics
+  _pays_its_score(out, tmp_path, "grpo", ["rl.algorithm=grpo"])
+
+
+@pytest.mark.slow  # the fast test above: standard GRPO pays it
+@pytest.mark.parametrize(
+  "algorithm, mode",
+  [
+    ("agentic", ["rl.algorithm=grpo", "rl.use_agentic_rollout=true", "rl.max_concurrency=4"]),
+    ("ppo", ["rl.algorithm=ppo"]),
+  ],
+)
+def test_agentic_grpo_and_ppo_pay_its_score(trained, tmp_path, algorithm, mode):
+  _pays_its_score(trained[0], tmp_path, algorithm, mode)
+
+
+def _pays_its_score(out, tmp_path, algorithm: str, mode: list[str]) -> None:
+  """A run of `mode` pays the reward model's score alone, at its weight; the rule rewards are still logged."""
+  run = [
+    *TINY,
+    *mode,
+    "batch_size=2",
+    "num_batches=1",
+    "rl.num_generations=2",
+    f"reward_model.load_parameters_path={out}",
+    "reward_model.weight=2.0",
+    "reward_model.alone=true",
+    f"base_output_directory={tmp_path}",
+    f"run_name={algorithm}",
+  ]
+  assert train_rl.main(["train_rl", *run]) == 0
+  with open(os.path.join(tmp_path, algorithm, "metrics.jsonl"), encoding="utf-8") as f:
+    row = json.loads(f.readline())
+  assert row["rewards/sum"] == pytest.approx(2.0 * row["rewards/reward_model"], rel=1e-5, abs=1e-6)
+  assert any(k.endswith("/nones") and k != "rewards/reward_model/nones" for k in row)  # a rule's metrics
