@@ -404,6 +404,7 @@ def _where(row: dict, i: int) -> str:
 
 def fitting(examples: list[dict], tokenizer, max_prompt_length: int, what: str) -> list[dict]:
   """The examples whose prompt fits max_prompt_length tokens; logs how many were dropped."""
+  text_as_data.encode_all(tokenizer, [ex["prompts"] for ex in examples])
   lengths = [len(text_as_data.prompt_ids(tokenizer, ex["prompts"])) for ex in examples]
   kept = [ex for ex, n in zip(examples, lengths) if n <= max_prompt_length]
   log.info(

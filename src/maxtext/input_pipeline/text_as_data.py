@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 _HOLD_OPEN, _HOLD_CLOSE = "\ue000", "\ue001"  # private-use characters around a held control string's number
@@ -74,15 +75,25 @@ class TextAsData:
 class Rendered(str):
   """A prompt's text (a str: what reward functions, logs and episode records read) with its token
   ids (`ids`), in which the data's text is encoded as text (TextAsData), without the special tokens
-  the tokenizer adds (its BOS): the samplers take the ids (rollout.tokenized adds the BOS). It pickles
-  with its ids."""
+  the tokenizer adds (its BOS): the samplers take the ids (rollout.tokenized adds the BOS). The ids
+  are encoded when first asked for (`encode`), or all at once by `encode_all`; it pickles with them."""
 
-  ids: tuple[int, ...]
+  _ids: tuple[int, ...] | None
+  _encode: Callable[[], list[int]] | None
 
-  def __new__(cls, text: str, ids) -> Rendered:
+  def __new__(cls, text: str, ids=None, encode=None) -> Rendered:
     out = super().__new__(cls, text)
-    out.ids = tuple(int(i) for i in ids)
+    out._ids = None if ids is None else tuple(int(i) for i in ids)
+    out._encode = encode  # () -> ids, where ids is None
     return out
+
+  @property
+  def ids(self) -> tuple[int, ...]:
+    if self._ids is None:
+      assert self._encode is not None
+      self._ids = tuple(int(i) for i in self._encode())
+      self._encode = None
+    return self._ids
 
   def __reduce__(self):
     return (Rendered, (str(self), self.ids))
@@ -95,7 +106,29 @@ def rendered(tokenizer, render, value: Any) -> Rendered:
   data = TextAsData(tokenizer)
   protected = data.protect(value)
   text = render(value)
-  return Rendered(text, data.encode(render(protected) if data.held else text))
+  if data.held:
+    return Rendered(text, encode=functools.partial(data.encode, render(protected)))
+  return Rendered(text, encode=functools.partial(_plain, tokenizer, text))
+
+
+def _plain(tokenizer, text: str) -> list[int]:
+  return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def encode_all(tokenizer, prompts) -> None:
+  """Encodes the ids of the Rendered prompts among `prompts` whose text holds no control string, in one
+  batched call of the tokenizer (the same ids as one at a time; a data set's lengths at load)."""
+  plain = [
+    p
+    for p in prompts
+    if isinstance(p, Rendered)
+    and p._ids is None
+    and isinstance(p._encode, functools.partial)
+    and p._encode.func is _plain
+  ]
+  if plain:
+    for p, ids in zip(plain, tokenizer([str(p) for p in plain], add_special_tokens=False).input_ids, strict=True):
+      p._ids, p._encode = tuple(int(i) for i in ids), None
 
 
 def prompt_ids(tokenizer, prompt: str) -> list[int]:
