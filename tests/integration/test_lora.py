@@ -200,9 +200,8 @@ _SPLIT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize(
-  "scan", ["false", pytest.param("true", marks=pytest.mark.slow)]
-)  # scanned: also in test_scan_layers
+@pytest.mark.slow  # the fast suite trains, saves, resumes and merges adapters (above)
+@pytest.mark.parametrize("scan", ["false", "true"])  # scanned: also in test_scan_layers
 def test_lora_adapters_reach_a_sampler_on_other_devices(tmp_path, scan):
   """Trainer and sampler on one host device each: Tunix syncs only the adapters (stacked ones with
   scan_layers); afterwards the sampler's model scores sampled completions as the trainer's does, and

@@ -142,6 +142,7 @@ TOOLS = {"flaky": Flaky}
 '''
 
 
+@pytest.mark.slow  # the fast suite counts failed tool calls in test_scripted_tool_calls_are_counted_and_trained
 def test_flaky_tool_under_high_concurrency(tmp_path, monkeypatch):
   """rl.max_concurrency=256, off_policy_steps=2, every conversation calls a tool that hangs or
   crashes in 30 % of calls: the run finishes and the failed calls are counted."""
