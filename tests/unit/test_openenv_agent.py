@@ -238,7 +238,7 @@ def test_the_environment_server_dies_with_a_trainer_killed_by_sigkill(tmp_path, 
     "import sys, time\n"
     "from maxtext.utils import env_server\n"
     "server = env_server.EnvServer(sys.argv[1], 120)\n"
-    "print(server._process.pid, flush=True)\n"
+    "print(server._child.process.pid, flush=True)\n"
     "time.sleep(600)\n"
   )
   command = f"{openenv_python} {ENV} --port {{port}}"

@@ -11,6 +11,7 @@ where they are read.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import re
@@ -259,11 +260,14 @@ def _check_agent(v: Mapping[str, Any]) -> None:
       )
     if v["environment.url"] and not v["environment.url"].startswith(("http://", "https://")):
       raise ConfigError(f"environment.url={v['environment.url']!r}: expected http://HOST:PORT")
+  elif agent == "verifiers":
+    _check_verifiers(v)
   elif agent != "http":
     path, _, name = agent.rpartition(":")
     if not path.endswith(".py") or not name.isidentifier():
       raise ConfigError(
-        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, http, or openenv"
+        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, http, openenv "
+        "or verifiers"
       )
     if not os.path.isfile(path):
       raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
@@ -281,6 +285,30 @@ def _check_agent(v: Mapping[str, Any]) -> None:
     raise ConfigError(
       f"rl.agent_host={v['rl.agent_host']!r} without rl.agent_api_key (nor ${AGENT_KEY_ENV}): anyone who reaches "
       "the port would take episodes, post rewards and sample from the policy; set a key, or serve at 127.0.0.1"
+    )
+
+
+def _check_verifiers(v: Mapping[str, Any]) -> None:
+  """rl.agent=verifiers: an environment named, its arguments a JSON object, and no held-out evaluation
+  (the environment's rubric judges its own rollouts only: the run's evaluation would score its dataset
+  with the run's task)."""
+  if not v["environment.id"]:
+    raise ConfigError(
+      "rl.agent=verifiers: environment.id is empty; expected an installed verifiers environment's id or a Python "
+      "file exporting load_environment"
+    )
+  try:
+    args = json.loads(v["environment.args"])
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"environment.args={v['environment.args']!r}: not JSON ({e})") from None
+  if not isinstance(args, dict):
+    raise ConfigError(
+      f"environment.args={v['environment.args']!r}: expected a JSON object of load_environment's keyword arguments"
+    )
+  if v["num_test_batches"]:
+    raise ConfigError(
+      f"rl.agent=verifiers, num_test_batches={v['num_test_batches']}: the run's held-out evaluation would score the "
+      "environment's rows with the run's task, not its rubric; expected num_test_batches=0"
     )
 
 

@@ -98,6 +98,7 @@ PYTHON_TOOL = dataclasses.replace(ANY_TOOL, holds=lambda v: "python" in v["rl.to
 USER_AGENT = When("rl.agent", lambda v: bool(v["rl.agent"]), "rl.agent is empty: the run's own conversation agent")
 HTTP_AGENT = When("rl.agent", lambda v: v["rl.agent"] == "http", "rl.agent is not http")
 OPENENV = When("rl.agent", lambda v: v["rl.agent"] == "openenv", "rl.agent is not openenv")
+VERIFIERS = When("rl.agent", lambda v: v["rl.agent"] == "verifiers", "rl.agent is not verifiers")
 DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
 OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length",
@@ -1152,7 +1153,8 @@ class AgentSection:
       "HTTP (POST /episodes/next gives a session's base URL, the model id and the example; POST "
       "/sessions/ID/reward ends it with a reward or None). openenv: the episodes of an OpenEnv environment server "
       "(environment.url or environment.command): reset, each reply its action, its observations the next turns, "
-      "the sum of its rewards the reward. Empty: the run's own conversation agent (rl.tools). "
+      "the sum of its rewards the reward. verifiers: a verifiers environment (environment.id), its dataset the "
+      "data, its rollouts the episodes, its rubric the reward. Empty: the run's own conversation agent (rl.tools). "
       "See docs/agentic-and-tools.md.",
       applies=(AGENTIC,),
     )
@@ -1219,7 +1221,8 @@ class AgentSection:
 
 @dataclasses.dataclass(frozen=True)
 class EnvironmentSection:
-  """An environment server whose episodes rl.agent=openenv trains (utils/openenv_agent.py)."""
+  """An environment whose episodes rl.agent trains: an OpenEnv server (rl.agent=openenv,
+  utils/openenv_agent.py) or a verifiers environment (rl.agent=verifiers, utils/verifiers_env.py)."""
 
   PREFIX: ClassVar[str] = "environment."
   url: str = dataclasses.field(
@@ -1257,6 +1260,28 @@ class EnvironmentSection:
       "rl.agent=openenv: replies of the policy per episode at most (each one step of the environment).",
       bounds=POSITIVE_INT,
       applies=(AGENTIC, OPENENV),
+    )
+  )
+  id: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=verifiers: the verifiers environment, as vf.load_environment takes it (an installed "
+      "environment's id) or a Python file exporting load_environment; its dataset is the run's data, its "
+      "rollouts the episodes, its rubric the reward (utils/verifiers_env.py).",
+      applies=(AGENTIC, VERIFIERS),
+    )
+  )
+  args: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=verifiers: load_environment's keyword arguments as a JSON object (a v1 environment's as "
+      '{"config": {...}}).',
+      applies=(AGENTIC, VERIFIERS),
+    )
+  )
+  python: str = dataclasses.field(
+    metadata=key(
+      "rl.agent=verifiers: the Python interpreter (of a venv with verifiers installed: its pins clash with the "
+      "trainer's) that loads and plays the environment, in a process of its own; empty: the trainer's.",
+      applies=(AGENTIC, VERIFIERS),
     )
   )
 

@@ -8,6 +8,8 @@ Endpoints (FastAPI, run by uvicorn):
   prompt, and a reply's tool calls come back as `tool_calls` (finish_reason "tool_calls");
   stream=true answers with server-sent events as the tokens are sampled (with tools, the content
   and calls come in the last chunks, once the reply is complete);
+- POST /v1/chat/completions/tokens: the chat route under the path verifiers' token client posts its
+  continuations to (ChatTokensRequest: its `tokens` are not taken as the prompt);
 - POST /v1/completions: `prompt` a text or a list of token ids (vLLM's extension);
 - POST /v1/responses: the Responses API on the chat route (responses_api: function tools,
   previous_response_id or a full input list; streamed once the reply is complete);
@@ -153,6 +155,16 @@ class ChatRequest(_Sampling):
   prediction: Any = None
   web_search_options: Any = None
   reasoning_effort: str | None = None
+
+
+class ChatTokensRequest(ChatRequest):
+  """POST /v1/chat/completions/tokens (vLLM's route for verifiers' token client): a chat request with
+  the ids the client expects its prompt to be. They are checked as ids and not used as the prompt: the
+  prompt is what the chat route makes of the messages (in a session, the previous call's exact ids and
+  the added messages as the template renders them), so ids a client writes cannot add control turns
+  that its messages do not hold."""
+
+  tokens: list[int] = pydantic.Field(default_factory=list)
 
 
 class CompletionRequest(_Sampling):
@@ -342,7 +354,10 @@ class OpenAIServer:
         budget = fixed.budget if fixed is not None else None
         raise ApiError(
           400,
-          f"this session's budget of {budget} tokens after its first prompt (max_response_length) is spent",
+          # worded as vLLM words a prompt past the context, which clients read as "the conversation is over
+          # long" (verifiers ends such a rollout as truncated and scores it)
+          f"This session's maximum context length is spent: its budget of {budget} tokens after its first prompt "
+          "(max_response_length) is used up",
           "messages",
         )
       room = min(room, left)
@@ -869,6 +884,9 @@ class OpenAIServer:
     async def chat(body: ChatRequest, request: fastapi.Request):
       return await self._chat(body, request)
 
+    async def chat_tokens(body: ChatTokensRequest, request: fastapi.Request):
+      return await self._chat(body, request)
+
     async def completions(body: CompletionRequest, request: fastapi.Request):
       return await self._completions(body, request)
 
@@ -884,6 +902,7 @@ class OpenAIServer:
     for prefix in ("", "/sessions/{session_id}"):
       app.get(f"{prefix}/v1/models")(models)
       app.post(f"{prefix}/v1/chat/completions")(chat)
+      app.post(f"{prefix}/v1/chat/completions/tokens")(chat_tokens)
       app.post(f"{prefix}/v1/completions")(completions)
       app.post(f"{prefix}/v1/responses")(responses_route)
       app.post(f"{prefix}/tokenize")(tokenize)

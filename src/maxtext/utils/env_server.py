@@ -38,6 +38,50 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+class Child:
+  """A process of the run's (an environment server, the verifiers bridge): `argv` run through _EXEC (so
+  it dies with the trainer), in a session of its own, its output kept in a temporary file; `key` names
+  the setting that made it, for refusals."""
+
+  def __init__(self, argv: list[str], key: str, env: dict[str, str] | None = None):
+    self.key = key
+    self._log = tempfile.TemporaryFile()
+    try:
+      self.process = subprocess.Popen(
+        [sys.executable, "-c", _EXEC, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=self._log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+      )
+    except OSError as e:
+      self._log.close()
+      raise errors.InputError(f"{key}={shlex.join(argv)}: {e}") from None
+    atexit.register(self.close)
+
+  def output(self, chars: int = 2000) -> str:
+    """The end of what the process wrote to stdout and stderr."""
+    if self._log.closed:
+      return ""
+    self._log.seek(0)
+    return self._log.read().decode(errors="replace")[-chars:]
+
+  def close(self) -> None:
+    """Kills the process and what it started (SIGTERM, SIGKILL after 5 s); its output is gone."""
+    if self.process.poll() is None:
+      try:
+        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.wait(timeout=5)
+      except subprocess.TimeoutExpired:
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+      except ProcessLookupError:
+        pass
+    self._log.close()
+    atexit.unregister(self.close)
+
+
 class EnvServer:
   """A started environment server (see the module docstring); `url` is http://127.0.0.1:PORT."""
 
@@ -47,30 +91,20 @@ class EnvServer:
     if not argv:
       raise errors.InputError(f"{KEY} is empty")
     self.url = f"http://127.0.0.1:{port}"
-    self._log = tempfile.TemporaryFile()
-    try:
-      self._process = subprocess.Popen(
-        [sys.executable, "-c", _EXEC, *argv],
-        stdin=subprocess.DEVNULL,
-        stdout=self._log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-      )
-    except OSError as e:
-      raise errors.InputError(f"{KEY}={command}: {e}") from None
-    atexit.register(self.close)
+    self._child = Child(argv, KEY)
     self._wait(command, wait_s)
 
   def _wait(self, command: str, wait_s: float) -> None:
     import httpx
 
     deadline = time.monotonic() + wait_s
+    process = self._child.process
     while True:
-      if self._process.poll() is not None:
+      if process.poll() is not None:
         output = self.output()
         self.close()
         raise errors.InputError(
-          f"{KEY}={command}: exited with {self._process.returncode} before serving; its output ends:\n{output}"
+          f"{KEY}={command}: exited with {process.returncode} before serving; its output ends:\n{output}"
         )
       try:
         if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
@@ -88,19 +122,8 @@ class EnvServer:
 
   def output(self, chars: int = 2000) -> str:
     """The end of what the server wrote to stdout and stderr."""
-    self._log.seek(0)
-    return self._log.read().decode(errors="replace")[-chars:]
+    return self._child.output(chars)
 
   def close(self) -> None:
     """Kills the server and what it started (SIGTERM, SIGKILL after 5 s); its output is gone."""
-    if self._process.poll() is None:
-      try:
-        os.killpg(self._process.pid, signal.SIGTERM)
-        self._process.wait(timeout=5)
-      except subprocess.TimeoutExpired:
-        os.killpg(self._process.pid, signal.SIGKILL)
-        self._process.wait()
-      except ProcessLookupError:
-        pass
-    self._log.close()
-    atexit.unregister(self.close)
+    self._child.close()

@@ -321,7 +321,7 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
       max_queued=max(256, 16 * self.algo_config.max_concurrency),
     )
     base_url = server.start(agent.host, agent.port, ("rl.agent_host", "rl.agent_port"))
-    if agent.over_http:
+    if agent.over_http and agent.verifiers is None:
       log.info(
         "Serving the policy for rl.agent=http at %s: take episodes at POST %s/episodes/next, post rewards at "
         "POST %s/sessions/ID/reward",

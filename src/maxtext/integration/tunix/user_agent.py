@@ -51,7 +51,16 @@ from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
 from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.prompt_feed import ROUND, SLOT
-from maxtext.utils import agent_runner, env_server, environment_agent, errors, openenv_agent, user_code, worker_pool
+from maxtext.utils import (
+  agent_runner,
+  env_server,
+  environment_agent,
+  errors,
+  openenv_agent,
+  user_code,
+  verifiers_env,
+  worker_pool,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +73,9 @@ FORM = (
 
 @dataclasses.dataclass(frozen=True)
 class UserAgent:
-  """rl.agent's file and function, checked (load), or an OpenEnv environment (openenv), or neither
-  (http: processes of the user's take the episodes over HTTP), its limits and where the policy is
+  """rl.agent's file and function, checked (load), or an OpenEnv environment (openenv), or a verifiers
+  environment (verifiers: its bridge process takes the episodes over HTTP, as http's processes do), or
+  neither (http: processes of the user's take the episodes over HTTP), its limits and where the policy is
   served; `server`: the environment server the run started (environment.command), which close() kills."""
 
   path: str  # "" with http and openenv
@@ -79,6 +89,7 @@ class UserAgent:
   sessionless: bool = False  # the server also serves its routes without a session
   openenv: openenv_agent.OpenEnv | None = None
   server: env_server.EnvServer | None = dataclasses.field(default=None, compare=False)
+  verifiers: verifiers_env.VerifiersEnv | None = None
 
   @property
   def over_http(self) -> bool:
@@ -88,12 +99,16 @@ class UserAgent:
   def spec(self) -> str:
     if self.openenv is not None:
       return "openenv"
+    if self.verifiers is not None:
+      return "verifiers"
     return "http" if self.over_http else f"{self.path}:{self.name}"
 
   def close(self) -> None:
-    """Kills the environment server the run started, if any."""
+    """Kills the environment server the run started, if any; removes a verifiers dataset's file."""
     if self.server is not None:
       self.server.close()
+    if self.verifiers is not None:
+      self.verifiers.close()
 
   def workers(self) -> worker_pool.WorkerPool:
     """The worker processes that run the agent's function, each episode in one (not with http)."""
@@ -122,8 +137,9 @@ def load(section: AgentSection, environment: EnvironmentSection | None = None) -
   defines NAME, an async function taking (client, model, example) or a TRL environment class
   (utils/environment_agent.check: reset, and tool methods with schemas); with openenv, `environment`'s
   server (started here from environment.command, waiting rl.agent_wait_s for it) answers as an OpenEnv
-  server whose action a reply can fill (openenv_agent.describe); an InputError naming the key
-  otherwise. http needs no file."""
+  server whose action a reply can fill (openenv_agent.describe); with verifiers, `environment`'s
+  environment loads in environment.python and its dataset is written (verifiers_env.prepare); an
+  InputError naming the key otherwise. http needs no file."""
   limits = (
     section.agent_timeout_s,
     section.agent_max_failures,
@@ -138,6 +154,10 @@ def load(section: AgentSection, environment: EnvironmentSection | None = None) -
   if section.agent == "openenv":
     assert environment is not None, "rl.agent=openenv needs the environment section"
     return _openenv(environment, limits, section.agent_wait_s)
+  if section.agent == "verifiers":
+    assert environment is not None, "rl.agent=verifiers needs the environment section"
+    env = verifiers_env.prepare(environment, section.agent_wait_s)
+    return dataclasses.replace(UserAgent("", "verifiers", *limits), verifiers=env)
   path, _, name = section.agent.rpartition(":")
   if importlib.util.find_spec("openai") is None:
     raise errors.InputError(f"{KEY}={section.agent}: the openai package, whose client the agent gets, is not installed")
@@ -228,6 +248,7 @@ class Episodes:
   stop: Callable[[Exception], None]  # ends the rollouts and training with this error
   concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
   pool: worker_pool.WorkerPool | None = dataclasses.field(init=False, default=None)  # the agent's function
+  bridge: env_server.Child | None = dataclasses.field(init=False, default=None)  # rl.agent=verifiers' player
   threads: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(init=False, default=None)
   handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # every episode is handed out
   closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
@@ -239,14 +260,23 @@ class Episodes:
       self.server,
       self.model,
       self.agent.wait_s,
-      on_no_taker=(lambda e: self.stop(AgentFailed(str(e)))) if over_http else None,
+      on_no_taker=(lambda e: self.stop(AgentFailed(self._no_taker(e)))) if over_http else None,
       where=f"{self.base_url.removesuffix('/v1')}/episodes/next",
       limit=f"rl.agent_wait_s={self.agent.wait_s:g}",
     )
+    if self.agent.verifiers is not None:
+      root = self.base_url.removesuffix("/v1")
+      self.bridge = self.agent.verifiers.start(root, self.concurrency, self.agent.timeout_s, self.agent.api_key)
     if over_http:
       return
     self.pool = self.agent.workers()
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
+
+  def _no_taker(self, e: Exception) -> str:
+    """Why no process took the episodes: with verifiers, the end of its bridge's output."""
+    if self.bridge is None or self.agent.verifiers is None:
+      return str(e)
+    return f"{e}; the verifiers environment's process ({self.agent.verifiers.python}) wrote:\n{self.bridge.output()}"
 
   def first_prompt(self, tokens: int) -> None:
     """Logs, once, what the agent's first prompt needs, its system turn and tools' descriptions
@@ -318,6 +348,8 @@ class Episodes:
       self.threads.shutdown(wait=False, cancel_futures=True)
     if self.pool is not None:
       self.pool.close()
+    if self.bridge is not None:
+      self.bridge.close()
 
 
 # Fields of a prompt record that are the feed's and the learner's, not the example's.

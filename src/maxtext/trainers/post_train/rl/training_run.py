@@ -34,6 +34,7 @@ from flax import nnx
 from maxtext import tasks
 from maxtext.checkpoint_conversion import orbax_checkpoint, to_huggingface
 from maxtext.configs.run_config import RunConfig
+from maxtext.configs.sections import DataSection
 from maxtext.input_pipeline import chat_parser, datasets, rewards, templates
 from maxtext.input_pipeline import tokenizer as tokenizer_lib
 from maxtext.integration.tunix import agentic as agentic_lib
@@ -55,11 +56,11 @@ from maxtext.utils.steps import Steps
 log = logging.getLogger(__name__)
 
 
-def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
-  """(training batches, reserve batches for dynamic sampling or None) of the training examples; in
-  agentic GRPO their prompts are the user turn only."""
-  seed = cfg.data.data_shuffle_seed
-  train_ds: Any = datasets.train_batches(training, cfg.train, seed, f"dataset_name={cfg.data.dataset_name}")
+def _batches(cfg: RunConfig, data: DataSection, training) -> tuple[Any, Any]:
+  """(training batches, reserve batches for dynamic sampling or None) of the training examples of
+  `data`; in agentic GRPO their prompts are the user turn only."""
+  seed = data.data_shuffle_seed
+  train_ds: Any = datasets.train_batches(training, cfg.train, seed, f"dataset_name={data.dataset_name}")
   reserve_ds: Any = datasets.reserve_batches(training, cfg.train, seed) if cfg.algorithm.dynamic_sampling else None
   if cfg.agentic.use_agentic_rollout:
     train_ds = agentic_lib.user_turn_batches(train_ds)
@@ -70,12 +71,14 @@ def _batches(cfg: RunConfig, training) -> tuple[Any, Any]:
 class TrainingRun:
   def __init__(self, cfg: RunConfig):
     agentic = cfg.agentic.use_agentic_rollout
-    self.task = task = tasks.select(cfg.data.dataset_name)
     distributed.initialize()  # before anything asks JAX about its devices
-    reward_set = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # the user's file fails fast
     self._user_agent = (
       user_agent.load(cfg.agent, cfg.environment) if agentic and cfg.agent.agent else None
-    )  # so does the agent
+    )  # the agent's file fails fast
+    verifiers = self._user_agent.verifiers if self._user_agent else None
+    data = verifiers.data_section(cfg.data) if verifiers else cfg.data  # a verifiers environment's dataset
+    self.task = task = tasks.select(data.dataset_name)
+    reward_set = rewards.reward_functions(task, cfg.task, cfg.maxtext_view())  # so does the reward file
     self.cfg = cfg
     self.steps = steps = Steps.of(cfg.train, cfg.algorithm)
     self.folder = folder = RunFolder(cfg.run, steps)
@@ -96,14 +99,14 @@ class TrainingRun:
     )
     self.tokenizer = tokenizer = tokenizer_lib.tokenizer_for(cfg.model)
     template = templates.PromptTemplate(cfg.task, tokenizer, task.template, agentic)
-    examples = datasets.Examples(cfg.data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
+    examples = datasets.Examples(data, template, cfg.sampling.max_prompt_length, cfg.maxtext_view())
     render, agentic_parts = None, None
     if agentic:
       agentic_parts = (chat_parser.for_config(cfg.agentic, template), tools.tool_map(cfg.tools))
       render = trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
     training = examples.training(render)
     reward_set.check_fields(training[0])  # a reward function's parameter the data lacks fails before the model
-    self.train_ds, reserve_ds = _batches(cfg, training)
+    self.train_ds, reserve_ds = _batches(cfg, data, training)
     evaluations = cfg.eval
     self.eval_examples = (
       examples.evaluation(evaluations.num_test_batches * evaluations.eval_batch_size)

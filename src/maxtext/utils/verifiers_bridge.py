@@ -1,0 +1,211 @@
+"""A verifiers environment trained by rl.agent=verifiers: this file runs as a script in the interpreter
+environment.python names (a venv with verifiers installed: its pins clash with the trainer's), never
+imported by the trainer, and uses only the standard library, verifiers and what verifiers installs
+(httpx, openai). utils/verifiers_env.py starts it, in one of two modes:
+
+    python verifiers_bridge.py dataset ID ARGS OUT   # the environment's dataset, one JSON line per row, to OUT
+    python verifiers_bridge.py episodes ID ARGS BASE CONCURRENCY TIMEOUT_S
+
+ID is what `vf.load_environment` takes (an installed environment's id) or a Python file exporting
+`load_environment`; ARGS its keyword arguments as a JSON object (v1 environments take theirs as
+{"config": {...}}). Both forms are verifiers' `Environment`: the legacy envs (SingleTurnEnv, MultiTurnEnv,
+ToolEnv, ...) and v1's `Env(taskset, harness)`, which adapts itself to it.
+
+`dataset` writes, for each row of `env.get_dataset()`, {"prompt": the text of its user turns, "answer":
+its answer as text, "verifiers_input": the row itself as JSON} (the run's data: what it batches and groups,
+and the row each episode plays), and prints one JSON line describing the environment. An environment that
+does not load, is no verifiers Environment, scores its rollouts as a group or has no dataset exits with 2
+and one line on stderr saying so.
+
+`episodes` takes the run's episodes from its hand-out API at BASE (POST /episodes/next, as a process of
+rl.agent=http does), up to CONCURRENCY at once, until it answers 410: each is
+`env.run_rollout(row, client, model, {})` with verifiers' token client (OpenAIChatCompletionsTokenClient:
+multi-turn continuations through POST /v1/chat/completions/tokens) on the episode's session, bounded by
+TIMEOUT_S; its rubric's reward is posted to the session's /reward route, and a rollout that raises, ends
+with an error in its state, runs out of time or gets no finite reward posts {"error": ...} instead (a
+failed episode, which the run counts). The run's API key, where it has one, is $MAXTEXT_AGENT_API_KEY.
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, this file's folder (the trainer's utils, whose modules share names with the standard
+# library's) heads sys.path: the environment's imports must not see it.
+if sys.path and sys.path[0] == __import__("os").path.dirname(__import__("os").path.abspath(__file__)):
+  del sys.path[0]
+
+import asyncio  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import os  # noqa: E402
+import traceback  # noqa: E402
+
+REFUSED = 2  # the exit status of an environment the run cannot train
+
+
+def load(env_id: str, args: str):
+  """The environment `env_id` names, loaded by verifiers with `args`; SystemExit(2) with one line where
+  it cannot be."""
+  try:
+    kwargs = json.loads(args)
+  except json.JSONDecodeError as e:
+    _refuse(f"environment.args={args}: not JSON ({e})")
+  if not isinstance(kwargs, dict):
+    _refuse(f"environment.args={args}: expected a JSON object of load_environment's keyword arguments")
+  if importlib.util.find_spec("verifiers") is None:
+    _refuse(f"environment.python={sys.executable}: verifiers is not installed there")
+  import verifiers as vf
+
+  module = env_id
+  if env_id.endswith(".py"):  # a file: importable by its name from its folder, as vf.load_environment imports
+    if not os.path.isfile(env_id):
+      _refuse(f"environment.id={env_id}: file not found")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(env_id)))
+    module = os.path.basename(env_id)[: -len(".py")]
+  try:
+    env = vf.load_environment(module, **kwargs)
+  except Exception as e:  # noqa: BLE001 (the user's code: whatever it raises is its refusal)
+    traceback.print_exc()
+    first = (str(e).splitlines() or [""])[0]
+    _refuse(f"environment.id={env_id}: load_environment({_shown(kwargs)}) failed: {type(e).__name__}: {first}")
+  if not isinstance(env, vf.Environment):
+    _refuse(
+      f"environment.id={env_id}: load_environment returned {type(env).__name__}; expected a verifiers Environment"
+    )
+  if env.requires_group_rollouts or env.provides_advantages:
+    _refuse(
+      f"environment.id={env_id}: its rubric scores a group of rollouts together (group reward functions, a "
+      "taskset's init_group or advantages of its own); the run scores each episode alone: not supported"
+    )
+  return env
+
+
+def _shown(kwargs: dict) -> str:
+  return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
+
+
+def _refuse(line: str):
+  print(line, file=sys.stderr, flush=True)
+  raise SystemExit(REFUSED)
+
+
+def _role(message) -> str | None:
+  return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
+
+
+def _text(content) -> str:
+  if isinstance(content, str):
+    return content
+  if isinstance(content, list):  # content parts
+    return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+  return "" if content is None else str(content)
+
+
+def dataset(env_id: str, args: str, out: str) -> None:
+  env = load(env_id, args)
+  try:
+    rows = env.get_dataset()
+  except Exception as e:  # noqa: BLE001
+    traceback.print_exc()
+    first = (str(e).splitlines() or [""])[0]
+    _refuse(f"environment.id={env_id}: its dataset does not load: {type(e).__name__}: {first}")
+  count = 0
+  with open(out, "w", encoding="utf-8") as f:
+    for row in rows:
+      row = dict(row)
+      prompt = row.get("prompt")
+      users = [_text(m.get("content")) for m in prompt if m.get("role") == "user"] if isinstance(prompt, list) else []
+      text = "\n".join(users) if users else _text(prompt)
+      answer = row.get("answer")
+      line = {"prompt": text, "answer": "" if answer is None else str(answer)}
+      line["verifiers_input"] = json.dumps(row, default=str)
+      f.write(json.dumps(line) + "\n")
+      count += 1
+  if not count:
+    _refuse(f"environment.id={env_id}: its dataset has no rows")
+  form = "v1" if type(env).__module__.startswith("verifiers.v1") else "legacy"
+  print(json.dumps({"rows": count, "class": type(env).__name__, "form": form, "tools": len(env.tool_defs or [])}))
+
+
+async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_s: float) -> None:
+  import httpx
+  import openai
+  from verifiers.clients import OpenAIChatCompletionsTokenClient
+
+  env = load(env_id, args)
+  key = os.environ.get("MAXTEXT_AGENT_API_KEY")
+  headers = {"Authorization": f"Bearer {key}"} if key else {}
+  slots = asyncio.Semaphore(concurrency)
+  running: set[asyncio.Task] = set()
+
+  async def play(http: httpx.AsyncClient, take: dict) -> None:
+    session = take["session"]
+    try:
+      row = json.loads(take["example"]["verifiers_input"])
+      client = openai.AsyncOpenAI(base_url=take["base_url"], api_key=key or "session", max_retries=0, timeout=timeout_s)
+      async with client:
+        out = await asyncio.wait_for(
+          env.run_rollout(row, OpenAIChatCompletionsTokenClient(client), take["model"], {}), timeout_s
+        )
+      reward, error = out.get("reward"), out.get("error")
+      replied = any(_role(m) == "assistant" for m in out.get("completion") or [])
+      body: dict[str, object]
+      if error:
+        body = {"error": f"the rollout ended with an error: {error}"}
+      elif out.get("is_truncated") and not replied:
+        body = {
+          "error": "verifiers ended the rollout as overlong before any reply: the server refused its first "
+          "prompt as past the context (raise max_prompt_length to the first prompt's tokens, tools included)"
+        }
+      elif isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+        body = {"error": f"the rubric gave {reward!r}; expected a finite float reward"}
+      else:
+        body = {"reward": float(reward)}
+    except TimeoutError:
+      body = {"error": f"the rollout ran past {timeout_s:g} s (rl.agent_timeout_s)"}
+    except Exception as e:  # noqa: BLE001 (the environment's code: its episode fails)
+      body = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
+    finally:
+      slots.release()
+    try:
+      await http.post(f"{base}/sessions/{session}/reward", json=body, headers=headers, timeout=30)
+    except httpx.HTTPError:
+      pass  # the run is gone, or the episode ended already: nothing to keep
+
+  async with httpx.AsyncClient() as http:
+    while True:
+      await slots.acquire()
+      try:
+        taken = await http.post(f"{base}/episodes/next", json={"wait_s": 10}, headers=headers, timeout=40)
+      except httpx.HTTPError:
+        slots.release()
+        await asyncio.sleep(1.0)
+        continue
+      if taken.status_code != 200:
+        slots.release()
+        if taken.status_code == 410:  # training is over
+          break
+        if taken.status_code != 204:
+          print(f"POST {base}/episodes/next: {taken.status_code} {taken.text}", file=sys.stderr, flush=True)
+          await asyncio.sleep(1.0)
+        continue
+      task = asyncio.create_task(play(http, taken.json()))
+      running.add(task)
+      task.add_done_callback(running.discard)
+    for task in list(running):
+      task.cancel()
+
+
+def main(argv: list[str]) -> None:
+  mode, env_id, args, *rest = argv
+  if mode == "dataset":
+    dataset(env_id, args, rest[0])
+  else:
+    base, concurrency, timeout_s = rest
+    asyncio.run(episodes(env_id, args, base, int(concurrency), float(timeout_s)))
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,101 @@
+"""rl.agent=verifiers on the trainer's side: a verifiers environment (environment.id, with environment.args)
+played in the interpreter environment.python names, by utils/verifiers_bridge.py run there as a script
+(verifiers pins packages the trainer's venv holds at other versions, so it never loads here).
+
+`prepare` runs the bridge's `dataset` mode before the model loads: the environment loads, and its dataset
+is written to a JSON-lines file (prompt, answer, verifiers_input) that becomes the run's data
+(`data_section`). `VerifiersEnv.start` runs its `episodes` mode once the policy is served: a process of the
+run's, killed with it, that takes the episodes from the hand-out API as a process of rl.agent=http does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+
+from maxtext.configs.sections import DataSection, EnvironmentSection
+from maxtext.utils import env_server, errors
+
+log = logging.getLogger(__name__)
+
+KEY = "rl.agent=verifiers"
+BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verifiers_bridge.py")
+KEY_ENV = "MAXTEXT_AGENT_API_KEY"  # how the bridge gets the run's API key (not in its argv, which ps shows)
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifiersEnv:
+  """A loaded verifiers environment: what names it, the file its dataset was written to and what the
+  bridge said of it (rows, class, form: legacy or v1, tools)."""
+
+  id: str
+  args: str
+  python: str
+  rows_path: str
+  described: dict
+
+  def data_section(self, data: DataSection) -> DataSection:
+    """The run's data: the environment's dataset, every row of it for training."""
+    return dataclasses.replace(
+      data, dataset_name=self.rows_path, prompt_column="prompt", answer_column="answer", train_fraction=1.0
+    )
+
+  def start(self, base: str, concurrency: int, timeout_s: float, api_key: str | None) -> env_server.Child:
+    """The bridge's episodes mode, taking episodes from the hand-out API at `base` (the server's URL)."""
+    env = dict(os.environ)
+    env.pop(KEY_ENV, None)
+    if api_key:
+      env[KEY_ENV] = api_key
+    argv = [self.python, BRIDGE, "episodes", self.id, self.args, base, str(concurrency), f"{timeout_s:g}"]
+    return env_server.Child(argv, "environment.python", env)
+
+  def close(self) -> None:
+    """Removes the dataset's file."""
+    try:
+      os.unlink(self.rows_path)
+    except FileNotFoundError:
+      pass
+
+
+def prepare(environment: EnvironmentSection, wait_s: float) -> VerifiersEnv:
+  """environment.id loaded by the bridge in environment.python (this interpreter where empty) within
+  `wait_s` (rl.agent_wait_s) and its dataset written; an InputError naming the key otherwise: the bridge's
+  own one line where it refused (not loaded, not an Environment, group-scored, no rows)."""
+  python = environment.python or sys.executable
+  fd, rows_path = tempfile.mkstemp(prefix="maxtext-verifiers-", suffix=".jsonl")
+  os.close(fd)
+  argv = [python, BRIDGE, "dataset", environment.id, environment.args, rows_path]
+  try:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s, stdin=subprocess.DEVNULL)
+  except FileNotFoundError:
+    os.unlink(rows_path)
+    raise errors.InputError(f"{KEY}: environment.python={python}: no such interpreter") from None
+  except subprocess.TimeoutExpired:
+    os.unlink(rows_path)
+    raise errors.InputError(
+      f"{KEY}: environment.id={environment.id} did not load within {wait_s:g} s (rl.agent_wait_s)"
+    ) from None
+  if done.returncode != 0:
+    os.unlink(rows_path)
+    lines = done.stderr.strip().splitlines()
+    if done.returncode == 2 and lines:  # the bridge's own refusal, its last line
+      raise errors.InputError(f"{KEY}: {lines[-1]}")
+    raise errors.InputError(
+      f"{KEY}: environment.python={python} could not run the bridge (exit {done.returncode}); its output ends:\n"
+      + "\n".join(lines[-20:])
+    )
+  described = json.loads(done.stdout.strip().splitlines()[-1])
+  log.info(
+    "rl.agent=verifiers: %s (%s, verifiers' %s form, %d tools): %d rows are the run's data",
+    environment.id,
+    described["class"],
+    described["form"],
+    described["tools"],
+    described["rows"],
+  )
+  return VerifiersEnv(environment.id, environment.args, python, rows_path, described)
