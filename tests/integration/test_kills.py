@@ -115,6 +115,8 @@ SPREAD_REWARD = (
 )
 
 
+@pytest.mark.slow  # two PPO runs and a kill (65 s); the fast suite keeps the critic's save and restore
+# (test_critic) and a killed GRPO run resuming exactly (above)
 def test_a_killed_ppo_run_resumes_its_critic_to_the_metrics_of_a_run_never_stopped(tmp_path, caplog):
   """PPO (one sample per prompt, two critic updates a step, one critic-only warmup step): killed with
   SIGKILL as soon as step 2's checkpoint lands, the rerun restores the critic with the actor and

@@ -18,6 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 
 import pytest
 
+from maxtext.configs.sections import TEMPLATE_DIR
+from maxtext.tasks import random_digit
 from maxtext.trainers.post_train.rl import train_rl
 
 COMMON = [
@@ -185,6 +187,47 @@ def test_agentic_grpo_learns_from_an_openenv_environment_and_its_reward_sign_set
   _check_learned(runs[1.0])
   assert runs[-1.0]["sampled"][-1] <= runs[-1.0]["sampled"][0]
   assert runs[1.0]["sampled"][-1] > runs[-1.0]["sampled"][-1] + 0.3
+
+
+def _sampled(folder, mode: list[str]) -> list[float]:
+  """One train_rl run without evaluation: the share of sampled replies that start with a digit, per step."""
+  common = [a for a in COMMON if not a.startswith(("eval_", "num_test_batches="))]
+  assert train_rl.main(["train_rl", "rl.yml", *common, f"base_output_directory={folder}", *mode, "run_name=run"]) == 0
+  rows = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
+  return [abs(r["rewards/mean"]) for r in rows]
+
+
+@pytest.mark.slow
+def test_agentic_grpo_learns_from_a_verifiers_environment_and_its_reward_sign_sets_the_direction(
+  tmp_path, verifiers_python
+):
+  """The random_digit rule as a verifiers SingleTurnEnv (tests/environments/verifiers_digit.py, written with
+  verifiers' API and played in its own venv: rl.agent=verifiers): its dataset is the run's data and its
+  rubric the reward, which makes sampled replies start with a digit; with the rubric negated
+  (its argument sign=-1) the same run moves the other way. (The run's held-out evaluation is
+  refused with a verifiers environment, so the sampled share is the measure.)"""
+  env = os.path.join(os.path.dirname(__file__), "..", "environments", "verifiers_digit.py")
+  with open(os.path.join(TEMPLATE_DIR, "random_digit.json"), encoding="utf-8") as f:
+    system_prompt = json.load(f)["SYSTEM_PROMPT"]  # the random_digit task's prompts, as the other runs here
+  runs = {}
+  for sign in (1.0, -1.0):
+    folder = tmp_path / f"sign{sign:+.0f}"
+    folder.mkdir()
+    mode = [
+      "rl.use_agentic_rollout=true",
+      "rl.max_concurrency=32",
+      "num_test_batches=0",  # refused with a verifiers environment: the sampled share is the measure
+      "rl.agent=verifiers",
+      f"environment.id={env}",
+      "environment.args=" + json.dumps({"prompts": random_digit.TRAIN, "system_prompt": system_prompt, "sign": sign}),
+      f"environment.python={verifiers_python}",
+    ]
+    runs[sign] = _in_fresh_process(_sampled, folder, mode)
+  print(f"verifiers: sampled digit replies per step: rewarded {runs[1.0]}, penalised {runs[-1.0]}")
+  # Measured: rewarded 0.19, 0.97, 1.0; negated 0.19, 0.0, 0.0 (1:50 for both runs)
+  assert runs[1.0][-1] > runs[1.0][0] + 0.3  # the reward curve rises
+  assert runs[-1.0][-1] <= runs[-1.0][0]
+  assert runs[1.0][-1] > runs[-1.0][-1] + 0.3
 
 
 # Measured: sampled digit replies per step 0.06, 0.88, 0.97 (greedy 0.0 -> 1.0); negated 0.06, 0.0, 0.0

@@ -231,6 +231,9 @@ def _drive_mixed(base: str, done: threading.Event, seen: dict) -> None:
     httpx.post(url, json={"reward": float(reply.usage.completion_tokens)}, timeout=30).raise_for_status()
 
 
+@pytest.mark.slow  # a training run (45 s); the fast suite keeps failed episodes in a group (the mixed-group test
+# above), the hand-out API's posted errors and timeouts (test_episode_handouts) and the verifiers bridge's
+# failed episodes over it (test_verifiers_env)
 def test_over_http_a_group_with_a_failed_episode_trains(tmp_path):
   """rl.agent=http in this process, a thread of the test as the user's process: one episode of every
   group fails before its first call (an error posted, or taken by a process that dies), and the run

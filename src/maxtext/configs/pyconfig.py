@@ -137,14 +137,15 @@ class _Merger:
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
-  """key=value strings -> {dotted key: YAML-parsed scalar}."""
+  """key=value strings -> {dotted key: YAML-parsed scalar}; a value written as {...} stays its text (no
+  key takes a mapping; environment.args takes a JSON object as text)."""
   out = {}
   for arg in args:
     key, sep, raw = arg.partition("=")
     if not sep or not key:
       raise ConfigError(f"{arg!r}: expected key=value")
     try:
-      value = yaml.safe_load(raw) if raw != "" else ""
+      value = raw if raw.lstrip().startswith("{") else yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
       value = raw
     out[key.strip()] = value

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 
 from maxtext.configs.sections import DataSection, EnvironmentSection
 from maxtext.utils import env_server, errors
@@ -45,6 +46,22 @@ class VerifiersEnv:
       data, dataset_name=self.rows_path, prompt_column="prompt", answer_column="answer", train_fraction=1.0
     )
 
+  def first_prompt_renderer(self, parser) -> Callable[[str], str]:
+    """A row's prompt text -> its own messages (the environment's system prompt and few-shot turns
+    among them) as `parser` (the run's chat parser) renders a first prompt, which max_prompt_length
+    bounds; its tools' descriptions are not counted here (the session's first call is checked with them)."""
+    opening: dict[str, list[dict]] = {}
+    with open(self.rows_path, encoding="utf-8") as f:
+      for line in f:
+        row = json.loads(line)
+        messages = json.loads(row["verifiers_input"]).get("prompt")
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+          turns = [{"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in messages]
+          opening.setdefault(row["prompt"], turns)
+    return lambda user: parser.parse(
+      opening.get(user) or [{"role": "user", "content": user}], add_generation_prompt=True, is_first_msg=True
+    )
+
   def start(self, base: str, concurrency: int, timeout_s: float, api_key: str | None) -> env_server.Child:
     """The bridge's episodes mode, taking episodes from the hand-out API at `base` (the server's URL)."""
     env = dict(os.environ)
@@ -60,6 +77,12 @@ class VerifiersEnv:
       os.unlink(self.rows_path)
     except FileNotFoundError:
       pass
+
+
+def _text(content) -> str:
+  if isinstance(content, list):  # content parts
+    return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+  return "" if content is None else str(content)
 
 
 def prepare(environment: EnvironmentSection, wait_s: float) -> VerifiersEnv:

@@ -103,7 +103,11 @@ class TrainingRun:
     render, agentic_parts = None, None
     if agentic:
       agentic_parts = (chat_parser.for_config(cfg.agentic, template), tools.tool_map(cfg.tools))
-      render = trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
+      render = (
+        verifiers.first_prompt_renderer(agentic_parts[0])
+        if verifiers
+        else trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
+      )
     training = examples.training(render)
     reward_set.check_fields(training[0])  # a reward function's parameter the data lacks fails before the model
     self.train_ds, reserve_ds = _batches(cfg, data, training)
