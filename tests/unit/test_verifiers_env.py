@@ -188,7 +188,7 @@ def test_what_cannot_train_is_refused_at_start_in_one_line(verifiers_python, tmp
   assert "expected num_test_batches=0" in config_refusal(f"environment.id={_env('v1')}", "num_test_batches=1")
   given = ["t", "rl.yml", "rl.use_agentic_rollout=true", "rl.agent=verifiers", f"environment.id={_env('v1')}"]
   cfg = pyconfig.initialize([*given, 'environment.args={"sign": -1}', "num_test_batches=0"])
-  assert cfg.environment.args == '{"sign": -1}'  # a JSON object on the command line stays its text
+  assert cfg.environment.args == '{"sign": -1}'  # a JSON object on the command line, as its JSON text
 
 
 def test_a_rollout_that_raises_or_hangs_is_a_failed_episode(arena, tmp_path):

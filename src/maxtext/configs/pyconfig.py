@@ -9,6 +9,7 @@ one-item list).
 from __future__ import annotations
 
 import difflib
+import json
 import logging
 import os
 from typing import Any
@@ -67,10 +68,15 @@ def _type_name(value: Any) -> str:
   return {bool: "bool", int: "int", float: "float", str: "string", list: "list"}.get(type(value), type(value).__name__)
 
 
+_JSON_OBJECT_KEYS = frozenset(sections.json_object_keys())
+
+
 def _check_value(key: str, value: Any, default: Any, source: str) -> Any:
   """The value if it fits the default's type (ints widen to float); else a ConfigError."""
   if default is None or value is None:
     return value
+  if isinstance(default, str) and isinstance(value, dict) and key in _JSON_OBJECT_KEYS:
+    return json.dumps(value)  # a JSON object's key given a mapping (JSON on the command line is YAML too)
   if isinstance(default, bool):
     ok = isinstance(value, bool)
   elif isinstance(default, float):
@@ -137,15 +143,14 @@ class _Merger:
 
 
 def parse_overrides(args: list[str]) -> dict[str, Any]:
-  """key=value strings -> {dotted key: YAML-parsed scalar}; a value written as {...} stays its text (no
-  key takes a mapping; environment.args takes a JSON object as text)."""
+  """key=value strings -> {dotted key: YAML-parsed scalar}."""
   out = {}
   for arg in args:
     key, sep, raw = arg.partition("=")
     if not sep or not key:
       raise ConfigError(f"{arg!r}: expected key=value")
     try:
-      value = raw if raw.lstrip().startswith("{") else yaml.safe_load(raw) if raw != "" else ""
+      value = yaml.safe_load(raw) if raw != "" else ""
     except yaml.YAMLError:
       value = raw
     out[key.strip()] = value

@@ -163,14 +163,19 @@ def key(
   applies: tuple[When, ...] = (),
   path: PathKind | None = None,
   secret: bool = False,
+  json_object: bool = False,
 ) -> dict[str, Any]:
   """A field's metadata (`dataclasses.field(metadata=key(...))`): `doc`, what the key means (the text
   `--help` and docs/configuration.md's reference show); `name`, its YAML key after the section's PREFIX
   where that is not the field's name; `bounds`, the values it takes; `applies`, the conditions under
   which the run reads the key, the first that fails giving the reason it is ignored; `path`, what the
   file or folder the key names is to the run (a local path or gs://, checked at start); `secret`, a
-  value never written down (config.yml and W&B get SECRET_WRITTEN in its place: RunConfig.public)."""
+  value never written down (config.yml and W&B get SECRET_WRITTEN in its place: RunConfig.public);
+  `json_object`, a string key holding a JSON object, which a mapping given for it (YAML's, or JSON on
+  the command line) is written as."""
   out: dict[str, Any] = {"doc": doc, "applies": applies, "bounds": bounds, "path": path, "secret": secret}
+  if json_object:
+    out["json_object"] = True
   if name is not None:
     out["key"] = name
   return out
@@ -1275,6 +1280,7 @@ class EnvironmentSection:
       "rl.agent=verifiers: load_environment's keyword arguments as a JSON object (a v1 environment's as "
       '{"config": {...}}).',
       applies=(AGENTIC, VERIFIERS),
+      json_object=True,
     )
   )
   python: str = dataclasses.field(
@@ -1437,6 +1443,11 @@ def key_problem(dotted: str, value: Any) -> str | None:
 def path_keys(*kinds: PathKind) -> tuple[str, ...]:
   """The dotted keys that name a file or folder of one of `kinds` (every kind where none is given)."""
   return tuple(dotted for dotted, f in _fields() if f.metadata.get("path") in (kinds or typing.get_args(PathKind)))
+
+
+def json_object_keys() -> tuple[str, ...]:
+  """The dotted string keys that hold a JSON object (key's json_object)."""
+  return tuple(dotted for dotted, f in _fields() if f.metadata.get("json_object"))
 
 
 def keys_only_under(when: When) -> tuple[str, ...]:
