@@ -317,7 +317,10 @@ def test_an_agent_that_is_not_the_form_we_take_is_refused_naming_it(tmp_path, te
 @pytest.mark.parametrize(
   "extra, expected",
   [
-    (["rl.agent=agent.txt"], "expected PATH.py:NAME, a Python file and the async function in it, http, openenv or verifiers"),
+    (
+      ["rl.agent=agent.txt"],
+      "expected PATH.py:NAME, a Python file and the async function in it, http, openenv or verifiers",
+    ),
     (["rl.agent=missing.py:run"], "missing.py: file not found"),
     (["rl.agent={path}:run", "rollout_engine=vanilla"], "expected rollout_engine=batched"),
     (["rl.agent={path}:run", "rl.tools=[calculator]"], "expected rl.tools=[] and rl.tools_path empty"),

@@ -78,7 +78,7 @@ def test_the_run_s_own_agent_worker_sends_the_key(guarded, tmp_path):
   reward = handouts.hand_out(session, {"messages": ASK["messages"]}, 30.0, "rl.agent_timeout_s=30")
   take = handouts.claim(session, base)
   agent_runner.episode_runner(str(tmp_path / "agent.py"), "solve", KEY)(take, 30.0)
-  assert reward.result(timeout=5) == 1.0
+  assert reward.result(timeout=5).reward == 1.0
   without = handouts.hand_out(other := server.open_session(), {"messages": ASK["messages"]}, 30.0, "limit")
   with pytest.raises(openai.AuthenticationError):
     agent_runner.episode_runner(str(tmp_path / "agent.py"), "solve")(handouts.claim(other, base), 30.0)

@@ -13,7 +13,7 @@ import pytest
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
-from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
+from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts, Posted
 from tests.unit.test_openai_server import _ScriptedBatcher
 
 EXAMPLE = {"question": "What is 2 + 3?", "answer": "5", "messages": [{"role": "user", "content": "What is 2 + 3?"}]}
@@ -49,11 +49,24 @@ def test_a_process_takes_an_episode_talks_to_its_session_and_posts_the_reward(ha
   assert call.finish_reason == "stop"
   assert not reward.done()
   posted = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 0.75}, timeout=30)
-  assert posted.status_code == 200 and reward.result(timeout=5) == 0.75
+  assert posted.status_code == 200 and reward.result(timeout=5) == Posted(0.75)
   again = httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 1.0}, timeout=30)
   assert again.status_code == 410 and "has ended" in again.json()["error"]["message"]
   unknown = httpx.post(f"{base}/sessions/nosuch/reward", json={"reward": 1.0}, timeout=30)
   assert unknown.status_code == 404 and "not an episode taken" in unknown.json()["error"]["message"]
+
+
+def test_fields_posted_with_the_reward_are_the_reward_functions_and_must_be_an_object(handouts):
+  server, episodes, base = handouts
+  session = server.open_session()
+  posted = episodes.hand_out(session, EXAMPLE, 30.0, "limit")
+  assert _take(base).json()["session"] == session
+  url = f"{base}/sessions/{session}/reward"
+  refused = httpx.post(url, json={"reward": None, "fields": [0.5]}, timeout=30)
+  assert refused.status_code == 400 and "fields" in refused.json()["error"]["message"]
+  body = {"reward": None, "fields": {"env_reward": 0.5, "task": "t"}}
+  assert httpx.post(url, json=body, timeout=30).status_code == 200
+  assert posted.result(timeout=5) == Posted(None, {"env_reward": 0.5, "task": "t"})
 
 
 def test_no_reward_lets_the_reward_functions_judge_and_episodes_go_in_arrival_order(handouts):
@@ -63,7 +76,7 @@ def test_no_reward_lets_the_reward_functions_judge_and_episodes_go_in_arrival_or
   assert [_take(base).json()["example"]["n"] for _ in range(2)] == [0, 1]
   assert httpx.post(f"{base}/sessions/{second}/reward", json={}, timeout=30).status_code == 200
   assert httpx.post(f"{base}/sessions/{first}/reward", json={"reward": None}, timeout=30).status_code == 200
-  assert [f.result(timeout=5) for f in futures] == [None, None]
+  assert [f.result(timeout=5) for f in futures] == [Posted(None)] * 2
 
 
 def test_an_error_posted_or_no_reward_in_time_fails_the_episode(handouts):
@@ -98,7 +111,7 @@ def test_bad_rewards_are_refused_and_nothing_waiting_answers_204(handouts):
     assert answer.status_code == 400 and answer.json()["error"]["type"] == "BadRequestError", bad
   assert not reward.done()  # still open: a good post ends it
   assert httpx.post(f"{base}/sessions/{session}/reward", json={"reward": 2}, timeout=30).status_code == 200
-  assert reward.result(timeout=5) == 2.0
+  assert reward.result(timeout=5) == Posted(2.0)
 
 
 def test_when_training_ends_episodes_are_cancelled_and_waiting_processes_told(handouts):
@@ -187,9 +200,9 @@ def test_a_claimed_episode_is_run_by_the_agent_runner_which_posts_its_reward_ove
   }
   assert _take(base, wait_s=0.2).status_code == 204  # claimed: no process asking gets it
   run(take, 30.0)
-  assert reward.result(timeout=5) == 1.0 and len(server.session(session).calls) == 1
+  assert reward.result(timeout=5) == Posted(1.0) and len(server.session(session).calls) == 1
   episodes.fail(session, "too late")  # it has ended: nothing changes
-  assert reward.result() == 1.0
+  assert reward.result() == Posted(1.0)
 
 
 def test_a_claimed_episode_fails_with_why_where_its_worker_gives_no_reward(handouts, tmp_path):
@@ -278,7 +291,7 @@ def test_the_run_s_workers_take_episodes_through_the_handouts_and_a_worker_s_fau
   finally:
     episodes.close()
     server.stop()
-  assert ok == 1.0
+  assert ok == Posted(1.0)
   assert raised.startswith("ValueError: planned") and "Traceback" in raised
   assert "exit" in died.lower() or "signal" in died.lower(), died
   assert "rl.agent_timeout_s=8" in hung, hung

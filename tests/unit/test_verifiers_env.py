@@ -59,7 +59,7 @@ class _Arena:
       session, self.rows[row], self.timeout_s + 30, f"rl.agent_timeout_s={self.timeout_s:g}"
     )
     try:
-      outcome = future.result(timeout=self.timeout_s + 60)
+      outcome = future.result(timeout=self.timeout_s + 60).reward
     except EpisodeFailed as failed:
       outcome = failed
     return outcome, self.server.session(session).calls

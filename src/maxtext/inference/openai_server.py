@@ -177,6 +177,7 @@ class TokenizeRequest(pydantic.BaseModel):
   model: str | None = None
   prompt: str | None = None
   messages: list[dict[str, Any]] | None = None
+  tools: list[dict[str, Any]] | None = None  # with messages: rendered as a chat request's tools are
   add_special_tokens: bool | None = None
   add_generation_prompt: bool = True
 
@@ -184,6 +185,7 @@ class TokenizeRequest(pydantic.BaseModel):
 class DetokenizeRequest(pydantic.BaseModel):
   model: str | None = None
   tokens: list[int]
+  skip_special_tokens: bool = False  # as the tokenizer's decode takes it (an extension of vLLM's route)
 
 
 @dataclasses.dataclass
@@ -818,7 +820,12 @@ class OpenAIServer:
       raise ApiError(400, "give exactly one of prompt and messages", "prompt")
     if body.messages is not None:
       data = TextAsData(self.tokenizer)
-      ids = data.encode(self._whole(data, body.messages, None, self._messages(body, None), body.add_generation_prompt))
+      for i, tool in enumerate(body.tools or []):
+        _check_tool(i, tool)
+      tools = body.tools or None
+      ids = data.encode(
+        self._whole(data, body.messages, tools, self._messages(body, tools), body.add_generation_prompt)
+      )
       bos = self.tokenizer.bos_token_id
       if body.add_special_tokens and bos is not None and ids[:1] != [bos]:
         ids = [bos, *ids]
@@ -831,7 +838,7 @@ class OpenAIServer:
     self._check_model(body.model)
     if any(not 0 <= t < len(self.tokenizer) for t in body.tokens):
       raise ApiError(400, f"token ids must be from 0 to {len(self.tokenizer) - 1}", "tokens")
-    return {"prompt": self.tokenizer.decode(body.tokens)}
+    return {"prompt": self.tokenizer.decode(body.tokens, skip_special_tokens=body.skip_special_tokens)}
 
   def _build_app(self) -> fastapi.FastAPI:
     app = fastapi.FastAPI(title="maxtext OpenAI-compatible server")

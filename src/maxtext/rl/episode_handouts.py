@@ -7,11 +7,13 @@ endpoint and posts the reward. Routes added to the OpenAIServer that serves the 
   model id to ask for and the example's fields; 204 when none was ready within wait_s (at most 60),
   410 once training has ended;
 - POST /sessions/ID/reward {"reward": 1.0} ends the episode: a finite number is its reward, null (or no
-  reward) lets the run's reward functions judge its last reply, {"error": "..."} fails it; 410 for an
+  reward) lets the run's reward functions judge its last reply (`fields`, a JSON object, adds to the
+  example's fields what they get), {"error": "..."} fails it; 410 for an
   episode that was taken and has ended without it (cancelled, or past its time limit), 404 for a
   session that is no episode taken.
 
-Each handout (`hand_out`) is a Future that resolves to the posted reward, or fails with
+Each handout (`hand_out`) is a Future that resolves to what was posted (`Posted`: the reward, and the
+fields a TRL rollout_func returned besides its ids), or fails with
 EpisodeFailed: an error posted, or no reward within the episode's time limit of its being taken. The
 run's own agent processes (rl.agent=FILE:FN) are handed theirs by `claim` (the episode of a named
 session, as /episodes/next gives it) and post rewards to the same route; where one raises or dies the
@@ -62,10 +64,13 @@ FLOAT32_MAX = 3.4028234663852886e38
 
 
 class RewardRequest(pydantic.BaseModel):
-  """A reward: a number a float32 holds (a boolean is no reward), or null; or an error."""
+  """A reward: a number a float32 holds (a boolean is no reward), or null; or an error. `fields`: the
+  episode's fields the run's reward functions get besides the example's (a TRL rollout_func's extra
+  fields), where they judge it."""
 
   reward: float | None = pydantic.Field(None, allow_inf_nan=False, ge=-FLOAT32_MAX, le=FLOAT32_MAX)
   error: str | None = None
+  fields: dict[str, Any] | None = None  # more of the episode's fields, for the run's reward functions
 
   @pydantic.field_validator("reward", mode="before")
   @classmethod
@@ -73,6 +78,15 @@ class RewardRequest(pydantic.BaseModel):
     if isinstance(value, bool):
       raise ValueError("a reward is a number, not a boolean")
     return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Posted:
+  """What the process posted for an episode: its reward (None: the run's reward functions judge) and
+  the fields those functions get besides the example's."""
+
+  reward: float | None
+  fields: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -147,7 +161,7 @@ class EpisodeHandouts:
         )
 
   def hand_out(self, session: str, example: dict, timeout_s: float, limit: str) -> concurrent.futures.Future:
-    """Queues an episode of `session`; a Future of its reward (a float or None), or EpisodeFailed."""
+    """Queues an episode of `session`; a Future of what is posted for it (Posted), or EpisodeFailed."""
     handout = _Handout(session, example, timeout_s, limit)
     with self._lock:
       if self._closed:
@@ -213,7 +227,7 @@ class EpisodeHandouts:
   def _expire(self, handout: _Handout) -> None:
     self._end(handout.session, EpisodeFailed(f"no reward posted within {handout.limit} s of taking the episode"))
 
-  def _end(self, session: str, outcome: float | None | EpisodeFailed) -> str:
+  def _end(self, session: str, outcome: Posted | EpisodeFailed) -> str:
     """Resolves a taken episode: "ended", or "gone" where it ended before (cancelled, or past its
     limit), "unknown" where `session` is no episode taken."""
     with self._lock:
@@ -243,7 +257,11 @@ class EpisodeHandouts:
       await asyncio.sleep(0.02)
 
   def _reward(self, session_id: str, body: RewardRequest):
-    outcome = EpisodeFailed(f"its process posted an error: {body.error}") if body.error is not None else body.reward
+    outcome = (
+      EpisodeFailed(f"its process posted an error: {body.error}")
+      if body.error is not None
+      else Posted(body.reward, body.fields or {})
+    )
     ended = self._end(session_id, outcome)
     if ended == "gone":
       raise ApiError(410, f"episode {session_id!r} has ended (cancelled, or past its time limit): no reward is taken")

@@ -567,11 +567,13 @@ class AgenticGRPOLearner(LearnerWiring, agentic_grpo_learner.GRPOLearner):
   def _rewards(self, episodes: list[Episode], step: int) -> np.ndarray:
     """The group's rewards: the reward manager judges each episode's completion (every assistant
     turn's text joined; a user agent's last reply) given the prompt's other fields and the
-    environments' own rewards as keyword arguments, as Tunix's scoring calls it (its log_metrics are
+    environments' own rewards and the fields a user agent posted as keyword arguments, as Tunix's
+    scoring calls it (its log_metrics are
     logged at `step`), or where a user agent returned one its own. A failed episode's reward is its
     group's others' mean, so it does not move their baseline (an unscored sample's rule)."""
     completions = [_completion(e) for e in episodes]
-    inputs = rl_utils.merge_micro_batches([e.example for e in episodes])
+    named = {k for e in episodes for k in e.example}  # a field posted for some episodes only is None for the rest
+    inputs = rl_utils.merge_micro_batches([{**dict.fromkeys(named, [None]), **e.example} for e in episodes])
     kwargs = {k: v for k, v in inputs.items() if k != "prompts"}
     kwargs["trajectory_rewards"] = [e.trajectory_reward for e in episodes]
     own = [e.reward for e in episodes]

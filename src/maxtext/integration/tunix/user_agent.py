@@ -49,7 +49,7 @@ from maxtext.inference.sessions import SessionSampling
 from maxtext.input_pipeline.text_as_data import TextAsData
 from maxtext.rl import session_stitching
 from maxtext.rl.episode import Calls, Episode
-from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
+from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts, Posted
 from maxtext.rl.prompt_feed import ROUND, SLOT
 from maxtext.utils import (
   agent_runner,
@@ -57,6 +57,7 @@ from maxtext.utils import (
   environment_agent,
   errors,
   openenv_agent,
+  trl_rollout,
   user_code,
   verifiers_env,
   worker_pool,
@@ -67,7 +68,10 @@ log = logging.getLogger(__name__)
 KEY = agent_runner.KEY
 LIMIT = "rl.agent_timeout_s={:g}"
 FORM = (
-  "expected `async def NAME(client, model, example)` returning a float reward or None, or " + environment_agent.FORM
+  "expected `async def NAME(client, model, example)` returning a float reward or None, "
+  + environment_agent.FORM
+  + ", "
+  + trl_rollout.FORM
 )
 
 
@@ -90,6 +94,7 @@ class UserAgent:
   openenv: openenv_agent.OpenEnv | None = None
   server: env_server.EnvServer | None = dataclasses.field(default=None, compare=False)
   verifiers: verifiers_env.VerifiersEnv | None = None
+  rollout_args: dict | None = dataclasses.field(default=None, compare=False)  # a TRL rollout_func's trainer.args
 
   @property
   def over_http(self) -> bool:
@@ -113,7 +118,9 @@ class UserAgent:
   def workers(self) -> worker_pool.WorkerPool:
     """The worker processes that run the agent's function, each episode in one (not with http)."""
     return worker_pool.WorkerPool(
-      functools.partial(agent_runner.episode_runner, self.path, self.name, self.api_key, self.openenv),
+      functools.partial(
+        agent_runner.episode_runner, self.path, self.name, self.api_key, self.openenv, self.rollout_args
+      ),
       self.timeout_s,
       LIMIT.format(self.timeout_s),
       preload=agent_runner.PRELOAD,  # workers forked with the client imported: milliseconds, not seconds
@@ -132,14 +139,17 @@ class UserAgent:
       pool.close()
 
 
-def load(section: AgentSection, environment: EnvironmentSection | None = None) -> UserAgent:
+def load(
+  section: AgentSection, environment: EnvironmentSection | None = None, rollout_args: dict | None = None
+) -> UserAgent:
   """rl.agent checked here, before the model loads: the openai package is installed, the file runs,
   defines NAME, an async function taking (client, model, example) or a TRL environment class
   (utils/environment_agent.check: reset, and tool methods with schemas); with openenv, `environment`'s
   server (started here from environment.command, waiting rl.agent_wait_s for it) answers as an OpenEnv
   server whose action a reply can fill (openenv_agent.describe); with verifiers, `environment`'s
   environment loads in environment.python and its dataset is written (verifiers_env.prepare); an
-  InputError naming the key otherwise. http needs no file."""
+  InputError naming the key otherwise. http needs no file. NAME may also be a TRL rollout_func
+  (utils/trl_rollout.py), whose trainer.args are `rollout_args`."""
   limits = (
     section.agent_timeout_s,
     section.agent_max_failures,
@@ -173,6 +183,8 @@ def load(section: AgentSection, environment: EnvironmentSection | None = None) -
     except ValueError as e:
       raise errors.InputError(str(e)) from None
     return UserAgent(path, name, *limits)
+  if trl_rollout.is_rollout_func(fn):
+    return dataclasses.replace(UserAgent(path, name, *limits), rollout_args=rollout_args)
   if not inspect.iscoroutinefunction(fn):
     raise errors.InputError(f"{where}: {name} is not an async function; {FORM}")
   try:
@@ -300,12 +312,12 @@ class Episodes:
         self.prompt_budget,
       )
 
-  async def run(self, session: str, example: dict) -> float | None:
+  async def run(self, session: str, example: dict) -> Posted:
     """One episode on `session`, handed out (rl/episode_handouts.py): to the process that takes it
     over HTTP, or claimed for a worker of the agent's function, which posts its reward as such a
-    process does (where it raises, runs past its limit or dies, the episode fails with why); its
-    reward (None: the reward functions judge). EpisodeFailed, or a CancelledError once training is
-    over."""
+    process does (where it raises, runs past its limit or dies, the episode fails with why); what
+    it posted (its reward, None where the reward functions judge, and their fields). EpisodeFailed,
+    or a CancelledError once training is over."""
     assert self.handouts is not None
     limit = LIMIT.format(self.agent.timeout_s)
     future = self.handouts.hand_out(session, example, self.agent.timeout_s, limit)
@@ -395,11 +407,11 @@ class AgentEpisode:
     e = self._episodes
     task = self.env.task
     session_id = e.server.open_session(e.sampling(self.env))
-    failure, reward = None, None
+    failure, posted = None, Posted(None)
     loop = asyncio.get_running_loop()
     example = example_of(task, e.opening)
     try:
-      reward = await e.run(session_id, example)
+      posted = await e.run(session_id, example)
     except EpisodeFailed as failed:
       failure = str(failed)
     finally:
@@ -410,17 +422,16 @@ class AgentEpisode:
     stitched = session_stitching.stitch(calls, e.budget) if calls else None
     if stitched is not None:
       e.first_prompt(len(stitched.prompt))
-    episode = self._episode(stitched, calls, example, reward)
+    episode = self._episode(stitched, calls, example, posted)
     if failure is not None:
       episode = episode.failing(failure)
       e.count(failure)
     return episode
 
-  def _episode(
-    self, stitched: session_stitching.Stitched | None, calls, example: dict, reward: float | None
-  ) -> Episode:
+  def _episode(self, stitched: session_stitching.Stitched | None, calls, example: dict, posted: Posted) -> Episode:
     """The episode's record; its conversation is the last trained call's messages and reply (a
-    completions call's: the example's messages and the last reply's text)."""
+    completions call's: the example's messages and the last reply's text); its example the prompt's
+    with the posted fields (each a batch of one, as the prompt's are)."""
     e = self._episodes
     if stitched is None:  # no call: the example's messages as a first call would be rendered
       data = TextAsData(e.server.tokenizer)
@@ -442,9 +453,9 @@ class AgentEpisode:
       versions=stitched.versions,
       version=stitched.version if stitched.version is not None else e.version(),
       conversation=conversation,
-      example=self.env.task,
+      example={**self.env.task, **{k: [v] for k, v in posted.fields.items() if k not in _INTERNAL}},
       group_id=self.env.extra_kwargs.get("group_id"),
-      reward=reward,
+      reward=posted.reward,
       calls=stitched.counts,
     )
 

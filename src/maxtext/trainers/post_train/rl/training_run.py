@@ -72,8 +72,15 @@ class TrainingRun:
   def __init__(self, cfg: RunConfig):
     agentic = cfg.agentic.use_agentic_rollout
     distributed.initialize()  # before anything asks JAX about its devices
+    rollout_args = {  # what a TRL rollout_func reads of its trainer's args
+      "num_generations": cfg.algorithm.num_generations,
+      "max_completion_length": cfg.sampling.max_response_length,
+      "temperature": cfg.sampling.decode_sampling_temperature,
+      "top_p": cfg.sampling.decode_sampling_top_p,
+      "top_k": cfg.sampling.decode_sampling_top_k,
+    }
     self._user_agent = (
-      user_agent.load(cfg.agent, cfg.environment) if agentic and cfg.agent.agent else None
+      user_agent.load(cfg.agent, cfg.environment, rollout_args) if agentic and cfg.agent.agent else None
     )  # the agent's file fails fast
     verifiers = self._user_agent.verifiers if self._user_agent else None
     data = verifiers.data_section(cfg.data) if verifiers else cfg.data  # a verifiers environment's dataset
@@ -109,7 +116,8 @@ class TrainingRun:
         else trajectories.first_prompt_renderer(cfg.tools, *agentic_parts)
       )
     training = examples.training(render)
-    reward_set.check_fields(training[0])  # a reward function's parameter the data lacks fails before the model
+    if not (self._user_agent and self._user_agent.rollout_args is not None):  # a rollout_func posts more fields
+      reward_set.check_fields(training[0])  # a reward function's parameter the data lacks fails before the model
     self.train_ds, reserve_ds = _batches(cfg, data, training)
     evaluations = cfg.eval
     self.eval_examples = (
