@@ -21,6 +21,20 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/jax_cac
 xla_flags.use_sequential_cpu_scheduler()  # as the command-line programs do, before JAX starts
 
 
+# A tiny agentic GRPO run of one step: two prompts, two episodes each (the user-agent tests' command).
+TINY_AGENTIC = [
+  "train_rl",
+  "rl.yml",
+  "model_name=qwen3-tiny",
+  "rl.use_agentic_rollout=true",
+  "num_batches=1",
+  "batch_size=2",
+  "rl.num_generations=2",
+  "max_response_length=8",
+  "num_test_batches=0",
+]
+
+
 def make_config(*overrides, yaml="rl.yml"):
   return pyconfig.initialize(["train_rl", yaml, *overrides])
 

@@ -20,6 +20,7 @@ from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import env_server, errors, openenv_agent
+from tests.conftest import TINY_AGENTIC
 from tests.unit.test_openai_server import scripted_server
 
 ENV = os.path.join(os.path.dirname(__file__), "..", "environments", "openenv_word.py")
@@ -149,15 +150,7 @@ def test_an_action_that_a_reply_cannot_fill_is_refused(word_env):
 
 def _run(tmp_path, name, command, *overrides):
   args = [
-    "train_rl",
-    "rl.yml",
-    "model_name=qwen3-tiny",
-    "rl.use_agentic_rollout=true",
-    "num_batches=1",
-    "batch_size=2",
-    "rl.num_generations=2",
-    "max_response_length=8",
-    "num_test_batches=0",
+    *TINY_AGENTIC,
     "rl.agent=openenv",
     f"environment.command={command}",
     f"base_output_directory={tmp_path}",

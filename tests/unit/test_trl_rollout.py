@@ -12,6 +12,7 @@ from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import trl_rollout
+from tests.conftest import TINY_AGENTIC
 from tests.unit.test_openai_server import _ScriptedBatcher
 
 SAMPLING = {"num_generations": 2, "max_completion_length": 8, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
@@ -100,15 +101,7 @@ def test_agentic_grpo_trains_a_rollout_func_its_fields_reaching_the_reward_funct
   (tmp_path / "rollout.py").write_text(ROLLOUT)
   (tmp_path / "reward.py").write_text(REWARD)
   args = [
-    "train_rl",
-    "rl.yml",
-    "model_name=qwen3-tiny",
-    "rl.use_agentic_rollout=true",
-    "num_batches=1",
-    "batch_size=2",
-    "rl.num_generations=2",
-    "max_response_length=8",
-    "num_test_batches=0",
+    *TINY_AGENTIC,
     f"rl.agent={tmp_path / 'rollout.py'}:rollout_func",
     f"reward_functions_path={tmp_path / 'reward.py'}",
     "reward_functions=[reward_from_env]",

@@ -21,6 +21,7 @@ from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import errors, verifiers_env
+from tests.conftest import TINY_AGENTIC
 from tests.unit.test_openai_server import _ScriptedBatcher
 
 ENVS = os.path.join(os.path.dirname(__file__), "..", "environments")
@@ -172,7 +173,6 @@ def test_what_cannot_train_is_refused_at_start_in_one_line(verifiers_python, tmp
     "  return vf.SingleTurnEnv(dataset=ds, rubric=vf.Rubric(funcs=[best]))\n"
   )
   assert "scores a group of rollouts together" in refused(str(tmp_path / "grouped.py"))
-  assert refused(str(tmp_path / "missing.py")).endswith("missing.py: file not found")
   assert refused("no_such_environment").startswith("rl.agent=verifiers: environment.id=no_such_environment:")
   assert "no such interpreter" in refused(_env("single"), python=str(tmp_path / "python"))
 
@@ -182,6 +182,10 @@ def test_what_cannot_train_is_refused_at_start_in_one_line(verifiers_python, tmp
     return str(e.value)
 
   assert "environment.id is empty" in config_refusal("num_test_batches=0")
+  missing = tmp_path / "missing.py"
+  assert (
+    config_refusal(f"environment.id={missing}", "num_test_batches=0") == f"environment.id={missing}: file not found"
+  )
   assert config_refusal(f"environment.id={_env('v1')}", "environment.args=nope", "num_test_batches=0").startswith(
     "environment.args='nope': not JSON"
   )
@@ -212,15 +216,7 @@ def test_a_rollout_that_raises_or_hangs_is_a_failed_episode(arena, tmp_path):
 
 def test_agentic_grpo_trains_on_a_v1_environments_dataset_and_rubric(tmp_path, verifiers_python):
   args = [
-    "train_rl",
-    "rl.yml",
-    "model_name=qwen3-tiny",
-    "rl.use_agentic_rollout=true",
-    "num_batches=1",
-    "batch_size=2",
-    "rl.num_generations=2",
-    "max_response_length=8",
-    "num_test_batches=0",
+    *TINY_AGENTIC,
     "rl.agent=verifiers",
     f"environment.id={_env('v1')}",
     f"environment.python={verifiers_python}",

@@ -297,6 +297,8 @@ def _check_verifiers(v: Mapping[str, Any]) -> None:
       "rl.agent=verifiers: environment.id is empty; expected an installed verifiers environment's id or a Python "
       "file exporting load_environment"
     )
+  if v["environment.id"].endswith(".py") and not os.path.isfile(v["environment.id"]):
+    raise ConfigError(f"environment.id={v['environment.id']}: file not found")
   try:
     args = json.loads(v["environment.args"])
   except json.JSONDecodeError as e:

@@ -60,8 +60,6 @@ def load(env_id: str, args: str):
 
   module = env_id
   if env_id.endswith(".py"):  # a file: importable by its name from its folder, as vf.load_environment imports
-    if not os.path.isfile(env_id):
-      _refuse(f"environment.id={env_id}: file not found")
     sys.path.insert(0, os.path.dirname(os.path.abspath(env_id)))
     module = os.path.basename(env_id)[: -len(".py")]
   try:
