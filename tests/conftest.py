@@ -32,6 +32,7 @@ TINY_AGENTIC = [
   "rl.num_generations=2",
   "max_response_length=8",
   "num_test_batches=0",
+  "dataset_name=random_digit",  # 32 rows: GSM8K's 7,473 take seconds to load and render
 ]
 
 

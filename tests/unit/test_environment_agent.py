@@ -127,6 +127,7 @@ def test_agentic_grpo_trains_on_a_trl_environment(tmp_path):
     "rl.num_generations=2",
     "max_response_length=16",
     "num_test_batches=0",
+    "dataset_name=random_digit",  # 32 rows: GSM8K's take seconds to load and render
     f"rl.agent={path}:Echo",
     f"base_output_directory={tmp_path}",
     "run_name=env",
