@@ -72,30 +72,26 @@ def qwen3_tokenizer():
 LLAMA31_TEMPLATE = os.path.join(sys.prefix, "share", "maxtext-assets", "meta-llama-Llama-3.1-8B-Instruct.jinja")
 
 
-# OpenEnv 0.10.0 in a venv of its own (make test's OPENENV_VENV: its fastmcp pins mcp below the agent
-# frameworks' 2.x), whose python serves the test environments (tests/environments/openenv_*.py).
-OPENENV_PYTHON = os.path.join(sys.prefix, "envs", "openenv", "bin", "python")
+def _own_venv_python(name: str, package: str) -> str:
+  """The python of make test's venv of `package` (.venv/envs/NAME: its pins clash with the trainer's)."""
+  python = os.path.join(sys.prefix, "envs", name, "bin", "python")
+  if not os.path.isfile(python):
+    pytest.skip(f"{package}'s venv is not installed (make test installs it)")
+  return python
 
 
 @pytest.fixture(scope="session")
 def openenv_python() -> str:
-  """The python of OpenEnv's own venv."""
-  if not os.path.isfile(OPENENV_PYTHON):
-    pytest.skip("OpenEnv's venv is not installed (make test installs it)")
-  return OPENENV_PYTHON
-
-
-# verifiers 0.1.14 in a venv of its own (make test's VERIFIERS_VENV: it pins datasets below the trainer's
-# 5.x), whose python plays the test environments (tests/environments/verifiers_*.py).
-VERIFIERS_PYTHON = os.path.join(sys.prefix, "envs", "verifiers", "bin", "python")
+  """OpenEnv 0.10.0's python (its fastmcp pins mcp below the agent frameworks' 2.x), which serves the test
+  environments (tests/environments/openenv_*.py)."""
+  return _own_venv_python("openenv", "OpenEnv")
 
 
 @pytest.fixture(scope="session")
 def verifiers_python() -> str:
-  """The python of verifiers' own venv."""
-  if not os.path.isfile(VERIFIERS_PYTHON):
-    pytest.skip("verifiers' venv is not installed (make test installs it)")
-  return VERIFIERS_PYTHON
+  """verifiers 0.1.14's python (it pins datasets below the trainer's 5.x), which plays the test environments
+  (tests/environments/verifiers_*.py)."""
+  return _own_venv_python("verifiers", "verifiers")
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """A verifiers environment trained by rl.agent=verifiers: this file runs as a script in the interpreter
-environment.python names (a venv with verifiers installed: its pins clash with the trainer's), never
-imported by the trainer, and uses only the standard library, verifiers and what verifiers installs
-(httpx, openai). utils/verifiers_env.py starts it, in one of two modes:
+environment.python names (a venv with verifiers installed: its pins clash with the trainer's) and uses
+only the standard library, verifiers and what verifiers installs (httpx, openai), imported where used, so
+the trainer imports it for the rows' format alone (content_text) without verifiers. utils/verifiers_env.py
+starts it, in one of two modes:
 
     python verifiers_bridge.py dataset ID ARGS OUT   # the environment's dataset, one JSON line per row, to OUT
     python verifiers_bridge.py episodes ID ARGS BASE CONCURRENCY TIMEOUT_S
@@ -93,7 +94,8 @@ def _role(message) -> str | None:
   return message.get("role") if isinstance(message, dict) else getattr(message, "role", None)
 
 
-def _text(content) -> str:
+def content_text(content) -> str:
+  """A message's content as text (its text parts joined; utils/verifiers_env.py reads the rows so too)."""
   if isinstance(content, str):
     return content
   if isinstance(content, list):  # content parts
@@ -114,8 +116,10 @@ def dataset(env_id: str, args: str, out: str) -> None:
     for row in rows:
       row = dict(row)
       prompt = row.get("prompt")
-      users = [_text(m.get("content")) for m in prompt if m.get("role") == "user"] if isinstance(prompt, list) else []
-      text = "\n".join(users) if users else _text(prompt)
+      users = (
+        [content_text(m.get("content")) for m in prompt if m.get("role") == "user"] if isinstance(prompt, list) else []
+      )
+      text = "\n".join(users) if users else content_text(prompt)
       answer = row.get("answer")
       line = {"prompt": text, "answer": "" if answer is None else str(answer)}
       line["verifiers_input"] = json.dumps(row, default=str)

@@ -20,12 +20,12 @@ import tempfile
 from collections.abc import Callable
 
 from maxtext.configs.sections import DataSection, EnvironmentSection
-from maxtext.utils import env_server, errors
+from maxtext.utils import env_server, errors, verifiers_bridge
 
 log = logging.getLogger(__name__)
 
 KEY = "rl.agent=verifiers"
-BRIDGE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verifiers_bridge.py")
+BRIDGE = verifiers_bridge.__file__
 KEY_ENV = "MAXTEXT_AGENT_API_KEY"  # how the bridge gets the run's API key (not in its argv, which ps shows)
 
 
@@ -56,7 +56,10 @@ class VerifiersEnv:
         row = json.loads(line)
         messages = json.loads(row["verifiers_input"]).get("prompt")
         if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
-          turns = [{"role": m.get("role", "user"), "content": _text(m.get("content"))} for m in messages]
+          turns = [
+            {"role": m.get("role", "user"), "content": verifiers_bridge.content_text(m.get("content"))}
+            for m in messages
+          ]
           opening.setdefault(row["prompt"], turns)
     return lambda user: parser.parse(
       opening.get(user) or [{"role": "user", "content": user}], add_generation_prompt=True, is_first_msg=True
@@ -77,12 +80,6 @@ class VerifiersEnv:
       os.unlink(self.rows_path)
     except FileNotFoundError:
       pass
-
-
-def _text(content) -> str:
-  if isinstance(content, list):  # content parts
-    return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-  return "" if content is None else str(content)
 
 
 def prepare(environment: EnvironmentSection, wait_s: float) -> VerifiersEnv:
