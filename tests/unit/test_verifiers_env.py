@@ -16,12 +16,12 @@ from maxtext.configs import pyconfig
 from maxtext.inference.openai_server import OpenAIServer
 from maxtext.inference.step_keys import StepKeys
 from maxtext.input_pipeline.chat_parser import ConfigChatParser
-from maxtext.integration.tunix.tool_format import QwenToolFormat
-from maxtext.rl.episode_handouts import EpisodeFailed, EpisodeHandouts
+from maxtext.rl.episode_handouts import EpisodeFailed
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import errors, verifiers_env
 from tests.conftest import TINY_AGENTIC
+from tests.unit.bridge_arena import Arena
 from tests.unit.test_openai_server import _ScriptedBatcher
 
 ENVS = os.path.join(os.path.dirname(__file__), "..", "environments")
@@ -35,40 +35,19 @@ def _prepare(python: str, env_id: str, args: str = "{}") -> verifiers_env.Verifi
   return verifiers_env.prepare(types.SimpleNamespace(id=env_id, args=args, python=python), wait_s=120)
 
 
-class _Arena:
-  """Environment `env_id` loaded once, its bridge taking the episodes of one server whose scripted
-  policy (Qwen3's tool format) answers each episode's calls with `replies`, one after another."""
+class _Arena(Arena):
+  """Environment `env_id` loaded once, its bridge playing the episodes of its own rows."""
 
   def __init__(self, python, tokenizer, env_id, args="{}", timeout_s=60.0):
-    self.env = _prepare(python, env_id, args)
-    self.batcher = _ScriptedBatcher(tokenizer, "")
-    self.server = OpenAIServer(
-      self.batcher, tokenizer, ConfigChatParser(tokenizer, ""), "m", StepKeys(0), QwenToolFormat()
-    )
-    self.handouts = EpisodeHandouts(self.server, "m")
-    self.timeout_s = timeout_s
-    self.bridge = self.env.start(self.server.start("127.0.0.1", 0).removesuffix("/v1"), 2, timeout_s, None)
+    super().__init__(_prepare(python, env_id, args), tokenizer, timeout_s)
     with open(self.env.rows_path) as f:
       self.rows = [json.loads(line) for line in f]
-    self.tokenizer = tokenizer
 
   def play(self, replies, row=0):
-    """One episode of row `row`: its reward, or the EpisodeFailed it ended with, and its calls."""
-    self.batcher.__init__(self.tokenizer, replies)
-    session = self.server.open_session()
-    future = self.handouts.hand_out(
-      session, self.rows[row], self.timeout_s + 30, f"rl.agent_timeout_s={self.timeout_s:g}"
-    )
-    try:
-      outcome = future.result(timeout=self.timeout_s + 60).reward
-    except EpisodeFailed as failed:
-      outcome = failed
-    return outcome, self.server.session(session).calls
+    return super().play(replies, self.rows[row])
 
   def close(self):
-    self.handouts.close()
-    self.bridge.close()
-    self.server.stop()
+    super().close()
     self.env.close()
 
 

@@ -246,17 +246,25 @@ def api_key(value: str, env: str) -> str | None:
 
 
 def _check_agent(v: Mapping[str, Any]) -> None:
-  """A user's agent (rl.agent): PATH.py:NAME, http or openenv (with one of environment.url and
-  environment.command), on the batched engine (its sessions are served from the engine's batcher), without
-  the run's own tools (the agent brings its own), and served beyond this machine only with an API key."""
+  """A user's agent (rl.agent): PATH.py:NAME, http, openenv (one of environment.url and environment.command,
+  environment.id, or both kinds) or verifiers, on the batched engine (its sessions are served from the
+  engine's batcher), without the run's own tools (the agent brings its own), and served beyond this
+  machine only with an API key."""
   agent = v["rl.agent"]
   if not agent or not v["rl.use_agentic_rollout"]:
     return
   if agent == "openenv":
-    if bool(v["environment.url"]) == bool(v["environment.command"]):
+    if v["environment.id"]:
+      _check_sessions(v)
+    if v["environment.url"] and v["environment.command"]:
       raise ConfigError(
         "rl.agent=openenv: expected one of environment.url (a running OpenEnv server) and environment.command "
-        f"(one the run starts), not {'both' if v['environment.url'] else 'neither'}"
+        "(one the run starts), not both"
+      )
+    if not (v["environment.url"] or v["environment.command"] or v["environment.id"]):
+      raise ConfigError(
+        "rl.agent=openenv: expected environment.url (a running OpenEnv server), environment.command (one the run "
+        "starts) or environment.id (FILE.py:NAME, a factory of harness sessions); all are empty"
       )
     if v["environment.url"] and not v["environment.url"].startswith(("http://", "https://")):
       raise ConfigError(f"environment.url={v['environment.url']!r}: expected http://HOST:PORT")
@@ -288,6 +296,28 @@ def _check_agent(v: Mapping[str, Any]) -> None:
     )
 
 
+def _check_sessions(v: Mapping[str, Any]) -> None:
+  """rl.agent=openenv with environment.id: FILE.py:NAME of a file that exists, arguments a JSON object."""
+  path, _, name = v["environment.id"].rpartition(":")
+  if not path.endswith(".py") or not name.isidentifier():
+    raise ConfigError(
+      f"environment.id={v['environment.id']!r}: expected FILE.py:NAME, NAME an OpenEnv ResourceSessionFactory "
+      "(or a class or function making one)"
+    )
+  if not os.path.isfile(path):
+    raise ConfigError(f"environment.id={v['environment.id']}: {path}: file not found")
+  _json_object(v["environment.args"], "the factory's")
+
+
+def _json_object(args: str, whose: str) -> None:
+  try:
+    parsed = json.loads(args)
+  except json.JSONDecodeError as e:
+    raise ConfigError(f"environment.args={args!r}: not JSON ({e})") from None
+  if not isinstance(parsed, dict):
+    raise ConfigError(f"environment.args={args!r}: expected a JSON object of {whose} keyword arguments")
+
+
 def _check_verifiers(v: Mapping[str, Any]) -> None:
   """rl.agent=verifiers: an environment named, its arguments a JSON object, and no held-out evaluation
   (the environment's rubric judges its own rollouts only: the run's evaluation would score its dataset
@@ -299,14 +329,7 @@ def _check_verifiers(v: Mapping[str, Any]) -> None:
     )
   if v["environment.id"].endswith(".py") and not os.path.isfile(v["environment.id"]):
     raise ConfigError(f"environment.id={v['environment.id']}: file not found")
-  try:
-    args = json.loads(v["environment.args"])
-  except json.JSONDecodeError as e:
-    raise ConfigError(f"environment.args={v['environment.args']!r}: not JSON ({e})") from None
-  if not isinstance(args, dict):
-    raise ConfigError(
-      f"environment.args={v['environment.args']!r}: expected a JSON object of load_environment's keyword arguments"
-    )
+  _json_object(v["environment.args"], "load_environment's")
   if v["num_test_batches"]:
     raise ConfigError(
       f"rl.agent=verifiers, num_test_batches={v['num_test_batches']}: the run's held-out evaluation would score the "

@@ -99,6 +99,17 @@ USER_AGENT = When("rl.agent", lambda v: bool(v["rl.agent"]), "rl.agent is empty:
 HTTP_AGENT = When("rl.agent", lambda v: v["rl.agent"] == "http", "rl.agent is not http")
 OPENENV = When("rl.agent", lambda v: v["rl.agent"] == "openenv", "rl.agent is not openenv")
 VERIFIERS = When("rl.agent", lambda v: v["rl.agent"] == "verifiers", "rl.agent is not verifiers")
+# an environment played by a bridge process in its own interpreter: verifiers, or OpenEnv's harness sessions
+ENV_BRIDGE = When(
+  "rl.agent",
+  lambda v: v["rl.agent"] == "verifiers" or (v["rl.agent"] == "openenv" and bool(v["environment.id"])),
+  "rl.agent is neither verifiers nor openenv with environment.id",
+)
+SERVER_EPISODES = When(
+  "environment.id",
+  lambda v: not v["environment.id"],
+  "environment.id names harness sessions, whose tools make the actions",
+)
 DYNAMIC_SAMPLING = When("rl.dynamic_sampling", lambda v: v["rl.dynamic_sampling"], "rl.dynamic_sampling=false")
 OVERLONG_BUFFER = When(
   "rl.overlong_buffer_length",
@@ -1228,13 +1239,15 @@ class AgentSection:
 @dataclasses.dataclass(frozen=True)
 class EnvironmentSection:
   """An environment whose episodes rl.agent trains: an OpenEnv server (rl.agent=openenv,
-  utils/openenv_agent.py) or a verifiers environment (rl.agent=verifiers, utils/verifiers_env.py)."""
+  utils/openenv_agent.py), OpenEnv harness sessions (rl.agent=openenv with environment.id,
+  utils/openenv_sessions.py) or a verifiers environment (rl.agent=verifiers, utils/verifiers_env.py)."""
 
   PREFIX: ClassVar[str] = "environment."
   url: str = dataclasses.field(
     metadata=key(
       "rl.agent=openenv: the base URL of an OpenEnv environment server already running (http://HOST:PORT); "
-      "each episode is a session of its /ws route. Empty: environment.command starts one.",
+      "each episode is a session of its /ws route (with environment.id: the session factory's base_url). Empty: "
+      "environment.command starts one.",
       applies=(AGENTIC, OPENENV),
     )
   )
@@ -1251,19 +1264,20 @@ class EnvironmentSection:
     metadata=key(
       "rl.agent=openenv: the string field of the environment's action that each reply of the policy fills; "
       "empty: its one required string field.",
-      applies=(AGENTIC, OPENENV),
+      applies=(AGENTIC, OPENENV, SERVER_EPISODES),
     )
   )
   observation_field: str = dataclasses.field(
     metadata=key(
       "rl.agent=openenv: the field of the environment's observations that is the next user turn (and the text "
       "reset adds to the first); empty: their one string field that is not empty, else their fields as JSON.",
-      applies=(AGENTIC, OPENENV),
+      applies=(AGENTIC, OPENENV, SERVER_EPISODES),
     )
   )
   max_turns: int = dataclasses.field(
     metadata=key(
-      "rl.agent=openenv: replies of the policy per episode at most (each one step of the environment).",
+      "rl.agent=openenv: replies of the policy per episode at most (each one step of the environment; with "
+      "environment.id, the harness's max_turns).",
       bounds=POSITIVE_INT,
       applies=(AGENTIC, OPENENV),
     )
@@ -1272,23 +1286,26 @@ class EnvironmentSection:
     metadata=key(
       "rl.agent=verifiers: the verifiers environment, as vf.load_environment takes it (an installed "
       "environment's id) or a Python file exporting load_environment; its dataset is the run's data, its "
-      "rollouts the episodes, its rubric the reward (utils/verifiers_env.py).",
-      applies=(AGENTIC, VERIFIERS),
+      "rollouts the episodes, its rubric the reward (utils/verifiers_env.py). rl.agent=openenv: FILE.py:NAME, an "
+      "OpenEnv ResourceSessionFactory (or a class or function making one from environment.args) whose harness "
+      "sessions, one per episode with the data row as its task, are the episodes (utils/openenv_sessions.py).",
+      applies=(AGENTIC, ENV_BRIDGE),
     )
   )
   args: str = dataclasses.field(
     metadata=key(
       "rl.agent=verifiers: load_environment's keyword arguments as a JSON object (a v1 environment's as "
-      '{"config": {...}}).',
-      applies=(AGENTIC, VERIFIERS),
+      '{"config": {...}}); rl.agent=openenv: those of environment.id\'s class or function.',
+      applies=(AGENTIC, ENV_BRIDGE),
       json_object=True,
     )
   )
   python: str = dataclasses.field(
     metadata=key(
-      "rl.agent=verifiers: the Python interpreter (of a venv with verifiers installed: its pins clash with the "
-      "trainer's) that loads and plays the environment, in a process of its own; empty: the trainer's.",
-      applies=(AGENTIC, VERIFIERS),
+      "rl.agent=verifiers, or openenv with environment.id: the Python interpreter (of a venv with verifiers or "
+      "OpenEnv installed: their pins clash with the trainer's) that loads and plays the environment, in a process "
+      "of its own; empty: the trainer's.",
+      applies=(AGENTIC, ENV_BRIDGE),
     )
   )
 

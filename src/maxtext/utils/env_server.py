@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from maxtext.utils import errors
+from maxtext.utils import bridge_handouts, errors
 
 KEY = "environment.command"
 # Linux: the server's process is killed with SIGKILL when the trainer dies (prctl's PR_SET_PDEATHSIG,
@@ -127,3 +127,35 @@ class EnvServer:
   def close(self) -> None:
     """Kills the server and what it started (SIGTERM, SIGKILL after 5 s); its output is gone."""
     self._child.close()
+
+
+def run_bridge(argv: list[str], where: str, what: str, wait_s: float) -> str:
+  """Runs a bridge script to its end in the environment's interpreter (argv[0], which environment.python
+  named) within `wait_s` (rl.agent_wait_s): its last line of output. An InputError starting with `where`
+  (the agent's key) otherwise: the bridge's own one line where it refused (exit 2), the tail of its output
+  where it broke, or that `what` (the environment's key and value) did not load in time."""
+  try:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s, stdin=subprocess.DEVNULL)
+  except FileNotFoundError:
+    raise errors.InputError(f"{where}: environment.python={argv[0]}: no such interpreter") from None
+  except subprocess.TimeoutExpired:
+    raise errors.InputError(f"{where}: {what} did not load within {wait_s:g} s (rl.agent_wait_s)") from None
+  lines = done.stderr.strip().splitlines()
+  if done.returncode == 2 and lines:  # the bridge's own refusal, its last line
+    raise errors.InputError(f"{where}: {lines[-1]}")
+  if done.returncode != 0:
+    raise errors.InputError(
+      f"{where}: environment.python={argv[0]} could not run the bridge (exit {done.returncode}); its output ends:\n"
+      + "\n".join(lines[-20:])
+    )
+  return done.stdout.strip().splitlines()[-1]
+
+
+def bridge(argv: list[str], api_key: str | None) -> Child:
+  """A bridge script's episodes mode (argv[0] the environment's interpreter) as a process of the run's,
+  given the run's API key, where it has one, in its environment (not in its argv, which ps shows)."""
+  env = dict(os.environ)
+  env.pop(bridge_handouts.KEY_ENV, None)
+  if api_key:
+    env[bridge_handouts.KEY_ENV] = api_key
+  return Child(argv, "environment.python", env)

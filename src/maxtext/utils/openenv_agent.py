@@ -4,7 +4,7 @@ one, over the server's WebSocket route (/ws: each connection its own environment
 
 - reset with the example's fields (the data row's columns and `prompt`, the user turn; OpenEnv's server
   passes reset() those its signature names, all of them where it takes **kwargs) and `seed`, a hash of
-  those fields, so that the samples of a prompt's group play the same task;
+  those fields (openenv_bridge.seed), so that the samples of a prompt's group play the same task;
 - the reset observation's text is appended to the last user message, as a TRL environment's reset string
   is; each reply of the policy is the action {action_field: the reply's text}, and the step's observation
   text the next user turn;
@@ -29,11 +29,11 @@ imported here (a worker loads no JAX).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from typing import Any
 
 from maxtext.utils import tool_conversation
+from maxtext.utils.openenv_bridge import seed  # the reset seed: one per prompt's group
 
 KEY = "rl.agent=openenv"
 RESERVED = ("done", "reward", "metadata")  # OpenEnv's own fields of every observation
@@ -130,12 +130,6 @@ def text(observation: dict, field: str) -> str:
   if len(strings) <= 1:
     return strings[0] if strings else ""
   return json.dumps(values, sort_keys=True, default=str)
-
-
-def seed(row: dict) -> int:
-  """The reset seed of an example: the same for every sample of a prompt's group."""
-  digest = hashlib.sha256(json.dumps(row, sort_keys=True, default=str).encode()).digest()
-  return int.from_bytes(digest[:4], "big")
 
 
 async def _call(ws, message: dict) -> dict:

@@ -18,13 +18,13 @@ and the row each episode plays), and prints one JSON line describing the environ
 does not load, is no verifiers Environment, scores its rollouts as a group or has no dataset exits with 2
 and one line on stderr saying so.
 
-`episodes` takes the run's episodes from its hand-out API at BASE (POST /episodes/next, as a process of
-rl.agent=http does), up to CONCURRENCY at once, until it answers 410: each is
-`env.run_rollout(row, client, model, {})` with verifiers' token client (OpenAIChatCompletionsTokenClient:
-multi-turn continuations through POST /v1/chat/completions/tokens) on the episode's session, bounded by
-TIMEOUT_S; its rubric's reward is posted to the session's /reward route, and a rollout that raises, ends
-with an error in its state, runs out of time or gets no finite reward posts {"error": ...} instead (a
-failed episode, which the run counts). The run's API key, where it has one, is $MAXTEXT_AGENT_API_KEY.
+`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridge_handouts.py's loop (up
+to CONCURRENCY at once, each bounded by TIMEOUT_S): each is `env.run_rollout(row, client, model, {})` with
+verifiers' token client (OpenAIChatCompletionsTokenClient: multi-turn continuations through POST
+/v1/chat/completions/tokens) on the episode's session; its rubric's reward is posted to the session's
+/reward route, and a rollout that raises, ends with an error in its state, runs out of time or gets no
+finite reward posts {"error": ...} instead (a failed episode, which the run counts). The run's API key,
+where it has one, is $MAXTEXT_AGENT_API_KEY.
 """
 
 from __future__ import annotations
@@ -132,72 +132,40 @@ def dataset(env_id: str, args: str, out: str) -> None:
 
 
 async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_s: float) -> None:
-  import httpx
   import openai
   from verifiers.clients import OpenAIChatCompletionsTokenClient
 
+  handouts = _handouts()
   env = load(env_id, args)
-  key = os.environ.get("MAXTEXT_AGENT_API_KEY")
-  headers = {"Authorization": f"Bearer {key}"} if key else {}
-  slots = asyncio.Semaphore(concurrency)
-  running: set[asyncio.Task] = set()
+  key = handouts.api_key()
 
-  async def play(http: httpx.AsyncClient, take: dict) -> None:
-    session = take["session"]
-    try:
-      row = json.loads(take["example"]["verifiers_input"])
-      client = openai.AsyncOpenAI(base_url=take["base_url"], api_key=key or "session", max_retries=0, timeout=timeout_s)
-      async with client:
-        out = await asyncio.wait_for(
-          env.run_rollout(row, OpenAIChatCompletionsTokenClient(client), take["model"], {}), timeout_s
-        )
-      reward, error = out.get("reward"), out.get("error")
-      replied = any(_role(m) == "assistant" for m in out.get("completion") or [])
-      body: dict[str, object]
-      if error:
-        body = {"error": f"the rollout ended with an error: {error}"}
-      elif out.get("is_truncated") and not replied:
-        body = {
-          "error": "verifiers ended the rollout as overlong before any reply: the server refused its first "
-          "prompt as past the context (raise max_prompt_length to the first prompt's tokens, tools included)"
-        }
-      elif isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-        body = {"error": f"the rubric gave {reward!r}; expected a finite float reward"}
-      else:
-        body = {"reward": float(reward)}
-    except TimeoutError:
-      body = {"error": f"the rollout ran past {timeout_s:g} s (rl.agent_timeout_s)"}
-    except Exception as e:  # noqa: BLE001 (the environment's code: its episode fails)
-      body = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()}"}
-    finally:
-      slots.release()
-    try:
-      await http.post(f"{base}/sessions/{session}/reward", json=body, headers=headers, timeout=30)
-    except httpx.HTTPError:
-      pass  # the run is gone, or the episode ended already: nothing to keep
+  async def play(take: dict) -> dict:
+    row = json.loads(take["example"]["verifiers_input"])
+    client = openai.AsyncOpenAI(base_url=take["base_url"], api_key=key or "session", max_retries=0, timeout=timeout_s)
+    async with client:
+      out = await env.run_rollout(row, OpenAIChatCompletionsTokenClient(client), take["model"], {})
+    reward, error = out.get("reward"), out.get("error")
+    replied = any(_role(m) == "assistant" for m in out.get("completion") or [])
+    if error:
+      return {"error": f"the rollout ended with an error: {error}"}
+    if out.get("is_truncated") and not replied:
+      return {
+        "error": "verifiers ended the rollout as overlong before any reply: the server refused its first "
+        "prompt as past the context (raise max_prompt_length to the first prompt's tokens, tools included)"
+      }
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+      return {"error": f"the rubric gave {reward!r}; expected a finite float reward"}
+    return {"reward": float(reward)}
 
-  async with httpx.AsyncClient() as http:
-    while True:
-      await slots.acquire()
-      try:
-        taken = await http.post(f"{base}/episodes/next", json={"wait_s": 10}, headers=headers, timeout=40)
-      except httpx.HTTPError:
-        slots.release()
-        await asyncio.sleep(1.0)
-        continue
-      if taken.status_code != 200:
-        slots.release()
-        if taken.status_code == 410:  # training is over
-          break
-        if taken.status_code != 204:
-          print(f"POST {base}/episodes/next: {taken.status_code} {taken.text}", file=sys.stderr, flush=True)
-          await asyncio.sleep(1.0)
-        continue
-      task = asyncio.create_task(play(http, taken.json()))
-      running.add(task)
-      task.add_done_callback(running.discard)
-    for task in list(running):
-      task.cancel()
+  await handouts.take_episodes(base, concurrency, timeout_s, play)
+
+
+def _handouts():
+  """utils/bridge_handouts.py, loaded by its path (this folder is not on sys.path)."""
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bridge_handouts.py")
+  spec = importlib.util.spec_from_file_location("bridge_handouts", path)
+  spec.loader.exec_module(module := importlib.util.module_from_spec(spec))  # type: ignore[arg-type,union-attr]
+  return module
 
 
 def main(argv: list[str]) -> None:

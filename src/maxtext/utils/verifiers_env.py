@@ -14,7 +14,6 @@ import dataclasses
 import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -26,7 +25,6 @@ log = logging.getLogger(__name__)
 
 KEY = "rl.agent=verifiers"
 BRIDGE = verifiers_bridge.__file__
-KEY_ENV = "MAXTEXT_AGENT_API_KEY"  # how the bridge gets the run's API key (not in its argv, which ps shows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,12 +65,8 @@ class VerifiersEnv:
 
   def start(self, base: str, concurrency: int, timeout_s: float, api_key: str | None) -> env_server.Child:
     """The bridge's episodes mode, taking episodes from the hand-out API at `base` (the server's URL)."""
-    env = dict(os.environ)
-    env.pop(KEY_ENV, None)
-    if api_key:
-      env[KEY_ENV] = api_key
     argv = [self.python, BRIDGE, "episodes", self.id, self.args, base, str(concurrency), f"{timeout_s:g}"]
-    return env_server.Child(argv, "environment.python", env)
+    return env_server.bridge(argv, api_key)
 
   def close(self) -> None:
     """Removes the dataset's file."""
@@ -91,25 +85,10 @@ def prepare(environment: EnvironmentSection, wait_s: float) -> VerifiersEnv:
   os.close(fd)
   argv = [python, BRIDGE, "dataset", environment.id, environment.args, rows_path]
   try:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s, stdin=subprocess.DEVNULL)
-  except FileNotFoundError:
+    described = json.loads(env_server.run_bridge(argv, KEY, f"environment.id={environment.id}", wait_s))
+  except errors.InputError:
     os.unlink(rows_path)
-    raise errors.InputError(f"{KEY}: environment.python={python}: no such interpreter") from None
-  except subprocess.TimeoutExpired:
-    os.unlink(rows_path)
-    raise errors.InputError(
-      f"{KEY}: environment.id={environment.id} did not load within {wait_s:g} s (rl.agent_wait_s)"
-    ) from None
-  if done.returncode != 0:
-    os.unlink(rows_path)
-    lines = done.stderr.strip().splitlines()
-    if done.returncode == 2 and lines:  # the bridge's own refusal, its last line
-      raise errors.InputError(f"{KEY}: {lines[-1]}")
-    raise errors.InputError(
-      f"{KEY}: environment.python={python} could not run the bridge (exit {done.returncode}); its output ends:\n"
-      + "\n".join(lines[-20:])
-    )
-  described = json.loads(done.stdout.strip().splitlines()[-1])
+    raise
   log.info(
     "rl.agent=verifiers: %s (%s, verifiers' %s form, %d tools): %d rows are the run's data",
     environment.id,

@@ -57,6 +57,7 @@ from maxtext.utils import (
   environment_agent,
   errors,
   openenv_agent,
+  openenv_sessions,
   trl_rollout,
   user_code,
   verifiers_env,
@@ -77,10 +78,12 @@ FORM = (
 
 @dataclasses.dataclass(frozen=True)
 class UserAgent:
-  """rl.agent's file and function, checked (load), or an OpenEnv environment (openenv), or a verifiers
-  environment (verifiers: its bridge process takes the episodes over HTTP, as http's processes do), or
-  neither (http: processes of the user's take the episodes over HTTP), its limits and where the policy is
-  served; `server`: the environment server the run started (environment.command), which close() kills."""
+  """rl.agent's file and function, checked (load), or an OpenEnv environment (openenv: a server's episodes
+  played in the run's workers, or harness sessions, `sessions`, played by their bridge process), or a
+  verifiers environment (verifiers: its bridge process takes the episodes over HTTP, as http's processes
+  do), or neither (http: processes of the user's take the episodes over HTTP), its limits and where the
+  policy is served; `server`: the environment server the run started (environment.command), which close()
+  kills."""
 
   path: str  # "" with http and openenv
   name: str
@@ -94,6 +97,7 @@ class UserAgent:
   openenv: openenv_agent.OpenEnv | None = None
   server: env_server.EnvServer | None = dataclasses.field(default=None, compare=False)
   verifiers: verifiers_env.VerifiersEnv | None = None
+  sessions: openenv_sessions.OpenEnvSessions | None = None  # rl.agent=openenv with environment.id
   rollout_args: dict | None = dataclasses.field(default=None, compare=False)  # a TRL rollout_func's trainer.args
 
   @property
@@ -101,8 +105,13 @@ class UserAgent:
     return not self.path and self.openenv is None
 
   @property
+  def bridged(self) -> verifiers_env.VerifiersEnv | openenv_sessions.OpenEnvSessions | None:
+    """The environment whose bridge process (in environment.python) takes the episodes, if any."""
+    return self.verifiers or self.sessions
+
+  @property
   def spec(self) -> str:
-    if self.openenv is not None:
+    if self.openenv is not None or self.sessions is not None:
       return "openenv"
     if self.verifiers is not None:
       return "verifiers"
@@ -197,9 +206,18 @@ def load(
 
 
 def _openenv(environment: EnvironmentSection, limits: tuple, wait_s: float) -> UserAgent:
-  """rl.agent=openenv: its server (started from environment.command where set) checked."""
+  """rl.agent=openenv: its server (started from environment.command where set) checked; with
+  environment.id, its harness sessions' factory made (the server's URL its base_url, where one is named)."""
   server = env_server.EnvServer(environment.command, wait_s) if environment.command else None
   url = server.url if server is not None else environment.url
+  if environment.id:
+    try:
+      sessions = openenv_sessions.prepare(environment, wait_s, url or None)
+    except errors.InputError:
+      if server is not None:
+        server.close()
+      raise
+    return dataclasses.replace(UserAgent("", "openenv", *limits), sessions=sessions, server=server)
   try:
     env = openenv_agent.describe(url, environment.action_field, environment.observation_field, environment.max_turns)
   except ValueError as e:
@@ -260,7 +278,7 @@ class Episodes:
   stop: Callable[[Exception], None]  # ends the rollouts and training with this error
   concurrency: int  # episodes in flight at most (rl.max_concurrency): the threads waiting on workers
   pool: worker_pool.WorkerPool | None = dataclasses.field(init=False, default=None)  # the agent's function
-  bridge: env_server.Child | None = dataclasses.field(init=False, default=None)  # rl.agent=verifiers' player
+  bridge: env_server.Child | None = dataclasses.field(init=False, default=None)  # verifiers' or sessions' player
   threads: concurrent.futures.ThreadPoolExecutor | None = dataclasses.field(init=False, default=None)
   handouts: EpisodeHandouts | None = dataclasses.field(init=False, default=None)  # every episode is handed out
   closed: bool = dataclasses.field(init=False, default=False)  # training is over: failures no longer count
@@ -276,19 +294,19 @@ class Episodes:
       where=f"{self.base_url.removesuffix('/v1')}/episodes/next",
       limit=f"rl.agent_wait_s={self.agent.wait_s:g}",
     )
-    if self.agent.verifiers is not None:
+    if self.agent.bridged is not None:
       root = self.base_url.removesuffix("/v1")
-      self.bridge = self.agent.verifiers.start(root, self.concurrency, self.agent.timeout_s, self.agent.api_key)
+      self.bridge = self.agent.bridged.start(root, self.concurrency, self.agent.timeout_s, self.agent.api_key)
     if over_http:
       return
     self.pool = self.agent.workers()
     self.threads = concurrent.futures.ThreadPoolExecutor(self.concurrency, thread_name_prefix="agent-episode")
 
   def _no_taker(self, e: Exception) -> str:
-    """Why no process took the episodes: with verifiers, the end of its bridge's output."""
-    if self.bridge is None or self.agent.verifiers is None:
+    """Why no process took the episodes: with a bridge (verifiers, OpenEnv sessions), the end of its output."""
+    if self.bridge is None or self.agent.bridged is None:
       return str(e)
-    return f"{e}; the verifiers environment's process ({self.agent.verifiers.python}) wrote:\n{self.bridge.output()}"
+    return f"{e}; the environment's process ({self.agent.bridged.python}) wrote:\n{self.bridge.output()}"
 
   def first_prompt(self, tokens: int) -> None:
     """Logs, once, what the agent's first prompt needs, its system turn and tools' descriptions
