@@ -1,7 +1,7 @@
 """OpenEnv harness sessions written with OpenEnv 0.10.0's own harness API (openenv.core.harness:
 ResourceSessionFactory, ResourceSession, ToolResult, VerifyResult; StepEnvSessionAdapter over an
 environment server's client), for the tests of rl.agent=openenv with environment.id. They load in OpenEnv's
-own venv (.venv/envs/openenv), where utils/openenv_bridge.py plays them.
+own venv (.venv/envs/openenv), where utils/bridges/openenv_bridge.py plays them.
 
 - `SumSessions`: each session asks for a + b (drawn from the seed; the task's `a` and `b` where it has
   them); its tools are add(a, b) and submit(answer), whose result carries the reward (1.0 for the sum,

@@ -1,4 +1,4 @@
-"""An environment bridge (utils/verifiers_bridge.py, utils/openenv_bridge.py) taking the episodes of one
+"""An environment bridge (utils/bridges/verifiers_bridge.py, utils/bridges/openenv_bridge.py) taking the episodes of one
 served policy whose replies are scripted (Qwen3's tool format), for the tests of rl.agent=verifiers and of
 OpenEnv's harness sessions."""
 

@@ -1,5 +1,5 @@
 """rl.agent=openenv with environment.id: OpenEnv harness sessions (tests/environments/openenv_sessions.py,
-written with OpenEnv 0.10.0's harness API, played in OpenEnv's own venv by utils/openenv_bridge.py with
+written with OpenEnv 0.10.0's harness API, played in OpenEnv's own venv by utils/bridges/openenv_bridge.py with
 OpenEnv's own MCPHarnessAdapter and model step): a session's initial messages open the conversation, its
 tools are the policy's functions and each call a call_tool whose result is the tool turn, the episode's
 reward is the environment's (tool results, verify) as OpenEnv resolves it; sessions over an environment

@@ -1,6 +1,6 @@
 """rl.agent=verifiers against real verifiers environments (tests/environments/verifiers_*.py: written with
 verifiers 0.1.14's own API, legacy envs and a v1 taskset, played in verifiers' own venv by
-utils/verifiers_bridge.py): the episodes a served policy answers (scripted replies) are scored by the
+utils/bridges/verifiers_bridge.py): the episodes a served policy answers (scripted replies) are scored by the
 environment's whole rubric, tools and env_response turns are the next turns and stitch as one
 conversation, its token route is served; what cannot train is refused at start in one line; a rollout
 that raises or hangs is a failed episode; a tiny agentic run trains on a v1 environment's dataset."""

@@ -20,7 +20,8 @@ import sys
 import tempfile
 import time
 
-from maxtext.utils import bridge_handouts, errors
+from maxtext.utils import errors
+from maxtext.utils.bridges import bridge_handouts
 
 KEY = "environment.command"
 # Linux: the server's process is killed with SIGKILL when the trainer dies (prctl's PR_SET_PDEATHSIG,

@@ -33,7 +33,7 @@ import json
 from typing import Any
 
 from maxtext.utils import tool_conversation
-from maxtext.utils.openenv_bridge import seed  # the reset seed: one per prompt's group
+from maxtext.utils.bridges.openenv_bridge import seed  # the reset seed: one per prompt's group
 
 KEY = "rl.agent=openenv"
 RESERVED = ("done", "reward", "metadata")  # OpenEnv's own fields of every observation

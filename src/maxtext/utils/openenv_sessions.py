@@ -1,6 +1,6 @@
 """rl.agent=openenv with environment.id on the trainer's side: OpenEnv harness sessions (a
 `ResourceSessionFactory`, FILE.py:NAME, with environment.args) played in the interpreter environment.python
-names, by utils/openenv_bridge.py run there as a script (OpenEnv pins packages the trainer's venv holds at
+names, by utils/bridges/openenv_bridge.py run there as a script (OpenEnv pins packages the trainer's venv holds at
 other versions, so it never loads here). The run's data rows are the tasks the factory's sessions are made
 for.
 
@@ -19,7 +19,8 @@ import logging
 import sys
 
 from maxtext.configs.sections import EnvironmentSection
-from maxtext.utils import env_server, openenv_bridge
+from maxtext.utils import env_server
+from maxtext.utils.bridges import openenv_bridge
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """rl.agent=verifiers on the trainer's side: a verifiers environment (environment.id, with environment.args)
-played in the interpreter environment.python names, by utils/verifiers_bridge.py run there as a script
+played in the interpreter environment.python names, by utils/bridges/verifiers_bridge.py run there as a script
 (verifiers pins packages the trainer's venv holds at other versions, so it never loads here).
 
 `prepare` runs the bridge's `dataset` mode before the model loads: the environment loads, and its dataset
@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Callable
 
 from maxtext.configs.sections import DataSection, EnvironmentSection
-from maxtext.utils import env_server, errors, verifiers_bridge
+from maxtext.utils import env_server, errors
+from maxtext.utils.bridges import verifiers_bridge
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The hand-out loop of the run's environment bridges (utils/verifiers_bridge.py, utils/openenv_bridge.py),
-which run as scripts in an environment's own venv: it uses only the standard library and httpx (which
-verifiers and OpenEnv install), and the bridges load it by its path (their folder is not on sys.path).
+"""The hand-out loop of the run's environment bridges (bridges/verifiers_bridge.py, bridges/openenv_bridge.py),
+which run as scripts in an environment's own venv (their folder, which holds only them, heads sys.path
+there): it uses only the standard library and httpx, which verifiers and OpenEnv install.
 
 `take_episodes` takes the run's episodes from its hand-out API at BASE (POST /episodes/next, as a process of
 rl.agent=http does), up to CONCURRENCY at once, until it answers 410; each is `await play(take)` bounded by

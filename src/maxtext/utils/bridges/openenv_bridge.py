@@ -13,7 +13,7 @@ keyword arguments). `check` loads it and prints one JSON line describing it; a f
 NAME it lacks, a maker that raises or makes something without `create` exits with 2 and one line on
 stderr saying so.
 
-`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridge_handouts.py's loop (up
+`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_handouts.py's loop (up
 to CONCURRENCY at once, each bounded by TIMEOUT_S). Each is played, in a thread of its own, as OpenEnv's
 trainer-side rollout plays one (its `build_harness_rollout_func`):
 - `factory.create(task=the example's fields, seed=seed(those fields), episode_id=the session's id)`: the
@@ -35,23 +35,18 @@ The run's API key, where it has one, is $MAXTEXT_AGENT_API_KEY.
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import hashlib
+import importlib.util
+import inspect
+import json
+import math
+import os
 import sys
-
-# Run as a script, this file's folder (the trainer's utils, whose modules share names with the standard
-# library's) heads sys.path: the environment's imports must not see it.
-if sys.path and sys.path[0] == __import__("os").path.dirname(__import__("os").path.abspath(__file__)):
-  del sys.path[0]
-
-import asyncio  # noqa: E402
-import dataclasses  # noqa: E402
-import hashlib  # noqa: E402
-import importlib.util  # noqa: E402
-import inspect  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import threading  # noqa: E402
-import traceback  # noqa: E402
+import threading
+import traceback
+from typing import NoReturn
 
 REFUSED = 2  # the exit status of a factory the run cannot train
 # what a reply may take at most: the session's response budget bounds it (OpenAIClient's default is 256)
@@ -70,7 +65,7 @@ def seed(row: dict) -> int:
   return int.from_bytes(digest[:4], "big")
 
 
-def _refuse(line: str):
+def _refuse(line: str) -> NoReturn:
   print(line, file=sys.stderr, flush=True)
   raise SystemExit(REFUSED)
 
@@ -187,7 +182,8 @@ def play(factory, take: dict, key: str | None, max_turns: int) -> dict:
 
 
 async def episodes(spec: str, args: str, base: str, concurrency: int, timeout_s: float, max_turns: int) -> None:
-  handouts = _handouts()
+  import bridge_handouts as handouts  # this folder heads sys.path: the script's own
+
   factory = load(spec, args)
   key = handouts.api_key()
   loop = asyncio.get_running_loop()
@@ -212,14 +208,6 @@ async def episodes(spec: str, args: str, base: str, concurrency: int, timeout_s:
     return future
 
   await handouts.take_episodes(base, concurrency, timeout_s, play_in_thread)
-
-
-def _handouts():
-  """utils/bridge_handouts.py, loaded by its path (this folder is not on sys.path)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bridge_handouts.py")
-  spec = importlib.util.spec_from_file_location("bridge_handouts", path)
-  spec.loader.exec_module(module := importlib.util.module_from_spec(spec))  # type: ignore[arg-type,union-attr]
-  return module
 
 
 def main(argv: list[str]) -> None:

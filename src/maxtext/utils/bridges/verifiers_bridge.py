@@ -18,7 +18,7 @@ and the row each episode plays), and prints one JSON line describing the environ
 does not load, is no verifiers Environment, scores its rollouts as a group or has no dataset exits with 2
 and one line on stderr saying so.
 
-`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridge_handouts.py's loop (up
+`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_handouts.py's loop (up
 to CONCURRENCY at once, each bounded by TIMEOUT_S): each is `env.run_rollout(row, client, model, {})` with
 verifiers' token client (OpenAIChatCompletionsTokenClient: multi-turn continuations through POST
 /v1/chat/completions/tokens) on the episode's session; its rubric's reward is posted to the session's
@@ -29,19 +29,14 @@ where it has one, is $MAXTEXT_AGENT_API_KEY.
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
+import json
+import math
+import os
 import sys
-
-# Run as a script, this file's folder (the trainer's utils, whose modules share names with the standard
-# library's) heads sys.path: the environment's imports must not see it.
-if sys.path and sys.path[0] == __import__("os").path.dirname(__import__("os").path.abspath(__file__)):
-  del sys.path[0]
-
-import asyncio  # noqa: E402
-import importlib.util  # noqa: E402
-import json  # noqa: E402
-import math  # noqa: E402
-import os  # noqa: E402
-import traceback  # noqa: E402
+import traceback
+from typing import NoReturn
 
 REFUSED = 2  # the exit status of an environment the run cannot train
 
@@ -85,7 +80,7 @@ def _shown(kwargs: dict) -> str:
   return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
 
 
-def _refuse(line: str):
+def _refuse(line: str) -> NoReturn:
   print(line, file=sys.stderr, flush=True)
   raise SystemExit(REFUSED)
 
@@ -132,10 +127,10 @@ def dataset(env_id: str, args: str, out: str) -> None:
 
 
 async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_s: float) -> None:
+  import bridge_handouts as handouts  # this folder heads sys.path: the script's own
   import openai
   from verifiers.clients import OpenAIChatCompletionsTokenClient
 
-  handouts = _handouts()
   env = load(env_id, args)
   key = handouts.api_key()
 
@@ -158,14 +153,6 @@ async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_
     return {"reward": float(reward)}
 
   await handouts.take_episodes(base, concurrency, timeout_s, play)
-
-
-def _handouts():
-  """utils/bridge_handouts.py, loaded by its path (this folder is not on sys.path)."""
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bridge_handouts.py")
-  spec = importlib.util.spec_from_file_location("bridge_handouts", path)
-  spec.loader.exec_module(module := importlib.util.module_from_spec(spec))  # type: ignore[arg-type,union-attr]
-  return module
 
 
 def main(argv: list[str]) -> None:
