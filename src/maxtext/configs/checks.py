@@ -271,14 +271,9 @@ def _check_agent(v: Mapping[str, Any]) -> None:
   elif agent == "verifiers":
     _check_verifiers(v)
   elif agent != "http":
-    path, _, name = agent.rpartition(":")
-    if not path.endswith(".py") or not name.isidentifier():
-      raise ConfigError(
-        f"rl.agent={agent!r}: expected PATH.py:NAME, a Python file and the async function in it, http, openenv "
-        "or verifiers"
-      )
-    if not os.path.isfile(path):
-      raise ConfigError(f"rl.agent={agent!r}: {path}: file not found")
+    _file_and_name(
+      "rl.agent", agent, "PATH.py:NAME, a Python file and the async function in it, http, openenv or verifiers"
+    )
   if v["rollout_engine"] != "batched":
     raise ConfigError(
       f"rl.agent={agent!r}, rollout_engine={v['rollout_engine']!r}: a user's agent is served from the batched "
@@ -298,15 +293,18 @@ def _check_agent(v: Mapping[str, Any]) -> None:
 
 def _check_sessions(v: Mapping[str, Any]) -> None:
   """rl.agent=openenv with environment.id: FILE.py:NAME of a file that exists, arguments a JSON object."""
-  path, _, name = v["environment.id"].rpartition(":")
-  if not path.endswith(".py") or not name.isidentifier():
-    raise ConfigError(
-      f"environment.id={v['environment.id']!r}: expected FILE.py:NAME, NAME an OpenEnv ResourceSessionFactory "
-      "(or a class or function making one)"
-    )
-  if not os.path.isfile(path):
-    raise ConfigError(f"environment.id={v['environment.id']}: {path}: file not found")
+  expected = "FILE.py:NAME, NAME an OpenEnv ResourceSessionFactory (or a class or function making one)"
+  _file_and_name("environment.id", v["environment.id"], expected)
   _json_object(v["environment.args"], "the factory's")
+
+
+def _file_and_name(key: str, value: str, expected: str) -> None:
+  """`value` is FILE.py:NAME of a file that exists; a ConfigError naming `key` and what was `expected`."""
+  path, _, name = value.rpartition(":")
+  if not path.endswith(".py") or not name.isidentifier():
+    raise ConfigError(f"{key}={value!r}: expected {expected}")
+  if not os.path.isfile(path):
+    raise ConfigError(f"{key}={value!r}: {path}: file not found")
 
 
 def _json_object(args: str, whose: str) -> None:
