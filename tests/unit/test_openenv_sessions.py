@@ -5,10 +5,14 @@ tools are the policy's functions and each call a call_tool whose result is the t
 reward is the environment's (tool results, verify) as OpenEnv resolves it; sessions over an environment
 server (StepEnvSessionAdapter) get its URL; what cannot load is refused at start in one line; an unscored,
 inconsistent, raising or hanging session fails its episode and the bridge goes on; a tiny agentic run
-trains on a factory's episodes."""
+trains on a factory's episodes; a bridge loading an environment dies with a trainer killed by SIGKILL."""
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -160,3 +164,34 @@ def test_agentic_grpo_trains_on_a_factorys_harness_sessions(tmp_path, openenv_py
     assert '"name": "submit"' in system["content"]  # its tools, as the model's tool prompt offers them
     assert e["messages"][1]["content"].startswith("What is ")
     assert e["reward"] in (0.0, 1.0)  # the environment's
+
+
+def test_a_bridge_loading_dies_with_a_trainer_killed_by_sigkill(tmp_path):
+  """A trainer killed by SIGKILL while a bridge loads its environment (env_server.run_bridge, as
+  prepare runs it): the bridge's process goes too."""
+  pid_file = tmp_path / "pid"
+  loads = "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(600)"
+  script = tmp_path / "trainer.py"
+  script.write_text(
+    "import sys\nfrom maxtext.utils import env_server\n"
+    f"env_server.run_bridge([sys.executable, '-c', {loads!r}, {str(pid_file)!r}], 'k', 'w', 600)\n"
+  )
+  trainer = subprocess.Popen([sys.executable, str(script)])
+  try:
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    pid = int(pid_file.read_text())
+    os.kill(pid, 0)  # loading
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+      try:
+        os.kill(pid, 0)
+      except ProcessLookupError:
+        return
+      time.sleep(0.1)
+    pytest.fail(f"the bridge {pid} outlived its trainer")
+  finally:
+    trainer.kill()

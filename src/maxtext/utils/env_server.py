@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -132,13 +133,16 @@ class EnvServer:
 
 def run_bridge(argv: list[str], where: str, what: str, wait_s: float) -> str:
   """Runs a bridge script to its end in the environment's interpreter (argv[0], which environment.python
-  named) within `wait_s` (rl.agent_wait_s): its last line of output. An InputError starting with `where`
-  (the agent's key) otherwise: the bridge's own one line where it refused (exit 2), the tail of its output
-  where it broke, or that `what` (the environment's key and value) did not load in time."""
-  try:
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=wait_s, stdin=subprocess.DEVNULL)
-  except FileNotFoundError:
-    raise errors.InputError(f"{where}: environment.python={argv[0]}: no such interpreter") from None
+  named) within `wait_s` (rl.agent_wait_s), killed with the trainer as a Child is: its last line of
+  output. An InputError starting with `where` (the agent's key) otherwise: the bridge's own one line where
+  it refused (exit 2), the tail of its output where it broke, or that `what` (the environment's key and
+  value) did not load in time."""
+  if shutil.which(argv[0]) is None:
+    raise errors.InputError(f"{where}: environment.python={argv[0]}: no such interpreter")
+  try:  # through _EXEC: it dies with the trainer, even by SIGKILL
+    done = subprocess.run(
+      [sys.executable, "-c", _EXEC, *argv], capture_output=True, text=True, timeout=wait_s, stdin=subprocess.DEVNULL
+    )
   except subprocess.TimeoutExpired:
     raise errors.InputError(f"{where}: {what} did not load within {wait_s:g} s (rl.agent_wait_s)") from None
   lines = done.stderr.strip().splitlines()
