@@ -12,6 +12,7 @@ import contextlib
 import logging
 import signal
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -154,13 +155,16 @@ def signals_noted():
 
 class GracefulStop:
   """Context manager that turns the first SIGINT/SIGTERM into a stop request (`signum`) and a second
-  (`second`) into KeyboardInterrupt, after which a third kills the process."""
+  (`second`) into KeyboardInterrupt, after which a third kills the process. `progress` (set by the
+  run: its steps trained) is read at the first signal into `first_at`."""
 
   SIGNALS = STOP_SIGNALS
 
   def __init__(self):
     self.signum: int | None = None
     self.second: int | None = None
+    self.progress: Callable[[], int] | None = None
+    self.first_at: int | None = None
     self._previous = {}
 
   def _handle(self, signum, frame):
@@ -172,6 +176,7 @@ class GracefulStop:
       logging.getLogger("absl").addFilter(_abandoned_tracebacks)
       raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: abandoning the current step")
     self.signum = signum
+    self.first_at = self.progress() if self.progress is not None else None
     log.warning(
       "%s received: stopping after the current step (send it again to abandon the step)", signal.Signals(signum).name
     )

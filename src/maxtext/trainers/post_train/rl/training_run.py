@@ -312,6 +312,7 @@ class TrainingRun:
         total,
       )
     sinks.restart_clock()
+    self.guard.stop.progress = self._trained
     with self.guard.stop:
       try:
         try:
@@ -321,8 +322,14 @@ class TrainingRun:
           with shutdown.signals_noted():
             cluster.close()  # flushes the finished steps' metrics and checkpoints the last one
           raise
-      except KeyboardInterrupt:  # a second signal in a step
-        self._abandoned = f"during step {self._trained() + 1}, which is abandoned"
+      except KeyboardInterrupt:  # a second signal: in a step, or once the step in flight at the first had ended
+        trained, first = self._trained(), self.guard.stop.first_at
+        stopping = first is not None and trained > first
+        self._abandoned = (
+          f"after step {trained}, while the run was stopping"
+          if stopping
+          else f"during step {trained + 1}, which is abandoned"
+        )
         raise
       except shutdown.NonFiniteError as e:
         self._stop_non_finite(e)
