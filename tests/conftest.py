@@ -142,3 +142,22 @@ def hf_greedy_tokens(hf_dir, prompt: str, max_new_tokens: int) -> list[int]:
       ids, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
     )
   return out[0, ids.shape[1] :].tolist()
+
+
+def assert_dies_with(starter, pid: int, what: str, within_s: float = 10.0) -> None:
+  """Kills `starter` (a Popen) by SIGKILL and asserts that process `pid`, which it started, is gone
+  within `within_s`."""
+  import signal
+  import time
+
+  os.kill(pid, 0)  # running
+  starter.send_signal(signal.SIGKILL)
+  starter.wait()
+  deadline = time.monotonic() + within_s
+  while time.monotonic() < deadline:
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return
+    time.sleep(0.1)
+  pytest.fail(f"{what} {pid} outlived its trainer")

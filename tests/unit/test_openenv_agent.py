@@ -20,7 +20,7 @@ from maxtext.integration.tunix.tool_format import QwenToolFormat
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import env_server, errors, openenv_agent
-from tests.conftest import TINY_AGENTIC
+from tests.conftest import TINY_AGENTIC, assert_dies_with
 from tests.unit.test_openai_server import scripted_server
 
 ENV = os.path.join(os.path.dirname(__file__), "..", "environments", "openenv_word.py")
@@ -222,9 +222,7 @@ def test_an_mcp_environments_tools_are_offered_and_each_call_is_a_step(openenv_p
 
 def test_the_environment_server_dies_with_a_trainer_killed_by_sigkill(tmp_path, openenv_python):
   """A process that started the server (as the run does) killed with SIGKILL: the server goes too."""
-  import signal
   import subprocess
-  import time
 
   script = tmp_path / "starts.py"
   script.write_text(
@@ -237,18 +235,6 @@ def test_the_environment_server_dies_with_a_trainer_killed_by_sigkill(tmp_path, 
   command = f"{openenv_python} {ENV} --port {{port}}"
   starter = subprocess.Popen([sys.executable, str(script), command], stdout=subprocess.PIPE, text=True)
   try:
-    pid = int(starter.stdout.readline())
-    os.kill(pid, 0)  # serving
-    starter.send_signal(signal.SIGKILL)
-    starter.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-      try:
-        os.kill(pid, 0)
-      except ProcessLookupError:
-        break
-      time.sleep(0.1)
-    else:
-      pytest.fail(f"the environment server {pid} outlived its trainer")
+    assert_dies_with(starter, int(starter.stdout.readline()), "the environment server")
   finally:
     starter.kill()

@@ -9,7 +9,6 @@ trains on a factory's episodes; a bridge loading an environment dies with a trai
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from maxtext.rl.episode_handouts import EpisodeFailed
 from maxtext.rl.session_stitching import stitch
 from maxtext.trainers.post_train.rl import train_rl
 from maxtext.utils import env_server, errors, openenv_sessions
-from tests.conftest import TINY_AGENTIC
+from tests.conftest import TINY_AGENTIC, assert_dies_with
 from tests.unit.bridge_arena import Arena
 
 ENVS = os.path.join(os.path.dirname(__file__), "..", "environments")
@@ -181,17 +180,6 @@ def test_a_bridge_loading_dies_with_a_trainer_killed_by_sigkill(tmp_path):
     deadline = time.monotonic() + 60
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
       time.sleep(0.1)
-    pid = int(pid_file.read_text())
-    os.kill(pid, 0)  # loading
-    trainer.send_signal(signal.SIGKILL)
-    trainer.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-      try:
-        os.kill(pid, 0)
-      except ProcessLookupError:
-        return
-      time.sleep(0.1)
-    pytest.fail(f"the bridge {pid} outlived its trainer")
+    assert_dies_with(trainer, int(pid_file.read_text()), "the bridge")
   finally:
     trainer.kill()
