@@ -22,7 +22,7 @@ import tempfile
 import time
 
 from maxtext.utils import errors
-from maxtext.utils.bridges import bridge_handouts
+from maxtext.utils.bridges import bridge_common
 
 KEY = "environment.command"
 # Linux: the server's process is killed with SIGKILL when the trainer dies (prctl's PR_SET_PDEATHSIG,
@@ -135,7 +135,7 @@ def run_bridge(argv: list[str], where: str, what: str, wait_s: float) -> str:
   """Runs a bridge script to its end in the environment's interpreter (argv[0], which environment.python
   named) within `wait_s` (rl.agent_wait_s), killed with the trainer as a Child is: its last line of
   output. An InputError starting with `where` (the agent's key) otherwise: the bridge's own one line where
-  it refused (exit 2), the tail of its output where it broke, or that `what` (the environment's key and
+  it refused (bridge_common.REFUSED), the tail of its output where it broke, or that `what` (the environment's key and
   value) did not load in time."""
   if shutil.which(argv[0]) is None:
     raise errors.InputError(f"{where}: environment.python={argv[0]}: no such interpreter")
@@ -146,7 +146,7 @@ def run_bridge(argv: list[str], where: str, what: str, wait_s: float) -> str:
   except subprocess.TimeoutExpired:
     raise errors.InputError(f"{where}: {what} did not load within {wait_s:g} s (rl.agent_wait_s)") from None
   lines = done.stderr.strip().splitlines()
-  if done.returncode == 2 and lines:  # the bridge's own refusal, its last line
+  if done.returncode == bridge_common.REFUSED and lines:  # the bridge's own refusal, its last line
     raise errors.InputError(f"{where}: {lines[-1]}")
   if done.returncode != 0:
     raise errors.InputError(
@@ -160,7 +160,7 @@ def bridge(argv: list[str], api_key: str | None) -> Child:
   """A bridge script's episodes mode (argv[0] the environment's interpreter) as a process of the run's,
   given the run's API key, where it has one, in its environment (not in its argv, which ps shows)."""
   env = dict(os.environ)
-  env.pop(bridge_handouts.KEY_ENV, None)
+  env.pop(bridge_common.KEY_ENV, None)
   if api_key:
-    env[bridge_handouts.KEY_ENV] = api_key
+    env[bridge_common.KEY_ENV] = api_key
   return Child(argv, "environment.python", env)

@@ -13,7 +13,7 @@ keyword arguments). `check` loads it and prints one JSON line describing it; a f
 NAME it lacks, a maker that raises or makes something without `create` exits with 2 and one line on
 stderr saying so.
 
-`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_handouts.py's loop (up
+`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_common.py's loop (up
 to CONCURRENCY at once, each bounded by TIMEOUT_S). Each is played, in a thread of its own, as OpenEnv's
 trainer-side rollout plays one (its `build_harness_rollout_func`):
 - `factory.create(task=the example's fields, seed=seed(those fields), episode_id=the session's id)`: the
@@ -46,9 +46,12 @@ import os
 import sys
 import threading
 import traceback
-from typing import NoReturn
 
-REFUSED = 2  # the exit status of a factory the run cannot train
+try:  # run as a script, this folder heads sys.path; imported by the trainer, it is a package's module
+  from . import bridge_common
+except ImportError:
+  import bridge_common  # type: ignore[no-redef]
+
 # what a reply may take at most: the session's response budget bounds it (OpenAIClient's default is 256)
 MAX_TOKENS = 1 << 20
 BUDGET_SPENT = "maximum context length is spent"  # the server's 400 for a session whose budget is used up
@@ -65,23 +68,13 @@ def seed(row: dict) -> int:
   return int.from_bytes(digest[:4], "big")
 
 
-def _refuse(line: str) -> NoReturn:
-  print(line, file=sys.stderr, flush=True)
-  raise SystemExit(REFUSED)
-
-
 def load(spec: str, args: str):
   """The session factory `spec` names, made with `args`; SystemExit(2) with one line where it cannot be."""
   path, _, name = spec.rpartition(":")
   where = f"environment.id={spec}"
-  try:
-    kwargs = json.loads(args)
-  except json.JSONDecodeError as e:
-    _refuse(f"environment.args={args}: not JSON ({e})")
-  if not isinstance(kwargs, dict):
-    _refuse(f"environment.args={args}: expected a JSON object of the factory's keyword arguments")
+  kwargs = bridge_common.keyword_args(args, "the factory's")
   if importlib.util.find_spec("openenv") is None:
-    _refuse(f"environment.python={sys.executable}: OpenEnv is not installed there")
+    bridge_common.refuse(f"environment.python={sys.executable}: OpenEnv is not installed there")
   sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # the file's own imports, as a script has them
   try:
     module_spec = importlib.util.spec_from_file_location("openenv_sessions_user", path)
@@ -89,23 +82,22 @@ def load(spec: str, args: str):
     module_spec.loader.exec_module(module)  # type: ignore[union-attr]
   except Exception as e:  # noqa: BLE001 (the user's code: whatever it raises is its refusal)
     traceback.print_exc()
-    _refuse(f"{where}: {path} does not load: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+    bridge_common.refuse(f"{where}: {path} does not load: {bridge_common.failure(e)}")
   made = getattr(module, name, None)
   if made is None:
-    _refuse(f"{where}: {path} defines no {name}; expected {FORM}")
+    bridge_common.refuse(f"{where}: {path} defines no {name}; expected {FORM}")
   if not callable(getattr(made, "create", None)) or inspect.isclass(made):
     if not callable(made):
-      _refuse(f"{where}: {name} is a {type(made).__name__}; expected {FORM}")
+      bridge_common.refuse(f"{where}: {name} is a {type(made).__name__}; expected {FORM}")
     try:
       made = made(**kwargs)
     except Exception as e:  # noqa: BLE001
       traceback.print_exc()
-      shown = ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-      _refuse(f"{where}: {name}({shown}) failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+      bridge_common.refuse(f"{where}: {bridge_common.call_shown(name, kwargs)} failed: {bridge_common.failure(e)}")
   elif kwargs:
-    _refuse(f"environment.args={args}: {name} is a factory already made, which takes no arguments")
+    bridge_common.refuse(f"environment.args={args}: {name} is a factory already made, which takes no arguments")
   if not callable(getattr(made, "create", None)):
-    _refuse(f"{where}: {name} made a {type(made).__name__}, which has no create(); expected {FORM}")
+    bridge_common.refuse(f"{where}: {name} made a {type(made).__name__}, which has no create(); expected {FORM}")
   return made
 
 
@@ -182,10 +174,8 @@ def play(factory, take: dict, key: str | None, max_turns: int) -> dict:
 
 
 async def episodes(spec: str, args: str, base: str, concurrency: int, timeout_s: float, max_turns: int) -> None:
-  import bridge_handouts as handouts  # this folder heads sys.path: the script's own
-
   factory = load(spec, args)
-  key = handouts.api_key()
+  key = bridge_common.api_key()
   loop = asyncio.get_running_loop()
 
   def play_in_thread(take: dict) -> asyncio.Future:
@@ -207,7 +197,7 @@ async def episodes(spec: str, args: str, base: str, concurrency: int, timeout_s:
     threading.Thread(target=target, name=f"episode-{take['session'][:8]}", daemon=True).start()
     return future
 
-  await handouts.take_episodes(base, concurrency, timeout_s, play_in_thread)
+  await bridge_common.take_episodes(base, concurrency, timeout_s, play_in_thread)
 
 
 def main(argv: list[str]) -> None:

@@ -18,7 +18,7 @@ and the row each episode plays), and prints one JSON line describing the environ
 does not load, is no verifiers Environment, scores its rollouts as a group or has no dataset exits with 2
 and one line on stderr saying so.
 
-`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_handouts.py's loop (up
+`episodes` takes the run's episodes from its hand-out API at BASE with utils/bridges/bridge_common.py's loop (up
 to CONCURRENCY at once, each bounded by TIMEOUT_S): each is `env.run_rollout(row, client, model, {})` with
 verifiers' token client (OpenAIChatCompletionsTokenClient: multi-turn continuations through POST
 /v1/chat/completions/tokens) on the episode's session; its rubric's reward is posted to the session's
@@ -36,22 +36,19 @@ import math
 import os
 import sys
 import traceback
-from typing import NoReturn
 
-REFUSED = 2  # the exit status of an environment the run cannot train
+try:  # run as a script, this folder heads sys.path; imported by the trainer, it is a package's module
+  from . import bridge_common
+except ImportError:
+  import bridge_common  # type: ignore[no-redef]
 
 
 def load(env_id: str, args: str):
   """The environment `env_id` names, loaded by verifiers with `args`; SystemExit(2) with one line where
   it cannot be."""
-  try:
-    kwargs = json.loads(args)
-  except json.JSONDecodeError as e:
-    _refuse(f"environment.args={args}: not JSON ({e})")
-  if not isinstance(kwargs, dict):
-    _refuse(f"environment.args={args}: expected a JSON object of load_environment's keyword arguments")
+  kwargs = bridge_common.keyword_args(args, "load_environment's")
   if importlib.util.find_spec("verifiers") is None:
-    _refuse(f"environment.python={sys.executable}: verifiers is not installed there")
+    bridge_common.refuse(f"environment.python={sys.executable}: verifiers is not installed there")
   import verifiers as vf
 
   module = env_id
@@ -62,27 +59,18 @@ def load(env_id: str, args: str):
     env = vf.load_environment(module, **kwargs)
   except Exception as e:  # noqa: BLE001 (the user's code: whatever it raises is its refusal)
     traceback.print_exc()
-    first = (str(e).splitlines() or [""])[0]
-    _refuse(f"environment.id={env_id}: load_environment({_shown(kwargs)}) failed: {type(e).__name__}: {first}")
+    call = bridge_common.call_shown("load_environment", kwargs)
+    bridge_common.refuse(f"environment.id={env_id}: {call} failed: {bridge_common.failure(e)}")
   if not isinstance(env, vf.Environment):
-    _refuse(
+    bridge_common.refuse(
       f"environment.id={env_id}: load_environment returned {type(env).__name__}; expected a verifiers Environment"
     )
   if env.requires_group_rollouts or env.provides_advantages:
-    _refuse(
+    bridge_common.refuse(
       f"environment.id={env_id}: its rubric scores a group of rollouts together (group reward functions, a "
       "taskset's init_group or advantages of its own); the run scores each episode alone: not supported"
     )
   return env
-
-
-def _shown(kwargs: dict) -> str:
-  return ", ".join(f"{k}={v!r}" for k, v in kwargs.items())
-
-
-def _refuse(line: str) -> NoReturn:
-  print(line, file=sys.stderr, flush=True)
-  raise SystemExit(REFUSED)
 
 
 def _role(message) -> str | None:
@@ -105,7 +93,7 @@ def dataset(env_id: str, args: str, out: str) -> None:
   except Exception as e:  # noqa: BLE001
     traceback.print_exc()
     first = (str(e).splitlines() or [""])[0]
-    _refuse(f"environment.id={env_id}: its dataset does not load: {type(e).__name__}: {first}")
+    bridge_common.refuse(f"environment.id={env_id}: its dataset does not load: {type(e).__name__}: {first}")
   count = 0
   with open(out, "w", encoding="utf-8") as f:
     for row in rows:
@@ -121,18 +109,17 @@ def dataset(env_id: str, args: str, out: str) -> None:
       f.write(json.dumps(line) + "\n")
       count += 1
   if not count:
-    _refuse(f"environment.id={env_id}: its dataset has no rows")
+    bridge_common.refuse(f"environment.id={env_id}: its dataset has no rows")
   form = "v1" if type(env).__module__.startswith("verifiers.v1") else "legacy"
   print(json.dumps({"rows": count, "class": type(env).__name__, "form": form, "tools": len(env.tool_defs or [])}))
 
 
 async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_s: float) -> None:
-  import bridge_handouts as handouts  # this folder heads sys.path: the script's own
   import openai
   from verifiers.clients import OpenAIChatCompletionsTokenClient
 
   env = load(env_id, args)
-  key = handouts.api_key()
+  key = bridge_common.api_key()
 
   async def play(take: dict) -> dict:
     row = json.loads(take["example"]["verifiers_input"])
@@ -152,7 +139,7 @@ async def episodes(env_id: str, args: str, base: str, concurrency: int, timeout_
       return {"error": f"the rubric gave {reward!r}; expected a finite float reward"}
     return {"reward": float(reward)}
 
-  await handouts.take_episodes(base, concurrency, timeout_s, play)
+  await bridge_common.take_episodes(base, concurrency, timeout_s, play)
 
 
 def main(argv: list[str]) -> None:

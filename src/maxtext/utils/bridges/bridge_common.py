@@ -1,6 +1,10 @@
-"""The hand-out loop of the run's environment bridges (bridges/verifiers_bridge.py, bridges/openenv_bridge.py),
-which run as scripts in an environment's own venv (their folder, which holds only them, heads sys.path
-there): it uses only the standard library and httpx, which verifiers and OpenEnv install.
+"""What the run's environment bridges (bridges/verifiers_bridge.py, bridges/openenv_bridge.py) share. They
+run as scripts in an environment's own venv (their folder, which holds only them, heads sys.path there), so
+this uses only the standard library and httpx, which verifiers and OpenEnv install.
+
+A bridge refuses an environment it cannot train with `refuse`: one line on stderr and exit status
+REFUSED, which the trainer (env_server.run_bridge) reports as the refusal. `keyword_args` reads ARGS, a
+JSON object of keyword arguments, refusing anything else.
 
 `take_episodes` takes the run's episodes from its hand-out API at BASE (POST /episodes/next, as a process of
 rl.agent=http does), up to CONCURRENCY at once, until it answers 410; each is `await play(take)` bounded by
@@ -12,12 +16,41 @@ run's API key, where it has one, is $MAXTEXT_AGENT_API_KEY.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 import traceback
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 KEY_ENV = "MAXTEXT_AGENT_API_KEY"
+REFUSED = 2  # the exit status of an environment the run cannot train
+
+
+def refuse(line: str) -> NoReturn:
+  print(line, file=sys.stderr, flush=True)
+  raise SystemExit(REFUSED)
+
+
+def keyword_args(args: str, whose: str) -> dict:
+  """ARGS (environment.args), a JSON object of `whose` keyword arguments; refused otherwise."""
+  try:
+    kwargs = json.loads(args)
+  except json.JSONDecodeError as e:
+    refuse(f"environment.args={args}: not JSON ({e})")
+  if not isinstance(kwargs, dict):
+    refuse(f"environment.args={args}: expected a JSON object of {whose} keyword arguments")
+  return kwargs
+
+
+def call_shown(name: str, kwargs: dict) -> str:
+  """name(k=v, ...), as a refusal names a call that failed."""
+  return f"{name}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
+
+
+def failure(e: BaseException) -> str:
+  """An exception as a refusal names it: its type and its message's first line."""
+  return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
 
 def api_key() -> str | None:
