@@ -8,7 +8,7 @@ In one process, each timed as the median of --iters runs of 10 calls after one t
 - the decode step train_rl runs (kv_programs._decode: the model on one position per row
   with its KV cache, then sampling);
 - its read floor: summing as many bytes as the step reads (every weight and the cache);
-- the same step with rollout_dtype=bfloat16 (on decoder.MatmulCopy), its read floor, and the time
+- the same step with rollout_dtype=bfloat16 (on decoder.DecodeCopy), its read floor, and the time
   to remake that copy from the float32 weights;
 - the model's weight matmuls alone (every weight matrix times `rows` inputs), with 1 and with `rows`
   rows (float32), and with `rows` rows on bfloat16 copies of the weights accumulating in float32;
@@ -60,7 +60,7 @@ def main() -> None:
   from flax import nnx
 
   from maxtext.inference import kv_programs as kv
-  from maxtext.models.decoder import MatmulCopy
+  from maxtext.models.decoder import DecodeCopy
 
   cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
   rows, size = args.rows, args.cache
@@ -95,7 +95,7 @@ def main() -> None:
     timings = result["ms"]
     timings["decode step (as train_rl runs it)"] = _median_ms(decode, args.iters)
     timings["read floor (its weights and cache summed)"] = _median_ms(lambda: total(flat), args.iters)
-    copy = MatmulCopy(model, jnp.bfloat16)
+    copy = DecodeCopy(model, jnp.bfloat16)
     copy_static, copy_state = kv._StaticGraph(copy.graphdef), copy.state()
 
     def decode_bf16():

@@ -12,7 +12,7 @@ from flax import nnx
 
 from maxtext.inference.continuous_batching import ContinuousBatcher, SamplingParams
 from maxtext.models import load
-from maxtext.models.decoder import MatmulCopy
+from maxtext.models.decoder import DecodeCopy
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
 
@@ -267,7 +267,7 @@ def test_a_failing_step_fails_every_waiting_request_instead_of_hanging(model):
 
 @pytest.mark.parametrize("scan", ["false", "true"])
 def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_reads(model, scan):
-  if scan == "false":  # the module's model is scanned (the default); unrolled layers' cache has more arrays
+  if scan == "false":  # the module's model is scanned (the default); both decode with unrolled layers
     cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024", "scan_layers=false")
     model = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
   assert model.config.scan_layers == (scan == "true")
@@ -280,7 +280,7 @@ def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_read
   cfg = model.config
   weights = 4 * sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))  # float32
   kv = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4  # keys and values of one row
-  end_index = 4 * (1 if cfg.scan_layers else cfg.num_layers)  # int32 per row and layer (stacked: per row)
+  end_index = 4 * cfg.num_layers  # int32 per row and layer (the batcher decodes with unrolled layers)
   assert tokens_per_s > 0
   assert bytes_per_s / tokens_per_s == pytest.approx(weights + kv + end_index, rel=1e-9)
   batcher.close()
@@ -288,8 +288,8 @@ def test_decode_rate_leaves_compiling_steps_out_and_counts_the_bytes_a_step_read
 
 def test_a_bfloat16_copy_decodes_as_its_own_forward_near_the_float32_model(model):
   """matmul_dtype=bfloat16: greedy completions through the KV cache equal greedy decoding of the same
-  MatmulCopy without a cache, and the sampled tokens' log-probs stay near the float32 model's."""
-  copy = MatmulCopy(model, jnp.bfloat16)
+  DecodeCopy without a cache, and the sampled tokens' log-probs stay near the float32 model's."""
+  copy = DecodeCopy(model, jnp.bfloat16)
   reference = nnx.merge(copy.graphdef, copy.state())
   batcher = ContinuousBatcher(model, cache_size=64, max_batch_size=4, matmul_dtype=jnp.bfloat16)
   futures = [batcher.submit(p, SamplingParams(6, temperature=0.0)) for p in PROMPTS[:4]]
@@ -306,16 +306,26 @@ def test_a_bfloat16_copy_decodes_as_its_own_forward_near_the_float32_model(model
   single.submit(PROMPTS[0], SamplingParams(6, temperature=0.0)).result(timeout=120)
   tokens_per_s, bytes_per_s = single.decode_rate()
   cfg = model.config
-  end_index = 4 * (1 if cfg.scan_layers else cfg.num_layers)  # int32 per row and layer (stacked: per row)
+  end_index = 4 * cfg.num_layers  # int32 per row and layer (the batcher decodes with unrolled layers)
   kv_and_end_index = 2 * cfg.num_layers * 32 * cfg.num_kv_heads * cfg.head_dim * 4 + end_index
   assert bytes_per_s / tokens_per_s == pytest.approx(copy.nbytes + kv_and_end_index, rel=1e-9)
   single.close()
 
 
-@pytest.mark.parametrize("signal", ["version", "weights_changed", "none: between busy periods"])
-def test_a_bfloat16_copy_follows_the_weights(model, signal):
-  """The copy is remade when the version changes or weights_changed() is called (from the next decode
-  step on), and at the start of every busy period: samples never come from replaced weights."""
+@pytest.mark.parametrize(
+  "signal, dtype",
+  [
+    ("version", jnp.bfloat16),
+    ("weights_changed", jnp.bfloat16),
+    ("none: between busy periods", jnp.bfloat16),
+    ("weights_changed", None),  # the module's model is scanned: the batcher decodes from an unrolled copy
+    ("none: between busy periods", None),
+  ],
+)
+def test_a_decode_copy_follows_the_weights(model, signal, dtype):
+  """The copy (bfloat16, or a scanned model's unrolled one) is remade when the version changes or
+  weights_changed() is called (from the next decode step on), and at the start of every busy period:
+  samples never come from replaced weights."""
   policy = nnx.clone(model)
   zeroed = jax.tree.map(jnp.zeros_like, nnx.state(policy))  # all-zero logits: argmax token 0
   calls = {"n": 0}
@@ -328,7 +338,7 @@ def test_a_bfloat16_copy_follows_the_weights(model, signal):
         batcher.weights_changed()
     return 1 if calls["n"] >= 5 and signal == "version" else 0
 
-  batcher = ContinuousBatcher(policy, 64, 2, version=version, matmul_dtype=jnp.bfloat16)
+  batcher = ContinuousBatcher(policy, 64, 2, version=version, matmul_dtype=dtype)
   done = batcher.submit(PROMPTS[2], SamplingParams(8, temperature=0.0)).result(timeout=120)
   if signal == "none: between busy periods":
     assert 0 not in done.tokens.tolist()

@@ -16,7 +16,7 @@ from flax import nnx
 from maxtext.configs import pyconfig
 from maxtext.integration.tunix import scoring
 from maxtext.models import builder
-from maxtext.models.decoder import MatmulCopy, ModelConfig
+from maxtext.models.decoder import DecodeCopy, ModelConfig
 from maxtext.models.shared_prefix import SharedPrefix
 from maxtext.trainers.post_train.rl import footprint
 from maxtext.utils import errors
@@ -79,22 +79,31 @@ def test_policy_snapshot_only_where_the_agentic_trainer_recomputes_log_probs():
   assert snapshot("rl.use_agentic_rollout=true", "rollout_engine=batched", "rl.sampler_is=token") == weights
 
 
-@pytest.mark.parametrize("args", [("model_name=qwen3-tiny",), ("model_name=llama-tiny", "lora_rank=4")])
-def test_the_samplers_bfloat16_copy_is_the_matmul_copys_size(args):
+@pytest.mark.parametrize(
+  "args",
+  [
+    ("model_name=qwen3-tiny", "rollout_dtype=bfloat16"),
+    ("model_name=llama-tiny", "lora_rank=4", "rollout_dtype=bfloat16"),
+    ("model_name=qwen3-tiny", "scan_layers=true"),  # float32 rollouts from scanned layers: unrolled
+    ("model_name=llama-tiny", "lora_rank=4", "scan_layers=true"),
+  ],
+)
+def test_the_samplers_copy_is_what_the_decode_copy_adds(args):
   cfg = make_config(*args)
   mesh = create_meshes(cfg.mesh, agentic=False)[0]
-  base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
+  base = builder.init_random(ModelConfig.from_config(make_config(*args[:1], *args[-1:]).model), mesh, 0)
   model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
-  part = "sampler's bfloat16 copy (rollout_dtype)"
-  copy = MatmulCopy(model, jnp.bfloat16).nbytes
-  assert (
-    footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=true")).parts[part] == copy
-  )
+  assert model.config.scan_layers == cfg.model.scan_layers
+  part = "sampler's copy (rollout_dtype=bfloat16, or scan_layers unrolled)"
+  dtype = jnp.bfloat16 if cfg.sampling.rollout_dtype == "bfloat16" else None
+  copy = DecodeCopy(model, dtype).added_bytes
+  assert footprint.estimate(make_config(*args, "rl.use_agentic_rollout=true")).parts[part] == copy > 0
   # The standard learner samples, then trains: the copy and the training temporaries never coexist.
-  parts = footprint.estimate(make_config(*args, "rollout_dtype=bfloat16", "rl.use_agentic_rollout=false")).parts
+  parts = footprint.estimate(make_config(*args, "rl.use_agentic_rollout=false")).parts
   temporaries = sum(v for k, v in parts.items() if k.startswith(("output layer", "activations")))
   assert parts[part] == max(0, copy - temporaries)
-  assert footprint.estimate(make_config(*args, "rl.use_agentic_rollout=true")).parts[part] == 0
+  unrolled = make_config(*args[:-1], "scan_layers=false", "rl.use_agentic_rollout=true")
+  assert footprint.estimate(unrolled).parts[part] == 0  # the sampler reads the model's own weights
 
 
 @pytest.mark.parametrize("scan", ["false", "true"])
@@ -115,11 +124,12 @@ def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows(scan):
   assert footprint.parameter_count(cfg.model) == sum(x.size for x in jax.tree.leaves(nnx.state(model)))
 
 
-def test_scanned_layers_count_one_layers_compiled_programs():
+def test_scanned_layers_count_one_layers_compiled_programs_and_the_samplers_unrolled_ones():
   programs = lambda scan: footprint.estimate(make_config("model_name=qwen3-tiny", f"scan_layers={scan}")).parts[
     "compiled programs"
   ]
-  assert programs("true") == programs("false") / 2  # qwen3-tiny's 2 layers
+  per_layer = programs("false") / 2  # qwen3-tiny's 2 layers, every program unrolled
+  assert programs("true") == pytest.approx(per_layer * (1 + 2 * 2 / 5))  # prefill and decode: 2 of 5 programs
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])

@@ -161,12 +161,12 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, shape, scan):
 @pytest.mark.parametrize("scan", ["false", "true"])
 @pytest.mark.parametrize("shape", ["qwen3-gqa-tied-headdim", "llama3-rope-scaling-untied"])
 def test_bfloat16_matmul_copy_is_transformers_with_rounded_linear_inputs_and_near_float32(tmp_path, shape, scan):
-  """decoder.MatmulCopy (the rollout_dtype=bfloat16 sampler's model): its logits equal transformers'
+  """decoder.DecodeCopy (the rollout_dtype=bfloat16 sampler's model): its logits equal transformers'
   float32 model whose embedding and linear weights, and every linear layer's input, are rounded to
   bfloat16; and they stay near the float32 model's (the samples' shift from the trainer's policy)."""
   hf = write_hf_model(tmp_path, shape)
   _, ours = load_ours(tmp_path, f"scan_layers={scan}")
-  copy = decoder.MatmulCopy(ours, jnp.bfloat16)
+  copy = decoder.DecodeCopy(ours, jnp.bfloat16)
   tokens = np.random.default_rng(0).integers(0, 256, (2, 24))
   t = tokens.shape[1]
   args = (

@@ -313,7 +313,7 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
   model (lowered, not run; a LoRA-adapted Qwen3): the gradient of the loss's per-token log-probs
   and entropies (scoring.completion_logps, through the decoder and through SharedPrefix), and the
   batched engine's prefill and KV-cache decode step, from the model and from its bfloat16
-  MatmulCopy."""
+  DecodeCopy."""
   from maxtext.inference import kv_programs as kv
   from maxtext.integration.tunix import scoring
   from maxtext.models.shared_prefix import SharedPrefix
@@ -333,11 +333,12 @@ def test_matmul_precision_reaches_every_dot_of_training_sampling_and_scoring(pre
     f"loss gradient (shared={s})": jax.jit(jax.grad(scored), static_argnums=1).lower(state, s) for s in (0, 1)
   }
   rows, size = 4, 16
-  for name, (graph, weights) in {
-    "model": (graphdef, state),
-    "bfloat16 copy": ((copy := decoder.MatmulCopy(m, jnp.bfloat16)).graphdef, copy.state()),
+  copy = decoder.DecodeCopy(m, jnp.bfloat16)
+  for name, (graph, weights, layout) in {
+    "model": (graphdef, state, m),
+    "bfloat16 copy": (copy.graphdef, copy.state(), copy),
   }.items():
-    static, cache = kv._StaticGraph(graph), m.init_cache(rows, size, jnp.float32)
+    static, cache = kv._StaticGraph(graph), layout.init_cache(rows, size, jnp.float32)
     ints = jnp.zeros((rows,), jnp.int32)
     programs[f"prefill ({name})"] = kv._extend.lower(static, weights, cache, jnp.ones((rows, 3), jnp.int32), ints)
     programs[f"decode chunk ({name})"] = kv._decode.lower(

@@ -29,10 +29,12 @@ recorded, on the scheduler thread (it must return at once and not raise), for ca
 A caller that cancels its Future (Future.cancel()) gives its request up: it leaves the queue, or its
 slot before the next chunk.
 
-With `matmul_dtype` set the batcher samples from a `MatmulCopy` of the model in that dtype (bfloat16
-halves the weight bytes a decode step reads): made whenever requests are admitted into an empty
+The batcher decodes with unrolled layers, each layer's weights and KV cache arrays of their own (no
+per-layer copy out of stacked arrays in a decode step): a model with scan_layers, or with
+`matmul_dtype` set (bfloat16 halves the weight bytes a decode step reads), is sampled from a
+`DecodeCopy` of it (unrolled, in that dtype): made whenever requests are admitted into an empty
 batch, remade when version() changes or `weights_changed()` is called, dropped while the batcher
-waits idle.
+waits idle. An unrolled model with no matmul_dtype is read as it is: updates in place show.
 
 `decode_rate()` reports the decode steps' throughput (steps that compiled left out): busy rows'
 tokens per second, and the bytes per second those steps had to read at least (every weight and the
@@ -56,9 +58,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from maxtext.inference import program_census
 from maxtext.inference.kv_programs import _decode, _extend, _put_rows, _resize, _StaticGraph, _take_rows
 from maxtext.inference.slots import Admission, Request, Slots, _bucket, _chunk_width, _filled
-from maxtext.models.decoder import Decoder, MatmulCopy, cache_rows
+from maxtext.models.decoder import DecodeCopy, Decoder, cache_rows
 
 log = logging.getLogger(__name__)
 
@@ -110,10 +113,11 @@ class ContinuousBatcher:
     steps_per_dispatch: int = 1,
   ):
     """version() returns the number to tag tokens with, read before each decode step; a change
-    drops held prefixes (and remakes a matmul_dtype copy). cache_size: the most tokens (prompt +
-    completion) of one request. matmul_dtype: None samples from the model's own weights, else from
-    a MatmulCopy in that dtype."""
-    self._copy = MatmulCopy(model, matmul_dtype) if matmul_dtype is not None else None
+    drops held prefixes (and remakes the copy). cache_size: the most tokens (prompt + completion) of
+    one request. matmul_dtype: None samples with the model's own dtypes, else from a DecodeCopy in
+    that dtype."""
+    copied = matmul_dtype is not None or model.config.scan_layers
+    self._copy = DecodeCopy(model, matmul_dtype) if copied else None
     self._state: nnx.State | None  # a copy's is made when a busy period starts
     if self._copy is None:
       graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
@@ -137,7 +141,8 @@ class ContinuousBatcher:
     # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
     # computes every row, so idle rows cost as much as busy ones.
     with jax.set_mesh(mesh):  # not the caller's mesh, which may span other devices
-      self._cache = jax.device_put(model.init_cache(1, cache_size, cache_dtype or model.config.dtype), placement)
+      cache = (self._copy or model).init_cache(1, cache_size, cache_dtype or model.config.dtype)
+      self._cache = jax.device_put(cache, placement)
     self._table = Slots(max_batch_size, version())  # which request each slot decodes, what free ones hold
     self._waiting: collections.deque[Request] = collections.deque()
     lock = threading.RLock()  # the version source may call weights_changed() under it
@@ -225,9 +230,35 @@ class ContinuousBatcher:
 
   def weights_changed(self) -> None:
     """The model's weights changed (whether or not version() did): held prefixes are dropped and a
-    matmul_dtype copy is remade before the next decode step."""
+    copy (DecodeCopy) is remade before the next decode step."""
     with self._wake:
       self._stale = True
+
+  def decode_layer_copies(self, rows: int) -> dict[str, int]:
+    """program_census.layer_copies of the decode-chunk program this batcher runs at `rows` rows
+    (greedy rows, one EOS id, chunks of steps_per_dispatch), compiled from abstract arrays here: {}
+    when its decode steps copy no layer's weight matrix or KV cache."""
+    state: Any = self._state if self._copy is None else jax.eval_shape(self._copy.state)
+    cache = jax.eval_shape(lambda: _resize(self._cache, rows))
+    ints = jax.ShapeDtypeStruct((rows,), jnp.int32)
+    compiled = _decode.lower(
+      self._graphdef,
+      state,
+      cache,
+      ints,
+      ints,
+      ints,
+      jax.ShapeDtypeStruct((rows, 2), jnp.uint32),
+      jax.ShapeDtypeStruct((rows, 2), jnp.float32),
+      ints,
+      None,
+      ints,
+      jax.ShapeDtypeStruct((rows, 1), jnp.int32),
+      jax.ShapeDtypeStruct((2,), jnp.int32),
+      self.steps_per_dispatch,
+    ).compile()
+    weights = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]  # the batcher decodes unrolled
+    return program_census.layer_copies(compiled.as_text() or "", [*weights, cache["layer_0"]["k"], cache["layer_0"]["v"]])
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""

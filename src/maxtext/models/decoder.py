@@ -68,7 +68,7 @@ class ModelConfig:
   lora_alpha: float = 0.0
   lora_module_path: str = ""  # regex over dotted weight names (layers.3.attn.q_proj) that get adapters
   # The weight matmuls' input dtype (weights and activations rounded to it), accumulating in dtype;
-  # None: dtype. Set by `MatmulCopy`.
+  # None: dtype. Set by `DecodeCopy`.
   matmul_dtype: Any = None
   # Every matmul's precision (jax.lax.Precision's name: default, high, highest), passed to each dot.
   matmul_precision: MatmulPrecision = "default"
@@ -573,64 +573,96 @@ class Decoder(nnx.Module):
     )
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
-    cfg = self.config
-    keys = (batch_size, cfg.num_kv_heads, cfg.head_dim, cache_size)
-    values = (batch_size, cfg.num_kv_heads, cache_size, cfg.head_dim)
-    if cfg.scan_layers:  # each row's keys and values of every layer: [B, layers, ...]
-      layers = lambda shape: (shape[0], cfg.num_layers, *shape[1:])
-      return {
-        "layers": {
-          "k": jnp.zeros(layers(keys), dtype),
-          "v": jnp.zeros(layers(values), dtype),
-          "end_index": jnp.zeros((batch_size,), jnp.int32),
-        }
-      }
+    return init_cache(self.config, batch_size, cache_size, dtype)
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, cache_size: int, dtype) -> Cache:
+  """An empty KV cache of `batch_size` rows of `cache_size` positions for a decoder of `cfg` (the
+  module docstring's layouts)."""
+  keys = (batch_size, cfg.num_kv_heads, cfg.head_dim, cache_size)
+  values = (batch_size, cfg.num_kv_heads, cache_size, cfg.head_dim)
+  if cfg.scan_layers:  # each row's keys and values of every layer: [B, layers, ...]
+    layers = lambda shape: (shape[0], cfg.num_layers, *shape[1:])
     return {
-      f"layer_{i}": {
-        "k": jnp.zeros(keys, dtype),
-        "v": jnp.zeros(values, dtype),
+      "layers": {
+        "k": jnp.zeros(layers(keys), dtype),
+        "v": jnp.zeros(layers(values), dtype),
         "end_index": jnp.zeros((batch_size,), jnp.int32),
       }
-      for i in range(cfg.num_layers)
     }
+  return {
+    f"layer_{i}": {
+      "k": jnp.zeros(keys, dtype),
+      "v": jnp.zeros(values, dtype),
+      "end_index": jnp.zeros((batch_size,), jnp.int32),
+    }
+    for i in range(cfg.num_layers)
+  }
 
 
-class MatmulCopy:
-  """A copy of a decoder for inference whose weights are stored in `dtype` and whose weight matmuls
-  (projections and output layer) take their inputs rounded to `dtype`, accumulating in the model's
-  dtype: norms, attention, the residual stream and the logits stay in the model's dtypes. Its output
-  layer is stored [D, V] (a tied model's embedding transposed), the layout XLA:CPU multiplies by
-  without first converting it. Its decode step reads half a float32 model's weight bytes, at
-  bfloat16's rounding of weights and matmul inputs (benchmarks/RESULTS.md, "Rollouts in bfloat16").
+class DecodeCopy:
+  """A copy of a decoder for sampling, whose layers are unrolled: each layer's weights are arrays of
+  their own, so a decode step reads them, and each layer's KV cache (`init_cache`: one entry per
+  layer), where they lie. A scanned decoder's step instead slices each layer's weights and cache out of
+  the stacked arrays, a copy of each per layer and step in the compiled program
+  (tests/unit/test_decode_copy.py counts them; benchmarks/RESULTS.md, "The device suite").
 
-  `graphdef` is fixed; `state()` copies the source model's current values (its own variables, so
-  in-place updates show) in one compiled program; `nbytes`: the copy's size."""
+  matmul_dtype None: the weights keep their dtypes, so the copy computes what an unrolled decoder with
+  the same weights computes, and the leaves outside the layers (embedding, final norm, output layer)
+  are the source's own arrays, not copied. Else the weights are stored in matmul_dtype and the weight
+  matmuls (projections and output layer) take their inputs rounded to it, accumulating in the model's
+  dtype: norms, attention, the residual stream and the logits stay in the model's dtypes. The output
+  layer is then stored [D, V] (a tied model's embedding transposed), the layout XLA:CPU multiplies by
+  without first converting it; a decode step reads half a float32 model's weight bytes, at bfloat16's
+  rounding of weights and matmul inputs (benchmarks/RESULTS.md, "Rollouts in bfloat16").
 
-  def __init__(self, model: Decoder, dtype):
-    dtype = jnp.dtype(dtype)
-    cfg = dataclasses.replace(model.config, weight_dtype=dtype, matmul_dtype=dtype, tie_embeddings=False)
+  `config` and `graphdef` are fixed; `state()` copies the source model's current values (its own
+  variables, so in-place updates show) in one compiled program; `nbytes`: the copy's weights (what a
+  decode step reads), `added_bytes`: the memory it adds to the source's."""
+
+  def __init__(self, model: Decoder, matmul_dtype=None):
+    cfg = dataclasses.replace(model.config, scan_layers=False)
+    self._dtype = None if matmul_dtype is None else jnp.dtype(matmul_dtype)
+    if self._dtype is not None:
+      cfg = dataclasses.replace(cfg, weight_dtype=self._dtype, matmul_dtype=self._dtype, tie_embeddings=False)
+    self.config = cfg
     self.graphdef, target = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
     self._source = nnx.state(model)
     sources = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(self._source)[0])}
     paths, self._target = jax.tree_util.tree_flatten_with_path(target)
     embed = next(i for path, i in sources.items() if _top_name(path) == "embed")
-    # Per leaf of the copy: (index of its source leaf, whether that leaf is transposed, whether it is
-    # a matrix, cast to dtype): a tied model's lm_head is its embedding's transpose; stacked layers'
-    # leaves have one more axis than a layer's.
-    stacked = lambda path: int(cfg.scan_layers and _top_name(path) == "layers")
-    self._plan = tuple(
-      (embed, True, True)
-      if _top_name(path) == "lm_head" and model.config.tie_embeddings
-      else (sources[path], False, leaf.ndim - stacked(path) >= 2)
-      for path, leaf in paths
+    stacked = model.config.scan_layers
+
+    def plan(path, leaf) -> tuple[int, int | None, bool, bool]:
+      """(index of the source leaf, the layer it is sliced at (None: whole), whether it is transposed,
+      whether it is cast to matmul_dtype) of one leaf of the copy: a tied model's output layer is its
+      embedding's transpose, an unrolled layer's leaf (layers.3.attn.q_proj) a stacked leaf's slice."""
+      if _top_name(path) == "lm_head" and model.config.tie_embeddings:
+        return embed, None, True, True
+      if stacked and _top_name(path) == "layers":
+        return sources[path[:1] + path[2:]], path[1].key, False, self._dtype is not None and leaf.ndim >= 2
+      return sources[path], None, False, self._dtype is not None and leaf.ndim >= 2
+
+    self._plan = tuple(plan(path, leaf) for path, leaf in paths)
+    self._made = tuple(
+      i for i, (_, layer, transposed, cast) in enumerate(self._plan) if layer is not None or transposed or cast
     )
-    self._dtype = dtype
+    made_plan = tuple(self._plan[i] for i in self._made)
     leaves = tuple(jax.tree.leaves(self._source))
-    self.nbytes = sum(x.size * x.dtype.itemsize for x in jax.eval_shape(_cast_leaves, leaves, self._plan, dtype))
+    made = jax.eval_shape(_copy_leaves, leaves, made_plan, self._dtype)
+    self.added_bytes = sum(x.size * x.dtype.itemsize for x in made)
+    kept = set(range(len(self._plan))) - set(self._made)
+    self.nbytes = self.added_bytes + sum(leaves[self._plan[i][0]].nbytes for i in kept)
 
   def state(self) -> nnx.State:
-    values = _cast_leaves(tuple(jax.tree.leaves(self._source)), self._plan, self._dtype)
+    leaves = tuple(jax.tree.leaves(self._source))
+    values = [leaves[index] for index, *_ in self._plan]
+    for i, value in zip(self._made, _copy_leaves(leaves, tuple(self._plan[i] for i in self._made), self._dtype)):
+      values[i] = value
     return jax.tree.unflatten(self._target, values)
+
+  def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
+    return init_cache(self.config, batch_size, cache_size, dtype)
 
 
 def _top_name(path) -> str | None:
@@ -639,12 +671,13 @@ def _top_name(path) -> str | None:
 
 
 @functools.partial(jax.jit, static_argnums=(1, 2))
-def _cast_leaves(leaves: tuple, plan: tuple, dtype) -> list:
-  """The copy's leaves from the source's (MatmulCopy's plan): matrices in dtype, vectors as they are."""
+def _copy_leaves(leaves: tuple, plan: tuple, dtype) -> list:
+  """DecodeCopy's made leaves from the source's (its plan's entries for them)."""
   out = []
-  for index, transposed, matrix in plan:
-    x = leaves[index].T if transposed else leaves[index]
-    out.append(x.astype(dtype) if matrix else x)
+  for index, layer, transposed, cast in plan:
+    x = leaves[index] if layer is None else leaves[index][layer]
+    x = x.T if transposed else x
+    out.append(x.astype(dtype) if cast else x)
   return out
 
 

@@ -270,7 +270,7 @@ class RolloutEngine(WithoutExtras, base_rollout.BaseRollout):
 
 class BatchedRolloutEngine(base_rollout.BaseRollout):
   """Tunix rollout engine on a ContinuousBatcher with rollout_max_batch_size slots (see the module
-  docstring), sampling from a MatmulCopy of the policy in matmul_dtype when set (rollout_dtype).
+  docstring), sampling from a DecodeCopy of the policy (unrolled layers) in matmul_dtype when set (rollout_dtype).
   Passed as ClusterConfig.rollout_engine via functools.partial binding seed, max_batch_size,
   matmul_dtype and steps_per_dispatch."""
 

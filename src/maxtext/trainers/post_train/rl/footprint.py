@@ -9,9 +9,11 @@ reference is the frozen base); where agentic GRPO's trainer recomputes the old p
 (RLCluster.sync_weights keeps the weights of the samples' policy in host memory; the learners drop it
 where they never read it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
-the LoRA adapters); the sampler's KV cache at its most rows, and its bfloat16 copy of the weights (rollout_dtype, with
-the output layer stored apart from a tied embedding; the standard learner samples and trains in turn,
-so there only what the copy exceeds the training step's temporaries by); and the training step's largest
+the LoRA adapters); the sampler's KV cache at its most rows, and its copy of the weights
+(decoder.DecodeCopy: with rollout_dtype=bfloat16 every weight in bfloat16, the output layer stored
+apart from a tied embedding; else with scan_layers the layers' weights unrolled, as they are; the
+standard learner samples and trains in turn, so there only what the copy exceeds the training step's
+temporaries by); and the training step's largest
 temporaries for one micro-batch: the output layer's, a vocabulary slice's float32 logits at a time
 (models/token_logps.py: logits, probabilities and their gradient) and its weights' gradient, and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
@@ -20,7 +22,8 @@ before loading (Python, JAX's runtime, the libraries: its resident memory when t
 the workers of rl.agent=FILE:FN (rl.max_concurrency at once, each as much as one measured at start
 with the agent's file loaded); and the compiled programs, which XLA:CPU unrolls layer by layer (a
 per-layer size, docs/decisions.md, "Compiled-program memory in the estimate"; with scan_layers one
-layer's, the programs holding one scanned layer). Not counted: the optimizer update's own temporaries
+layer's, the programs holding one scanned layer, but for the sampler's prefill and decode, which run
+unrolled layers: two of the five programs' share of every layer). Not counted: the optimizer update's own temporaries
 and the allocator's overheads, which the end-of-run line shows against the estimate (the trainer's
 own peak: benchmarks/agent_memory.py measures an agent run's whole process tree).
 
@@ -51,6 +54,7 @@ log = logging.getLogger(__name__)
 GB = 1e9
 # Compiled programs per decoder layer (training step, update, prefill, decode, log-probs).
 _PROGRAM_BYTES_PER_LAYER = 17e6
+_SAMPLER_PROGRAMS = 2 / 5  # prefill and decode, of those five: their share of _PROGRAM_BYTES_PER_LAYER
 # Projections that can take LoRA adapters: name -> (inputs, outputs) in terms of the architecture.
 _PROJECTIONS = {
   "attn.q_proj": lambda c: (c.emb_dim, c.num_query_heads * c.head_dim),
@@ -134,12 +138,24 @@ def _activation_values_per_token(model: ModelSection, length: int) -> int:
   return values
 
 
-def _bfloat16_copy_bytes(model: ModelSection, count: int) -> int:
-  """decoder.MatmulCopy's bytes for a model of `count` values: its matrices in bfloat16 (a tied
-  embedding twice: as itself and as the output layer), its norm scales as they are (float32)."""
-  vectors = _norm_scale_count(model)
-  head = model.vocab_size * model.emb_dim if model.logits_via_embedding else 0
-  return 2 * (count + head - vectors) + 4 * vectors
+def _sampler_copy_bytes(cfg: RunConfig, n: int, lora: int, weight_bytes: int) -> int:
+  """What decoder.DecodeCopy adds for the batched engine's sampler of a model of n values and lora
+  adapter values: with rollout_dtype=bfloat16 its matrices in bfloat16 (a tied embedding twice: as
+  itself and as the output layer), the layers' norm scales as they are (float32; the final norm's is
+  shared); else with scan_layers the
+  layers' weights and adapters as they are (the embedding, final norm and output layer shared); else
+  nothing (the sampler reads the model's own weights)."""
+  model, sampling = cfg.model, cfg.sampling
+  if sampling.rollout_engine != "batched":
+    return 0
+  if sampling.rollout_dtype == "bfloat16":
+    vectors = _norm_scale_count(model)
+    head = model.vocab_size * model.emb_dim if model.logits_via_embedding else 0
+    return 2 * (n + lora + head - vectors) + 4 * (vectors - model.emb_dim)
+  if model.scan_layers:
+    outside = model.vocab_size * model.emb_dim * (1 if model.logits_via_embedding else 2) + model.emb_dim
+    return (n - outside) * weight_bytes + lora * 4
+  return 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,8 +200,7 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
   output_layer = 3 * sequences * scored * width * 4 + model.vocab_size * model.emb_dim * 4
   activations = tokens * per_token * act_bytes
   temporaries = output_layer + activations
-  bfloat16_rollouts = sampling.rollout_engine == "batched" and sampling.rollout_dtype == "bfloat16"
-  copy = _bfloat16_copy_bytes(model, n + lora) if bfloat16_rollouts else 0
+  copy = _sampler_copy_bytes(cfg, n, lora, weight_bytes)
   # name -> (bytes, the keys that shrink it, whether the host holds it where accelerators run the model)
   items: dict[str, tuple[float, str, bool]] = {
     f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): (
@@ -240,13 +255,14 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
       "train_micro_batch_size, remat_policy=full, rl.num_generations, max_prompt_length, max_response_length",
       False,
     ),
-    "sampler's bfloat16 copy (rollout_dtype)": (
+    "sampler's copy (rollout_dtype=bfloat16, or scan_layers unrolled)": (
       copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
-      "rollout_dtype=model",
+      "rollout_dtype=model, scan_layers=false",
       False,
     ),
     "compiled programs": (
-      _PROGRAM_BYTES_PER_LAYER * (1 if model.scan_layers else model.num_decoder_layers),
+      _PROGRAM_BYTES_PER_LAYER
+      * (1 + _SAMPLER_PROGRAMS * model.num_decoder_layers if model.scan_layers else model.num_decoder_layers),
       "scan_layers=true",
       True,
     ),

@@ -1,0 +1,144 @@
+"""The batcher decodes with unrolled layers (decoder.DecodeCopy of a scanned model): its compiled
+decode step copies no layer's weights or KV cache, where a step on the stacked arrays copies each of
+them per layer (counted in the optimized HLO), and it samples the tokens and log-probs the stacked
+layout samples."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from maxtext.inference import kv_programs as kv
+from maxtext.inference import program_census
+from maxtext.inference.continuous_batching import ContinuousBatcher
+from maxtext.models import load
+from maxtext.models.decoder import DecodeCopy
+from maxtext.utils.mesh import create_meshes
+from tests.conftest import make_config
+
+ROWS, SIZE, CHUNK = 4, 48, 4
+
+
+@pytest.fixture(scope="module")
+def models():
+  """{scan_layers: qwen3-tiny decoder}, both from the same seed."""
+  out = {}
+  for scan in (True, False):
+    cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024", f"scan_layers={str(scan).lower()}")
+    out[scan] = load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
+  return out
+
+
+def _decode_args(model, state, cache, **arrays):
+  """kv._decode's arguments for `state` and `cache` as they are (a scanned model's stacked arrays, or a
+  copy's): greedy idle rows unless `arrays` say otherwise."""
+  ints = jnp.zeros((ROWS,), jnp.int32)
+  args = dict(
+    tokens=ints,
+    positions=ints,
+    steps=ints,
+    keys=jnp.zeros((ROWS, 2), jnp.uint32),
+    sampling=jnp.zeros((ROWS, 2)),
+    top_k=jnp.full((ROWS,), 1024, jnp.int32),
+    limits=ints,
+    eos=jnp.full((ROWS, 1), -1, jnp.int32),
+    until=jnp.array([CHUNK, 0], jnp.int32),
+  )
+  args.update(arrays)
+  return (
+    model,
+    state,
+    cache,
+    args["tokens"],
+    args["positions"],
+    args["steps"],
+    args["keys"],
+    args["sampling"],
+    args["top_k"],
+    None,
+    args["limits"],
+    args["eos"],
+    args["until"],
+    CHUNK,
+  )
+
+
+def _layer_arrays(copy: DecodeCopy):
+  """One layer's weight matrices and KV cache at ROWS rows, as the unrolled layout holds them."""
+  weights = [x for x in jax.tree.leaves(jax.eval_shape(copy.state)["layers"][0]) if x.ndim >= 2]
+  cache = jax.eval_shape(lambda: copy.init_cache(ROWS, SIZE, jnp.float32))["layer_0"]
+  return [*weights, cache["k"], cache["v"]]
+
+
+@pytest.mark.parametrize("scan", [True, False])
+@pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
+def test_the_batchers_decode_step_copies_no_layer_weights_or_cache(models, scan, dtype):
+  batcher = ContinuousBatcher(models[scan], SIZE, ROWS, matmul_dtype=dtype, steps_per_dispatch=CHUNK)
+  assert batcher.decode_layer_copies(ROWS) == {}
+  batcher.close()
+
+
+def test_a_decode_step_on_the_stacked_layout_copies_every_layer_weight_and_its_cache(models):
+  """The census finds the copies where they are: the scan's body slices each of the 7 weight matrices
+  and the keys and values out of the stacked arrays (once in the loop body, run once per layer)."""
+  model = models[True]
+  graphdef, state = nnx.split(model)
+  compiled = kv._decode.lower(
+    *_decode_args(kv._StaticGraph(graphdef), state, model.init_cache(ROWS, SIZE, jnp.float32))
+  ).compile()
+  arrays = _layer_arrays(DecodeCopy(model))
+  assert len(arrays) == 9
+  assert program_census.layer_copies(compiled.as_text(), arrays) == {"dynamic-slice": 9}
+
+
+def test_the_copy_holds_each_layers_slice_and_shares_the_rest(models):
+  scanned, unrolled = models[True], models[False]
+  copy = DecodeCopy(scanned)
+  state = copy.state()
+  want = nnx.state(unrolled)
+  same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), state, want)
+  assert all(jax.tree.leaves(same))
+  assert state["embed"][...] is nnx.state(scanned)["embed"][...]  # not copied
+  layers = sum(x.nbytes for x in jax.tree.leaves(nnx.state(scanned)["layers"]))
+  assert copy.added_bytes == layers
+  assert copy.nbytes == sum(x.nbytes for x in jax.tree.leaves(nnx.state(scanned)))
+
+
+def _sample(model, state, cache, prompts, n):
+  """Prefills equal-length prompts [ROWS, T] into `cache` and samples n tokens per row (temperature
+  0.8, each row its own key) in one decode program: (tokens, log-probs)."""
+  t = prompts.shape[1]
+  starts = jnp.zeros((ROWS,), jnp.int32)
+  cache = kv._extend(model, state, cache, prompts[:, :-1], starts)
+  keys = jax.random.key_data(jax.random.split(jax.random.PRNGKey(5), ROWS))
+  args = _decode_args(
+    model,
+    state,
+    cache,
+    tokens=prompts[:, -1],
+    positions=jnp.full((ROWS,), t - 1, jnp.int32),
+    keys=keys.astype(jnp.uint32),
+    sampling=jnp.tile(jnp.array([[0.8, 1.0]]), (ROWS, 1)),
+    limits=jnp.full((ROWS,), n, jnp.int32),
+    until=jnp.array([n, 0], jnp.int32),
+  )
+  args = args[:-1] + (n,)
+  tokens, logps, made, _, _ = kv._decode(*args)
+  assert np.asarray(made).tolist() == [n] * ROWS
+  return np.asarray(tokens), np.asarray(logps)
+
+
+def test_the_copy_samples_the_tokens_and_log_probs_of_the_stacked_layout(models):
+  scanned, unrolled = models[True], models[False]
+  prompts = jax.random.randint(jax.random.PRNGKey(2), (ROWS, 9), 1, 1024)
+  graphdef, state = nnx.split(scanned)
+  stacked = _sample(kv._StaticGraph(graphdef), state, scanned.init_cache(ROWS, SIZE, jnp.float32), prompts, 12)
+  copy = DecodeCopy(scanned)
+  got = _sample(kv._StaticGraph(copy.graphdef), copy.state(), copy.init_cache(ROWS, SIZE, jnp.float32), prompts, 12)
+  graphdef, state = nnx.split(unrolled)
+  plain = _sample(kv._StaticGraph(graphdef), state, unrolled.init_cache(ROWS, SIZE, jnp.float32), prompts, 12)
+  # Bit for bit what an unrolled decoder samples, and (on XLA:CPU) what the stacked layout samples.
+  for want in (plain, stacked):
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+  assert len(set(got[0].ravel().tolist())) > 8  # sampled, not one repeated token
