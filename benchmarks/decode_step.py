@@ -6,7 +6,11 @@ it is made of.
 
 In one process, each timed as the median of --iters runs of 10 calls after one that compiles:
 - the decode step train_rl runs (kv_programs._decode: the model on one position per row
-  with its KV cache, then sampling);
+  with its KV cache, then sampling), on the unrolled copy of a scanned model's layers
+  (decoder.DecodeCopy), and the time to remake that copy;
+- the same step on the scanned model's stacked layers and cache (what the batcher ran before it
+  decoded from the copy), and each step's copies of a layer's weights or cache in its optimized HLO
+  (program_census.layer_copies);
 - its read floor: summing as many bytes as the step reads (every weight and the cache);
 - the same step with rollout_dtype=bfloat16 (on decoder.DecodeCopy), its read floor, and the time
   to remake that copy from the float32 weights;
@@ -60,6 +64,7 @@ def main() -> None:
   from flax import nnx
 
   from maxtext.inference import kv_programs as kv
+  from maxtext.inference import program_census
   from maxtext.models.decoder import DecodeCopy
 
   cfg, mesh, model, n_params = model_benchmark._build(args.model, "float32")
@@ -67,34 +72,64 @@ def main() -> None:
   rows_of = {"float32, 1 row": 1, f"float32, {rows} rows": rows, f"bfloat16 weights, {rows} rows": rows}
   result: dict = {"model": args.model, "rows": rows, "cache": size, "params": n_params, "ms": {}}
   with jax.set_mesh(mesh):
-    graph, state = nnx.split(model)
-    static = kv._StaticGraph(graph)
-    cache = model.init_cache(rows, size, jnp.float32)
+    graph, stacked_state = nnx.split(model)
+    unrolled = DecodeCopy(model)  # what the batcher decodes from (the model's layers are scanned)
+    static, state = kv._StaticGraph(unrolled.graphdef), unrolled.state()
+    cache = unrolled.init_cache(rows, size, jnp.float32)
     tokens = jnp.ones((rows,), jnp.int32)
     positions = jnp.full((rows,), size - 1, jnp.int32)
     steps, keys = jnp.arange(rows), jnp.zeros((rows, 2), jnp.uint32)
     sampling = jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1)
     top_k = jnp.full((rows,), 50, jnp.int32)
     limits, eos, one_step = jnp.full((rows,), 1 << 20, jnp.int32), jnp.full((rows, 1), -1, jnp.int32), jnp.array([1, 0])
-    held = {"cache": cache}
+    held = {"unrolled": cache, "stacked": model.init_cache(rows, size, jnp.float32)}
 
-    def step(static, state):  # one decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it
-      out = kv._decode(
-        static, state, held["cache"], tokens, positions, steps, keys, sampling, top_k, 50, limits, eos, one_step, 1
+    def arguments(static, state, layout):
+      return (
+        static,
+        state,
+        held[layout],
+        tokens,
+        positions,
+        steps,
+        keys,
+        sampling,
+        top_k,
+        50,
+        limits,
+        eos,
+        one_step,
+        1,
       )
-      held["cache"] = out[-1]  # the step donates its cache, as the batcher's does
+
+    def step(
+      static, state, layout="unrolled"
+    ):  # one decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it
+      out = kv._decode(*arguments(static, state, layout))
+      held[layout] = out[-1]  # the step donates its cache, as the batcher's does
       return out[:2]
 
     def decode():
       return step(static, state)
 
+    layer = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]
+    layer += [held["unrolled"]["layer_0"]["k"], held["unrolled"]["layer_0"]["v"]]
+    stacked_static = kv._StaticGraph(graph)
+    result["layer_copies"] = {
+      layout: program_census.layer_copies(kv._decode.lower(*arguments(s, w, layout)).compile().as_text(), layer)
+      for layout, s, w in (("unrolled", static, state), ("stacked", stacked_static, stacked_state))
+    }
     weights = [x for x in jax.tree.leaves(state) if x.ndim >= 2]
     step_bytes = sum(x.nbytes for x in jax.tree.leaves(state)) + sum(x.nbytes for x in jax.tree.leaves(cache))
     flat = jnp.ones((step_bytes // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
     timings = result["ms"]
-    timings["decode step (as train_rl runs it)"] = _median_ms(decode, args.iters)
+    timings["decode step (as train_rl runs it: unrolled copy)"] = _median_ms(decode, args.iters)
+    timings["decode step on the stacked layers"] = _median_ms(
+      lambda: step(stacked_static, stacked_state, "stacked"), args.iters
+    )
     timings["read floor (its weights and cache summed)"] = _median_ms(lambda: total(flat), args.iters)
+    timings["remaking the unrolled copy (once per training step)"] = _median_ms(unrolled.state, args.iters, calls=3)
     copy = DecodeCopy(model, jnp.bfloat16)
     copy_static, copy_state = kv._StaticGraph(copy.graphdef), copy.state()
 
@@ -134,6 +169,9 @@ def main() -> None:
   own = timings["decode step, rollout_dtype=bfloat16"] / timings["its read floor (bfloat16 copy and cache summed)"]
   result["bfloat16_over_own_floor"] = own
   print(f"rollout_dtype=bfloat16: the step reads {copy_bytes / 1e6:.0f} MB, {own:.2f}x its own read floor")
+  stacked = timings["decode step on the stacked layers"] / timings["decode step (as train_rl runs it: unrolled copy)"]
+  result["stacked_over_unrolled"] = stacked
+  print(f"the stacked layers' step takes {stacked:.2f}x the unrolled copy's; layer copies: {result['layer_copies']}")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)

@@ -3,37 +3,43 @@ project, within a time budget, into one JSON file.
 
     python benchmarks/device_suite.py [--budget-s 420] [--quick] [--stages S ...] [--out F]
 
-Stages, biggest measurement first, each in its own process under its own time limit:
+Stages, what matters most first, each in its own process under its own time limit:
 
-1. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
-   model_benchmark's train worker: tokens/s and `mfu` against the device's bf16 peak, unrolled
-   (scan_layers=false), then unrolled with each attention other than the one attention=autoselected
-   runs (cudnn_flash on a GPU), then scanned (scan_layers=true; null with its reason where the
-   config has no such key); the step program's lowering and compile seconds, and each phase's
-   progress in the stage's log. The variants run one after
-   another in one process, so a variant's peak_memory_bytes is that process's peak so far.
-2. decode: the continuous batcher (decode_chunks.batcher_decode) at 64, 8 and 256 `rows`, each with
-   decode_steps_per_dispatch 16, then 1, from the same prompts and keys, scanned layers (the
-   default); at 64 and 8 rows with chunk 16 unrolled too (decode_plan): busy-row tokens/s,
-   `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV cache once per step
-   at the device's HBM bandwidth, model_benchmark.decode_roofline) and a digest of the sampled
-   tokens (`decode_tokens_identical_across_chunks` compares them per row count); the compile
-   seconds of its prefill (`_extend`) and decode chunk (`_decode`) programs, from JAX's compile
-   events.
-3. agentic: benchmarks/agentic_vs_standard.py on qwen3-0.6b's shape: standard GRPO, then agentic
-   GRPO with rl.off_policy_steps=1, on the batched engine, 4 steps of 8 prompts x 8 samples with
-   256-token replies: each run's wall and compile seconds and `ratio_to_standard_same_engine`, with
-   and without compiling.
-4. parity: through pytest, test_model.py's GPU test of cuDNN's flash attention (finite gradients
-   equal to the einsums' on left-padded rows; skipped off NVIDIA GPUs), then
-   tests/unit/test_hf_parity.py (our decoder against transformers on checkpoints that transformers
-   writes): passed, failed, skipped and errors, each test's seconds in the stage's log.
+1. cudnn: through pytest, test_model.py's GPU test of cuDNN's flash attention (finite gradients equal
+   to the einsums' on left-padded rows; skipped off NVIDIA GPUs): `cudnn_flash_test`. Whether it
+   passed decides the attention the train stage measures.
+2. grpo: standard GRPO through benchmarks/agentic_vs_standard.py on qwen3-0.6b's shape (random
+   weights, bfloat16, the batched engine), 4 steps of 8 prompts x 8 samples with 256-token replies:
+   a run that ends trained 4 steps with finite parameters (train_rl's run guard stops one whose
+   updated parameters are not), `grpo`.
+3. decode: the continuous batcher (decode_chunks.batcher_decode) at 64, 8 and 256 `rows` (the goals'
+   row counts first), each with decode_steps_per_dispatch 16, then 1, from the same prompts and keys,
+   with the default scanned layers (the batcher decodes them unrolled, decoder.DecodeCopy):
+   busy-row tokens/s, `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV
+   cache once per step at the device's HBM bandwidth, model_benchmark.decode_roofline), a digest of
+   the sampled tokens (`decode_tokens_identical_across_chunks` compares them per row count), and at
+   each row count's first chunk size `layer_copies` (the decode program's copies of a layer's weights
+   or cache, program_census; {} where there are none); the compile seconds of its prefill
+   (`_extend`) and decode chunk (`_decode`) programs, from JAX's compile events.
+4. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
+   model_benchmark's train worker, with the attention the cudnn stage allows (cudnn_flash where its
+   test passed on a GPU, else dot_product): unrolled (scan_layers=false), then scanned; tokens/s,
+   `mfu` against the device's bf16 peak, the step program's lowering and compile seconds, and each
+   phase's progress in the stage's log. The variants run one after another in one process, so a
+   variant's peak_memory_bytes is that process's peak so far.
+5. agentic: agentic GRPO (rl.off_policy_steps=1) on the grpo stage's work, added to its table:
+   `agentic_vs_standard`, each run's wall and compile seconds and `ratio_to_standard_same_engine`,
+   with and without compiling.
+6. parity: tests/unit/test_hf_parity.py through pytest (our decoder against transformers on
+   checkpoints that transformers writes): passed, failed, skipped and errors, each test's seconds in
+   the stage's log.
 
 Every stage gets at most its own cap and the budget left after the estimates of the stages after
 it (and at least its own estimate); a stage whose estimate exceeds the budget left is skipped. A
 stage that fails or runs out of time is recorded with its error and the measurements it finished
-(each is written as it ends), and the suite goes on. `compile` in the JSON lists the compile seconds
-per program that stages 1 and 2 measured.
+(each is written as it ends), and the suite goes on; the JSON is written again after every stage,
+so a suite stopped from outside keeps the stages it finished. `compile` in the JSON lists the
+compile seconds per program that the decode and train stages measured.
 
 With --artifacts DIR, each stage's log is kept in DIR, and DIR/profiles.tar.gz holds JAX profiler
 traces of one more training step of the unrolled variant and one more decode round at the first row
@@ -78,7 +84,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-STAGES = ("train", "decode", "agentic", "parity")
+STAGES = ("cudnn", "grpo", "decode", "train", "agentic", "parity")
 VERSIONED = (
   "jax",
   "jaxlib",
@@ -137,10 +143,18 @@ FULL = Work(
     "batched",
   ),
   agentic_overrides=("max_response_length=256", "dtype=bfloat16", "weight_dtype=bfloat16"),
-  # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them.
-  # On an H200 (2026-11-28) the scanned train variant did not finish in 95 s and the unrolled
-  # decode programs took over a minute to build and compile.
-  times={"train": (60, 200), "decode": (60, 240), "agentic": (150, 240), "parity": (60, 120)},
+  # Guesses for one H100-class GPU (compiling dominates); the skip rule and the limits use them. The
+  # estimates add up to 320 s of the default 420 s budget. On an H200 (2026-11-28) the scanned train
+  # variant did not finish in 95 s and the unrolled decode programs took over a minute to build and
+  # compile.
+  times={
+    "cudnn": (20, 60),
+    "grpo": (90, 150),
+    "decode": (60, 120),
+    "train": (40, 100),
+    "agentic": (80, 150),
+    "parity": (30, 90),
+  },
 )
 QUICK = Work(
   model="qwen3-tiny",
@@ -155,7 +169,14 @@ QUICK = Work(
   decode_rounds=1,
   agentic=("--quick", "--steps", "2", "--batch-size", "2", "--generations", "2", "--engines", "batched"),
   agentic_overrides=(),
-  times={"train": (15, 90), "decode": (20, 150), "agentic": (60, 300), "parity": (30, 300)},
+  times={
+    "cudnn": (10, 60),
+    "grpo": (30, 150),
+    "decode": (20, 150),
+    "train": (15, 90),
+    "agentic": (30, 150),
+    "parity": (30, 300),
+  },
 )
 
 
@@ -223,35 +244,39 @@ def _config_keys() -> set[str]:
 
 
 def train_variants(
-  keys: set[str], platform_name: str, autoselected: str = "dot_product"
+  keys: set[str], platform_name: str, cudnn_passed: bool
 ) -> list[tuple[str, list[str] | None, str | None]]:
-  """(variant, config overrides, reason) of each training measurement in order: overrides None
-  means not measured, for `reason`. Unrolled layers (scan_layers=false where the config has the
-  key) with the default attention; then, in that layout, each attention implementation where the
-  config has attention (cudnn_flash on a GPU only) other than `autoselected` (the one the default
-  runs here); then scanned layers, last (on an H200 it did not finish in 95 s)."""
+  """(variant, config overrides, reason) of each training measurement in order: overrides None means
+  not measured, for `reason`. The attention is the one the cudnn stage allows: cudnn_flash on a GPU
+  whose run of its test passed (cudnn_passed), else dot_product (where the config has attention).
+  Unrolled layers (scan_layers=false where the config has the key) first, then scanned layers (on an
+  H200 they did not finish in 95 s)."""
+  attention: list[str] = []
+  reason = None
+  if "attention" in keys:
+    allowed = platform_name == "gpu" and cudnn_passed
+    attention = [f"attention={'cudnn_flash' if allowed else 'dot_product'}"]
+    if not allowed:
+      reason = "cudnn_flash needs a GPU" if platform_name != "gpu" else "cudnn_flash: its GPU test did not pass"
   scan = "scan_layers" in keys
-  layout = ["scan_layers=false"] if scan else []
-  out: list[tuple[str, list[str] | None, str | None]] = [("unrolled", layout, None)]
-  for attention in ("dot_product", "cudnn_flash"):
-    name = f"attention={attention}"
-    if "attention" not in keys:
-      out.append((name, None, "attention not available"))
-    elif attention == "cudnn_flash" and platform_name != "gpu":
-      out.append((name, None, "cudnn_flash needs a GPU"))
-    elif attention == autoselected:
-      out.append((name, None, f"the unrolled variant's program: attention=autoselected is {attention} here"))
-    else:
-      out.append((name, [*layout, name], None))
-  out.append(("scan", ["scan_layers=true"], None) if scan else ("scan", None, "scan_layers not available"))
+  out: list[tuple[str, list[str] | None, str | None]] = [
+    ("unrolled", [*(["scan_layers=false"] if scan else []), *attention], None),
+    ("scan", [*attention, "scan_layers=true"], None) if scan else ("scan", None, "scan_layers not available"),
+  ]
+  if reason:
+    out.insert(1, ("attention=cudnn_flash", None, reason))
   return out
 
 
-def _autoselected_attention(dtype: str) -> str:
-  """The attention implementation attention=autoselected runs with `dtype` on this backend."""
-  from maxtext.models import attention
-
-  return attention.select(argparse.Namespace(attention="autoselected", dtype=dtype))  # type: ignore[arg-type]
+def cudnn_passed(scratch: str) -> bool:
+  """Whether the cudnn stage's run (its record in `scratch`) passed its test: not skipped, failed or
+  missing."""
+  path = os.path.join(scratch, "cudnn.jsonl")
+  if not os.path.exists(path):
+    return False
+  with open(path, encoding="utf-8") as f:
+    records = [json.loads(line) for line in f if line.strip()]
+  return bool(records) and records[0]["passed"] > 0 and not (records[0]["failed"] or records[0]["errors"])
 
 
 def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
@@ -261,8 +286,10 @@ def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
   import model_benchmark
 
   platform_name = jax.devices()[0].platform
-  for variant, overrides, reason in train_variants(_config_keys(), platform_name, _autoselected_attention(work.dtype)):
-    record = {"variant": variant, "batch": work.train_batch, "seq": work.train_seq, "mfu": None}
+  for variant, overrides, reason in train_variants(
+    _config_keys(), platform_name, cudnn_passed(os.path.dirname(partial))
+  ):
+    record = {"variant": variant, "overrides": overrides, "batch": work.train_batch, "seq": work.train_seq, "mfu": None}
     if overrides is None:
       _emit(partial, {**record, "reason": reason})
       continue
@@ -287,15 +314,10 @@ def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
     jax.clear_caches()
 
 
-def decode_plan(work: Work) -> list[tuple[bool, int, int]]:
-  """(scan_layers, rows, chunk) of each decode measurement in order: every chunk size at the goals'
-  row counts with scanned layers (the default), the first chunk size at those row counts with
-  unrolled layers (each layer's cache and weights their own arrays: no per-step slice of a stacked
-  one), then the remaining row counts scanned."""
-  goals, rest = work.decode_rows[:2], work.decode_rows[2:]
-  plan = [(True, rows, chunk) for rows in goals for chunk in work.decode_chunks]
-  plan += [(False, rows, work.decode_chunks[0]) for rows in goals]
-  return plan + [(True, rows, chunk) for rows in rest for chunk in work.decode_chunks]
+def decode_plan(work: Work) -> list[tuple[int, int]]:
+  """(rows, chunk) of each decode measurement in order: every chunk size at each row count, the goals'
+  row counts first (work.decode_rows is in that order)."""
+  return [(rows, chunk) for rows in work.decode_rows for chunk in work.decode_chunks]
 
 
 def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
@@ -305,25 +327,23 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
   import model_benchmark
   import numpy as np
 
+  from maxtext.inference.continuous_batching import ContinuousBatcher
+
   clock = ProgramClock()
   size = work.prompt + work.reply
-  built: dict[bool, tuple] = {}
-  for scan, rows, chunk in decode_plan(work):
-    if scan not in built:
-      built.clear()  # one model on the device at a time
-      built[scan] = model_benchmark._build(work.model, work.dtype, overrides=(f"scan_layers={str(scan).lower()}",))
-    cfg, mesh, model, n_params = built[scan]
+  cfg, mesh, model, n_params = model_benchmark._build(work.model, work.dtype)  # scanned layers, the default
+  for rows, chunk in decode_plan(work):
     rng = np.random.default_rng(rows)  # every chunk size and layout samples from the same prompts and keys
     before = clock.snapshot()
     record: dict = {
       "rows": rows,
       "decode_steps_per_dispatch": chunk,
-      "scan_layers": scan,
+      "scan_layers": cfg.model.scan_layers,
       "prompt": work.prompt,
       "reply": work.reply,
     }
     profile = artifacts and rows == work.decode_rows[0] and chunk == work.decode_chunks[0]
-    name = f"profile_decode_{rows}" + ("" if scan else "_unrolled")
+    name = f"profile_decode_{rows}"
     try:
       with jax.set_mesh(mesh):
         measured = decode_chunks.batcher_decode(
@@ -346,6 +366,14 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
       "prefill": clock.since(before, "_extend"),
       "decode_chunk": clock.since(before, "_decode"),
     }
+    if chunk == work.decode_chunks[0]:  # compiled once more, after the compile seconds are read
+      try:
+        with jax.set_mesh(mesh):
+          batcher = ContinuousBatcher(model, size, rows, steps_per_dispatch=chunk)
+          record["layer_copies"] = batcher.decode_layer_copies(rows)
+          batcher.close()
+      except Exception as e:
+        record["layer_copies_error"] = f"{type(e).__name__}: {e}"[-2000:]
     print(f"decode {record}", file=sys.stderr, flush=True)
     _emit(partial, record)
 
@@ -358,28 +386,43 @@ def agentic_command(work: Work, config: str, output: str, append: bool) -> list[
   return [sys.executable, script, *options, *work.agentic_overrides]
 
 
+def _agentic_table(partial: str) -> str:
+  """The agentic_vs_standard.py table the grpo and agentic stages share (beside their records)."""
+  return os.path.join(os.path.dirname(partial), "agentic_vs_standard.json")
+
+
+def _run_agentic_config(work: Work, partial: str, config: str, append: bool) -> None:
+  out = _agentic_table(partial)
+  cmd = agentic_command(work, config, out, append=append)
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
+  if proc.returncode != 0:
+    raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+  with open(out, encoding="utf-8") as f:
+    _emit(partial, {"report": json.load(f)})
+
+
+def worker_grpo(work: Work, partial: str, artifacts: str | None) -> None:
+  """Standard GRPO (a new table)."""
+  del artifacts
+  _run_agentic_config(work, partial, "standard", append=False)
+
+
 def worker_agentic(work: Work, partial: str, artifacts: str | None) -> None:
-  """Standard GRPO, then agentic GRPO appended to the same table (each configuration's result is
-  kept when the stage runs out of time in the next)."""
-  out = partial + ".agentic.json"
-  for i, config in enumerate(("standard", "agentic1")):
-    cmd = agentic_command(work, config, out, append=i > 0)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-      raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    with open(out, encoding="utf-8") as f:
-      _emit(partial, {"report": json.load(f)})
+  """Agentic GRPO, added to the grpo stage's table where it wrote one."""
+  del artifacts
+  _run_agentic_config(work, partial, "agentic1", append=os.path.exists(_agentic_table(partial)))
 
 
-# cuDNN's flash attention against the einsums on a GPU first (short), then the decoder against transformers.
-PARITY_TESTS = (
+# cuDNN's flash attention against the einsums on a GPU (short; the cudnn stage), then the decoder
+# against transformers (the parity stage).
+CUDNN_TESTS = (
   "tests/unit/test_model.py::test_cudnn_flash_on_a_gpu_equals_dot_product_on_left_padded_rows_with_finite_gradients",
-  "tests/unit/test_hf_parity.py",
 )
+PARITY_TESTS = ("tests/unit/test_hf_parity.py",)
 
 
-def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
-  del work, artifacts
+def _pytest(tests: tuple[str, ...], partial: str) -> None:
+  """Runs `tests` through pytest and records their junit_counts and pytest's exit code."""
   report = partial + ".junit.xml"
   cmd = [
     sys.executable,
@@ -393,13 +436,23 @@ def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
     "-v",
     "--durations=0",
     f"--junitxml={report}",
-    *PARITY_TESTS,
+    *tests,
   ]
   # pytest's lines go to the stage's log as they come, so a stage out of time shows how far it got
   proc = subprocess.run(cmd, cwd=ROOT, check=False)
   if not os.path.exists(report):
     raise RuntimeError(f"pytest wrote no report (exit {proc.returncode}); its output is the stage's log")
   _emit(partial, {**junit_counts(report), "exit_code": proc.returncode})
+
+
+def worker_cudnn(work: Work, partial: str, artifacts: str | None) -> None:
+  del work, artifacts
+  _pytest(CUDNN_TESTS, partial)
+
+
+def worker_parity(work: Work, partial: str, artifacts: str | None) -> None:
+  del work, artifacts
+  _pytest(PARITY_TESTS, partial)
 
 
 def junit_counts(path: str) -> dict:
@@ -435,8 +488,10 @@ def worker_env(work: Work, partial: str, artifacts: str | None) -> None:
 
 WORKERS = {
   "env": worker_env,
-  "train": worker_train,
+  "cudnn": worker_cudnn,
+  "grpo": worker_grpo,
   "decode": worker_decode,
+  "train": worker_train,
   "agentic": worker_agentic,
   "parity": worker_parity,
 }
@@ -560,7 +615,7 @@ def _first(records: list[dict]) -> dict:
 def assemble(meta: dict, stages: list[dict]) -> dict:
   """The suite's JSON from its metadata (mode, budget, wall time, device, driver, versions) and the
   stage results run_stage returned (a stage not run: absent): each stage's status, and the
-  measurements under train, decode, compile, agentic_vs_standard and parity."""
+  measurements under cudnn_flash_test, grpo, train, decode, compile, agentic_vs_standard and parity."""
   by_name = {s["stage"]: s for s in stages}
   records = {name: by_name[name]["records"] if name in by_name else [] for name in STAGES}
   train = records["train"]
@@ -575,24 +630,32 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
       if seconds["lower_s"] or seconds["compile_s"]:
         shape = {"rows": r["rows"], "decode_steps_per_dispatch": r["decode_steps_per_dispatch"]}
         compile_s.append({"program": program, **shape, **seconds})
+  tables = [r["report"] for name in ("grpo", "agentic") for r in records[name]]
   agentic = None
-  if records["agentic"]:
-    report = records["agentic"][-1]["report"]
+  grpo = None
+  if tables:
+    report = tables[-1]  # the agentic stage's adds to the grpo stage's
     results = report["results"]
-    agentic_row = next((r for r in results if r["config"] != "standard"), {})
-    agentic = {
-      "arguments": report["arguments"],
-      "results": results,
-      **{
-        key: agentic_row.get(key)
-        for key in ("ratio_to_standard_same_engine", "ratio_to_standard_same_engine_without_compiling")
-      },
-    }
+    standard = next((r for r in results if r["config"] == "standard"), None)
+    if standard is not None:
+      grpo = {**standard, "finite_parameters": True}  # train_rl's run guard stops a run whose are not
+    agentic_row = next((r for r in results if r["config"] != "standard"), None)
+    if agentic_row is not None:
+      agentic = {
+        "arguments": report["arguments"],
+        "results": results,
+        **{
+          key: agentic_row.get(key)
+          for key in ("ratio_to_standard_same_engine", "ratio_to_standard_same_engine_without_compiling")
+        },
+      }
   parity = _first(records["parity"]) or None
   return {
     "decode_tokens_identical_across_chunks": tokens_identical(decode),
     **meta,
     "stages": [{k: v for k, v in s.items() if k != "records"} for s in stages],
+    "cudnn_flash_test": _first(records["cudnn"]) or None,
+    "grpo": grpo,
     "train": train,
     "decode": decode,
     "compile": compile_s,
@@ -602,13 +665,11 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
 
 
 def tokens_identical(decode: list[dict]) -> dict[str, bool | None]:
-  """For each `rows` (and layout: "64 unrolled" for scan_layers=false) measured with more than one
-  chunk size: whether every chunk size sampled the same tokens (their tokens_sha256 equal); None
-  where a measurement has no digest."""
+  """For each `rows` measured with more than one chunk size: whether every chunk size sampled the
+  same tokens (their tokens_sha256 equal); None where a measurement has no digest."""
   digests: dict[str, list] = {}
   for r in decode:
-    key = str(r["rows"]) + ("" if r.get("scan_layers", True) else " unrolled")
-    digests.setdefault(key, []).append(r.get("tokens_sha256"))
+    digests.setdefault(str(r["rows"]), []).append(r.get("tokens_sha256"))
   return {key: (None if None in found else len(set(found)) == 1) for key, found in digests.items() if len(found) > 1}
 
 
@@ -625,13 +686,19 @@ def _print_summary(report: dict) -> None:
   print(f"{report['device']} ({report['platform']}), driver {report['driver']}, jax {report['versions'].get('jax')}")
   for s in report["stages"]:
     print(f"  stage {s['stage']:<8} {s['status']:<9} {fmt(s['seconds'], '.0f'):>5} s of {fmt(s['limit_s'], '.0f')}")
+  if report["cudnn_flash_test"]:
+    c = report["cudnn_flash_test"]
+    print(f"  cudnn_flash test: {c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped")
+  if report["grpo"]:
+    g = report["grpo"]
+    print(f"  standard GRPO: {g.get('steps')} steps with finite parameters in {fmt(g.get('wall_s'), '.0f')} s")
   for r in report["train"]:
     print(f"  train {r['variant']:<22} mfu {fmt(r.get('mfu'), '.1%'):>6}  tokens/s {fmt(r.get('tokens_per_s'), '.0f')}")
   for r in report["decode"]:
     print(
-      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2}"
-      f" {'scanned' if r.get('scan_layers', True) else 'unrolled':<8} tokens/s "
+      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2} tokens/s "
       f"{fmt(r.get('tokens_per_s'), '.0f'):>8}  of roofline {fmt(r.get('fraction_of_roofline'), '.1%')}"
+      + (f"  layer copies {r['layer_copies']}" if "layer_copies" in r else "")
     )
   for rows, same in report["decode_tokens_identical_across_chunks"].items():
     print(f"  decode rows {rows:>3}: tokens identical across chunk sizes: {same}")
@@ -678,11 +745,32 @@ def main() -> None:
 
   started = time.monotonic()
   stages = [s for s in STAGES if s in args.stages]
-  results = []
+  date = datetime.date.today().isoformat()
+  results: list[dict] = []
   with tempfile.TemporaryDirectory(prefix="device_suite_") as scratch:
     # The device, from a process of its own: this one never holds the accelerator the stages need.
     env = run_stage("env", min(120.0, args.budget_s), args.quick, scratch, args.artifacts)
     device = _first(env["records"])
+    meta = {
+      "suite": "benchmarks/device_suite.py",
+      "quick": args.quick,
+      "budget_s": args.budget_s,
+      "wall_s": None,
+      "date": date,
+      "device": device.get("device"),
+      "platform": device.get("platform"),
+      "device_count": device.get("device_count"),
+      "platform_version": device.get("platform_version"),
+      "driver": driver_version(),
+      "env_error": env["error"],
+      "python": platform.python_version(),
+      "cpu_count": os.cpu_count(),
+      "versions": versions(),
+      "model": work.model,
+      "dtype": work.dtype,
+    }
+    out = args.out or default_output(meta["device"] or "unknown", date, args.quick)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     for i, stage in enumerate(stages):
       remaining = args.budget_s - (time.monotonic() - started)
       limit = stage_limit(stage, remaining, stages[i + 1 :], work)
@@ -694,32 +782,12 @@ def main() -> None:
       else:
         results.append(run_stage(stage, limit, args.quick, scratch, args.artifacts))
       print(f"  {stage}: {results[-1]['status']} in {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)
+      meta["wall_s"] = time.monotonic() - started
+      report = assemble(meta, results)
+      with open(out, "w", encoding="utf-8") as f:  # after every stage: a suite stopped from outside keeps these
+        json.dump(report, f, indent=1)
     if args.artifacts:
       keep_artifacts(scratch, args.artifacts)
-  date = datetime.date.today().isoformat()
-  meta = {
-    "suite": "benchmarks/device_suite.py",
-    "quick": args.quick,
-    "budget_s": args.budget_s,
-    "wall_s": time.monotonic() - started,
-    "date": date,
-    "device": device.get("device"),
-    "platform": device.get("platform"),
-    "device_count": device.get("device_count"),
-    "platform_version": device.get("platform_version"),
-    "driver": driver_version(),
-    "env_error": env["error"],
-    "python": platform.python_version(),
-    "cpu_count": os.cpu_count(),
-    "versions": versions(),
-    "model": work.model,
-    "dtype": work.dtype,
-  }
-  report = assemble(meta, results)
-  out = args.out or default_output(report["device"] or "unknown", date, args.quick)
-  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-  with open(out, "w", encoding="utf-8") as f:
-    json.dump(report, f, indent=1)
   _print_summary(report)
   print(f"wrote {out}")
 

@@ -44,11 +44,14 @@ def _agentic_report():
 
 # The records each stage's worker writes, as a GPU run would write them.
 FAKE = [
+  _stage("cudnn", [{"passed": 1, "failed": 0, "errors": 0, "skipped": 0, "failures": [], "exit_code": 0}]),
+  _stage("grpo", [{"report": {**_agentic_report(), "results": _agentic_report()["results"][:1]}}]),
   _stage(
     "train",
     [
       {
         "variant": "unrolled",
+        "overrides": ["scan_layers=false", "attention=cudnn_flash"],
         "batch": 8,
         "seq": 1024,
         "mfu": 0.4,
@@ -67,6 +70,7 @@ FAKE = [
         "decode_steps_per_dispatch": chunk,
         "tokens_per_s": 100.0 * rows,
         "fraction_of_roofline": 0.5,
+        "layer_copies": {},
         "compile": {
           "prefill": {"lower_s": 1.0 if chunk == 16 else 0.0, "compile_s": 2.0 if chunk == 16 else 0.0},
           "decode_chunk": {"lower_s": 1.5, "compile_s": 9.0},
@@ -92,13 +96,21 @@ def test_the_json_holds_every_stage_and_measurement_under_the_benchmarks_field_n
     "0.11.2",
   )
   assert [(s["stage"], s["status"]) for s in report["stages"]] == [
+    ("cudnn", "ok"),
+    ("grpo", "ok"),
     ("train", "ok"),
     ("decode", "timed_out"),
     ("agentic", "ok"),
     ("parity", "ok"),
   ]
   assert all("records" not in s for s in report["stages"])
-  assert report["stages"][1]["error"].startswith("timed out")
+  assert report["stages"][3]["error"].startswith("timed out")
+  assert report["cudnn_flash_test"]["passed"] == 1
+  assert (report["grpo"]["config"], report["grpo"]["wall_s"], report["grpo"]["finite_parameters"]) == (
+    "standard",
+    40.0,
+    True,
+  )
   unrolled, scan = report["train"]
   assert (unrolled["mfu"], unrolled["batch"], scan["mfu"], scan["reason"]) == (
     0.4,
@@ -107,7 +119,10 @@ def test_the_json_holds_every_stage_and_measurement_under_the_benchmarks_field_n
     "scan_layers not available",
   )
   # what a timed-out stage finished is kept; compile seconds move to `compile`, one row per program
-  assert [(r["rows"], r["fraction_of_roofline"]) for r in report["decode"]] == [(256, 0.5), (64, 0.5)]
+  assert [(r["rows"], r["fraction_of_roofline"], r["layer_copies"]) for r in report["decode"]] == [
+    (256, 0.5, {}),
+    (64, 0.5, {}),
+  ]
   assert all("compile" not in r for r in report["decode"])
   programs = [(c["program"], c.get("variant"), c.get("rows")) for c in report["compile"]]
   assert programs == [
@@ -128,12 +143,20 @@ def test_stages_not_run_leave_their_sections_empty(suite):
   report = suite.assemble(META, [_stage("parity", [], status="skipped", error="skipped: ...")])
   assert (report["train"], report["decode"], report["compile"]) == ([], [], [])
   assert report["agentic_vs_standard"] is None and report["parity"] is None
+  assert report["grpo"] is None and report["cudnn_flash_test"] is None
   assert report["stages"][0]["status"] == "skipped"
+
+
+def test_standard_grpo_alone_gives_its_run_and_no_ratio(suite):
+  """The grpo stage finished and the agentic stage did not: the standard run is kept."""
+  standard_only = {**_agentic_report(), "results": _agentic_report()["results"][:1]}
+  report = suite.assemble(META, [_stage("grpo", [{"report": standard_only}]), _stage("agentic", [], status="failed")])
+  assert report["grpo"]["wall_s"] == 40.0 and report["agentic_vs_standard"] is None
 
 
 def test_a_stage_gets_its_cap_less_what_later_stages_need_but_at_least_its_estimate(suite):
   work = suite.FULL
-  (train_est, train_cap), later = work.times["train"], ["decode", "agentic", "parity"]
+  (train_est, train_cap), later = work.times["train"], ["agentic", "parity"]
   reserve = sum(work.times[s][0] for s in later)
   assert suite.stage_limit("train", 10_000, later, work) == train_cap
   assert suite.stage_limit("train", reserve + train_est + 5, later, work) == train_est + 5
@@ -143,8 +166,10 @@ def test_a_stage_gets_its_cap_less_what_later_stages_need_but_at_least_its_estim
   assert suite.stage_limit("parity", parity_est + 3, [], work) == parity_est + 3
 
 
-def test_the_stage_order_puts_the_biggest_measurement_first(suite):
-  assert suite.STAGES == ("train", "decode", "agentic", "parity")
+def test_the_stage_order_puts_what_matters_first_within_about_seven_minutes(suite):
+  assert suite.STAGES == ("cudnn", "grpo", "decode", "train", "agentic", "parity")
+  assert set(suite.FULL.times) == set(suite.QUICK.times) == set(suite.STAGES)
+  assert sum(estimate for estimate, _ in suite.FULL.times.values()) <= 420  # the default budget
   assert suite.FULL.decode_rows == (64, 8, 256) and suite.FULL.decode_chunks == (16, 1)
   assert (suite.FULL.train_batch, suite.FULL.train_seq, suite.FULL.dtype) == (8, 1024, "bfloat16")
   args = suite.FULL.agentic
@@ -180,40 +205,42 @@ def test_the_agentic_stage_runs_pass_the_config_checks(suite, mode, tmp_path):
       assert (flat["max_response_length"], flat["num_batches"], flat["dtype"]) == (256, 4, "bfloat16")
 
 
-def test_train_variants_follow_the_config_keys(suite):
-  none = suite.train_variants(set(), "gpu")
-  assert none[0] == ("unrolled", [], None)
-  assert [v[2] for v in none[1:3]] == ["attention not available"] * 2
-  assert none[3] == ("scan", None, "scan_layers not available")
-  both = suite.train_variants({"scan_layers", "attention"}, "gpu", "dot_product")
-  assert [v[1] for v in both] == [
-    ["scan_layers=false"],
-    None,  # the default's program
+def test_train_variants_take_the_attention_the_cudnn_test_allows(suite):
+  none = suite.train_variants(set(), "gpu", cudnn_passed=True)
+  assert none == [("unrolled", [], None), ("scan", None, "scan_layers not available")]
+  keys = {"scan_layers", "attention"}
+  assert [v[1] for v in suite.train_variants(keys, "gpu", cudnn_passed=True)] == [
     ["scan_layers=false", "attention=cudnn_flash"],
-    ["scan_layers=true"],  # last
+    ["attention=cudnn_flash", "scan_layers=true"],  # last
   ]
-  assert both[1][2] == "the unrolled variant's program: attention=autoselected is dot_product here"
-  on_cpu = suite.train_variants({"scan_layers", "attention"}, "cpu", "dot_product")
-  assert [v[1] for v in on_cpu] == [["scan_layers=false"], None, None, ["scan_layers=true"]]
-  assert on_cpu[2] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
-
-
-def test_the_autoselected_attention_is_the_one_the_decoder_selects_here(suite):
-  assert suite._autoselected_attention("bfloat16") == "dot_product"  # JAX's backend here is the CPU
-  assert suite._autoselected_attention("float32") == "dot_product"
-
-
-def test_the_decode_plan_measures_the_goals_first_and_unrolled_layers_at_the_goals_row_counts(suite):
-  assert suite.decode_plan(suite.FULL) == [
-    (True, 64, 16),
-    (True, 64, 1),
-    (True, 8, 16),
-    (True, 8, 1),
-    (False, 64, 16),
-    (False, 8, 16),
-    (True, 256, 16),
-    (True, 256, 1),
+  failed = suite.train_variants(keys, "gpu", cudnn_passed=False)
+  assert [v[1] for v in failed] == [
+    ["scan_layers=false", "attention=dot_product"],
+    None,
+    ["attention=dot_product", "scan_layers=true"],
   ]
+  assert failed[1] == ("attention=cudnn_flash", None, "cudnn_flash: its GPU test did not pass")
+  on_cpu = suite.train_variants(keys, "cpu", cudnn_passed=True)
+  assert on_cpu[1] == ("attention=cudnn_flash", None, "cudnn_flash needs a GPU")
+
+
+@pytest.mark.parametrize(
+  "record, passed",
+  [
+    ({"passed": 1, "failed": 0, "errors": 0, "skipped": 0}, True),
+    ({"passed": 0, "failed": 0, "errors": 0, "skipped": 1}, False),  # off a GPU
+    ({"passed": 0, "failed": 1, "errors": 0, "skipped": 0}, False),
+    (None, False),  # the stage did not run or wrote nothing
+  ],
+)
+def test_the_train_stage_reads_whether_the_cudnn_test_passed(suite, tmp_path, record, passed):
+  if record is not None:
+    (tmp_path / "cudnn.jsonl").write_text(json.dumps(record) + "\n")
+  assert suite.cudnn_passed(str(tmp_path)) is passed
+
+
+def test_the_decode_plan_measures_the_goals_row_counts_first(suite):
+  assert suite.decode_plan(suite.FULL) == [(64, 16), (64, 1), (8, 16), (8, 1), (256, 16), (256, 1)]
 
 
 def test_the_parity_stage_runs_tests_that_exist():
@@ -221,12 +248,12 @@ def test_the_parity_stage_runs_tests_that_exist():
 
   with open(os.path.join(BENCHMARKS, "device_suite.py"), encoding="utf-8") as f:
     tree = ast.parse(f.read())
-  (tests,) = [
+  cudnn, parity = [
     ast.literal_eval(node.value)
     for node in tree.body
-    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "PARITY_TESTS"
+    if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) in ("CUDNN_TESTS", "PARITY_TESTS")
   ]
-  for test in tests:
+  for test in (*cudnn, *parity):
     path, _, name = test.partition("::")
     with open(os.path.join(ROOT, path), encoding="utf-8") as f:
       assert not name or f"def {name}(" in f.read(), test
@@ -241,10 +268,8 @@ def test_decode_tokens_are_compared_across_chunk_sizes_per_row_count(suite):
     {"rows": 256, "decode_steps_per_dispatch": 16, "tokens_sha256": "d"},  # its chunk-1 run never finished
     {"rows": 4, "decode_steps_per_dispatch": 16, "tokens_sha256": "e"},
     {"rows": 4, "decode_steps_per_dispatch": 1, "error": "RESOURCE_EXHAUSTED"},
-    {"rows": 64, "decode_steps_per_dispatch": 16, "scan_layers": False, "tokens_sha256": "f"},
-    {"rows": 64, "decode_steps_per_dispatch": 1, "scan_layers": False, "tokens_sha256": "f"},
   ]
-  assert suite.tokens_identical(decode) == {"64": True, "8": False, "4": None, "64 unrolled": True}
+  assert suite.tokens_identical(decode) == {"64": True, "8": False, "4": None}
 
 
 def test_artifacts_keep_the_stage_logs_and_pack_the_profiles(suite, tmp_path):
@@ -336,8 +361,14 @@ def _check_fields(report, stages):
     assert unrolled["variant"] == "unrolled" and unrolled["tokens_per_s"] > 0 and "mfu" in unrolled
     assert {"batch", "seq", "lower_s", "compile_s"} <= set(unrolled)
     assert report["compile"][0]["program"] == "train_step"
+  if "cudnn" in stages:
+    assert report["cudnn_flash_test"]["exit_code"] == 0  # skipped off a GPU
+  if "grpo" in stages:
+    assert report["grpo"]["finite_parameters"] and report["grpo"]["steps"] > 0
   if "decode" in stages:
     assert {r["rows"] for r in report["decode"]} and all("fraction_of_roofline" in r for r in report["decode"])
+    assert all(r["layer_copies"] == {} for r in report["decode"] if "layer_copies" in r)
+    assert sum("layer_copies" in r for r in report["decode"]) == len({r["rows"] for r in report["decode"]})
     assert {"prefill", "decode_chunk"} <= {c["program"] for c in report["compile"]}
     same = report["decode_tokens_identical_across_chunks"]
     assert same and all(same.values()), same  # chunk 16 samples what chunk 1 samples
@@ -353,7 +384,7 @@ def test_the_committed_quick_run_has_every_field():
     report = json.load(f)
   assert report["quick"] and report["device"] == "cpu" and report["driver"] is None
   assert all(s["status"] == "ok" for s in report["stages"]), report["stages"]
-  _check_fields(report, ["train", "decode", "agentic", "parity"])
+  _check_fields(report, ["cudnn", "grpo", "decode", "train", "agentic", "parity"])
   assert all(r["mfu"] is None for r in report["train"]) and all(
     r["fraction_of_roofline"] is None for r in report["decode"]
   )

@@ -354,8 +354,10 @@ class ModelSection:
       "results). Checkpoint conversion and LoRA keep per-layer names (layers.3.attn.q_proj), and weights and "
       "exports written in either layout load into either; a resumed run keeps its checkpoints' layout. "
       "lora_module_path must select a weight in every layer or in none (scan_layers=false adapts some layers "
-      "only). Decode steps read each layer's weights and cache through a copy of its slice, so a decode step "
-      "is slower on CPU (1.5x for qwen3-0.6b's shape; benchmarks/RESULTS.md)."
+      "only). The batched engine samples from an unrolled copy of the layers (decoder.DecodeCopy, remade when "
+      "the weights change, held while sampling): its prefill and decode programs hold every layer, and a decode "
+      "step reads each layer's weights and KV cache where they lie instead of copying them out of the stacked "
+      "arrays (benchmarks/RESULTS.md, 'Decode from unrolled layers')."
     )
   )
   load_parameters_path: str = dataclasses.field(
@@ -724,7 +726,8 @@ class SamplingSection:
   )
   rollout_dtype: RolloutDtype = dataclasses.field(
     metadata=key(
-      "batched: model (sample from the policy's own weights) or bfloat16 (from a bfloat16 copy, remade when "
+      "batched: model (sample with the policy's own weights; with scan_layers from an unrolled copy of them) or "
+      "bfloat16 (from a bfloat16 copy, remade when "
       "the weights change: weight matmuls round their inputs to bfloat16 and accumulate in dtype; faster "
       "decoding, samples off-policy by that rounding; rl.sampler_is corrects for it).",
       applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),),

@@ -258,7 +258,9 @@ class ContinuousBatcher:
       self.steps_per_dispatch,
     ).compile()
     weights = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]  # the batcher decodes unrolled
-    return program_census.layer_copies(compiled.as_text() or "", [*weights, cache["layer_0"]["k"], cache["layer_0"]["v"]])
+    return program_census.layer_copies(
+      compiled.as_text() or "", [*weights, cache["layer_0"]["k"], cache["layer_0"]["v"]]
+    )
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""
