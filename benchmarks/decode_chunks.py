@@ -27,7 +27,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 
 def batcher_decode(
-  model, rows: int, prompt: int, reply: int, chunk: int, rounds: int, rng, profile_dir: str | None = None
+  model,
+  rows: int,
+  prompt: int,
+  reply: int,
+  chunk: int,
+  rounds: int,
+  rng,
+  profile_dir: str | None = None,
+  unrolled_layers: bool = True,
 ) -> dict:
   """The continuous batcher's decode speed with steps_per_dispatch=chunk: rounds + 1 rounds (the
   first compiles) of `rows` requests, groups of 8 sharing a fresh random prompt of `prompt` tokens
@@ -37,7 +45,8 @@ def batcher_decode(
   dispatches and `tokens_sha256`, a digest of every sampled token in order (equal for two chunk
   sizes given the same rng state: the samples do not depend on the chunk). With profile_dir, one
   more round runs after the measurement under JAX's profiler, its trace written there
-  (`profile_error` when it could not trace)."""
+  (`profile_error` when it could not trace). unrolled_layers: a scanned model's layers are sampled
+  unrolled (ContinuousBatcher's)."""
   import hashlib
 
   import jax
@@ -49,7 +58,7 @@ def batcher_decode(
   vocab = model.config.vocab_size
   digest = hashlib.sha256()
   profile_error = None
-  batcher = cb.ContinuousBatcher(model, prompt + reply, rows, steps_per_dispatch=chunk)
+  batcher = cb.ContinuousBatcher(model, prompt + reply, rows, steps_per_dispatch=chunk, unrolled_layers=unrolled_layers)
   params = cb.SamplingParams(reply, temperature=1.0)
 
   def round_of_requests(round_: int) -> list:

@@ -14,12 +14,13 @@ Stages, what matters most first, each in its own process under its own time limi
    updated parameters are not), `grpo`.
 3. decode: the continuous batcher (decode_chunks.batcher_decode) at 64, 8 and 256 `rows` (the goals'
    row counts first), each with decode_steps_per_dispatch 16, then 1, from the same prompts and keys,
-   with the default scanned layers (the batcher decodes them unrolled, decoder.DecodeCopy):
-   busy-row tokens/s, `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV
-   cache once per step at the device's HBM bandwidth, model_benchmark.decode_roofline), a digest of
-   the sampled tokens (`decode_tokens_identical_across_chunks` compares them per row count), and at
-   each row count's first chunk size `layer_copies` (the decode program's copies of a layer's weights
-   or cache, program_census; {} where there are none); the compile seconds of its prefill
+   with the default scanned layers, sampled unrolled (decoder.DecodeCopy: rollout_layers=unrolled, what
+   auto takes on a GPU or TPU), and at 64 rows with chunk 16 from the stacked layers too: busy-row
+   tokens/s, `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV cache once
+   per step at the device's HBM bandwidth, model_benchmark.decode_roofline), a digest of the sampled
+   tokens (`decode_tokens_identical_across_chunks` compares them per row count), and at each row
+   count's first chunk size `layer_copies` (the decode program's copies of a layer's weights or cache,
+   program_census; {} where there are none); the compile seconds of its prefill
    (`_extend`) and decode chunk (`_decode`) programs, from JAX's compile events.
 4. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
    model_benchmark's train worker, with the attention the cudnn stage allows (cudnn_flash where its
@@ -314,10 +315,15 @@ def worker_train(work: Work, partial: str, artifacts: str | None) -> None:
     jax.clear_caches()
 
 
-def decode_plan(work: Work) -> list[tuple[int, int]]:
-  """(rows, chunk) of each decode measurement in order: every chunk size at each row count, the goals'
-  row counts first (work.decode_rows is in that order)."""
-  return [(rows, chunk) for rows in work.decode_rows for chunk in work.decode_chunks]
+def decode_plan(work: Work) -> list[tuple[int, int, bool]]:
+  """(rows, chunk, unrolled_layers) of each decode measurement in order: every chunk size at the goals'
+  row counts (work.decode_rows' first two) from the layers unrolled (rollout_layers=unrolled, what a GPU
+  or TPU samples from), then the first of them with the first chunk size from the stacked layers (the
+  same device's comparison), then the remaining row counts unrolled."""
+  goals, rest = work.decode_rows[:2], work.decode_rows[2:]
+  plan = [(rows, chunk, True) for rows in goals for chunk in work.decode_chunks]
+  plan.append((goals[0], work.decode_chunks[0], False))
+  return plan + [(rows, chunk, True) for rows in rest for chunk in work.decode_chunks]
 
 
 def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
@@ -332,18 +338,19 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
   clock = ProgramClock()
   size = work.prompt + work.reply
   cfg, mesh, model, n_params = model_benchmark._build(work.model, work.dtype)  # scanned layers, the default
-  for rows, chunk in decode_plan(work):
+  for rows, chunk, unrolled in decode_plan(work):
     rng = np.random.default_rng(rows)  # every chunk size and layout samples from the same prompts and keys
     before = clock.snapshot()
     record: dict = {
       "rows": rows,
       "decode_steps_per_dispatch": chunk,
       "scan_layers": cfg.model.scan_layers,
+      "rollout_layers": "unrolled" if unrolled else "stacked",
       "prompt": work.prompt,
       "reply": work.reply,
     }
     profile = artifacts and rows == work.decode_rows[0] and chunk == work.decode_chunks[0]
-    name = f"profile_decode_{rows}"
+    name = f"profile_decode_{rows}" + ("" if unrolled else "_stacked")
     try:
       with jax.set_mesh(mesh):
         measured = decode_chunks.batcher_decode(
@@ -355,6 +362,7 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
           work.decode_rounds,
           rng,
           profile_dir=os.path.join(artifacts, name) if profile else None,
+          unrolled_layers=unrolled,
         )
       record.update(measured)
       roofline = model_benchmark.decode_roofline(cfg, rows, size, jnp.dtype(work.dtype).itemsize, n_params)
@@ -369,7 +377,7 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
     if chunk == work.decode_chunks[0]:  # compiled once more, after the compile seconds are read
       try:
         with jax.set_mesh(mesh):
-          batcher = ContinuousBatcher(model, size, rows, steps_per_dispatch=chunk)
+          batcher = ContinuousBatcher(model, size, rows, steps_per_dispatch=chunk, unrolled_layers=unrolled)
           record["layer_copies"] = batcher.decode_layer_copies(rows)
           batcher.close()
       except Exception as e:
@@ -665,8 +673,8 @@ def assemble(meta: dict, stages: list[dict]) -> dict:
 
 
 def tokens_identical(decode: list[dict]) -> dict[str, bool | None]:
-  """For each `rows` measured with more than one chunk size: whether every chunk size sampled the
-  same tokens (their tokens_sha256 equal); None where a measurement has no digest."""
+  """For each `rows` measured more than once (chunk sizes, layers unrolled or stacked): whether every
+  measurement sampled the same tokens (their tokens_sha256 equal); None where one has no digest."""
   digests: dict[str, list] = {}
   for r in decode:
     digests.setdefault(str(r["rows"]), []).append(r.get("tokens_sha256"))
@@ -696,7 +704,8 @@ def _print_summary(report: dict) -> None:
     print(f"  train {r['variant']:<22} mfu {fmt(r.get('mfu'), '.1%'):>6}  tokens/s {fmt(r.get('tokens_per_s'), '.0f')}")
   for r in report["decode"]:
     print(
-      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2} tokens/s "
+      f"  decode rows {r['rows']:>3} chunk {r['decode_steps_per_dispatch']:>2} {r.get('rollout_layers', ''):<8}"
+      f" tokens/s "
       f"{fmt(r.get('tokens_per_s'), '.0f'):>8}  of roofline {fmt(r.get('fraction_of_roofline'), '.1%')}"
       + (f"  layer copies {r['layer_copies']}" if "layer_copies" in r else "")
     )

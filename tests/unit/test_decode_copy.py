@@ -1,7 +1,7 @@
-"""The batcher decodes with unrolled layers (decoder.DecodeCopy of a scanned model): its compiled
-decode step copies no layer's weights or KV cache, where a step on the stacked arrays copies each of
-them per layer (counted in the optimized HLO), and it samples the tokens and log-probs the stacked
-layout samples."""
+"""The batcher decodes with unrolled layers (decoder.DecodeCopy of a scanned model; rollout_layers):
+its compiled decode step copies no layer's weights or KV cache, where a step on the stacked arrays
+copies each of them per layer (counted in the optimized HLO), and it samples the tokens and log-probs
+the stacked layout samples; rollout_layers takes effect as it says."""
 
 import jax
 import jax.numpy as jnp
@@ -79,6 +79,16 @@ def test_the_batchers_decode_step_copies_no_layer_weights_or_cache(models, scan,
   batcher.close()
 
 
+@pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
+def test_a_batcher_on_the_stacked_layers_copies_each_layer_weight_and_its_cache(models, dtype):
+  batcher = ContinuousBatcher(
+    models[True], SIZE, ROWS, matmul_dtype=dtype, steps_per_dispatch=CHUNK, unrolled_layers=False
+  )
+  assert batcher.decode_layer_copies(ROWS) == {"dynamic-slice": 9}
+  assert set(batcher._cache) == {"layers"}  # the stacked cache
+  batcher.close()
+
+
 def test_a_decode_step_on_the_stacked_layout_copies_every_layer_weight_and_its_cache(models):
   """The census finds the copies where they are: the scan's body slices each of the 7 weight matrices
   and the keys and values out of the stacked arrays (once in the loop body, run once per layer)."""
@@ -142,3 +152,29 @@ def test_the_copy_samples_the_tokens_and_log_probs_of_the_stacked_layout(models)
   for want in (plain, stacked):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
   assert len(set(got[0].ravel().tolist())) > 8  # sampled, not one repeated token
+
+
+@pytest.mark.parametrize(
+  "setting, backend, unrolled",
+  [
+    ("auto", "cpu", False),
+    ("auto", "gpu", True),
+    ("auto", "tpu", True),
+    ("unrolled", "cpu", True),
+    ("stacked", "gpu", False),
+  ],
+)
+def test_rollout_layers_resolves_auto_by_backend(monkeypatch, setting, backend, unrolled):
+  from maxtext.integration.tunix import rollout_setup
+
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  sampling = make_config(f"rollout_layers={setting}").sampling
+  assert rollout_setup.rollout_engine(sampling).keywords["unrolled_layers"] is unrolled
+
+
+def test_rollout_layers_where_it_cannot_apply_is_refused_naming_the_key():
+  from maxtext.utils import errors
+
+  for args in (("scan_layers=false",), ("rollout_engine=vanilla",)):
+    with pytest.raises(errors.ConfigError, match="rollout_layers"):
+      make_config("model_name=qwen3-tiny", "rollout_layers=unrolled", *args)

@@ -239,8 +239,16 @@ def test_the_train_stage_reads_whether_the_cudnn_test_passed(suite, tmp_path, re
   assert suite.cudnn_passed(str(tmp_path)) is passed
 
 
-def test_the_decode_plan_measures_the_goals_row_counts_first(suite):
-  assert suite.decode_plan(suite.FULL) == [(64, 16), (64, 1), (8, 16), (8, 1), (256, 16), (256, 1)]
+def test_the_decode_plan_measures_the_goals_row_counts_first_and_the_stacked_layers_once(suite):
+  assert suite.decode_plan(suite.FULL) == [
+    (64, 16, True),
+    (64, 1, True),
+    (8, 16, True),
+    (8, 1, True),
+    (64, 16, False),  # the stacked layers, on the same device
+    (256, 16, True),
+    (256, 1, True),
+  ]
 
 
 def test_the_parity_stage_runs_tests_that_exist():
@@ -367,8 +375,11 @@ def _check_fields(report, stages):
     assert report["grpo"]["finite_parameters"] and report["grpo"]["steps"] > 0
   if "decode" in stages:
     assert {r["rows"] for r in report["decode"]} and all("fraction_of_roofline" in r for r in report["decode"])
-    assert all(r["layer_copies"] == {} for r in report["decode"] if "layer_copies" in r)
-    assert sum("layer_copies" in r for r in report["decode"]) == len({r["rows"] for r in report["decode"]})
+    copies = {(r["rows"], r["rollout_layers"]): r["layer_copies"] for r in report["decode"] if "layer_copies" in r}
+    assert {rows for rows, _ in copies} == {r["rows"] for r in report["decode"]}
+    assert all(found == {} for (_, layers), found in copies.items() if layers == "unrolled")
+    stacked = [found for (_, layers), found in copies.items() if layers == "stacked"]
+    assert stacked and all(found.get("dynamic-slice", 0) >= 9 for found in stacked)  # 7 weights, keys, values
     assert {"prefill", "decode_chunk"} <= {c["program"] for c in report["compile"]}
     same = report["decode_tokens_identical_across_chunks"]
     assert same and all(same.values()), same  # chunk 16 samples what chunk 1 samples

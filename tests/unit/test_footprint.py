@@ -84,17 +84,17 @@ def test_policy_snapshot_only_where_the_agentic_trainer_recomputes_log_probs():
   [
     ("model_name=qwen3-tiny", "rollout_dtype=bfloat16"),
     ("model_name=llama-tiny", "lora_rank=4", "rollout_dtype=bfloat16"),
-    ("model_name=qwen3-tiny", "scan_layers=true"),  # float32 rollouts from scanned layers: unrolled
-    ("model_name=llama-tiny", "lora_rank=4", "scan_layers=true"),
+    ("model_name=qwen3-tiny", "rollout_layers=unrolled"),  # float32 rollouts from scanned layers, unrolled
+    ("model_name=llama-tiny", "lora_rank=4", "rollout_layers=unrolled"),
   ],
 )
 def test_the_samplers_copy_is_what_the_decode_copy_adds(args):
   cfg = make_config(*args)
   mesh = create_meshes(cfg.mesh, agentic=False)[0]
-  base = builder.init_random(ModelConfig.from_config(make_config(*args[:1], *args[-1:]).model), mesh, 0)
+  base = builder.init_random(ModelConfig.from_config(make_config(args[0]).model), mesh, 0)
   model = builder.with_lora(base, ModelConfig.from_config(cfg.model), 0) if cfg.model.lora_rank else base
   assert model.config.scan_layers == cfg.model.scan_layers
-  part = "sampler's copy (rollout_dtype=bfloat16, or scan_layers unrolled)"
+  part = "sampler's copy (rollout_dtype=bfloat16, or rollout_layers=unrolled)"
   dtype = jnp.bfloat16 if cfg.sampling.rollout_dtype == "bfloat16" else None
   copy = DecodeCopy(model, dtype).added_bytes
   assert footprint.estimate(make_config(*args, "rl.use_agentic_rollout=true")).parts[part] == copy > 0
@@ -102,8 +102,9 @@ def test_the_samplers_copy_is_what_the_decode_copy_adds(args):
   parts = footprint.estimate(make_config(*args, "rl.use_agentic_rollout=false")).parts
   temporaries = sum(v for k, v in parts.items() if k.startswith(("output layer", "activations")))
   assert parts[part] == max(0, copy - temporaries)
-  unrolled = make_config(*args[:-1], "scan_layers=false", "rl.use_agentic_rollout=true")
-  assert footprint.estimate(unrolled).parts[part] == 0  # the sampler reads the model's own weights
+  for own in ("scan_layers=false", "rollout_layers=stacked", "rollout_layers=auto"):  # auto: stacked on a CPU
+    cfg = make_config(*args[:-1], own, "rl.use_agentic_rollout=true")
+    assert footprint.estimate(cfg).parts[part] == 0  # the sampler reads the model's own weights
 
 
 @pytest.mark.parametrize("scan", ["false", "true"])
@@ -125,11 +126,11 @@ def test_kv_cache_is_the_decoders_cache_at_the_samplers_most_rows(scan):
 
 
 def test_scanned_layers_count_one_layers_compiled_programs_and_the_samplers_unrolled_ones():
-  programs = lambda scan: footprint.estimate(make_config("model_name=qwen3-tiny", f"scan_layers={scan}")).parts[
-    "compiled programs"
-  ]
-  per_layer = programs("false") / 2  # qwen3-tiny's 2 layers, every program unrolled
-  assert programs("true") == pytest.approx(per_layer * (1 + 2 * 2 / 5))  # prefill and decode: 2 of 5 programs
+  programs = lambda *a: footprint.estimate(make_config("model_name=qwen3-tiny", *a)).parts["compiled programs"]
+  per_layer = programs("scan_layers=false") / 2  # qwen3-tiny's 2 layers, every program unrolled
+  assert programs("scan_layers=true", "rollout_layers=stacked") == per_layer
+  unrolled = programs("scan_layers=true", "rollout_layers=unrolled")
+  assert unrolled == pytest.approx(per_layer * (1 + 2 * 2 / 5))  # prefill and decode: 2 of 5 programs
 
 
 @pytest.mark.parametrize("remat", ["none", "full"])

@@ -38,6 +38,7 @@ DecoderFamily = Literal["llama", "qwen3", "gemma3"]
 AnswerFormat = Literal["tags", "last_number"]
 RolloutEngineName = Literal["batched", "vanilla"]
 RolloutDtype = Literal["model", "bfloat16"]
+RolloutLayers = Literal["auto", "unrolled", "stacked"]
 EvalStrategy = Literal["greedy", "standard", "liberal"]
 EvalMode = Literal["pass", "maj", "pass_at_1"]
 KlLossMode = Literal["low_var_kl", "mse_kl", "kl"]
@@ -91,6 +92,9 @@ TAG_REWARDS = When(
   "answer_format=last_number rewards the last number only",
 )
 BATCHED_ENGINE = When("rollout_engine", lambda v: v["rollout_engine"] == "batched", "only rollout_engine=batched")
+SCANNED = When(
+  "scan_layers", lambda v: v["scan_layers"], "scan_layers=false: every layer's weights are arrays of their own"
+)
 ANY_TOOL = When(
   "rl.tools", lambda v: bool(v["rl.tools"]), lambda v: f"no tool it limits is in rl.tools={v['rl.tools']}"
 )
@@ -354,10 +358,7 @@ class ModelSection:
       "results). Checkpoint conversion and LoRA keep per-layer names (layers.3.attn.q_proj), and weights and "
       "exports written in either layout load into either; a resumed run keeps its checkpoints' layout. "
       "lora_module_path must select a weight in every layer or in none (scan_layers=false adapts some layers "
-      "only). The batched engine samples from an unrolled copy of the layers (decoder.DecodeCopy, remade when "
-      "the weights change, held while sampling): its prefill and decode programs hold every layer, and a decode "
-      "step reads each layer's weights and KV cache where they lie instead of copying them out of the stacked "
-      "arrays (benchmarks/RESULTS.md, 'Decode from unrolled layers')."
+      "only). rollout_layers says how the batched engine's sampler holds the stacked layers."
     )
   )
   load_parameters_path: str = dataclasses.field(
@@ -726,11 +727,25 @@ class SamplingSection:
   )
   rollout_dtype: RolloutDtype = dataclasses.field(
     metadata=key(
-      "batched: model (sample with the policy's own weights; with scan_layers from an unrolled copy of them) or "
-      "bfloat16 (from a bfloat16 copy, remade when "
+      "batched: model (sample with the policy's own weights) or bfloat16 (from a bfloat16 copy, remade when "
       "the weights change: weight matmuls round their inputs to bfloat16 and accumulate in dtype; faster "
       "decoding, samples off-policy by that rounding; rl.sampler_is corrects for it).",
       applies=(BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),),
+    )
+  )
+  rollout_layers: RolloutLayers = dataclasses.field(
+    metadata=key(
+      "batched, with scan_layers: how the sampler holds the stacked layers. unrolled: it samples from a copy "
+      "whose layers' weights and KV cache are arrays of their own (decoder.DecodeCopy, remade when the weights "
+      "change, held while sampling), so a decode step reads them where they lie; its prefill and decode programs "
+      "hold every layer (more compiling). stacked: from the stacked arrays, its programs holding one layer; a "
+      "decode step then copies each layer's weights and cache out of them (45% of an H200's decode step). auto: "
+      "unrolled on a GPU or TPU, stacked on a CPU, where the copies cost a few percent of a step and the "
+      "compiling more (benchmarks/RESULTS.md, 'Decode from unrolled layers'). The run logs the choice at start.",
+      applies=(
+        BATCHED_ENGINE.because("only rollout_engine=batched samples from a copy of the weights"),
+        SCANNED,
+      ),
     )
   )
   prompt: tuple[str, ...] = dataclasses.field(

@@ -29,12 +29,12 @@ recorded, on the scheduler thread (it must return at once and not raise), for ca
 A caller that cancels its Future (Future.cancel()) gives its request up: it leaves the queue, or its
 slot before the next chunk.
 
-The batcher decodes with unrolled layers, each layer's weights and KV cache arrays of their own (no
-per-layer copy out of stacked arrays in a decode step): a model with scan_layers, or with
-`matmul_dtype` set (bfloat16 halves the weight bytes a decode step reads), is sampled from a
-`DecodeCopy` of it (unrolled, in that dtype): made whenever requests are admitted into an empty
-batch, remade when version() changes or `weights_changed()` is called, dropped while the batcher
-waits idle. An unrolled model with no matmul_dtype is read as it is: updates in place show.
+With `unrolled_layers` (the default) the batcher decodes with unrolled layers, each layer's weights
+and KV cache arrays of their own (no per-layer copy out of stacked arrays in a decode step). A model
+with scan_layers sampled so, or with `matmul_dtype` set (bfloat16 halves the weight bytes a decode step
+reads), is sampled from a `DecodeCopy` of it: made whenever requests are admitted into an empty batch,
+remade when version() changes or `weights_changed()` is called, dropped while the batcher waits idle.
+Otherwise the model is read as it is: updates in place show.
 
 `decode_rate()` reports the decode steps' throughput (steps that compiled left out): busy rows'
 tokens per second, and the bytes per second those steps had to read at least (every weight and the
@@ -88,6 +88,15 @@ class Completion:
   stopped: bool  # ended on an EOS token (else it used its whole budget)
 
 
+def unrolled_layers(rollout_layers: str) -> bool:
+  """The batcher's unrolled_layers for the config's rollout_layers: auto is unrolled on a GPU or TPU
+  and stacked on a CPU, where the copies a stacked layer's decode step makes cost a few percent of it
+  and compiling every layer more (benchmarks/RESULTS.md, "Decode from unrolled layers")."""
+  if rollout_layers == "auto":
+    return jax.default_backend() != "cpu"
+  return rollout_layers == "unrolled"
+
+
 def _key_data(key) -> np.ndarray:
   """A PRNG key (typed or raw; None for greedy requests) as uint32[2]."""
   if key is None:
@@ -111,13 +120,17 @@ class ContinuousBatcher:
     prefill_chunk: int = 256,
     matmul_dtype=None,
     steps_per_dispatch: int = 1,
+    unrolled_layers: bool = True,
   ):
     """version() returns the number to tag tokens with, read before each decode step; a change
     drops held prefixes (and remakes the copy). cache_size: the most tokens (prompt + completion) of
     one request. matmul_dtype: None samples with the model's own dtypes, else from a DecodeCopy in
-    that dtype."""
-    copied = matmul_dtype is not None or model.config.scan_layers
-    self._copy = DecodeCopy(model, matmul_dtype) if copied else None
+    that dtype. unrolled_layers: a scanned model is sampled from an unrolled DecodeCopy (else from its
+    stacked layers)."""
+    self._model = model
+    self._matmul_dtype = matmul_dtype
+    copied = matmul_dtype is not None or (model.config.scan_layers and unrolled_layers)
+    self._copy = DecodeCopy(model, matmul_dtype, unrolled_layers) if copied else None
     self._state: nnx.State | None  # a copy's is made when a busy period starts
     if self._copy is None:
       graphdef, self._state = nnx.split(model)  # the model's own variables: updates in place show
@@ -141,7 +154,8 @@ class ContinuousBatcher:
     # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
     # computes every row, so idle rows cost as much as busy ones.
     with jax.set_mesh(mesh):  # not the caller's mesh, which may span other devices
-      cache = (self._copy or model).init_cache(1, cache_size, cache_dtype or model.config.dtype)
+      self._cache_dtype = cache_dtype or model.config.dtype
+      cache = (self._copy or model).init_cache(1, cache_size, self._cache_dtype)
       self._cache = jax.device_put(cache, placement)
     self._table = Slots(max_batch_size, version())  # which request each slot decodes, what free ones hold
     self._waiting: collections.deque[Request] = collections.deque()
@@ -238,7 +252,7 @@ class ContinuousBatcher:
     """program_census.layer_copies of the decode-chunk program this batcher runs at `rows` rows
     (greedy rows, one EOS id, chunks of steps_per_dispatch), compiled from abstract arrays here: {}
     when its decode steps copy no layer's weight matrix or KV cache."""
-    state: Any = self._state if self._copy is None else jax.eval_shape(self._copy.state)
+    state: Any = nnx.state(self._model) if self._copy is None else jax.eval_shape(self._copy.state)
     cache = jax.eval_shape(lambda: _resize(self._cache, rows))
     ints = jax.ShapeDtypeStruct((rows,), jnp.int32)
     compiled = _decode.lower(
@@ -257,10 +271,10 @@ class ContinuousBatcher:
       jax.ShapeDtypeStruct((2,), jnp.int32),
       self.steps_per_dispatch,
     ).compile()
-    weights = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]  # the batcher decodes unrolled
-    return program_census.layer_copies(
-      compiled.as_text() or "", [*weights, cache["layer_0"]["k"], cache["layer_0"]["v"]]
-    )
+    layer = DecodeCopy(self._model, self._matmul_dtype)  # one layer's arrays as the unrolled layout holds them
+    weights = [x for x in jax.tree.leaves(jax.eval_shape(layer.state)["layers"][0]) if x.ndim >= 2]
+    one = jax.eval_shape(lambda: layer.init_cache(rows, self.cache_size, self._cache_dtype))["layer_0"]
+    return program_census.layer_copies(compiled.as_text() or "", [*weights, one["k"], one["v"]])
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""

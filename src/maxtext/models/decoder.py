@@ -601,14 +601,15 @@ def init_cache(cfg: ModelConfig, batch_size: int, cache_size: int, dtype) -> Cac
 
 
 class DecodeCopy:
-  """A copy of a decoder for sampling, whose layers are unrolled: each layer's weights are arrays of
-  their own, so a decode step reads them, and each layer's KV cache (`init_cache`: one entry per
-  layer), where they lie. A scanned decoder's step instead slices each layer's weights and cache out of
-  the stacked arrays, a copy of each per layer and step in the compiled program
-  (tests/unit/test_decode_copy.py counts them; benchmarks/RESULTS.md, "The device suite").
+  """A copy of a decoder for sampling. With `unrolled` its layers are unrolled: each layer's weights are
+  arrays of their own, so a decode step reads them, and each layer's KV cache (`init_cache`: one entry
+  per layer), where they lie. A scanned decoder's step instead slices each layer's weights and cache out
+  of the stacked arrays, a copy of each per layer and step in the compiled program
+  (tests/unit/test_decode_copy.py counts them; benchmarks/RESULTS.md, "Decode from unrolled layers").
+  Without it the copy keeps the source's layout.
 
-  matmul_dtype None: the weights keep their dtypes, so the copy computes what an unrolled decoder with
-  the same weights computes, and the leaves outside the layers (embedding, final norm, output layer)
+  matmul_dtype None: the weights keep their dtypes, so the copy computes what a decoder of its layout
+  with the same weights computes, and the leaves outside the layers (embedding, final norm, output layer)
   are the source's own arrays, not copied. Else the weights are stored in matmul_dtype and the weight
   matmuls (projections and output layer) take their inputs rounded to it, accumulating in the model's
   dtype: norms, attention, the residual stream and the logits stay in the model's dtypes. The output
@@ -620,8 +621,8 @@ class DecodeCopy:
   variables, so in-place updates show) in one compiled program; `nbytes`: the copy's weights (what a
   decode step reads), `added_bytes`: the memory it adds to the source's."""
 
-  def __init__(self, model: Decoder, matmul_dtype=None):
-    cfg = dataclasses.replace(model.config, scan_layers=False)
+  def __init__(self, model: Decoder, matmul_dtype=None, unrolled: bool = True):
+    cfg = dataclasses.replace(model.config, scan_layers=False) if unrolled else model.config
     self._dtype = None if matmul_dtype is None else jnp.dtype(matmul_dtype)
     if self._dtype is not None:
       cfg = dataclasses.replace(cfg, weight_dtype=self._dtype, matmul_dtype=self._dtype, tie_embeddings=False)
@@ -631,26 +632,27 @@ class DecodeCopy:
     sources = {path: i for i, (path, _) in enumerate(jax.tree_util.tree_flatten_with_path(self._source)[0])}
     paths, self._target = jax.tree_util.tree_flatten_with_path(target)
     embed = next(i for path, i in sources.items() if _top_name(path) == "embed")
-    stacked = model.config.scan_layers
+    split = model.config.scan_layers and not cfg.scan_layers
 
     def plan(path, leaf) -> tuple[int, int | None, bool, bool]:
       """(index of the source leaf, the layer it is sliced at (None: whole), whether it is transposed,
       whether it is cast to matmul_dtype) of one leaf of the copy: a tied model's output layer is its
-      embedding's transpose, an unrolled layer's leaf (layers.3.attn.q_proj) a stacked leaf's slice."""
+      embedding's transpose, an unrolled layer's leaf (layers.3.attn.q_proj) a stacked leaf's slice;
+      a stacked leaf has one more axis than the matrix or vector it stacks."""
+      layers = _top_name(path) == "layers"
+      cast = self._dtype is not None and leaf.ndim - int(cfg.scan_layers and layers) >= 2
       if _top_name(path) == "lm_head" and model.config.tie_embeddings:
         return embed, None, True, True
-      if stacked and _top_name(path) == "layers":
-        return sources[path[:1] + path[2:]], path[1].key, False, self._dtype is not None and leaf.ndim >= 2
-      return sources[path], None, False, self._dtype is not None and leaf.ndim >= 2
+      if split and layers:
+        return sources[path[:1] + path[2:]], path[1].key, False, cast
+      return sources[path], None, False, cast
 
     self._plan = tuple(plan(path, leaf) for path, leaf in paths)
-    self._made = tuple(
-      i for i, (_, layer, transposed, cast) in enumerate(self._plan) if layer is not None or transposed or cast
-    )
-    made_plan = tuple(self._plan[i] for i in self._made)
+    made = (i for i, (_, layer, transposed, cast) in enumerate(self._plan) if layer is not None or transposed or cast)
+    self._made = tuple(made)
     leaves = tuple(jax.tree.leaves(self._source))
-    made = jax.eval_shape(_copy_leaves, leaves, made_plan, self._dtype)
-    self.added_bytes = sum(x.size * x.dtype.itemsize for x in made)
+    shapes = jax.eval_shape(_copy_leaves, leaves, tuple(self._plan[i] for i in self._made), self._dtype)
+    self.added_bytes = sum(x.size * x.dtype.itemsize for x in shapes)
     kept = set(range(len(self._plan))) - set(self._made)
     self.nbytes = self.added_bytes + sum(leaves[self._plan[i][0]].nbytes for i in kept)
 

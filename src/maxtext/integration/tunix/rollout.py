@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import jax
@@ -51,6 +52,8 @@ from maxtext.input_pipeline.text_as_data import Rendered
 from maxtext.integration.tunix import scoring
 from maxtext.utils import errors
 from maxtext.utils import mesh as mesh_lib
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
   from maxtext.models.decoder import Decoder
@@ -270,9 +273,10 @@ class RolloutEngine(WithoutExtras, base_rollout.BaseRollout):
 
 class BatchedRolloutEngine(base_rollout.BaseRollout):
   """Tunix rollout engine on a ContinuousBatcher with rollout_max_batch_size slots (see the module
-  docstring), sampling from a DecodeCopy of the policy (unrolled layers) in matmul_dtype when set (rollout_dtype).
-  Passed as ClusterConfig.rollout_engine via functools.partial binding seed, max_batch_size,
-  matmul_dtype and steps_per_dispatch."""
+  docstring), sampling from a DecodeCopy of the policy in matmul_dtype when set (rollout_dtype), and
+  from its layers unrolled when unrolled_layers (rollout_layers). Passed as ClusterConfig.rollout_engine
+  via functools.partial binding seed, max_batch_size, matmul_dtype, steps_per_dispatch and
+  unrolled_layers."""
 
   def __init__(
     self,
@@ -284,8 +288,12 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
     max_batch_size: int,
     matmul_dtype: str | None = None,
     steps_per_dispatch: int = 1,
+    unrolled_layers: bool = True,
   ):
     self._model = _place_on_mesh(rollout_actor, mesh)
+    if self._model.config.scan_layers:
+      how = "from an unrolled copy" if unrolled_layers else "from the stacked arrays"
+      log.info("The sampler decodes the scanned layers %s (rollout_layers)", how)
     self._tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self.temperature = rollout_config.temperature
     self.mesh = mesh
@@ -297,6 +305,7 @@ class BatchedRolloutEngine(base_rollout.BaseRollout):
       version=lambda: self.keys.step_source(),
       matmul_dtype=matmul_dtype,
       steps_per_dispatch=steps_per_dispatch,
+      unrolled_layers=unrolled_layers,
     )
 
   @property

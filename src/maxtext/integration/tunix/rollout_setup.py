@@ -13,6 +13,7 @@ from tunix.rl.rl_cluster import Mode  # which sampling: TRAIN (decode_sampling_*
 from tunix.rl.rollout import base_rollout
 
 from maxtext.configs.sections import EVAL_SAMPLING, EvalStrategy, MeshSection, ModelSection, SamplingSection
+from maxtext.inference.continuous_batching import unrolled_layers
 from maxtext.integration.tunix.rollout import BatchedRolloutEngine, RolloutEngine
 
 if TYPE_CHECKING:
@@ -30,6 +31,7 @@ def rollout_engine(sampling: SamplingSection):
       max_batch_size=sampling.rollout_max_batch_size,
       matmul_dtype=None if sampling.rollout_dtype == "model" else sampling.rollout_dtype,
       steps_per_dispatch=sampling.decode_steps_per_dispatch,
+      unrolled_layers=unrolled_layers(sampling.rollout_layers),
     )
   return functools.partial(RolloutEngine, seed=sampling.decode_seed)
 

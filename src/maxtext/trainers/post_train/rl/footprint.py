@@ -11,9 +11,9 @@ where they never read it); AdamW's two moments, the gradient and, with
 train_micro_batch_size set, the gradient accumulator, each of the trained weights (all of them, or
 the LoRA adapters); the sampler's KV cache at its most rows, and its copy of the weights
 (decoder.DecodeCopy: with rollout_dtype=bfloat16 every weight in bfloat16, the output layer stored
-apart from a tied embedding; else with scan_layers the layers' weights unrolled, as they are; the
-standard learner samples and trains in turn, so there only what the copy exceeds the training step's
-temporaries by); and the training step's largest
+apart from a tied embedding; else with scan_layers sampled unrolled (rollout_layers) the layers'
+weights as they are; the standard learner samples and trains in turn, so there only what the copy
+exceeds the training step's temporaries by); and the training step's largest
 temporaries for one micro-batch: the output layer's, a vocabulary slice's float32 logits at a time
 (models/token_logps.py: logits, probabilities and their gradient) and its weights' gradient, and the
 activations the backward pass keeps (with remat_policy=full only each layer's input, plus one
@@ -22,10 +22,10 @@ before loading (Python, JAX's runtime, the libraries: its resident memory when t
 the workers of rl.agent=FILE:FN (rl.max_concurrency at once, each as much as one measured at start
 with the agent's file loaded); and the compiled programs, which XLA:CPU unrolls layer by layer (a
 per-layer size, docs/decisions.md, "Compiled-program memory in the estimate"; with scan_layers one
-layer's, the programs holding one scanned layer, but for the sampler's prefill and decode, which run
-unrolled layers: two of the five programs' share of every layer). Not counted: the optimizer update's own temporaries
-and the allocator's overheads, which the end-of-run line shows against the estimate (the trainer's
-own peak: benchmarks/agent_memory.py measures an agent run's whole process tree).
+layer's, the programs holding one scanned layer, but for the sampler's prefill and decode where they
+run unrolled layers (rollout_layers): two of the five programs' share of every layer). Not counted:
+the optimizer update's own temporaries and the allocator's overheads, which the end-of-run line shows
+against the estimate (the trainer's own peak: benchmarks/agent_memory.py measures an agent run's whole process tree).
 
 A start whose estimate exceeds the memory it has is refused (`check_fits`): on CPU the whole estimate
 against the host's memory (its physical memory, or a smaller cgroup limit); on accelerators that
@@ -138,13 +138,22 @@ def _activation_values_per_token(model: ModelSection, length: int) -> int:
   return values
 
 
+def _unrolled_sampler(cfg: RunConfig) -> bool:
+  """Whether the batched engine samples a scanned model from its layers unrolled."""
+  from maxtext.inference.continuous_batching import unrolled_layers
+
+  return (
+    cfg.model.scan_layers and cfg.sampling.rollout_engine == "batched" and unrolled_layers(cfg.sampling.rollout_layers)
+  )
+
+
 def _sampler_copy_bytes(cfg: RunConfig, n: int, lora: int, weight_bytes: int) -> int:
   """What decoder.DecodeCopy adds for the batched engine's sampler of a model of n values and lora
   adapter values: with rollout_dtype=bfloat16 its matrices in bfloat16 (a tied embedding twice: as
   itself and as the output layer), the layers' norm scales as they are (float32; the final norm's is
-  shared); else with scan_layers the
-  layers' weights and adapters as they are (the embedding, final norm and output layer shared); else
-  nothing (the sampler reads the model's own weights)."""
+  shared); else with scan_layers sampled unrolled the layers' weights and adapters as they are (the
+  embedding, final norm and output layer shared); else nothing (the sampler reads the model's own
+  weights)."""
   model, sampling = cfg.model, cfg.sampling
   if sampling.rollout_engine != "batched":
     return 0
@@ -152,7 +161,7 @@ def _sampler_copy_bytes(cfg: RunConfig, n: int, lora: int, weight_bytes: int) ->
     vectors = _norm_scale_count(model)
     head = model.vocab_size * model.emb_dim if model.logits_via_embedding else 0
     return 2 * (n + lora + head - vectors) + 4 * (vectors - model.emb_dim)
-  if model.scan_layers:
+  if _unrolled_sampler(cfg):
     outside = model.vocab_size * model.emb_dim * (1 if model.logits_via_embedding else 2) + model.emb_dim
     return (n - outside) * weight_bytes + lora * 4
   return 0
@@ -255,14 +264,18 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
       "train_micro_batch_size, remat_policy=full, rl.num_generations, max_prompt_length, max_response_length",
       False,
     ),
-    "sampler's copy (rollout_dtype=bfloat16, or scan_layers unrolled)": (
+    "sampler's copy (rollout_dtype=bfloat16, or rollout_layers=unrolled)": (
       copy if cfg.agentic.use_agentic_rollout else max(0, copy - temporaries),
-      "rollout_dtype=model, scan_layers=false",
+      "rollout_dtype=model, rollout_layers=stacked",
       False,
     ),
     "compiled programs": (
       _PROGRAM_BYTES_PER_LAYER
-      * (1 + _SAMPLER_PROGRAMS * model.num_decoder_layers if model.scan_layers else model.num_decoder_layers),
+      * (
+        (1 + _SAMPLER_PROGRAMS * model.num_decoder_layers if _unrolled_sampler(cfg) else 1)
+        if model.scan_layers
+        else model.num_decoder_layers
+      ),
       "scan_layers=true",
       True,
     ),
