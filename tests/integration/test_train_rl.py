@@ -151,6 +151,34 @@ def test_two_grpo_steps_log_rewards_and_change_parameters(tmp_path, capsys, monk
   assert ours["token_ids"] == hf_greedy_tokens(run / "hf", "What is 2+3?", 8)
 
 
+def test_the_sampler_on_unrolled_layers_trains_what_the_stacked_layers_train(tmp_path, caplog):
+  """rollout_layers=unrolled (a scanned model sampled from its unrolled copy, remade each step) and
+  stacked: the same samples, so the same rewards, loss, KL and gradient norm in every step, bit for bit
+  on XLA:CPU; each run says at start which it samples from."""
+  (tmp_path / "rewards.py").write_text(SPREAD_REWARDS)
+  rows = {}
+  for layers in ("stacked", "unrolled"):
+    caplog.clear()
+    args = [
+      *(a for a in TINY if not a.startswith(("num_test_batches=", "eval_batch_size="))),
+      "num_test_batches=0",
+      f"base_output_directory={tmp_path}",
+      f"reward_functions_path={tmp_path / 'rewards.py'}",
+      "reward_functions=[check_answer,spread]",
+      f"run_name={layers}",
+      f"rollout_layers={layers}",
+    ]
+    with caplog.at_level("INFO"):
+      assert train_rl.main(["train_rl", "rl.yml", *args]) == 0
+    how = "from an unrolled copy" if layers == "unrolled" else "from the stacked arrays"
+    assert f"The sampler decodes the scanned layers {how} (rollout_layers)" in caplog.text
+    rows[layers] = _read_jsonl(tmp_path / layers / "metrics.jsonl")
+  keys = ("rewards/mean", "rewards/spread", "loss", "kl", "grad_norm")
+  assert [r["step"] for r in rows["unrolled"]] == [1, 2]
+  assert [[r[k] for k in keys] for r in rows["unrolled"]] == [[r[k] for k in keys] for r in rows["stacked"]]
+  assert all(r["grad_norm"] > 0 for r in rows["unrolled"])  # the steps trained
+
+
 @pytest.mark.slow  # make test: test_scan_layers.py's logits, cache, decode and gradients
 def test_scan_layers_trains_as_the_unrolled_decoder_does(tmp_path, capsys):
   """scan_layers=true: the same seeded weights, samples and rewards in each step, and the same loss,
