@@ -18,9 +18,9 @@ Stages, what matters most first, each in its own process under its own time limi
    auto takes on a GPU or TPU), and at 64 rows with chunk 16 from the stacked layers too: busy-row
    tokens/s, `fraction_of_roofline` (the tokens/s of reading every weight and the whole KV cache once
    per step at the device's HBM bandwidth, model_benchmark.decode_roofline), a digest of the sampled
-   tokens (`decode_tokens_identical_across_chunks` compares them per row count), and at each row
-   count's first chunk size `layer_copies` (the decode program's copies of a layer's weights or cache,
-   program_census; {} where there are none); the compile seconds of its prefill
+   tokens (`decode_tokens_identical_across_chunks` compares them per row count), and at 64 rows with
+   chunk 16 `layer_copies` (the decode program's copies of a layer's weights or cache, program_census;
+   {} where there are none), each layout; the compile seconds of its prefill
    (`_extend`) and decode chunk (`_decode`) programs, from JAX's compile events.
 4. train: a training step of qwen3-0.6b's shape (random weights, bfloat16, 8 x 1024 tokens) through
    model_benchmark's train worker, with the attention the cudnn stage allows (cudnn_flash where its
@@ -374,7 +374,9 @@ def worker_decode(work: Work, partial: str, artifacts: str | None) -> None:
       "prefill": clock.since(before, "_extend"),
       "decode_chunk": clock.since(before, "_decode"),
     }
-    if chunk == work.decode_chunks[0]:  # compiled once more, after the compile seconds are read
+    # The census compiles the decode program once more (after its compile seconds are read): at the
+    # first row count only, each layout once.
+    if rows == work.decode_rows[0] and chunk == work.decode_chunks[0]:
       try:
         with jax.set_mesh(mesh):
           batcher = ContinuousBatcher(model, size, rows, steps_per_dispatch=chunk, unrolled_layers=unrolled)
