@@ -112,8 +112,7 @@ def main() -> None:
     def decode():
       return step(static, state)
 
-    layer = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]
-    layer += [held["unrolled"]["layer_0"]["k"], held["unrolled"]["layer_0"]["v"]]
+    layer = program_census.layer_buffers(model.config, rows, size)
     stacked_static = kv._StaticGraph(graph)
     result["layer_copies"] = {
       layout: program_census.layer_copies(kv._decode.lower(*arguments(s, w, layout)).compile().as_text(), layer)

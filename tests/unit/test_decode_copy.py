@@ -64,13 +64,6 @@ def _decode_args(model, state, cache, **arrays):
   )
 
 
-def _layer_arrays(copy: DecodeCopy):
-  """One layer's weight matrices and KV cache at ROWS rows, as the unrolled layout holds them."""
-  weights = [x for x in jax.tree.leaves(jax.eval_shape(copy.state)["layers"][0]) if x.ndim >= 2]
-  cache = jax.eval_shape(lambda: copy.init_cache(ROWS, SIZE, jnp.float32))["layer_0"]
-  return [*weights, cache["k"], cache["v"]]
-
-
 @pytest.mark.parametrize("scan", [True, False])
 @pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
 def test_the_batchers_decode_step_copies_no_layer_weights_or_cache(models, scan, dtype):
@@ -81,25 +74,15 @@ def test_the_batchers_decode_step_copies_no_layer_weights_or_cache(models, scan,
 
 @pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
 def test_a_batcher_on_the_stacked_layers_copies_each_layer_weight_and_its_cache(models, dtype):
+  """The census finds the copies where they are: the scan's body slices each of the 7 weight matrices
+  and the keys and values out of the stacked arrays (once in the loop body, run once per layer)."""
+  assert len(program_census.layer_buffers(models[True].config, ROWS, SIZE)) == 9
   batcher = ContinuousBatcher(
     models[True], SIZE, ROWS, matmul_dtype=dtype, steps_per_dispatch=CHUNK, unrolled_layers=False
   )
   assert batcher.decode_layer_copies(ROWS) == {"dynamic-slice": 9}
   assert set(batcher._cache) == {"layers"}  # the stacked cache
   batcher.close()
-
-
-def test_a_decode_step_on_the_stacked_layout_copies_every_layer_weight_and_its_cache(models):
-  """The census finds the copies where they are: the scan's body slices each of the 7 weight matrices
-  and the keys and values out of the stacked arrays (once in the loop body, run once per layer)."""
-  model = models[True]
-  graphdef, state = nnx.split(model)
-  compiled = kv._decode.lower(
-    *_decode_args(kv._StaticGraph(graphdef), state, model.init_cache(ROWS, SIZE, jnp.float32))
-  ).compile()
-  arrays = _layer_arrays(DecodeCopy(model))
-  assert len(arrays) == 9
-  assert program_census.layer_copies(compiled.as_text(), arrays) == {"dynamic-slice": 9}
 
 
 def test_the_copy_holds_each_layers_slice_and_shares_the_rest(models):

@@ -127,8 +127,7 @@ class ContinuousBatcher:
     one request. matmul_dtype: None samples with the model's own dtypes, else from a DecodeCopy in
     that dtype. unrolled_layers: a scanned model is sampled from an unrolled DecodeCopy (else from its
     stacked layers)."""
-    self._model = model
-    self._matmul_dtype = matmul_dtype
+    self._decoder = model.config
     copied = matmul_dtype is not None or (model.config.scan_layers and unrolled_layers)
     self._copy = DecodeCopy(model, matmul_dtype, unrolled_layers) if copied else None
     self._state: nnx.State | None  # a copy's is made when a busy period starts
@@ -154,8 +153,7 @@ class ContinuousBatcher:
     # Rows grow with demand up to max_batch_size (and shrink when few are busy): a decode step
     # computes every row, so idle rows cost as much as busy ones.
     with jax.set_mesh(mesh):  # not the caller's mesh, which may span other devices
-      self._cache_dtype = cache_dtype or model.config.dtype
-      cache = (self._copy or model).init_cache(1, cache_size, self._cache_dtype)
+      cache = (self._copy or model).init_cache(1, cache_size, cache_dtype or model.config.dtype)
       self._cache = jax.device_put(cache, placement)
     self._table = Slots(max_batch_size, version())  # which request each slot decodes, what free ones hold
     self._waiting: collections.deque[Request] = collections.deque()
@@ -252,7 +250,7 @@ class ContinuousBatcher:
     """program_census.layer_copies of the decode-chunk program this batcher runs at `rows` rows
     (greedy rows, one EOS id, chunks of steps_per_dispatch), compiled from abstract arrays here: {}
     when its decode steps copy no layer's weight matrix or KV cache."""
-    state: Any = nnx.state(self._model) if self._copy is None else jax.eval_shape(self._copy.state)
+    state: Any = self._state if self._copy is None else jax.eval_shape(self._copy.state)
     cache = jax.eval_shape(lambda: _resize(self._cache, rows))
     ints = jax.ShapeDtypeStruct((rows,), jnp.int32)
     compiled = _decode.lower(
@@ -271,10 +269,8 @@ class ContinuousBatcher:
       jax.ShapeDtypeStruct((2,), jnp.int32),
       self.steps_per_dispatch,
     ).compile()
-    layer = DecodeCopy(self._model, self._matmul_dtype)  # one layer's arrays as the unrolled layout holds them
-    weights = [x for x in jax.tree.leaves(jax.eval_shape(layer.state)["layers"][0]) if x.ndim >= 2]
-    one = jax.eval_shape(lambda: layer.init_cache(rows, self.cache_size, self._cache_dtype))["layer_0"]
-    return program_census.layer_copies(compiled.as_text() or "", [*weights, one["k"], one["v"]])
+    layer = program_census.layer_buffers(self._decoder, rows, self.cache_size)
+    return program_census.layer_copies(compiled.as_text() or "", layer)
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""

@@ -1,6 +1,6 @@
 """What a compiled program does to one layer's buffers: `layer_copies` counts, in the optimized HLO
 text of a program (jax's `Compiled.as_text()`), the instructions that copy, slice or dynamic-slice a
-buffer the size of one layer's weight matrix or KV cache. A decode step that reads each layer's
+buffer the size of one layer's weight matrix or KV cache (`layer_buffers`). A decode step that reads each layer's
 weights and cache where they lie has none; one that slices them out of stacked arrays (a scanned
 layer's) has a few per layer, each a copy of the buffer (XLA:CPU and XLA:GPU, benchmarks/RESULTS.md,
 "The device suite")."""
@@ -8,8 +8,15 @@ layer's) has a few per layer, each a copy of the buffer (XLA:CPU and XLA:GPU, be
 from __future__ import annotations
 
 import collections
+import dataclasses
 import re
 from collections.abc import Iterable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from maxtext.models.decoder import Decoder, ModelConfig, init_cache
 
 # `%name = f32[8,1,2,32,48]{4,3,2,1,0} dynamic-slice(` (the layout and a tuple's parts vary).
 _INSTRUCTION = re.compile(r"=\s*[a-z0-9]+\[([0-9,]*)\](?:\{[^}]*\})?\s+(copy|slice|dynamic-slice|copy-start)\(")
@@ -32,3 +39,14 @@ def layer_copies(hlo_text: str, layer_arrays: Iterable) -> dict[str, int]:
     if _key(int(d) for d in dims.split(",") if d) in sizes:
       found[opcode] += 1
   return dict(found)
+
+
+def layer_buffers(cfg: ModelConfig, rows: int, cache_size: int) -> list[jax.ShapeDtypeStruct]:
+  """One layer's weight matrices and its KV cache's keys and values (`rows` rows of `cache_size`
+  positions) as a decoder of `cfg` with unrolled layers holds them (abstract arrays: their dims are
+  what layer_copies matches, in either layout)."""
+  unrolled = dataclasses.replace(cfg, scan_layers=False)
+  state = nnx.state(nnx.eval_shape(lambda: Decoder(unrolled, rngs=nnx.Rngs(0))))
+  weights = [x for x in jax.tree.leaves(state["layers"][0]) if x.ndim >= 2]
+  cache = jax.eval_shape(lambda: init_cache(unrolled, rows, cache_size, jnp.float32))["layer_0"]
+  return [*weights, cache["k"], cache["v"]]
