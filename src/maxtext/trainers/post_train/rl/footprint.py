@@ -210,6 +210,9 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
   activations = tokens * per_token * act_bytes
   temporaries = output_layer + activations
   copy = _sampler_copy_bytes(cfg, n, lora, weight_bytes)
+  layers = model.num_decoder_layers
+  # Layers' worth of compiled programs: one scanned layer, plus the sampler's unrolled ones; else every layer.
+  compiled_layers = 1 + _SAMPLER_PROGRAMS * layers if _unrolled_sampler(cfg) else 1 if model.scan_layers else layers
   # name -> (bytes, the keys that shrink it, whether the host holds it where accelerators run the model)
   items: dict[str, tuple[float, str, bool]] = {
     f"weights ({n / 1e6:.1f}M x {weight_bytes} B" + (f", adapters {lora / 1e6:.2f}M x 4 B)" if lora else ")"): (
@@ -270,12 +273,7 @@ def estimate(cfg: RunConfig, process_bytes: float = 0.0, agent_worker_bytes: flo
       False,
     ),
     "compiled programs": (
-      _PROGRAM_BYTES_PER_LAYER
-      * (
-        (1 + _SAMPLER_PROGRAMS * model.num_decoder_layers if _unrolled_sampler(cfg) else 1)
-        if model.scan_layers
-        else model.num_decoder_layers
-      ),
+      _PROGRAM_BYTES_PER_LAYER * compiled_layers,
       "scan_layers=true",
       True,
     ),
