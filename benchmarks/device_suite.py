@@ -204,6 +204,14 @@ def _emit(partial: str, record: dict) -> None:
     f.write(json.dumps(record) + "\n")
 
 
+def read_records(partial: str) -> list[dict]:
+  """The measurements _emit wrote to a stage's partial file; [] where it wrote none."""
+  if not os.path.exists(partial):
+    return []
+  with open(partial, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
 class ProgramClock:
   """Seconds JAX spent tracing and lowering (`lower_s`) and compiling (`compile_s`) each jitted
   function since it was made, by function name, from JAX's compile events (any thread)."""
@@ -272,11 +280,7 @@ def train_variants(
 def cudnn_passed(scratch: str) -> bool:
   """Whether the cudnn stage's run (its record in `scratch`) passed its test: not skipped, failed or
   missing."""
-  path = os.path.join(scratch, "cudnn.jsonl")
-  if not os.path.exists(path):
-    return False
-  with open(path, encoding="utf-8") as f:
-    records = [json.loads(line) for line in f if line.strip()]
+  records = read_records(os.path.join(scratch, "cudnn.jsonl"))
   return bool(records) and records[0]["passed"] > 0 and not (records[0]["failed"] or records[0]["errors"])
 
 
@@ -538,10 +542,7 @@ def run_limited(stage: str, cmd: list[str], limit: float, scratch: str) -> dict:
       _kill_group(proc)
       code, status = None, "timed_out"
   seconds = time.monotonic() - started
-  records = []
-  if os.path.exists(partial):
-    with open(partial, encoding="utf-8") as f:
-      records = [json.loads(line) for line in f if line.strip()]
+  records = read_records(partial)
   error = None
   if status != "ok":
     with open(log, encoding="utf-8", errors="replace") as f:
