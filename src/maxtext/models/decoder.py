@@ -649,9 +649,10 @@ class DecodeCopy:
 
     self._plan = tuple(plan(path, leaf) for path, leaf in paths)
     made = (i for i, (_, layer, transposed, cast) in enumerate(self._plan) if layer is not None or transposed or cast)
-    self._made = tuple(made)
+    self._made = tuple(made)  # the leaves _copy_leaves makes (the others are the source's own)
+    self._made_plan = tuple(self._plan[i] for i in self._made)
     leaves = tuple(jax.tree.leaves(self._source))
-    shapes = jax.eval_shape(_copy_leaves, leaves, tuple(self._plan[i] for i in self._made), self._dtype)
+    shapes = jax.eval_shape(_copy_leaves, leaves, self._made_plan, self._dtype)
     self.added_bytes = sum(x.size * x.dtype.itemsize for x in shapes)
     kept = set(range(len(self._plan))) - set(self._made)
     self.nbytes = self.added_bytes + sum(leaves[self._plan[i][0]].nbytes for i in kept)
@@ -659,7 +660,7 @@ class DecodeCopy:
   def state(self) -> nnx.State:
     leaves = tuple(jax.tree.leaves(self._source))
     values = [leaves[index] for index, *_ in self._plan]
-    for i, value in zip(self._made, _copy_leaves(leaves, tuple(self._plan[i] for i in self._made), self._dtype)):
+    for i, value in zip(self._made, _copy_leaves(leaves, self._made_plan, self._dtype)):
       values[i] = value
     return jax.tree.unflatten(self._target, values)
 
