@@ -30,40 +30,6 @@ def models():
   return out
 
 
-def _decode_args(model, state, cache, **arrays):
-  """kv._decode's arguments for `state` and `cache` as they are (a scanned model's stacked arrays, or a
-  copy's): greedy idle rows unless `arrays` say otherwise."""
-  ints = jnp.zeros((ROWS,), jnp.int32)
-  args = dict(
-    tokens=ints,
-    positions=ints,
-    steps=ints,
-    keys=jnp.zeros((ROWS, 2), jnp.uint32),
-    sampling=jnp.zeros((ROWS, 2)),
-    top_k=jnp.full((ROWS,), 1024, jnp.int32),
-    limits=ints,
-    eos=jnp.full((ROWS, 1), -1, jnp.int32),
-    until=jnp.array([CHUNK, 0], jnp.int32),
-  )
-  args.update(arrays)
-  return (
-    model,
-    state,
-    cache,
-    args["tokens"],
-    args["positions"],
-    args["steps"],
-    args["keys"],
-    args["sampling"],
-    args["top_k"],
-    None,
-    args["limits"],
-    args["eos"],
-    args["until"],
-    CHUNK,
-  )
-
-
 @pytest.mark.parametrize("scan", [True, False])
 @pytest.mark.parametrize("dtype", [None, jnp.bfloat16])
 def test_the_batchers_decode_step_copies_no_layer_weights_or_cache(models, scan, dtype):
@@ -104,20 +70,23 @@ def _sample(model, state, cache, prompts, n):
   t = prompts.shape[1]
   starts = jnp.zeros((ROWS,), jnp.int32)
   cache = kv._extend(model, state, cache, prompts[:, :-1], starts)
-  keys = jax.random.key_data(jax.random.split(jax.random.PRNGKey(5), ROWS))
-  args = _decode_args(
+  keys = jax.random.key_data(jax.random.split(jax.random.PRNGKey(5), ROWS)).astype(jnp.uint32)
+  tokens, logps, made, _, _ = kv._decode(
     model,
     state,
     cache,
-    tokens=prompts[:, -1],
-    positions=jnp.full((ROWS,), t - 1, jnp.int32),
-    keys=keys.astype(jnp.uint32),
-    sampling=jnp.tile(jnp.array([[0.8, 1.0]]), (ROWS, 1)),
-    limits=jnp.full((ROWS,), n, jnp.int32),
-    until=jnp.array([n, 0], jnp.int32),
+    prompts[:, -1],
+    jnp.full((ROWS,), t - 1, jnp.int32),  # positions
+    jnp.zeros((ROWS,), jnp.int32),  # steps
+    keys,
+    jnp.tile(jnp.array([[0.8, 1.0]]), (ROWS, 1)),  # temperature, top_p
+    jnp.full((ROWS,), 1024, jnp.int32),  # top_k: off
+    None,
+    jnp.full((ROWS,), n, jnp.int32),  # limits
+    jnp.full((ROWS, 1), -1, jnp.int32),  # no EOS
+    jnp.array([n, 0], jnp.int32),
+    n,
   )
-  args = args[:-1] + (n,)
-  tokens, logps, made, _, _ = kv._decode(*args)
   assert np.asarray(made).tolist() == [n] * ROWS
   return np.asarray(tokens), np.asarray(logps)
 
