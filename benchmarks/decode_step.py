@@ -6,10 +6,11 @@ it is made of.
 
 In one process, each timed as the median of --iters runs of 10 calls after one that compiles:
 - the decode step train_rl runs (kv_programs._decode: the model on one position per row
-  with its KV cache, then sampling), on the unrolled copy of a scanned model's layers
-  (decoder.DecodeCopy), and the time to remake that copy;
-- the same step on the scanned model's stacked layers and cache (what the batcher ran before it
-  decoded from the copy), and each step's copies of a layer's weights or cache in its optimized HLO
+  with its KV cache, then sampling) on the unrolled copy of a scanned model's layers
+  (decoder.DecodeCopy: rollout_layers=unrolled, what auto takes on a GPU or TPU), and the time to
+  remake that copy;
+- the same step on the scanned model's stacked layers and cache (rollout_layers=stacked, what auto
+  takes on a CPU), and each step's copies of a layer's weights or cache in its optimized HLO
   (program_census.layer_copies);
 - its read floor: summing as many bytes as the step reads (every weight and the cache);
 - the same step with rollout_dtype=bfloat16 (on decoder.DecodeCopy), its read floor, and the time
@@ -102,9 +103,8 @@ def main() -> None:
         1,
       )
 
-    def step(
-      static, state, layout="unrolled"
-    ):  # one decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it
+    def step(static, state, layout="unrolled"):
+      """One decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it."""
       out = kv._decode(*arguments(static, state, layout))
       held[layout] = out[-1]  # the step donates its cache, as the batcher's does
       return out[:2]
@@ -123,7 +123,7 @@ def main() -> None:
     flat = jnp.ones((step_bytes // 4,), jnp.float32)
     total = jax.jit(jnp.sum)
     timings = result["ms"]
-    timings["decode step (as train_rl runs it: unrolled copy)"] = _median_ms(decode, args.iters)
+    timings["decode step on the unrolled copy"] = _median_ms(decode, args.iters)
     timings["decode step on the stacked layers"] = _median_ms(
       lambda: step(stacked_static, stacked_state, "stacked"), args.iters
     )
@@ -168,7 +168,7 @@ def main() -> None:
   own = timings["decode step, rollout_dtype=bfloat16"] / timings["its read floor (bfloat16 copy and cache summed)"]
   result["bfloat16_over_own_floor"] = own
   print(f"rollout_dtype=bfloat16: the step reads {copy_bytes / 1e6:.0f} MB, {own:.2f}x its own read floor")
-  stacked = timings["decode step on the stacked layers"] / timings["decode step (as train_rl runs it: unrolled copy)"]
+  stacked = timings["decode step on the stacked layers"] / timings["decode step on the unrolled copy"]
   result["stacked_over_unrolled"] = stacked
   print(f"the stacked layers' step takes {stacked:.2f}x the unrolled copy's; layer copies: {result['layer_copies']}")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
