@@ -12,7 +12,7 @@ from flax import nnx
 from maxtext.inference import kv_programs as kv
 from maxtext.inference import program_census
 from maxtext.inference.continuous_batching import ContinuousBatcher
-from maxtext.models import load
+from maxtext.models import decoder, load
 from maxtext.models.decoder import DecodeCopy
 from maxtext.utils.mesh import create_meshes
 from tests.conftest import make_config
@@ -103,6 +103,70 @@ def test_the_copy_samples_the_tokens_and_log_probs_of_the_stacked_layout(models)
   # Bit for bit what an unrolled decoder samples, and (on XLA:CPU) what the stacked layout samples.
   for want in (plain, stacked):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+  assert len(set(got[0].ravel().tolist())) > 8  # sampled, not one repeated token
+
+
+@pytest.fixture(scope="module")
+def bf16_model():
+  """A scanned qwen3-tiny decoder with bfloat16 weights, activations and KV cache, its output layer
+  a weight of its own (XLA:CPU widens a tied embedding's transpose for the output layer's product,
+  which is a matmul, not what the census below is about)."""
+  args = ("dtype=bfloat16", "weight_dtype=bfloat16", "logits_via_embedding=false")
+  cfg = make_config("model_name=qwen3-tiny", "vocab_size=1024", *args)
+  return load.load_model(cfg.model, create_meshes(cfg.mesh, agentic=False)[0])
+
+
+@pytest.fixture
+def as_floats(monkeypatch):
+  """Calling it makes the decoder what it was: 16-bit floats gathered, sliced and scattered as floats,
+  not as bits. The programs traced either way are dropped when it switches and at the test's end."""
+
+  def switch():
+    monkeypatch.setattr(decoder, "_bits", lambda x: x)
+    jax.clear_caches()
+
+  yield switch
+  jax.clear_caches()
+
+
+@pytest.mark.parametrize("weights", ["bfloat16", "float32 with rollout_dtype=bfloat16"])
+def test_a_stacked_decode_step_widens_no_whole_16_bit_array_to_float32(models, bf16_model, weights, as_floats):
+  """XLA:CPU gathers, slices and scatters 16-bit floats by first converting the whole operand to
+  float32: the embedding and every stacked weight once per decode program, the stacked KV cache at
+  each layer of each step (5.7x a bfloat16 model's decode step, benchmarks/RESULTS.md). The decoder
+  moves their bits instead (decoder._bits), so the program converts none of them whole."""
+  model = bf16_model if weights == "bfloat16" else models[True]
+  matmul_dtype = None if weights == "bfloat16" else jnp.bfloat16
+  cache = model.init_cache(ROWS, SIZE, model.config.dtype)["layers"]
+  whole = [x for x in jax.tree.leaves(nnx.state(model)) if x.ndim >= 2] + [cache["k"], cache["v"]]
+
+  def conversions():
+    batcher = ContinuousBatcher(
+      model, SIZE, ROWS, matmul_dtype=matmul_dtype, steps_per_dispatch=CHUNK, unrolled_layers=False
+    )
+    found = program_census.conversions(batcher.decode_program(ROWS), whole)
+    batcher.close()
+    return found
+
+  assert conversions() == 0
+  as_floats()
+  # As floats: the 7 stacked weight matrices and the embedding; a bfloat16 model's cache as well,
+  # wherever the scan reads or writes its keys and values.
+  assert conversions() == 8 if weights != "bfloat16" else conversions() > 8
+
+
+def test_bfloat16_layers_moved_as_bits_sample_what_they_sampled_as_floats(bf16_model, as_floats):
+  """The bits are the values: the same tokens and log-probs, bit for bit, as the decoder sampled when
+  it gathered, sliced and scattered the bfloat16 arrays as floats."""
+  prompts = jax.random.randint(jax.random.PRNGKey(2), (ROWS, 9), 1, 1024)
+  graphdef, state = nnx.split(bf16_model)
+  sample = lambda: _sample(
+    kv._StaticGraph(graphdef), state, bf16_model.init_cache(ROWS, SIZE, jnp.bfloat16), prompts, 12
+  )
+  got = sample()
+  as_floats()
+  want = sample()
+  assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
   assert len(set(got[0].ravel().tolist())) > 8  # sampled, not one repeated token
 
 

@@ -247,9 +247,14 @@ class ContinuousBatcher:
       self._stale = True
 
   def decode_layer_copies(self, rows: int) -> dict[str, int]:
-    """program_census.layer_copies of the decode-chunk program this batcher runs at `rows` rows
-    (greedy rows, one EOS id, chunks of steps_per_dispatch), compiled from abstract arrays here: {}
+    """program_census.layer_copies of the decode-chunk program this batcher runs at `rows` rows: {}
     when its decode steps copy no layer's weight matrix or KV cache."""
+    layer = program_census.layer_buffers(self._decoder, rows, self.cache_size)
+    return program_census.layer_copies(self.decode_program(rows), layer)
+
+  def decode_program(self, rows: int) -> str:
+    """The optimized HLO text of the decode-chunk program this batcher runs at `rows` rows (greedy
+    rows, one EOS id, chunks of steps_per_dispatch), compiled from abstract arrays here."""
     state: Any = self._state if self._copy is None else jax.eval_shape(self._copy.state)
     cache = jax.eval_shape(lambda: _resize(self._cache, rows))
     ints = jax.ShapeDtypeStruct((rows,), jnp.int32)
@@ -269,8 +274,7 @@ class ContinuousBatcher:
       jax.ShapeDtypeStruct((2,), jnp.int32),
       self.steps_per_dispatch,
     ).compile()
-    layer = program_census.layer_buffers(self._decoder, rows, self.cache_size)
-    return program_census.layer_copies(compiled.as_text() or "", layer)
+    return compiled.as_text() or ""
 
   def decode_rate(self) -> tuple[float, float] | None:
     """(tokens/s, bytes read/s) of the decode steps so far that did not compile; None before any."""

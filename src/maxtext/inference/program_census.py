@@ -1,9 +1,11 @@
-"""What a compiled program does to one layer's buffers: `layer_copies` counts, in the optimized HLO
-text of a program (jax's `Compiled.as_text()`), the instructions that copy, slice or dynamic-slice a
+"""What a compiled program does to a model's buffers, read from its optimized HLO text (jax's
+`Compiled.as_text()`). `layer_copies` counts the instructions that copy, slice or dynamic-slice a
 buffer the size of one layer's weight matrix or KV cache (`layer_buffers`). A decode step that reads each layer's
 weights and cache where they lie has none; one that slices them out of stacked arrays (a scanned
 layer's) has a few per layer, each a copy of the buffer (XLA:CPU and XLA:GPU, benchmarks/RESULTS.md,
-"The device suite")."""
+"The device suite"). `conversions` counts the converts of whole arrays (an embedding, a stacked
+weight, a stacked cache): XLA:CPU widens a 16-bit float operand of a gather, slice or scatter to
+float32 whole, which a decode step should never do."""
 
 from __future__ import annotations
 
@@ -24,8 +26,8 @@ _INSTRUCTION = re.compile(r"=\s*[a-z0-9]+\[([0-9,]*)\](?:\{[^}]*\})?\s+(copy|sli
 
 def _key(shape: Iterable[int]) -> tuple[int, ...]:
   """A buffer's dims, sorted, without those of size 1: a slice of a stacked array keeps the layer axis
-  as a 1 (then bitcast away), and a transposing copy permutes the dims. The dtype is left out: XLA:CPU
-  converts stacked bfloat16 weights to float32 and slices those."""
+  as a 1 (then bitcast away), and a transposing copy permutes the dims. The dtype is left out: the
+  decoder slices 16-bit weights as their bits (uint16)."""
   return tuple(sorted(d for d in shape if d != 1))
 
 
@@ -39,6 +41,16 @@ def layer_copies(hlo_text: str, layer_arrays: Iterable) -> dict[str, int]:
     if _key(int(d) for d in dims.split(",") if d) in sizes:
       found[opcode] += 1
   return dict(found)
+
+
+_CONVERT = re.compile(r"=\s*[a-z0-9]+\[([0-9,]*)\](?:\{[^}]*\})?\s+convert\(")
+
+
+def conversions(hlo_text: str, arrays: Iterable) -> int:
+  """How many convert instructions (fused or not) in the optimized HLO `hlo_text` make an array with
+  the dims of one of `arrays` (size-1 dims aside; any dtype)."""
+  sizes = {_key(a.shape) for a in arrays}
+  return sum(_key(int(d) for d in dims.split(",") if d) in sizes for dims in _CONVERT.findall(hlo_text))
 
 
 def layer_buffers(cfg: ModelConfig, rows: int, cache_size: int) -> list[jax.ShapeDtypeStruct]:

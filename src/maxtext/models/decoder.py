@@ -335,11 +335,14 @@ class Attention(_Projections):
     new_cache = None
     if layer_cache is not None:
       start = layer_cache["end_index"]
-      k = _write_at(layer_cache["k"], k.astype(layer_cache["k"].dtype), start, axis=2, layer=layer)
-      v = _write_at(layer_cache["v"], v.astype(layer_cache["v"].dtype), start, axis=1, layer=layer)
+      # A stacked cache's keys and values may come as the `_bits` of its dtype (Decoder._scan).
+      dtype = layer_cache.get("dtype", layer_cache["k"].dtype)
+      put = (lambda a: _bits(a.astype(dtype))) if layer_cache["k"].dtype != dtype else (lambda a: a.astype(dtype))
+      k = _write_at(layer_cache["k"], put(k), start, axis=2, layer=layer)
+      v = _write_at(layer_cache["v"], put(v), start, axis=1, layer=layer)
       new_cache = {"k": k, "v": v, "end_index": start + x.shape[1]}
       if layer is not None:
-        k, v = k[:, layer], v[:, layer]
+        k, v = _from_bits(k[:, layer], dtype), _from_bits(v[:, layer], dtype)
 
     b, t, hq, d = q.shape
     if cfg.attention == "cudnn_flash" and t > 1:
@@ -488,15 +491,19 @@ class Decoder(nnx.Module):
     attention_mask: jax.Array,
     logits_from: int = 0,
     decode_only_last_token: bool = False,
+    inference: bool = False,
   ) -> tuple[jax.Array, Cache | None]:
     """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
 
     Returns float32 logits [B, T - logits_from, V] (of positions logits_from and later) and the
     updated cache (None without a cache). decode_only_last_token: the last position's logits only,
     [B, 1, V] (Tunix's sampler asks for them so in its prefill when the parameter exists).
+    inference: nothing differentiates the call, so 16-bit float weights and a stacked cache are
+    gathered, sliced and written as their bits (`_bits`), the same values without XLA:CPU's float32
+    copies of them.
     """
     first = input_tokens.shape[1] - 1 if decode_only_last_token else logits_from
-    hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, first)
+    hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, first, inference)
     return self.logits(hidden), new_cache
 
   def hidden_states(
@@ -506,16 +513,17 @@ class Decoder(nnx.Module):
     cache: Cache | None,
     attention_mask: jax.Array,
     first: int = 0,
+    inference: bool = False,
   ) -> tuple[jax.Array, Cache | None]:
     """As __call__, but returns the final norm's output [B, T - first, D] (of positions first and
     later), from which `logits` gives the logits."""
     cfg = self.config
-    x = jnp.take(self.embed[...], input_tokens, axis=0).astype(cfg.dtype)
+    x = _take(self.embed[...], input_tokens, inference).astype(cfg.dtype)
     if cfg.gemma:  # scaled by sqrt(emb_dim), rounded to the activations' dtype as transformers does
       x = x * jnp.asarray(math.sqrt(cfg.emb_dim), cfg.dtype)
     local_mask = sliding_window_mask(attention_mask, cfg.sliding_window) if cfg.has_local_layers else None
     if cfg.scan_layers:
-      x, stacked_cache = self._scan(x, positions, cache, attention_mask, local_mask)
+      x, stacked_cache = self._scan(x, positions, cache, attention_mask, local_mask, inference)
       return self.final_norm(x[:, first:]), stacked_cache
     assert isinstance(self.layers, nnx.List)
     new_cache: Cache | None = None if cache is None else {}
@@ -533,32 +541,48 @@ class Decoder(nnx.Module):
         new_cache[name] = updated
     return self.final_norm(x[:, first:]), new_cache
 
-  def _scan(self, x, positions, cache: Cache | None, attention_mask, local_mask=None) -> tuple[jax.Array, Cache | None]:
+  def _scan(
+    self, x, positions, cache: Cache | None, attention_mask, local_mask=None, inference: bool = False
+  ) -> tuple[jax.Array, Cache | None]:
     """The stacked layers run in turn on x by one jax.lax.scan (with remat and no cache, each layer's
     step under jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
-    With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input."""
+    With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input.
+    With inference, the scan slices the weights and carries the cache as their `_bits`."""
     cfg = self.config
     assert isinstance(self.layers, DecoderLayer)
     graphdef, params = nnx.split(self.layers)
     stacked = None if cache is None else cache["layers"]
+    dtypes = jax.tree.map(lambda p: p.dtype, params)
+    as_bits = _bits if inference else lambda a: a
+    params = jax.tree.map(as_bits, params)
 
     def step(carry, layer_params):
       x, kv = carry
       layer_state, index, is_global = layer_params
+      layer_state = jax.tree.map(_from_bits, layer_state, dtypes)
       mask = attention_mask if local_mask is None else jnp.where(is_global, attention_mask, local_mask)
       flag = True if local_mask is None else is_global
-      layer_cache = None if stacked is None else {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"]}
+      layer_cache = None
+      if stacked is not None:
+        layer_cache = {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"], "dtype": stacked["k"].dtype}
       x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, index, flag)
       return (x, None if updated is None else (updated["k"], updated["v"])), None
 
     if cfg.remat and cache is None:  # with a KV cache nothing is differentiated
       step = jax.checkpoint(step)
-    kv = None if stacked is None else (stacked["k"], stacked["v"])
+    kv = None if stacked is None else (as_bits(stacked["k"]), as_bits(stacked["v"]))
     flags = jnp.asarray([cfg.is_global(i) for i in range(cfg.num_layers)])
     (x, kv), _ = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers), flags))
     if stacked is None or kv is None:
       return x, None
-    return x, {"layers": {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"] + x.shape[1]}}
+    dtype = stacked["k"].dtype
+    return x, {
+      "layers": {
+        "k": _from_bits(kv[0], dtype),
+        "v": _from_bits(kv[1], dtype),
+        "end_index": stacked["end_index"] + x.shape[1],
+      }
+    }
 
   def output_head(self) -> jax.Array:
     """The output layer's weights [D, V] in the matmul dtype (the embedding's transpose when tied)."""
@@ -574,6 +598,28 @@ class Decoder(nnx.Module):
 
   def init_cache(self, batch_size: int, cache_size: int, dtype) -> Cache:
     return init_cache(self.config, batch_size, cache_size, dtype)
+
+
+def _bits(x: jax.Array) -> jax.Array:
+  """A 16-bit float array as its bit pattern (uint16); other arrays as they are. XLA:CPU gathers,
+  slices and scatters 16-bit floats by converting the whole operand to float32 first: the embedding
+  and every stacked weight once per decode program (it hoists the conversion out of the loop), a
+  stacked cache at every layer of every step. Their bits it moves where they lie. Bits carry no
+  gradient: only calls that nothing differentiates (`inference`) take them."""
+  is_16_bit_float = jnp.issubdtype(x.dtype, jnp.floating) and x.dtype.itemsize == 2
+  return jax.lax.bitcast_convert_type(x, jnp.uint16) if is_16_bit_float else x
+
+
+def _from_bits(x: jax.Array, dtype) -> jax.Array:
+  """The inverse of `_bits` for an array that was of `dtype`."""
+  return x if x.dtype == dtype else jax.lax.bitcast_convert_type(x, dtype)
+
+
+def _take(table: jax.Array, tokens: jax.Array, as_bits: bool) -> jax.Array:
+  """table[tokens] along axis 0; with as_bits gathered as `_bits` (the same values)."""
+  if not as_bits:
+    return jnp.take(table, tokens, axis=0)
+  return _from_bits(jnp.take(_bits(table), tokens, axis=0), table.dtype)
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, cache_size: int, dtype) -> Cache:
