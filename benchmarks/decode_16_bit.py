@@ -108,7 +108,9 @@ def main() -> None:
   print(f"\n{args.model}, {rows} rows, {size}-position cache, chunks of {CHUNK} steps")
   print("| weights | layers | moved | ms per step | whole arrays converted |\n| --- | --- | --- | --- | --- |")
   for run in result["runs"]:
-    print(f"| {run['weights']} | {run['layers']} | {run['moved']} | {run['ms_per_step']:.1f} | {run['whole_conversions']} |")
+    print(
+      f"| {run['weights']} | {run['layers']} | {run['moved']} | {run['ms_per_step']:.1f} | {run['whole_conversions']} |"
+    )
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
