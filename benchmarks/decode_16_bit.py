@@ -18,6 +18,7 @@ benchmarks/results/decode_16_bit.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -27,6 +28,29 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 CHUNK = 16
+
+
+def _arguments(static, state, held: list, rows: int, size: int) -> tuple:
+  """kv_programs._decode's arguments for a chunk of CHUNK steps of `rows` rows at position size // 2,
+  top-k 50, no EOS, on the cache held[0]."""
+  import jax.numpy as jnp
+
+  return (
+    static,
+    state,
+    held[0],
+    jnp.ones((rows,), jnp.int32),
+    jnp.full((rows,), size // 2, jnp.int32),  # positions
+    jnp.arange(rows),  # steps
+    jnp.zeros((rows, 2), jnp.uint32),
+    jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1),
+    jnp.full((rows,), 50, jnp.int32),
+    50,
+    jnp.full((rows,), 1 << 20, jnp.int32),  # limits
+    jnp.full((rows, 1), -1, jnp.int32),  # no EOS
+    jnp.array([CHUNK, 0]),
+    CHUNK,
+  )
 
 
 def main() -> None:
@@ -67,24 +91,7 @@ def main() -> None:
           decoder._bits = bits if moved == "bits" else (lambda x: x)
           jax.clear_caches()
           held = [copy.init_cache(rows, size, model.config.dtype)]
-
-          def arguments():
-            return (
-              static,
-              state,
-              held[0],
-              jnp.ones((rows,), jnp.int32),
-              jnp.full((rows,), size // 2, jnp.int32),  # positions
-              jnp.arange(rows),  # steps
-              jnp.zeros((rows, 2), jnp.uint32),
-              jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1),
-              jnp.full((rows,), 50, jnp.int32),
-              50,
-              jnp.full((rows,), 1 << 20, jnp.int32),  # limits
-              jnp.full((rows, 1), -1, jnp.int32),  # no EOS
-              jnp.array([CHUNK, 0]),
-              CHUNK,
-            )
+          arguments = functools.partial(_arguments, static, state, held, rows, size)
 
           hlo = kv._decode.lower(*arguments()).compile().as_text()
           times = []
