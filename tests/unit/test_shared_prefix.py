@@ -151,3 +151,44 @@ def test_refuses_a_cache_and_rows_that_are_not_whole_groups():
     SharedPrefix(model, PROMPT, GROUP)(tokens, tokens, None, attention)
   with pytest.raises(ValueError, match="no KV cache"):
     SharedPrefix(model, PROMPT, GROUP)(tokens, tokens, {}, attention)
+
+
+@pytest.mark.parametrize("scan", ["true", "false"])
+def test_remat_takes_effect_on_the_scoring_with_a_shared_prefix(scan):
+  """remat_policy=full rematerializes the layers of the loss's scoring, which runs the group's prompt
+  through a KV cache: the gradient's temporaries (XLA's memory analysis) shrink as they do when
+  whole sequences are scored. (Once a call with a cache was taken for a sampler's and never
+  rematerialized: remat_policy=full left the loss's temporaries as they were.)"""
+  from maxtext.integration.tunix import scoring
+
+  prompt, completion = jnp.ones((8, 96), jnp.int32), jnp.ones((8, 128), jnp.int32)
+  temporaries = {}
+  for remat in ("none", "full"):
+    cfg = make_config(*_llama(scan, remat))
+    mesh = create_meshes(cfg.mesh, agentic=False)[0]
+    graphdef, state = nnx.split(load.load_model(cfg.model, mesh))
+    for shared in (True, False):
+
+      def loss(s, shared=shared):
+        model = nnx.merge(graphdef, s)
+        model = SharedPrefix(model, 96, 4) if shared else model
+        return -scoring.completion_logps(model, prompt, completion, 0, 1, 1.0)[0].mean()
+
+      with jax.set_mesh(mesh):
+        compiled = jax.jit(jax.grad(loss)).lower(state).compile()
+      temporaries[remat, shared] = compiled.memory_analysis().temp_size_in_bytes
+  for shared in (True, False):
+    assert temporaries["full", shared] < 0.5 * temporaries["none", shared], temporaries
+
+
+def _llama(scan, remat):
+  """A 4-layer llama-tiny big enough that its activations dominate the gradient's temporaries."""
+  return (
+    "model_name=llama-tiny",
+    "vocab_size=4096",
+    "emb_dim=256",
+    "mlp_dim=1024",
+    "num_decoder_layers=4",
+    f"scan_layers={scan}",
+    f"remat_policy={remat}",
+  )

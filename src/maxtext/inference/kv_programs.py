@@ -79,7 +79,7 @@ def _extend(graph, state, rows, tokens, starts):
   size = cache_length(rows)
   positions = starts[:, None] + jnp.arange(tokens.shape[1])[None, :]
   mask = jnp.arange(size)[None, None, :] <= positions[:, :, None]
-  _, rows = model(tokens, positions, rows, mask, inference=True)
+  _, rows = model(tokens, positions, rows, mask)
   return rows
 
 
@@ -127,7 +127,7 @@ def _decode(graph, state, cache, tokens, positions, steps, keys, sampling, top_k
     for layer in cache.values():
       layer["end_index"] = positions
     mask = jnp.arange(size)[None, None, :] <= positions[:, None, None]
-    logits, cache = model(last[:, None], positions[:, None], cache, mask, inference=True)
+    logits, cache = model(last[:, None], positions[:, None], cache, mask)
     drawn, logp = _sample(logits[:, 0], keys, steps, sampling[:, 0], sampling[:, 1], top_k, top_width)
     out_tokens = out_tokens.at[:, i].set(drawn)
     out_logp = out_logp.at[:, i].set(logp)

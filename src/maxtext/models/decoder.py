@@ -491,18 +491,16 @@ class Decoder(nnx.Module):
     attention_mask: jax.Array,
     logits_from: int = 0,
     decode_only_last_token: bool = False,
-    inference: bool = False,
   ) -> tuple[jax.Array, Cache | None]:
     """input_tokens/positions: [B, T]; attention_mask: [B, T, S] (True attends), S = T or cache size.
 
     Returns float32 logits [B, T - logits_from, V] (of positions logits_from and later) and the
     updated cache (None without a cache). decode_only_last_token: the last position's logits only,
     [B, 1, V] (Tunix's sampler asks for them so in its prefill when the parameter exists).
-    inference: nothing differentiates the call, so 16-bit float weights and a stacked cache are
-    gathered, sliced and written as their bits (`_bits`), the same values without XLA:CPU's float32
-    copies of them.
+    A call with a KV cache is a sampler's, which nothing differentiates: hidden_states' `inference`.
     """
     first = input_tokens.shape[1] - 1 if decode_only_last_token else logits_from
+    inference = cache is not None
     hidden, new_cache = self.hidden_states(input_tokens, positions, cache, attention_mask, first, inference)
     return self.logits(hidden), new_cache
 
@@ -516,7 +514,10 @@ class Decoder(nnx.Module):
     inference: bool = False,
   ) -> tuple[jax.Array, Cache | None]:
     """As __call__, but returns the final norm's output [B, T - first, D] (of positions first and
-    later), from which `logits` gives the logits."""
+    later), from which `logits` gives the logits. inference: nothing differentiates the call (a
+    sampler's), so no layer is rematerialized (remat_policy) and 16-bit float weights and a stacked
+    cache are gathered, sliced and written as their bits (`_bits`), the same values without XLA:CPU's
+    float32 copies of them. Scoring with a cache (SharedPrefix) is differentiated: not inference."""
     cfg = self.config
     x = _take(self.embed[...], input_tokens, inference).astype(cfg.dtype)
     if cfg.gemma:  # scaled by sqrt(emb_dim), rounded to the activations' dtype as transformers does
@@ -532,7 +533,7 @@ class Decoder(nnx.Module):
       layer_cache = None if cache is None else cache[name]
       is_global = cfg.is_global(i)
       mask = attention_mask if is_global else local_mask
-      if cfg.remat and cache is None:  # with a KV cache nothing is differentiated
+      if cfg.remat and not inference:
         call = functools.partial(lambda g, lyr, *a: lyr(*a, None, g), is_global)
         x, updated = nnx.remat(call)(layer, x, positions, layer_cache, mask)
       else:
@@ -544,7 +545,7 @@ class Decoder(nnx.Module):
   def _scan(
     self, x, positions, cache: Cache | None, attention_mask, local_mask=None, inference: bool = False
   ) -> tuple[jax.Array, Cache | None]:
-    """The stacked layers run in turn on x by one jax.lax.scan (with remat and no cache, each layer's
+    """The stacked layers run in turn on x by one jax.lax.scan (with remat, unless inference, each layer's
     step under jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
     With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input.
     With inference, the scan slices the weights and carries the cache as their `_bits`."""
@@ -568,7 +569,7 @@ class Decoder(nnx.Module):
       x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, index, flag)
       return (x, None if updated is None else (updated["k"], updated["v"])), None
 
-    if cfg.remat and cache is None:  # with a KV cache nothing is differentiated
+    if cfg.remat and not inference:
       step = jax.checkpoint(step)
     kv = None if stacked is None else (as_bits(stacked["k"]), as_bits(stacked["v"]))
     flags = jnp.asarray([cfg.is_global(i) for i in range(cfg.num_layers)])
