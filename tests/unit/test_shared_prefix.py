@@ -169,7 +169,7 @@ def test_remat_takes_effect_on_the_scoring_with_a_shared_prefix(scan):
     graphdef, state = nnx.split(load.load_model(cfg.model, mesh))
     for shared in (True, False):
 
-      def loss(s, shared=shared):
+      def loss(s, shared=shared, graphdef=graphdef):
         model = nnx.merge(graphdef, s)
         model = SharedPrefix(model, 96, 4) if shared else model
         return -scoring.completion_logps(model, prompt, completion, 0, 1, 1.0)[0].mean()
