@@ -546,9 +546,12 @@ class Decoder(nnx.Module):
     self, x, positions, cache: Cache | None, attention_mask, local_mask=None, inference: bool = False
   ) -> tuple[jax.Array, Cache | None]:
     """The stacked layers run in turn on x by one jax.lax.scan (with remat, unless inference, each layer's
-    step under jax.checkpoint); the stacked cache's keys and values are carried through it and written in place.
-    With sliding-window layers (local_mask: their mask), each layer's global flag is a scan input.
-    With inference, the scan slices the weights and carries the cache as their `_bits`."""
+    step under jax.checkpoint). With inference the stacked cache's keys and values are carried through it
+    and written in place, and the scan slices the weights and the cache as their `_bits`. Otherwise
+    (scoring through a cache, which is differentiated: SharedPrefix) each layer's keys and values are the
+    scan's inputs and outputs, so a rematerialized step keeps its own layer's cache, not the whole
+    carried one. With sliding-window layers (local_mask: their mask), each layer's global flag is a scan
+    input."""
     cfg = self.config
     assert isinstance(self.layers, DecoderLayer)
     graphdef, params = nnx.split(self.layers)
@@ -556,31 +559,46 @@ class Decoder(nnx.Module):
     dtypes = jax.tree.map(lambda p: p.dtype, params)
     as_bits = _bits if inference else lambda a: a
     params = jax.tree.map(as_bits, params)
+    carried = stacked is not None and inference
 
-    def step(carry, layer_params):
+    def step(carry, layer_inputs):
       x, kv = carry
-      layer_state, index, is_global = layer_params
+      layer_state, index, is_global, own = layer_inputs
       layer_state = jax.tree.map(_from_bits, layer_state, dtypes)
       mask = attention_mask if local_mask is None else jnp.where(is_global, attention_mask, local_mask)
       flag = True if local_mask is None else is_global
-      layer_cache = None
-      if stacked is not None:
+      layer_cache, at = None, None
+      if carried:
         layer_cache = {"k": kv[0], "v": kv[1], "end_index": stacked["end_index"], "dtype": stacked["k"].dtype}
-      x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, index, flag)
-      return (x, None if updated is None else (updated["k"], updated["v"])), None
+        at = index
+      elif own is not None:
+        layer_cache = {"k": own[0], "v": own[1], "end_index": stacked["end_index"]}
+      x, updated = nnx.merge(graphdef, layer_state)(x, positions, layer_cache, mask, at, flag)
+      if carried:
+        return (x, (updated["k"], updated["v"])), None
+      return (x, None), None if updated is None else (updated["k"], updated["v"])
 
     if cfg.remat and not inference:
       step = jax.checkpoint(step)
-    kv = None if stacked is None else (as_bits(stacked["k"]), as_bits(stacked["v"]))
+    kv = own = None
+    if stacked is not None and carried:
+      kv = (as_bits(stacked["k"]), as_bits(stacked["v"]))
+    elif stacked is not None:
+      own = (jnp.moveaxis(stacked["k"], 1, 0), jnp.moveaxis(stacked["v"], 1, 0))
     flags = jnp.asarray([cfg.is_global(i) for i in range(cfg.num_layers)])
-    (x, kv), _ = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers), flags))
-    if stacked is None or kv is None:
+    (x, kv), layers = jax.lax.scan(step, (x, kv), (params, jnp.arange(cfg.num_layers), flags, own))
+    if stacked is None:
       return x, None
     dtype = stacked["k"].dtype
+    k, v = (
+      (_from_bits(kv[0], dtype), _from_bits(kv[1], dtype))
+      if kv is not None
+      else (jnp.moveaxis(a, 0, 1) for a in layers)
+    )
     return x, {
       "layers": {
-        "k": _from_bits(kv[0], dtype),
-        "v": _from_bits(kv[1], dtype),
+        "k": k,
+        "v": v,
         "end_index": stacked["end_index"] + x.shape[1],
       }
     }
