@@ -48,7 +48,7 @@ def main() -> None:
     graphdef, state = nnx.split(builder.init_random(ModelConfig.from_config(cfg.model), mesh, seed=0))
     for scored in ("each prompt once (SharedPrefix)", "whole sequences"):
 
-      def loss(s, scored=scored):
+      def loss(s, scored=scored, graphdef=graphdef):
         model = nnx.merge(graphdef, s)
         if scored.startswith("each"):
           model = SharedPrefix(model, args.prompt, args.group)
