@@ -133,7 +133,7 @@ def as_floats(monkeypatch):
 def test_a_stacked_decode_step_widens_no_whole_16_bit_array_to_float32(models, bf16_model, weights, as_floats):
   """XLA:CPU gathers, slices and scatters 16-bit floats by first converting the whole operand to
   float32: the embedding and every stacked weight once per decode program, the stacked KV cache at
-  each layer of each step (5.7x a bfloat16 model's decode step, benchmarks/RESULTS.md). The decoder
+  each layer of each step (a bfloat16 model's decode step took 5.9x as long, benchmarks/RESULTS.md). The decoder
   moves their bits instead (decoder._bits), so the program converts none of them whole."""
   model = bf16_model if weights == "bfloat16" else models[True]
   matmul_dtype = None if weights == "bfloat16" else jnp.bfloat16
