@@ -18,7 +18,6 @@ benchmarks/results/decode_16_bit.json.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import statistics
@@ -28,29 +27,6 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 
 CHUNK = 16
-
-
-def _arguments(static, state, held: list, rows: int, size: int) -> tuple:
-  """kv_programs._decode's arguments for a chunk of CHUNK steps of `rows` rows at position size // 2,
-  top-k 50, no EOS, on the cache held[0]."""
-  import jax.numpy as jnp
-
-  return (
-    static,
-    state,
-    held[0],
-    jnp.ones((rows,), jnp.int32),
-    jnp.full((rows,), size // 2, jnp.int32),  # positions
-    jnp.arange(rows),  # steps
-    jnp.zeros((rows, 2), jnp.uint32),
-    jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1),
-    jnp.full((rows,), 50, jnp.int32),
-    50,
-    jnp.full((rows,), 1 << 20, jnp.int32),  # limits
-    jnp.full((rows, 1), -1, jnp.int32),  # no EOS
-    jnp.array([CHUNK, 0]),
-    CHUNK,
-  )
 
 
 def main() -> None:
@@ -68,6 +44,7 @@ def main() -> None:
   import jax
   import jax.numpy as jnp
   import model_benchmark
+  from decode_step import decode_inputs
   from flax import nnx
 
   from maxtext.inference import kv_programs as kv
@@ -75,6 +52,7 @@ def main() -> None:
   from maxtext.models import decoder
 
   rows, size = args.rows, args.cache
+  inputs = decode_inputs(rows, size // 2, CHUNK)
   bits = decoder._bits
   result: dict = {"model": args.model, "rows": rows, "cache": size, "steps_per_dispatch": CHUNK, "runs": []}
   models = {"float32": ("float32", None), "float32, rollout_dtype=bfloat16": ("float32", jnp.bfloat16)}
@@ -91,13 +69,11 @@ def main() -> None:
           decoder._bits = bits if moved == "bits" else (lambda x: x)
           jax.clear_caches()
           held = [copy.init_cache(rows, size, model.config.dtype)]
-          arguments = functools.partial(_arguments, static, state, held, rows, size)
-
-          hlo = kv._decode.lower(*arguments()).compile().as_text()
+          hlo = kv._decode.lower(static, state, held[0], *inputs).compile().as_text()
           times = []
           for i in range(args.iters + 1):
             start = time.perf_counter()
-            out = kv._decode(*arguments())
+            out = kv._decode(static, state, held[0], *inputs)
             held[0] = out[-1]  # the program donates its cache, as the batcher's does
             jax.block_until_ready(out)
             if i:  # the first call compiles

@@ -47,6 +47,26 @@ def _median_ms(fn, iters: int, calls: int = 10) -> float:
   return statistics.median(times)
 
 
+def decode_inputs(rows: int, position: int, chunk: int) -> tuple:
+  """kv_programs._decode's arguments after the graph, state and cache: `chunk` steps of `rows` rows
+  from `position`, sampled as the GSM8K shape samples (temperature 0.9, top-k 50), no EOS, no limit."""
+  import jax.numpy as jnp
+
+  return (
+    jnp.ones((rows,), jnp.int32),  # tokens
+    jnp.full((rows,), position, jnp.int32),
+    jnp.arange(rows),  # steps
+    jnp.zeros((rows, 2), jnp.uint32),  # keys
+    jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1),  # temperature, top_p
+    jnp.full((rows,), 50, jnp.int32),  # top_k
+    50,
+    jnp.full((rows,), 1 << 20, jnp.int32),  # limits
+    jnp.full((rows, 1), -1, jnp.int32),  # no EOS
+    jnp.array([chunk, 0]),
+    chunk,
+  )
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--model", default="smollm2-135m")
@@ -77,31 +97,11 @@ def main() -> None:
     unrolled = DecodeCopy(model)  # what the batcher decodes from (the model's layers are scanned)
     static, state = kv._StaticGraph(unrolled.graphdef), unrolled.state()
     cache = unrolled.init_cache(rows, size, jnp.float32)
-    tokens = jnp.ones((rows,), jnp.int32)
-    positions = jnp.full((rows,), size - 1, jnp.int32)
-    steps, keys = jnp.arange(rows), jnp.zeros((rows, 2), jnp.uint32)
-    sampling = jnp.stack([jnp.full((rows,), 0.9), jnp.ones((rows,))], axis=1)
-    top_k = jnp.full((rows,), 50, jnp.int32)
-    limits, eos, one_step = jnp.full((rows,), 1 << 20, jnp.int32), jnp.full((rows, 1), -1, jnp.int32), jnp.array([1, 0])
+    inputs = decode_inputs(rows, size - 1, 1)
     held = {"unrolled": cache, "stacked": model.init_cache(rows, size, jnp.float32)}
 
     def arguments(static, state, layout):
-      return (
-        static,
-        state,
-        held[layout],
-        tokens,
-        positions,
-        steps,
-        keys,
-        sampling,
-        top_k,
-        50,
-        limits,
-        eos,
-        one_step,
-        1,
-      )
+      return (static, state, held[layout], *inputs)
 
     def step(static, state, layout="unrolled"):
       """One decode step (a chunk of 1), as decode_steps_per_dispatch=1 runs it."""
@@ -156,6 +156,7 @@ def main() -> None:
       x = jnp.ones((count, widest), jnp.float32)
       timings[f"weight matmuls alone ({name})"] = _median_ms(lambda x=x, ws=ws: matmuls(x, ws), args.iters)
     logits = jax.random.normal(jax.random.PRNGKey(0), (rows, cfg.model.vocab_size)) * 3
+    steps, keys, sampling, top_k = inputs[2:6]
     sample = jax.jit(lambda lg: kv._sample(lg, keys, steps, sampling[:, 0], sampling[:, 1], top_k, 50))
     timings["sampling alone (top-k 50)"] = _median_ms(lambda: sample(logits), args.iters)
   floor = timings["read floor (its weights and cache summed)"]
